@@ -1,0 +1,63 @@
+# The one entry point for people and CI. `make demo` and `make test` bootstrap what they need.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+ORIGIN_DIR := deploy/origin
+STAMPS := .stamps
+
+.PHONY: help bootstrap demo serve test test-fast check fmt conformance clean
+
+help:
+	@echo "make demo       run the origin, the edge, an agent and 200 SSE viewers; print a summary"
+	@echo "make demo ARGS=--keep-running   ... and keep serving for your own clients"
+	@echo "make test       format/lint/type checks, then every test (unit, integration, conformance)"
+	@echo "make check      ruff format --check, ruff check, mypy --strict edge/"
+	@echo "make fmt        apply ruff formatting and safe fixes"
+	@echo "make conformance  the public conformance suite through the edge (part of make test)"
+
+# --- bootstrap: virtualenv + pinned Python deps, pinned Node origin -----------------------------
+
+$(STAMPS)/venv: pyproject.toml constraints.txt
+	@mkdir -p $(STAMPS)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
+	@touch $@
+
+$(STAMPS)/origin: $(ORIGIN_DIR)/package.json $(ORIGIN_DIR)/package-lock.json
+	@mkdir -p $(STAMPS)
+	@command -v node >/dev/null || { echo "Node.js 20+ is required (node not found)"; exit 1; }
+	cd $(ORIGIN_DIR) && npm ci --no-audit --no-fund --loglevel=error
+	@touch $@
+
+bootstrap: $(STAMPS)/venv $(STAMPS)/origin
+
+# --- the main job ------------------------------------------------------------------------------
+
+demo: bootstrap
+	$(PY) -m devstack.demo $(ARGS)
+
+# --- quality -----------------------------------------------------------------------------------
+
+check: $(STAMPS)/venv
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy --strict edge/
+
+fmt: $(STAMPS)/venv
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+test: bootstrap check
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: bootstrap
+	$(PY) -m pytest -m "not conformance" $(PYTEST_ARGS)
+
+conformance: bootstrap
+	$(PY) -m pytest -m conformance $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) $(STAMPS) $(ORIGIN_DIR)/node_modules .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""Real processes (origin, edge, redis) for tests, the demo and benchmarks."""

@@ -1,0 +1,235 @@
+"""Start and stop the real processes the tests, the demo and the benchmarks run against.
+
+Each process prints one JSON line on stdout when it listens (the origin launcher in
+``deploy/origin/origin.mjs`` and ``edge serve`` both do), so ports are chosen by the kernel
+(port 0) and read back: no free-port races. Everything a process prints after that goes to a log
+file under ``logs_dir``. A process is stopped by its own pid: SIGTERM, then SIGKILL.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+REPO = Path(__file__).resolve().parent.parent
+ORIGIN_DIR = REPO / "deploy" / "origin"
+START_TIMEOUT_SECONDS = 30.0
+
+
+class ProcessFailed(RuntimeError):
+    pass
+
+
+def _drain(stream: IO[bytes], sink: Path) -> None:
+    with sink.open("ab") as out:
+        for line in iter(stream.readline, b""):
+            out.write(line)
+            out.flush()
+
+
+def _read_ready_line(
+    proc: subprocess.Popen[bytes], log: Path, timeout: float
+) -> tuple[dict[str, Any], threading.Thread]:
+    assert proc.stdout is not None
+    selector = selectors.DefaultSelector()
+    selector.register(proc.stdout, selectors.EVENT_READ)
+    deadline = time.monotonic() + timeout
+    buffered = b""
+    try:
+        while b"\n" not in buffered:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or proc.poll() is not None:
+                break
+            if selector.select(remaining):
+                chunk = os.read(proc.stdout.fileno(), 65536)
+                if not chunk:
+                    break
+                buffered += chunk
+    finally:
+        selector.close()
+    line, _, rest = buffered.partition(b"\n")
+    try:
+        ready: dict[str, Any] = json.loads(line)
+    except ValueError:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+        tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+        raise ProcessFailed(f"{proc.args!r} did not start: stdout={buffered!r}\n{tail}") from None
+    with log.open("ab") as out:
+        out.write(rest)
+    drainer = threading.Thread(target=_drain, args=(proc.stdout, log), daemon=True)
+    drainer.start()
+    return ready, drainer
+
+
+@dataclass
+class Process:
+    name: str
+    proc: subprocess.Popen[bytes]
+    ready: dict[str, Any]
+    log: Path
+    drainer: threading.Thread
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def signal(self, signum: int) -> None:
+        if self.alive():
+            os.kill(self.proc.pid, signum)
+
+    def stop(self, timeout: float = 10.0) -> int:
+        """SIGTERM, wait, then SIGKILL. Returns the exit code."""
+        self.signal(signal.SIGTERM)
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            code = self.proc.wait()
+        self._close_pipe()
+        return code
+
+    def kill(self) -> int:
+        self.signal(signal.SIGKILL)
+        code = self.proc.wait()
+        self._close_pipe()
+        return code
+
+    def _close_pipe(self) -> None:
+        self.drainer.join(timeout=5)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+def _spawn(
+    name: str, argv: list[str], logs_dir: Path, env: dict[str, str] | None = None
+) -> Process:
+    logs_dir.mkdir(parents=True, exist_ok=True)
+    log = logs_dir / f"{name}.log"
+    with log.open("ab") as stderr:
+        proc = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL, env=env
+        )
+    ready, drainer = _read_ready_line(proc, log, START_TIMEOUT_SECONDS)
+    return Process(name=name, proc=proc, ready=ready, log=log, drainer=drainer)
+
+
+@dataclass
+class Origin:
+    """The reference origin (``@durable-streams/server``) with its request counter."""
+
+    process: Process
+    data_dir: Path | None = None
+
+    @property
+    def url(self) -> str:
+        return str(self.process.ready["url"])
+
+    @property
+    def stats_url(self) -> str:
+        return str(self.process.ready["stats"])
+
+    def counts(self, path: str | None = None) -> dict[str, Any]:
+        query = f"?path={urllib.request.quote(path)}" if path else ""
+        with urllib.request.urlopen(f"{self.stats_url}/counts{query}", timeout=5) as response:
+            counts: dict[str, Any] = json.load(response)
+        return counts
+
+    def reset_counts(self) -> None:
+        request = urllib.request.Request(f"{self.stats_url}/reset", method="POST")
+        with urllib.request.urlopen(request, timeout=5):
+            pass
+
+    def stop(self) -> int:
+        return self.process.stop()
+
+
+def start_origin(
+    logs_dir: Path,
+    *,
+    long_poll_timeout_ms: int = 30_000,
+    data_dir: Path | None = None,
+    port: int = 0,
+    name: str = "origin",
+) -> Origin:
+    if not (ORIGIN_DIR / "node_modules").is_dir():
+        raise ProcessFailed(f"run `npm ci` in {ORIGIN_DIR} first (make bootstrap does)")
+    node = shutil.which("node") or "node"
+    argv = [
+        node,
+        str(ORIGIN_DIR / "origin.mjs"),
+        "--port",
+        str(port),
+        "--long-poll-timeout-ms",
+        str(long_poll_timeout_ms),
+    ]
+    if data_dir is not None:
+        argv += ["--data-dir", str(data_dir)]
+    return Origin(process=_spawn(name, argv, logs_dir), data_dir=data_dir)
+
+
+@dataclass
+class Edge:
+    process: Process
+    args: list[str] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return str(self.process.ready["listen"])
+
+    @property
+    def admin_url(self) -> str:
+        return str(self.process.ready["admin"])
+
+    def metrics_text(self) -> str:
+        with urllib.request.urlopen(f"{self.admin_url}/metrics", timeout=5) as response:
+            return response.read().decode()
+
+    def stop(self) -> int:
+        return self.process.stop()
+
+
+def start_edge(
+    origin_url: str,
+    logs_dir: Path,
+    *extra_args: str,
+    name: str = "edge",
+    listen: str = "127.0.0.1:0",
+    admin_listen: str = "127.0.0.1:0",
+) -> Edge:
+    argv = [
+        sys.executable,
+        "-m",
+        "edge",
+        "serve",
+        "--origin",
+        origin_url,
+        "--listen",
+        listen,
+        "--admin-listen",
+        admin_listen,
+        *extra_args,
+    ]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EDGE_")}
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    return Edge(process=_spawn(name, argv, logs_dir, env), args=list(extra_args))
+
+
+def new_logs_dir(prefix: str = "edge-") -> Path:
+    return Path(tempfile.mkdtemp(prefix=prefix))

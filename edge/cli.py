@@ -1,0 +1,162 @@
+"""``edge serve``: flags, each also readable from an ``EDGE_<NAME>`` environment variable.
+
+This is the only module that reads ``os.environ``. A flag on the command line wins over its
+environment variable, which wins over the default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from edge import __version__
+from edge.config import Address, ConfigError, Settings
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+@dataclass(frozen=True)
+class Option:
+    flag: str
+    parse: Callable[[str], Any]
+    default: str | None
+    help: str
+
+    @property
+    def dest(self) -> str:
+        return self.flag.removeprefix("--").replace("-", "_")
+
+    @property
+    def env(self) -> str:
+        return "EDGE_" + self.dest.upper()
+
+
+def _log_level(text: str) -> str:
+    level = text.upper()
+    if level not in LOG_LEVELS:
+        raise ValueError(f"one of {', '.join(LOG_LEVELS)}")
+    return level
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError("must be >= 0")
+    return value
+
+
+SERVE_OPTIONS = (
+    Option("--origin", str, None, "Base URL of the origin stream server (required)."),
+    Option("--listen", Address.parse, "127.0.0.1:8080", "HOST:PORT for stream traffic."),
+    Option(
+        "--admin-listen",
+        Address.parse,
+        "127.0.0.1:9090",
+        "HOST:PORT for /metrics, /healthz and /readyz; never the stream port.",
+    ),
+    Option("--log-level", _log_level, "INFO", "Logging threshold: DEBUG also logs each request."),
+    Option(
+        "--upstream-connect-timeout",
+        float,
+        "5",
+        "Seconds to open a connection to the origin before answering 502.",
+    ),
+    Option(
+        "--upstream-headers-timeout",
+        float,
+        "75",
+        "Seconds to wait for the origin's response headers before answering 504; keep it "
+        "above the origin's long-poll timeout (30 s for both real origins).",
+    ),
+    Option(
+        "--upstream-read-timeout",
+        float,
+        "60",
+        "Seconds a non-live origin body may stall between chunks before the client's "
+        "connection is aborted. Live (SSE) bodies have no idle limit.",
+    ),
+    Option(
+        "--upstream-max-connections",
+        _positive_int,
+        "0",
+        "Cap on concurrent origin connections (0 = unlimited).",
+    ),
+    Option(
+        "--drain-seconds",
+        float,
+        "10",
+        "On SIGTERM, how long in-flight requests may finish before connections are closed.",
+    ),
+)
+
+
+def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="edge", description="A caching edge proxy for the Durable Streams protocol."
+    )
+    parser.add_argument("--version", action="version", version=f"edge {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser(
+        "serve",
+        help="run the edge in front of an origin",
+        description="Run the edge. Every flag can also be set as EDGE_<FLAG> in the environment "
+        "(e.g. EDGE_ORIGIN, EDGE_LISTEN); a flag on the command line wins.",
+    )
+    for option in SERVE_OPTIONS:
+        default = env.get(option.env, option.default)
+        serve.add_argument(
+            option.flag,
+            dest=option.dest,
+            default=default,
+            metavar=option.dest.upper(),
+            help=f"{option.help} [env {option.env}; default {option.default or 'none'}]",
+        )
+    return parser
+
+
+def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
+    """Settings from the command line and environment; raises ConfigError with a clear reason."""
+    parser = build_parser(env)
+    args = parser.parse_args(argv)
+    values: dict[str, Any] = {}
+    for option in SERVE_OPTIONS:
+        raw = getattr(args, option.dest)
+        if raw is None:
+            raise ConfigError(f"{option.flag} (or {option.env}) is required")
+        try:
+            values[option.dest] = option.parse(raw)
+        except ValueError as error:
+            raise ConfigError(f"{option.flag}={raw!r}: {error}") from error
+    return Settings(
+        origin=values["origin"],
+        listen=values["listen"],
+        admin_listen=values["admin_listen"],
+        log_level=values["log_level"],
+        upstream_connect_timeout_seconds=values["upstream_connect_timeout"],
+        upstream_headers_timeout_seconds=values["upstream_headers_timeout"],
+        upstream_read_timeout_seconds=values["upstream_read_timeout"],
+        upstream_max_connections=values["upstream_max_connections"],
+        drain_seconds=values["drain_seconds"],
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        settings = parse_settings(sys.argv[1:] if argv is None else argv, os.environ)
+    except ConfigError as error:
+        print(f"edge: error: {error}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=settings.log_level,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    from edge.server import run
+
+    run(settings)
+    return 0

@@ -1,0 +1,79 @@
+"""One frozen ``Settings`` for the whole process, with units in its names.
+
+Only ``edge.cli`` builds it (from flags and ``EDGE_*`` environment variables); everything else
+receives it as an argument.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+SECONDS = 1.0
+
+
+class ConfigError(ValueError):
+    """A setting that cannot be used; the message says which and why."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Address:
+    host: str
+    port: int
+
+    @classmethod
+    def parse(cls, text: str) -> Address:
+        """``HOST:PORT``, ``[IPv6]:PORT`` or ``:PORT`` (all interfaces)."""
+        host, sep, port_text = text.rpartition(":")
+        if not sep or not port_text.isdigit():
+            raise ConfigError(f"expected HOST:PORT, got {text!r}")
+        port = int(port_text)
+        if not 0 <= port <= 65535:
+            raise ConfigError(f"port out of range in {text!r}")
+        host = host.strip("[]") or "0.0.0.0"
+        return cls(host=host, port=port)
+
+    def __str__(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Settings:
+    origin: str
+    listen: Address
+    admin_listen: Address
+    log_level: str = "INFO"
+    upstream_connect_timeout_seconds: float = 5 * SECONDS
+    # Longer than any origin's long-poll timeout (30 s in both real origins) plus slack, so a
+    # long-poll that ends normally never turns into a 504.
+    upstream_headers_timeout_seconds: float = 75 * SECONDS
+    # Idle time allowed between two body chunks of a non-live answer. Live answers (SSE) have
+    # none: the production origin sends nothing while idle.
+    upstream_read_timeout_seconds: float = 60 * SECONDS
+    upstream_max_connections: int = 0
+    # On SIGTERM: stop accepting, give in-flight requests this long, then close what is left.
+    drain_seconds: float = 10 * SECONDS
+
+    def __post_init__(self) -> None:
+        parts = urlsplit(self.origin)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigError(f"--origin must be an http(s) URL, got {self.origin!r}")
+        if parts.query or parts.fragment:
+            raise ConfigError("--origin must not carry a query or fragment")
+        for name in (
+            "upstream_connect_timeout_seconds",
+            "upstream_headers_timeout_seconds",
+            "upstream_read_timeout_seconds",
+        ):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive")
+        if self.drain_seconds < 0:
+            raise ConfigError("drain_seconds must be >= 0")
+        if self.upstream_max_connections < 0:
+            raise ConfigError("upstream_max_connections must be >= 0 (0 = unlimited)")
+
+    @property
+    def origin_base(self) -> str:
+        """The origin URL without a trailing slash; request paths are appended to it."""
+        return self.origin.rstrip("/")

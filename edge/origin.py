@@ -1,0 +1,148 @@
+"""The one HTTP client the edge uses to reach the origin.
+
+Exceptions (every aiohttp error is translated here, at the boundary)::
+
+    OriginError            status hint for the client, reason label for metrics
+    ├── OriginUnreachable  502  could not connect
+    ├── OriginTimeout      504  no response headers in time, or a body stalled
+    └── OriginBroken       502  connection reset or malformed answer
+
+Rules this module owns:
+
+* The client adds nothing the edge's caller did not ask for: no ``Accept``, ``Accept-Encoding``,
+  ``User-Agent`` or ``Content-Type`` defaults, and bodies are relayed as received (no
+  decompression), so the origin's bytes and ``Content-Encoding`` pass through untouched.
+* Live answers have no idle read timeout: an SSE origin may stay silent for minutes. Every answer
+  must start (headers) within ``upstream_headers_timeout_seconds``, which is longer than any
+  origin's long-poll.
+* Pooled connections are dropped before the origin's own keep-alive timeout (Node: 5 s), so a
+  request never lands on a socket the origin is closing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterable, AsyncIterator, Sequence
+
+import aiohttp
+from multidict import CIMultiDict
+from yarl import URL
+
+from edge.config import Settings
+
+# Below Node's default server keep-alive timeout (5 s).
+POOL_IDLE_SECONDS = 4.0
+BODY_CHUNK_BYTES = 64 * 1024
+
+
+class OriginError(Exception):
+    status = 502
+    reason = "protocol"
+
+
+class OriginUnreachable(OriginError):
+    status = 502
+    reason = "connect"
+
+
+class OriginTimeout(OriginError):
+    status = 504
+    reason = "timeout"
+
+
+class OriginBroken(OriginError):
+    status = 502
+    reason = "reset"
+
+
+def translate(error: BaseException) -> OriginError:
+    """The edge's view of an aiohttp or socket error."""
+    if isinstance(error, OriginError):
+        return error
+    if isinstance(error, aiohttp.ClientConnectorError):
+        return OriginUnreachable(f"origin unreachable: {error.os_error or error}")
+    if isinstance(error, TimeoutError):
+        return OriginTimeout("origin did not answer in time")
+    if isinstance(error, aiohttp.ServerDisconnectedError | aiohttp.ClientOSError):
+        return OriginBroken(f"origin connection lost: {error}")
+    broken = OriginBroken(f"origin sent a malformed answer: {error}")
+    broken.reason = "protocol"
+    return broken
+
+
+class OriginClient:
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        connector = aiohttp.TCPConnector(
+            limit=self._settings.upstream_max_connections,
+            keepalive_timeout=POOL_IDLE_SECONDS,
+            enable_cleanup_closed=False,
+        )
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            auto_decompress=False,
+            skip_auto_headers=("Accept", "Accept-Encoding", "User-Agent", "Content-Type"),
+            timeout=aiohttp.ClientTimeout(
+                total=None,
+                sock_connect=self._settings.upstream_connect_timeout_seconds,
+            ),
+            # Paths and queries are relayed exactly as the client sent them.
+            requote_redirect_url=False,
+        )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    @property
+    def base_url(self) -> str:
+        return self._settings.origin_base
+
+    def url_for(self, path_qs: str) -> str:
+        return self._settings.origin_base + path_qs
+
+    async def open(
+        self,
+        method: str,
+        path_qs: str,
+        headers: Sequence[tuple[str, str]],
+        body: AsyncIterable[bytes] | aiohttp.StreamReader | None = None,
+        *,
+        live: bool,
+    ) -> aiohttp.ClientResponse:
+        """Send a request and return once the origin's status and headers have arrived.
+
+        The caller owns the response: read it with ``body_chunks`` and ``close`` it.
+        """
+        if self._session is None:
+            raise RuntimeError("OriginClient.start() was not awaited")
+        read_timeout = None if live else self._settings.upstream_read_timeout_seconds
+        try:
+            async with asyncio.timeout(self._settings.upstream_headers_timeout_seconds):
+                return await self._session.request(
+                    method,
+                    URL(self.url_for(path_qs), encoded=True),
+                    headers=CIMultiDict(headers),
+                    data=body,
+                    allow_redirects=False,
+                    timeout=aiohttp.ClientTimeout(
+                        total=None,
+                        sock_connect=self._settings.upstream_connect_timeout_seconds,
+                        sock_read=read_timeout,
+                    ),
+                )
+        except (aiohttp.ClientError, TimeoutError, OSError) as error:
+            raise translate(error) from error
+
+    @staticmethod
+    async def body_chunks(response: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+        """The response body as it arrives, chunk by chunk (never buffered whole)."""
+        try:
+            async for chunk in response.content.iter_any():
+                yield chunk
+        except (aiohttp.ClientError, TimeoutError, OSError) as error:
+            raise translate(error) from error

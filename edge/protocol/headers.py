@@ -1,0 +1,139 @@
+"""Header hygiene for a transparent proxy (RFC 9110 §7.6).
+
+Rules this module owns:
+
+* Hop-by-hop headers never cross the proxy, in either direction: the fixed set below plus every
+  name listed in ``Connection`` (RFC 9110 §7.6.1).
+* ``Host`` is the origin's: the HTTP client derives it from the origin URL, so the client's value is
+  dropped here.
+* Nothing is added upstream that the client did not send, except the forwarding trail
+  (``Forwarded``, ``X-Forwarded-For``, ``X-Forwarded-Proto``, ``Via``). A default ``Content-Type``
+  or ``Accept-Encoding`` would change the origin's answer (PROTOCOL-NOTES trap 10).
+* Everything else is relayed verbatim and in order, repeated headers included.
+
+Headers are handled as ordered lists of ``(name, value)`` pairs so repeats survive.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+HeaderList = list[tuple[str, str]]
+
+VIA_PSEUDONYM = "edge"
+
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+
+# Durable Streams header names (PROTOCOL.md §5), lower-cased for lookups.
+STREAM_NEXT_OFFSET = "stream-next-offset"
+STREAM_CURSOR = "stream-cursor"
+STREAM_UP_TO_DATE = "stream-up-to-date"
+STREAM_CLOSED = "stream-closed"
+LAST_EVENT_ID = "last-event-id"
+AUTHORIZATION = "authorization"
+COOKIE = "cookie"
+
+
+def connection_tokens(headers: Iterable[tuple[str, str]]) -> frozenset[str]:
+    """Names listed in every ``Connection`` header, lower-cased."""
+    tokens: set[str] = set()
+    for name, value in headers:
+        if name.lower() == "connection":
+            tokens.update(t.strip().lower() for t in value.split(",") if t.strip())
+    return frozenset(tokens)
+
+
+def strip_hop_by_hop(headers: Sequence[tuple[str, str]]) -> HeaderList:
+    """Drop hop-by-hop headers, including those the message names in ``Connection``."""
+    dropped = HOP_BY_HOP | connection_tokens(headers)
+    return [(name, value) for name, value in headers if name.lower() not in dropped]
+
+
+def _format_for_node(address: str) -> str:
+    # RFC 7239 §6: IPv6 nodes are bracketed and the whole value quoted.
+    return f'"[{address}]"' if ":" in address else address
+
+
+def upstream_request_headers(
+    headers: Sequence[tuple[str, str]],
+    *,
+    client_address: str | None,
+    scheme: str,
+    host: str | None,
+    http_version: str = "1.1",
+) -> HeaderList:
+    """The headers to send to the origin for a client request with ``headers``.
+
+    ``client_address`` is the peer's IP, ``scheme`` and ``host`` what the client used to reach us.
+    """
+    kept = [(n, v) for n, v in strip_hop_by_hop(headers) if n.lower() != "host"]
+    node = client_address or "unknown"
+
+    forwarded_for = [v for n, v in kept if n.lower() == "x-forwarded-for"]
+    forwarded = [v for n, v in kept if n.lower() == "forwarded"]
+    vias = [v for n, v in kept if n.lower() == "via"]
+    has_proto = any(n.lower() == "x-forwarded-proto" for n, _ in kept)
+    trail = {"x-forwarded-for", "forwarded", "via"}
+    out = [(n, v) for n, v in kept if n.lower() not in trail]
+
+    element = f"for={_format_for_node(node)};proto={scheme}"
+    if host:
+        element += f';host="{host}"'
+    out.append(("Forwarded", ", ".join([*forwarded, element])))
+    out.append(("X-Forwarded-For", ", ".join([*forwarded_for, node])))
+    if not has_proto:
+        out.append(("X-Forwarded-Proto", scheme))
+    out.append(("Via", ", ".join([*vias, f"{http_version} {VIA_PSEUDONYM}"])))
+    return out
+
+
+def downstream_response_headers(
+    headers: Sequence[tuple[str, str]],
+    *,
+    origin_base: str,
+    public_base: str,
+    http_version: str = "1.1",
+) -> HeaderList:
+    """The origin's response headers as relayed to the client: verbatim, minus hop-by-hop,
+    with this proxy appended to ``Via``.
+
+    A ``Location`` under ``origin_base`` (the origin names itself after a create) is rewritten
+    under ``public_base``, the address the client used: the origin's own address is internal,
+    and a client following it would bypass the edge (as nginx's default ``proxy_redirect``).
+    """
+    kept = strip_hop_by_hop(headers)
+    vias = [v for n, v in kept if n.lower() == "via"]
+    out = [
+        (n, _rebase(v, origin_base, public_base) if n.lower() == "location" else v)
+        for n, v in kept
+        if n.lower() != "via"
+    ]
+    out.append(("Via", ", ".join([*vias, f"{http_version} {VIA_PSEUDONYM}"])))
+    return out
+
+
+def _rebase(url: str, origin_base: str, public_base: str) -> str:
+    if url == origin_base or url.startswith(origin_base + "/"):
+        return public_base + url[len(origin_base) :]
+    return url
+
+
+def first_value(headers: Iterable[tuple[str, str]], name: str) -> str | None:
+    """The first value of header ``name`` (case-insensitive), or None."""
+    wanted = name.lower()
+    for key, value in headers:
+        if key.lower() == wanted:
+            return value
+    return None

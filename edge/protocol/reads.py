@@ -1,0 +1,113 @@
+"""Classify a client request into what the edge must do with it (PROTOCOL.md §5).
+
+Rules this module owns:
+
+* The kind of a request decides its metrics label and, later, its path through the cache:
+  ``GET`` with ``live=sse`` is an SSE read, with ``live=long-poll`` a long-poll, with no ``live`` a
+  catch-up read; ``HEAD`` is metadata; ``PUT``/``POST``/``DELETE`` change a stream; anything else
+  (``OPTIONS``, an unknown ``live`` value, other methods) is ``other`` and is only forwarded.
+* A read is described by value: stream path, offset, live mode, cursor, ``Last-Event-ID`` and the
+  credential scope, so the cache can key on it without looking at the request again.
+* Credentials (``Authorization``, ``Cookie``) put a request in a private scope named by a hash of
+  them; requests without credentials share the public scope (RFC 9111 §3.5).
+* Query parameters are parsed once, in order-independent form (PROTOCOL-NOTES trap 3).
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from urllib.parse import parse_qsl
+
+from edge.protocol.headers import AUTHORIZATION, COOKIE, LAST_EVENT_ID
+
+PUBLIC_SCOPE = "public"
+
+
+class RequestKind(enum.StrEnum):
+    CATCHUP = "catchup"
+    LONG_POLL = "long_poll"
+    SSE = "sse"
+    HEAD = "head"
+    WRITE = "write"
+    OTHER = "other"
+
+
+LIVE_MODES = {"long-poll": RequestKind.LONG_POLL, "sse": RequestKind.SSE}
+WRITE_METHODS = frozenset({"PUT", "POST", "DELETE"})
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Read:
+    """A GET of a stream, in the terms the cache needs."""
+
+    stream: str
+    offset: str | None
+    live: str | None
+    cursor: str | None
+    last_event_id: str | None
+    scope: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Classified:
+    kind: RequestKind
+    read: Read | None
+
+
+def auth_scope(headers: Iterable[tuple[str, str]]) -> str:
+    """``public`` for a request without credentials, else a stable hash of the credentials."""
+    credentials = sorted(
+        (name.lower(), value) for name, value in headers if name.lower() in (AUTHORIZATION, COOKIE)
+    )
+    if not credentials:
+        return PUBLIC_SCOPE
+    digest = hashlib.sha256()
+    for name, value in credentials:
+        digest.update(f"{name}\0{value}\0".encode())
+    return "cred-" + digest.hexdigest()[:32]
+
+
+def query_params(query_string: str) -> dict[str, str]:
+    """Query parameters by name; the first occurrence of a repeated name wins."""
+    params: dict[str, str] = {}
+    for name, value in parse_qsl(query_string, keep_blank_values=True):
+        params.setdefault(name, value)
+    return params
+
+
+def classify(
+    method: str, path: str, query_string: str, headers: Iterable[tuple[str, str]]
+) -> Classified:
+    method = method.upper()
+    if method == "HEAD":
+        return Classified(kind=RequestKind.HEAD, read=None)
+    if method in WRITE_METHODS:
+        return Classified(kind=RequestKind.WRITE, read=None)
+    if method != "GET":
+        return Classified(kind=RequestKind.OTHER, read=None)
+
+    params = query_params(query_string)
+    live = params.get("live")
+    if live is None:
+        kind = RequestKind.CATCHUP
+    elif live in LIVE_MODES:
+        kind = LIVE_MODES[live]
+    else:
+        return Classified(kind=RequestKind.OTHER, read=None)
+
+    header_list = list(headers)
+    last_event_id = next(
+        (value for name, value in header_list if name.lower() == LAST_EVENT_ID), None
+    )
+    read = Read(
+        stream=path,
+        offset=params.get("offset"),
+        live=live,
+        cursor=params.get("cursor"),
+        last_event_id=last_event_id,
+        scope=auth_scope(header_list),
+    )
+    return Classified(kind=kind, read=read)

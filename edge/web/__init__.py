@@ -1,0 +1,1 @@
+"""The aiohttp layer: thin handlers over the pure core."""

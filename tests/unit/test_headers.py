@@ -1,0 +1,94 @@
+from edge.protocol.headers import (
+    downstream_response_headers,
+    first_value,
+    strip_hop_by_hop,
+    upstream_request_headers,
+)
+
+
+def names(headers: list[tuple[str, str]]) -> list[str]:
+    return [name.lower() for name, _ in headers]
+
+
+def test_hop_by_hop_and_connection_named_headers_are_dropped() -> None:
+    headers = [
+        ("Connection", "keep-alive, X-Secret-Hop"),
+        ("Keep-Alive", "timeout=5"),
+        ("Transfer-Encoding", "chunked"),
+        ("TE", "trailers"),
+        ("Upgrade", "h2c"),
+        ("Proxy-Authorization", "Basic x"),
+        ("X-Secret-Hop", "1"),
+        ("Stream-Seq", "42"),
+    ]
+    assert strip_hop_by_hop(headers) == [("Stream-Seq", "42")]
+
+
+def test_upstream_headers_keep_order_and_repeats_and_drop_host() -> None:
+    headers = [
+        ("Host", "edge.example"),
+        ("Producer-Id", "p1"),
+        ("X-Custom", "a"),
+        ("X-Custom", "b"),
+        ("Content-Type", "text/plain"),
+    ]
+    out = upstream_request_headers(
+        headers, client_address="10.0.0.7", scheme="http", host="edge.example"
+    )
+    assert "host" not in names(out)
+    kept = [(n, v) for n, v in out if n.lower() in ("producer-id", "x-custom", "content-type")]
+    assert kept == headers[1:]
+
+
+def test_upstream_headers_add_only_the_forwarding_trail() -> None:
+    out = upstream_request_headers([], client_address="10.0.0.7", scheme="https", host="e.x")
+    assert sorted(names(out)) == ["forwarded", "via", "x-forwarded-for", "x-forwarded-proto"]
+    assert first_value(out, "Forwarded") == 'for=10.0.0.7;proto=https;host="e.x"'
+    assert first_value(out, "X-Forwarded-For") == "10.0.0.7"
+    assert first_value(out, "X-Forwarded-Proto") == "https"
+    assert first_value(out, "Via") == "1.1 edge"
+    for never_added in ("content-type", "accept-encoding", "user-agent", "accept"):
+        assert never_added not in names(out)
+
+
+def test_forwarding_trail_is_appended_to_not_replaced() -> None:
+    headers = [
+        ("X-Forwarded-For", "1.2.3.4"),
+        ("Forwarded", "for=1.2.3.4"),
+        ("Via", "1.1 cdn"),
+        ("X-Forwarded-Proto", "https"),
+    ]
+    out = upstream_request_headers(headers, client_address="::1", scheme="http", host=None)
+    assert first_value(out, "X-Forwarded-For") == "1.2.3.4, ::1"
+    assert first_value(out, "Forwarded") == 'for=1.2.3.4, for="[::1]";proto=http'
+    assert first_value(out, "Via") == "1.1 cdn, 1.1 edge"
+    assert [v for n, v in out if n.lower() == "x-forwarded-proto"] == ["https"]
+    assert names(out).count("via") == 1
+
+
+def test_response_headers_relayed_verbatim_with_via() -> None:
+    headers = [
+        ("Stream-Next-Offset", "0_5"),
+        ("Set-Cookie", "a=1"),
+        ("Set-Cookie", "b=2"),
+        ("ETag", '"x:-1:0_5"'),
+        ("Content-Encoding", "gzip"),
+        ("Connection", "keep-alive"),
+        ("Keep-Alive", "timeout=5"),
+        ("Transfer-Encoding", "chunked"),
+    ]
+    out = downstream_response_headers(headers, origin_base="http://o:1", public_base="http://e")
+    assert out[:5] == headers[:5]
+    assert out[5:] == [("Via", "1.1 edge")]
+
+
+def test_location_at_the_origin_is_rebased_to_the_edge() -> None:
+    def location(value: str) -> str | None:
+        out = downstream_response_headers(
+            [("Location", value)], origin_base="http://o:1/base", public_base="https://edge.example"
+        )
+        return first_value(out, "location")
+
+    assert location("http://o:1/base/v1/s") == "https://edge.example/v1/s"
+    assert location("http://o:1/based/x") == "http://o:1/based/x"
+    assert location("https://elsewhere/x") == "https://elsewhere/x"

@@ -1,0 +1,29 @@
+"""The protocol core stays pure: no networking or event loop underneath it (STYLE.md habit 1)."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import edge.protocol
+
+FORBIDDEN = ("aiohttp", "redis", "asyncio", "prometheus_client", "socket", "uvloop")
+PURE_PACKAGES = [Path(edge.protocol.__file__).parent]
+
+
+def imported_modules(source: Path) -> set[str]:
+    modules: set[str] = set()
+    for node in ast.walk(ast.parse(source.read_text())):
+        if isinstance(node, ast.Import):
+            modules.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            modules.add(node.module)
+    return modules
+
+
+@pytest.mark.parametrize(
+    "module", [p for pkg in PURE_PACKAGES for p in sorted(pkg.rglob("*.py"))], ids=str
+)
+def test_pure_module_imports_no_io(module: Path) -> None:
+    bad = {m for m in imported_modules(module) if m.split(".")[0] in FORBIDDEN}
+    assert not bad, f"{module} imports {bad}"

@@ -1,0 +1,64 @@
+import pytest
+
+from edge.protocol.reads import PUBLIC_SCOPE, RequestKind, auth_scope, classify, query_params
+
+
+@pytest.mark.parametrize(
+    ("method", "query", "kind"),
+    [
+        ("GET", "offset=-1", RequestKind.CATCHUP),
+        ("GET", "", RequestKind.CATCHUP),
+        ("GET", "offset=now", RequestKind.CATCHUP),
+        ("GET", "offset=0_5&live=long-poll&cursor=7", RequestKind.LONG_POLL),
+        ("GET", "live=sse&offset=0_5", RequestKind.SSE),
+        ("GET", "offset=0_5&live=bogus", RequestKind.OTHER),
+        ("HEAD", "", RequestKind.HEAD),
+        ("PUT", "", RequestKind.WRITE),
+        ("POST", "", RequestKind.WRITE),
+        ("DELETE", "", RequestKind.WRITE),
+        ("OPTIONS", "", RequestKind.OTHER),
+        ("PATCH", "", RequestKind.OTHER),
+        ("get", "offset=1", RequestKind.CATCHUP),
+    ],
+)
+def test_kind(method: str, query: str, kind: RequestKind) -> None:
+    assert classify(method, "/s", query, []).kind is kind
+
+
+def test_read_carries_what_the_cache_keys_on() -> None:
+    classified = classify(
+        "GET",
+        "/streams/a",
+        "cursor=9&live=long-poll&offset=0_5",
+        [("Last-Event-ID", "0_7"), ("Authorization", "Bearer t")],
+    )
+    read = classified.read
+    assert read is not None
+    assert (read.stream, read.offset, read.live, read.cursor, read.last_event_id) == (
+        "/streams/a",
+        "0_5",
+        "long-poll",
+        "9",
+        "0_7",
+    )
+    assert read.scope != PUBLIC_SCOPE
+
+
+def test_parameter_order_does_not_matter() -> None:
+    a = classify("GET", "/s", "offset=1&live=sse", []).read
+    b = classify("GET", "/s", "live=sse&offset=1", []).read
+    assert a == b
+
+
+def test_first_repeated_parameter_wins_and_blanks_are_kept() -> None:
+    assert query_params("offset=1&offset=2&cursor=") == {"offset": "1", "cursor": ""}
+
+
+def test_scopes() -> None:
+    assert auth_scope([("Accept", "*/*")]) == PUBLIC_SCOPE
+    token_a = auth_scope([("Authorization", "Bearer a")])
+    token_b = auth_scope([("authorization", "Bearer b")])
+    cookie_a = auth_scope([("Cookie", "Bearer a")])
+    assert len({token_a, token_b, cookie_a, PUBLIC_SCOPE}) == 4
+    assert auth_scope([("AUTHORIZATION", "Bearer a")]) == token_a
+    assert "Bearer" not in token_a

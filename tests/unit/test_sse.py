@@ -1,0 +1,49 @@
+from edge.protocol.sse import SseDecoder, SseEvent
+
+STREAM = (
+    b"retry: 2000\n"
+    b'event: data\ndata: [\ndata: {"k":1}\ndata: ]\nid: 0_9\n\n'
+    b": heartbeat\n\n"
+    b'event: control\r\ndata: {"streamNextOffset":"0_9"}\r\n\r\n'
+)
+
+
+def test_whole_stream_decodes() -> None:
+    decoder = SseDecoder()
+    events = decoder.feed(STREAM)
+    assert events == [
+        SseEvent(event="data", data='[\n{"k":1}\n]', id="0_9", retry_ms=2000),
+        SseEvent(event="control", data='{"streamNextOffset":"0_9"}', id=None),
+    ]
+    assert decoder.comments == 1
+    assert decoder.last_event_id == "0_9"
+
+
+def test_any_chunking_gives_the_same_events() -> None:
+    expected = SseDecoder().feed(STREAM)
+    for size in range(1, 12):
+        decoder = SseDecoder()
+        events = []
+        for start in range(0, len(STREAM), size):
+            events += decoder.feed(STREAM[start : start + size])
+        assert events == expected, size
+
+
+def test_cr_only_line_endings_and_split_crlf() -> None:
+    decoder = SseDecoder()
+    assert decoder.feed("data: a\r") == []
+    assert decoder.feed("\n\r\n") == [SseEvent(event="message", data="a", id=None)]
+    assert decoder.feed("data:b\r\r") == [SseEvent(event="message", data="b", id=None)]
+
+
+def test_event_without_data_is_not_dispatched_but_sets_id() -> None:
+    decoder = SseDecoder()
+    assert decoder.feed("id: 5\nevent: control\n\n") == []
+    assert decoder.last_event_id == "5"
+
+
+def test_multibyte_character_split_across_chunks() -> None:
+    payload = "data: héllo ✓\n\n".encode()
+    decoder = SseDecoder()
+    events = [e for i in range(len(payload)) for e in decoder.feed(payload[i : i + 1])]
+    assert events == [SseEvent(event="message", data="héllo ✓", id=None)]
