@@ -18,7 +18,6 @@ import signal
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import aiohttp
 

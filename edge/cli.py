@@ -43,6 +43,25 @@ def _log_level(text: str) -> str:
     return level
 
 
+def _optional_str(text: str) -> str | None:
+    return text or None
+
+
+BYTE_UNITS = {"": 1, "B": 1, "KIB": 1024, "MIB": 1024**2, "GIB": 1024**3}
+
+
+def _byte_size(text: str) -> int:
+    number = text.strip().upper().rstrip()
+    unit = ""
+    for suffix in ("KIB", "MIB", "GIB", "B"):
+        if number.endswith(suffix):
+            number, unit = number[: -len(suffix)].strip(), suffix
+            break
+    if not number.isdigit():
+        raise ValueError("a whole number of bytes, optionally with KiB, MiB or GiB")
+    return int(number) * BYTE_UNITS[unit]
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 0:
@@ -91,6 +110,47 @@ SERVE_OPTIONS = (
         float,
         "10",
         "On SIGTERM, how long in-flight requests may finish before connections are closed.",
+    ),
+    Option(
+        "--cache-bytes",
+        _byte_size,
+        "256MiB",
+        "Byte budget of the local cache over all segments (LRU); accepts KiB, MiB, GiB.",
+    ),
+    Option(
+        "--max-response-bytes",
+        _byte_size,
+        "4MiB",
+        "Stitched catch-up answers stop adding segments past this size; such an answer "
+        "carries no Stream-Up-To-Date.",
+    ),
+    Option(
+        "--max-segment-bytes",
+        _byte_size,
+        "32MiB",
+        "Origin answers larger than this are relayed without being cached.",
+    ),
+    Option(
+        "--tail-freshness",
+        float,
+        "1",
+        "Seconds an at-tail answer of an open stream is reused without asking the origin. "
+        "Writes through this edge invalidate at once; a reader is at most this far behind "
+        "writes made elsewhere, and loses nothing (it goes live from there).",
+    ),
+    Option(
+        "--redis-url",
+        _optional_str,
+        "",
+        "Shared cache tier, e.g. redis://127.0.0.1:6379/0; empty disables it.",
+    ),
+    Option("--redis-ttl", _positive_int, "3600", "Seconds a segment lives in the shared tier."),
+    Option(
+        "--redis-timeout",
+        float,
+        "0.25",
+        "Seconds one shared-tier operation may take before it counts as a failure; a few "
+        "failures in a row open a circuit breaker for 5 s.",
     ),
 )
 
@@ -142,6 +202,13 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
         upstream_read_timeout_seconds=values["upstream_read_timeout"],
         upstream_max_connections=values["upstream_max_connections"],
         drain_seconds=values["drain_seconds"],
+        cache_bytes=values["cache_bytes"],
+        max_response_bytes=values["max_response_bytes"],
+        max_segment_bytes=values["max_segment_bytes"],
+        tail_freshness_seconds=values["tail_freshness"],
+        redis_url=values["redis_url"],
+        redis_ttl_seconds=values["redis_ttl"],
+        redis_timeout_seconds=values["redis_timeout"],
     )
 
 

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 SECONDS = 1.0
+KiB = 1024
+MiB = 1024 * KiB
 
 
 class ConfigError(ValueError):
@@ -54,6 +56,20 @@ class Settings:
     upstream_max_connections: int = 0
     # On SIGTERM: stop accepting, give in-flight requests this long, then close what is left.
     drain_seconds: float = 10 * SECONDS
+    # The local tier's one byte budget over all segments of all streams.
+    cache_bytes: int = 256 * MiB
+    # Stitched catch-up answers stop adding segments here (one segment is always whole).
+    max_response_bytes: int = 4 * MiB
+    # An origin answer larger than this is relayed without being cached.
+    max_segment_bytes: int = 32 * MiB
+    # How long an at-tail answer of an open stream may be reused without asking the origin.
+    # One second bounds a herd of catch-up readers to one origin request per stream per second,
+    # while a reader is at most a second behind (it then goes live from there and loses nothing;
+    # writes through this edge invalidate at once).
+    tail_freshness_seconds: float = 1 * SECONDS
+    redis_url: str | None = None
+    redis_ttl_seconds: int = 3600
+    redis_timeout_seconds: float = 0.25 * SECONDS
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.origin)
@@ -68,6 +84,19 @@ class Settings:
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive")
+        for name in ("cache_bytes", "max_response_bytes", "max_segment_bytes", "redis_ttl_seconds"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive")
+        if self.tail_freshness_seconds < 0:
+            raise ConfigError("tail_freshness_seconds must be >= 0")
+        if self.redis_timeout_seconds <= 0:
+            raise ConfigError("redis_timeout_seconds must be positive")
+        if self.redis_url is not None and not self.redis_url.startswith(
+            ("redis://", "rediss://", "unix://")
+        ):
+            raise ConfigError(
+                f"--redis-url must be redis://, rediss:// or unix://, got {self.redis_url!r}"
+            )
         if self.drain_seconds < 0:
             raise ConfigError("drain_seconds must be >= 0")
         if self.upstream_max_connections < 0:

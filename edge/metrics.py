@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from edge.protocol.reads import RequestKind
 
 ORIGIN_ERRORS = ("connect", "timeout", "reset", "protocol")
+CACHE_RESULTS = ("hit", "delta", "miss", "bypass")
 
 # Long-polls last up to ~30 s and SSE connections minutes, so the buckets reach far.
 DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
@@ -50,6 +51,54 @@ class Metrics:
             ["kind"],
             registry=self.registry,
         )
+        self.cache_requests = Counter(
+            "edge_cache_requests",
+            "Catch-up reads by what the cache did: hit (answered alone), delta (asked the origin "
+            "only for the missing tail), miss (asked for everything), bypass (not cacheable).",
+            ["result"],
+            registry=self.registry,
+        )
+        self.collapsed_requests = Counter(
+            "edge_collapsed_requests",
+            "Requests that shared an origin request already in flight, by kind.",
+            ["kind"],
+            registry=self.registry,
+        )
+        self.cache_bytes = Gauge(
+            "edge_cache_bytes", "Bytes held by the local tier.", registry=self.registry
+        )
+        self.cache_segments = Gauge(
+            "edge_cache_segments", "Segments held by the local tier.", registry=self.registry
+        )
+        self.cache_evictions = Counter(
+            "edge_cache_evictions",
+            "Segments evicted from the local tier to stay within --cache-bytes.",
+            registry=self.registry,
+        )
+        self.origin_bytes = Counter(
+            "edge_origin_bytes",
+            "Body bytes received from the origin.",
+            registry=self.registry,
+        )
+        self.served_bytes = Counter(
+            "edge_served_bytes",
+            "Body bytes sent to clients.",
+            registry=self.registry,
+        )
+        self.redis_up = Gauge(
+            "edge_redis_up",
+            "1 while the shared tier is in use, 0 while its circuit breaker is open.",
+            registry=self.registry,
+        )
+        self.redis_operations = Counter(
+            "edge_redis_operations",
+            "Shared-tier operations by op (get, put, purge) and result "
+            "(hit, miss, ok, error, skipped).",
+            ["op", "result"],
+            registry=self.registry,
+        )
+        for result in CACHE_RESULTS:
+            self.cache_requests.labels(result=result)
         for kind in RequestKind:
             self.request_duration.labels(kind=kind.value)
             self.open_connections.labels(kind=kind.value)

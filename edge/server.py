@@ -13,7 +13,7 @@ from aiohttp import web
 from edge.config import Address, Settings
 from edge.metrics import Metrics
 from edge.origin import OriginClient
-from edge.web.app import create_admin_app, create_app
+from edge.web.app import CACHE, create_admin_app, create_app
 
 log = logging.getLogger(__name__)
 
@@ -48,10 +48,10 @@ async def _start(app: web.Application, address: Address, settings: Settings) -> 
 async def serve(settings: Settings) -> None:
     metrics = Metrics()
     origin = OriginClient(settings)
-    stream_runner = await _start(create_app(settings, metrics, origin), settings.listen, settings)
-    admin_runner = await _start(
-        create_admin_app(settings, metrics), settings.admin_listen, settings
-    )
+    stream_app = create_app(settings, metrics, origin)
+    stream_runner = await _start(stream_app, settings.listen, settings)
+    admin_app = create_admin_app(settings, metrics, stream_app[CACHE])
+    admin_runner = await _start(admin_app, settings.admin_listen, settings)
 
     ready = {
         "event": "listening",

@@ -49,6 +49,9 @@ class Read:
     cursor: str | None
     last_event_id: str | None
     scope: str
+    # Only protocol parameters, each once: such a read may be answered from the cache. Anything
+    # else (an unknown or repeated parameter) goes to the origin as sent, which judges it.
+    plain: bool = True
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -70,12 +73,20 @@ def auth_scope(headers: Iterable[tuple[str, str]]) -> str:
     return "cred-" + digest.hexdigest()[:32]
 
 
+PROTOCOL_PARAMS = frozenset({"offset", "live", "cursor"})
+
+
 def query_params(query_string: str) -> dict[str, str]:
     """Query parameters by name; the first occurrence of a repeated name wins."""
     params: dict[str, str] = {}
     for name, value in parse_qsl(query_string, keep_blank_values=True):
         params.setdefault(name, value)
     return params
+
+
+def only_protocol_params(query_string: str) -> bool:
+    names = [name for name, _ in parse_qsl(query_string, keep_blank_values=True)]
+    return len(names) == len(set(names)) and set(names) <= PROTOCOL_PARAMS
 
 
 def classify(
@@ -109,5 +120,6 @@ def classify(
         cursor=params.get("cursor"),
         last_event_id=last_event_id,
         scope=auth_scope(header_list),
+        plain=only_protocol_params(query_string),
     )
     return Classified(kind=kind, read=read)

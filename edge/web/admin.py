@@ -13,6 +13,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from edge.catchup import CatchupCache
 from edge.config import Settings
 from edge.metrics import Metrics
 
@@ -51,13 +52,16 @@ class ReadinessProbe:
         return self._last
 
 
-def add_admin_routes(app: web.Application, metrics: Metrics, probe: ReadinessProbe) -> None:
+def add_admin_routes(
+    app: web.Application, metrics: Metrics, probe: ReadinessProbe, cache: CatchupCache
+) -> None:
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok\n")
 
     async def readyz(_: web.Request) -> web.Response:
         ready, detail = await probe.check()
-        body = {"ready": ready, "origin": detail, "redis": "disabled"}
+        # Redis being down degrades the edge (no shared tier) but does not make it unready.
+        body = {"ready": ready, "origin": detail, "redis": cache.shared_state}
         return web.Response(
             status=200 if ready else 503,
             text=json.dumps(body) + "\n",
@@ -69,7 +73,15 @@ def add_admin_routes(app: web.Application, metrics: Metrics, probe: ReadinessPro
         response.headers["Content-Type"] = CONTENT_TYPE_LATEST
         return response
 
+    async def purge(request: web.Request) -> web.Response:
+        path = request.query.get("path", "")
+        if not path.startswith("/"):
+            return web.Response(status=400, text="purge needs ?path=/the/stream/path\n")
+        dropped = cache.purge(path)
+        return web.json_response({"purged": path, "segments": dropped})
+
     app.cleanup_ctx.append(probe.lifetime)
+    app.router.add_post("/purge", purge)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_page)

@@ -15,6 +15,7 @@ Rules this module owns:
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import aiohttp
@@ -28,6 +29,15 @@ from edge.protocol.reads import RequestKind
 log = logging.getLogger(__name__)
 
 LIVE_KINDS = frozenset({RequestKind.LONG_POLL, RequestKind.SSE})
+
+# (method, path, origin status, request headers, origin response headers) for every answer.
+Observer = Callable[[str, str, int, Sequence[tuple[str, str]], Sequence[tuple[str, str]]], None]
+
+
+def stream_path(request: web.Request) -> str:
+    """The path as the client sent it (still percent-encoded): the stream's key, and what a
+    cache fill sends upstream, so both name exactly the resource the client named."""
+    return request.raw_path.partition("?")[0]
 
 
 class RelayedResponse(web.StreamResponse):
@@ -48,10 +58,14 @@ class RelayedResponse(web.StreamResponse):
 class Relay:
     origin: OriginClient
     metrics: Metrics
+    observe: Observer | None = None
 
-    async def forward(self, request: web.Request, kind: RequestKind) -> web.StreamResponse:
+    async def forward(
+        self, request: web.Request, kind: RequestKind, *, cache_status: str
+    ) -> web.StreamResponse:
+        client_headers = list(request.headers.items())
         headers = upstream_request_headers(
-            list(request.headers.items()),
+            client_headers,
             client_address=request.remote,
             scheme=request.scheme,
             host=request.host,
@@ -65,10 +79,18 @@ class Relay:
         except OriginError as error:
             self.metrics.origin_errors.labels(reason=error.reason).inc()
             log.warning("origin error for %s %s: %s", request.method, request.raw_path, error)
-            return web.Response(status=error.status, text=f"{error}\n")
+            return origin_error_response(error)
         self.metrics.origin_requests.labels(kind=kind.value, code=str(upstream.status)).inc()
+        if self.observe is not None:
+            self.observe(
+                request.method,
+                stream_path(request),
+                upstream.status,
+                client_headers,
+                list(upstream.headers.items()),
+            )
         try:
-            return await self._relay(request, upstream)
+            return await self._relay(request, upstream, cache_status)
         finally:
             # Closing (not releasing) drops the connection if the body was not read to the end,
             # which is what cancels the origin's work when the client has gone.
@@ -78,7 +100,7 @@ class Relay:
                 upstream.close()
 
     async def _relay(
-        self, request: web.Request, upstream: aiohttp.ClientResponse
+        self, request: web.Request, upstream: aiohttp.ClientResponse, cache_status: str
     ) -> web.StreamResponse:
         relayed = downstream_response_headers(
             list(upstream.headers.items()),
@@ -94,10 +116,13 @@ class Relay:
         )
         for name, value in relayed:
             response.headers.add(name, value)
+        response.headers.add("Cache-Status", cache_status)
         await response.prepare(request)
         try:
             async for chunk in OriginClient.body_chunks(upstream):
+                self.metrics.origin_bytes.inc(len(chunk))
                 await response.write(chunk)
+                self.metrics.served_bytes.inc(len(chunk))
         except OriginError as error:
             self.metrics.origin_errors.labels(reason=error.reason).inc()
             log.warning("origin failed mid-body for %s: %s", request.raw_path, error)
@@ -106,3 +131,7 @@ class Relay:
             return response
         await response.write_eof()
         return response
+
+
+def origin_error_response(error: OriginError) -> web.Response:
+    return web.Response(status=error.status, text=f"{error}\n")

@@ -136,12 +136,16 @@ async def test_upstream_request_carries_only_what_the_client_sent(logs_dir: Path
                 ) as response:
                     assert response.status == 204
                     assert response.headers["X-Peer"] == "1"
-                async with client.get(edge.url + "/v1/s?offset=-1") as response:
-                    assert response.status == 204
+                async with client.get(edge.url + "/v1/s?offset=now") as response:
+                    assert response.status == 204  # not cacheable: relayed as is
+                async with client.get(
+                    edge.url + "/v1/s?offset=-1", headers={"X-Trace": "t", "Cookie": "c=1"}
+                ) as response:
+                    assert response.status == 204  # a cache fill, answered by the peer
         finally:
             edge.stop()
 
-    post, get = seen
+    post, get, fill = seen
     assert post.method == "POST"
     assert post.raw_path == "/v1/s?b=2&a=1&offset=-1"  # the query string exactly as sent
     assert bodies[0] == b"payload"
@@ -158,3 +162,9 @@ async def test_upstream_request_carries_only_what_the_client_sent(logs_dir: Path
         assert never_added not in get.headers, never_added
     assert "Content-Length" not in get.headers
     assert "Transfer-Encoding" not in get.headers
+
+    # The edge's own fill asks for identity bytes, with only the credentials of the scope.
+    assert fill.raw_path == "/v1/s?offset=-1"
+    assert sorted(fill.headers) == ["Accept-Encoding", "Cookie", "Host", "Via"]
+    assert fill.headers["Accept-Encoding"] == "identity"
+    assert fill.headers["Cookie"] == "c=1"

@@ -23,6 +23,13 @@ def test_every_flag_reads_its_env_and_the_flag_wins() -> None:
         "EDGE_UPSTREAM_READ_TIMEOUT": "7",
         "EDGE_UPSTREAM_MAX_CONNECTIONS": "12",
         "EDGE_DRAIN_SECONDS": "3",
+        "EDGE_CACHE_BYTES": "64MiB",
+        "EDGE_MAX_RESPONSE_BYTES": "512KiB",
+        "EDGE_MAX_SEGMENT_BYTES": "1048576",
+        "EDGE_TAIL_FRESHNESS": "0.5",
+        "EDGE_REDIS_URL": "redis://127.0.0.1:6390/2",
+        "EDGE_REDIS_TTL": "60",
+        "EDGE_REDIS_TIMEOUT": "0.1",
     }
     assert {option.env for option in SERVE_OPTIONS} == set(env)
     settings = parse_settings(["serve", "--listen", "0.0.0.0:82"], env)
@@ -35,6 +42,17 @@ def test_every_flag_reads_its_env_and_the_flag_wins() -> None:
     assert settings.upstream_read_timeout_seconds == 7
     assert settings.upstream_max_connections == 12
     assert settings.drain_seconds == 3
+    assert settings.cache_bytes == 64 * 1024 * 1024
+    assert settings.max_response_bytes == 512 * 1024
+    assert settings.max_segment_bytes == 1024 * 1024
+    assert settings.tail_freshness_seconds == 0.5
+    assert settings.redis_url == "redis://127.0.0.1:6390/2"
+    assert settings.redis_ttl_seconds == 60
+    assert settings.redis_timeout_seconds == 0.1
+
+
+def test_redis_is_off_unless_asked_for() -> None:
+    assert parse_settings(["serve", "--origin", "http://o"], {}).redis_url is None
 
 
 @pytest.mark.parametrize(
@@ -47,6 +65,8 @@ def test_every_flag_reads_its_env_and_the_flag_wins() -> None:
         (["serve", "--origin", "http://x", "--log-level", "loud"], "--log-level"),
         (["serve", "--origin", "http://x", "--upstream-read-timeout", "0"], "positive"),
         (["serve", "--origin", "http://x", "--upstream-max-connections", "-1"], "--upstream"),
+        (["serve", "--origin", "http://x", "--cache-bytes", "lots"], "--cache-bytes"),
+        (["serve", "--origin", "http://x", "--redis-url", "http://r"], "redis://"),
     ],
 )
 def test_bad_settings_are_refused_with_a_reason(argv: list[str], message: str) -> None:

@@ -62,3 +62,19 @@ def test_scopes() -> None:
     assert len({token_a, token_b, cookie_a, PUBLIC_SCOPE}) == 4
     assert auth_scope([("AUTHORIZATION", "Bearer a")]) == token_a
     assert "Bearer" not in token_a
+
+
+@pytest.mark.parametrize(
+    ("query", "plain"),
+    [
+        ("offset=1", True),
+        ("cursor=3&offset=1", True),
+        ("", True),
+        ("offset=1&offset=2", False),
+        ("offset=1&x=2", False),
+    ],
+)
+def test_only_plain_reads_may_be_cached(query: str, plain: bool) -> None:
+    read = classify("GET", "/s", query, []).read
+    assert read is not None
+    assert read.plain is plain

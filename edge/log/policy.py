@@ -1,0 +1,182 @@
+"""The catch-up policy: given what the edge holds, answer, or ask the origin for what is missing.
+
+Rules this module owns (PROTOCOL.md §5.6, §10; PROTOCOL-NOTES "Cacheability"):
+
+* A read at X follows segments from X, end to start. If that reaches the known tail and the tail
+  is trusted (closed, followed live, or observed within the freshness window), the edge answers
+  alone (``Hit``). If it stops short, the origin is asked only for the missing part, from the
+  last known end (``Fetch``: a *delta* when the edge had a prefix, a *miss* when it had nothing).
+* A stitched answer stops adding segments at ``max_bytes`` (always at least one). A capped answer
+  is not up-to-date, carries no ``Stream-Up-To-Date`` and is immutable.
+* ETags are ``"<stream id>:<start>:<end>"``, ``:c`` once the answer ends a closed stream, and a
+  ``:gzip`` suffix for the compressed representation, so every representation has its own tag.
+* Cache-Control: answers that can never change (capped, or ending a closed stream) are
+  ``immutable`` for a year; an at-tail answer of an open stream may be reused for the freshness
+  window only; private scopes are ``private``.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from edge.log.segment import Segment
+from edge.log.stream_log import LogKey, StreamLog
+from edge.protocol.reads import PUBLIC_SCOPE
+
+SegmentLookup = Callable[[LogKey, str], Segment | None]
+
+IMMUTABLE_MAX_AGE_SECONDS = 31_536_000
+# A chain longer than this is answered in parts; it bounds the work one request can cause.
+MAX_SEGMENTS_PER_ANSWER = 4096
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Coverage:
+    """Segments that join from the read offset, in order, and where they end."""
+
+    segments: tuple[Segment, ...]
+    end: str
+    capped: bool
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Hit:
+    coverage: Coverage
+    up_to_date: bool
+    closed: bool
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Fetch:
+    """Ask the origin for ``offset``; ``prefix`` is what the edge already has before it."""
+
+    offset: str
+    prefix: Coverage
+
+    @property
+    def is_delta(self) -> bool:
+        return bool(self.prefix.segments)
+
+
+def cover(lookup: SegmentLookup, key: LogKey, offset: str, *, max_bytes: int) -> Coverage:
+    segments: list[Segment] = []
+    total = 0
+    end = offset
+    while len(segments) < MAX_SEGMENTS_PER_ANSWER:
+        segment = lookup(key, end)
+        if segment is None:
+            return Coverage(segments=tuple(segments), end=end, capped=False)
+        if segments and total + segment.size > max_bytes:
+            return Coverage(segments=tuple(segments), end=end, capped=True)
+        segments.append(segment)
+        total += segment.size
+        end = segment.end
+    return Coverage(segments=tuple(segments), end=end, capped=True)
+
+
+def plan_catchup(
+    log: StreamLog | None,
+    lookup: SegmentLookup,
+    key: LogKey,
+    offset: str,
+    *,
+    now: float,
+    freshness_seconds: float,
+    max_bytes: int,
+) -> Hit | Fetch:
+    if log is None or log.expired(now):
+        return Fetch(offset=offset, prefix=Coverage(segments=(), end=offset, capped=False))
+    coverage = cover(lookup, key, offset, max_bytes=max_bytes)
+    if coverage.capped:
+        return Hit(coverage=coverage, up_to_date=False, closed=False)
+    tail = log.tail
+    if (
+        tail is not None
+        and tail.offset == coverage.end
+        and log.tail_trusted(now, freshness_seconds)
+    ):
+        return Hit(coverage=coverage, up_to_date=True, closed=tail.closed)
+    return Fetch(offset=coverage.end, prefix=coverage)
+
+
+def stream_id(stream: str) -> str:
+    digest = hashlib.sha256(stream.encode()).digest()[:12]
+    return base64.urlsafe_b64encode(digest).decode().rstrip("=")
+
+
+def etag(stream: str, start: str, end: str, *, closed: bool, encoding: str | None) -> str:
+    tag = f"{stream_id(stream)}:{start}:{end}"
+    if closed:
+        tag += ":c"
+    if encoding:
+        tag += f":{encoding}"
+    return f'"{tag}"'
+
+
+def if_none_match_hits(header: str | None, current: str) -> bool:
+    """RFC 9110 §13.1.2: weak comparison against each listed tag, or ``*``."""
+    if header is None:
+        return False
+    opaque = current.removeprefix("W/")
+    for candidate in header.split(","):
+        candidate = candidate.strip()
+        if candidate == "*" or candidate.removeprefix("W/") == opaque:
+            return True
+    return False
+
+
+def cache_control(*, scope: str, immutable: bool, freshness_seconds: float) -> str:
+    visibility = "public" if scope == PUBLIC_SCOPE else "private"
+    if immutable:
+        return f"{visibility}, max-age={IMMUTABLE_MAX_AGE_SECONDS}, immutable"
+    return f"{visibility}, max-age={max(0, math.floor(freshness_seconds))}"
+
+
+def accepts_gzip(accept_encoding: str | None) -> bool:
+    """Does ``Accept-Encoding`` allow gzip (explicitly, or by ``*``) with a non-zero q?"""
+    if not accept_encoding:
+        return False
+    allowed: dict[str, float] = {}
+    for part in accept_encoding.split(","):
+        name, _, params = part.strip().partition(";")
+        q = 1.0
+        params = params.strip()
+        if params.startswith("q="):
+            try:
+                q = float(params[2:])
+            except ValueError:
+                q = 0.0
+        allowed[name.strip().lower()] = q
+    if "gzip" in allowed:
+        return allowed["gzip"] > 0
+    return allowed.get("*", 0.0) > 0
+
+
+def answer_headers(
+    log: StreamLog,
+    *,
+    next_offset: str,
+    up_to_date: bool,
+    closed: bool,
+    tag: str,
+    control: str,
+) -> list[tuple[str, str]]:
+    """The Stream-* and caching headers of an answer the edge makes (also used for its 304)."""
+    headers = list(log.header_template)
+    if log.content_type is not None:
+        headers.append(("Content-Type", log.content_type))
+    headers.append(("Stream-Next-Offset", next_offset))
+    if up_to_date:
+        headers.append(("Stream-Up-To-Date", "true"))
+    if closed:
+        headers.append(("Stream-Closed", "true"))
+    headers += [("ETag", tag), ("Cache-Control", control), ("Vary", "Accept-Encoding")]
+    return headers
+
+
+def joined(prefix: Sequence[Segment], more: Sequence[Segment]) -> tuple[Segment, ...]:
+    return (*prefix, *more)

@@ -1,0 +1,186 @@
+"""The shared tier: immutable segments in Redis, so one replica can serve what another fetched.
+
+Rules this module owns:
+
+* Only immutable facts are shared: segments, and the final offset of a closed stream. Where a
+  stream's tail is now is not: each replica learns that from the origin or its own live tail.
+* Writes happen in the background and never delay a response; when too many are pending (Redis
+  slow) new ones are dropped and counted, since the origin still has every byte.
+* Every operation is bounded by ``timeout_seconds`` and guarded by a circuit breaker: Redis down
+  or slow means service from the local tier and the origin, with no client error, until a probe
+  after the cooldown finds it back.
+* Keys carry the scope: a credential's segments are never visible to another scope. All keys of
+  a stream share a hash tag, so a purge touches one slot in a cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import redis.asyncio as redis
+from redis.exceptions import RedisError
+
+from edge.log.segment import Segment
+from edge.log.stream_log import LogKey
+from edge.metrics import Metrics
+from edge.store.breaker import BreakerState, CircuitBreaker
+
+log = logging.getLogger(__name__)
+
+KEY_PREFIX = "edge:v1"
+MAX_PENDING_WRITES = 256
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SharedSegment:
+    segment: Segment
+    content_type: str | None
+
+
+def _stream_tag(stream: str) -> str:
+    return "{" + hashlib.sha256(stream.encode()).hexdigest()[:24] + "}"
+
+
+def segment_key(key: LogKey, start: str) -> str:
+    return f"{KEY_PREFIX}:{_stream_tag(key.stream)}:seg:{key.scope}:{start}"
+
+
+def index_key(stream: str) -> str:
+    return f"{KEY_PREFIX}:{_stream_tag(stream)}:keys"
+
+
+def encode(segment: Segment, content_type: str | None) -> bytes:
+    header = json.dumps({"start": segment.start, "end": segment.end, "ct": content_type})
+    return header.encode() + b"\n" + segment.body
+
+
+def decode(blob: bytes) -> SharedSegment:
+    header, _, body = blob.partition(b"\n")
+    meta = json.loads(header)
+    return SharedSegment(
+        segment=Segment(start=meta["start"], end=meta["end"], body=body),
+        content_type=meta["ct"],
+    )
+
+
+class SharedTier:
+    def __init__(
+        self,
+        url: str,
+        metrics: Metrics,
+        *,
+        ttl_seconds: int,
+        timeout_seconds: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._client: redis.Redis = redis.Redis.from_url(
+            url,
+            decode_responses=False,
+            socket_timeout=timeout_seconds,
+            socket_connect_timeout=timeout_seconds,
+            retry_on_timeout=False,
+        )
+        self._metrics = metrics
+        self._ttl = ttl_seconds
+        self._timeout = timeout_seconds
+        self._clock = clock
+        self._breaker = CircuitBreaker()
+        self._pending: set[asyncio.Task[None]] = set()
+        metrics.redis_up.set(1)
+
+    @property
+    def up(self) -> bool:
+        return self._breaker.state is BreakerState.CLOSED
+
+    async def close(self) -> None:
+        for task in list(self._pending):
+            task.cancel()
+        await asyncio.gather(*self._pending, return_exceptions=True)
+        await self._client.aclose()
+
+    def _count(self, op: str, result: str) -> None:
+        self._metrics.redis_operations.labels(op=op, result=result).inc()
+
+    def _failed(self, op: str, error: BaseException) -> None:
+        was_up = self.up
+        self._breaker.failure(self._clock())
+        self._count(op, "error")
+        self._metrics.redis_up.set(1 if self.up else 0)
+        if was_up and not self.up:
+            log.warning("shared tier unavailable, serving from local + origin: %r", error)
+
+    def _succeeded(self) -> None:
+        if not self.up:
+            log.info("shared tier is back")
+        self._breaker.success()
+        self._metrics.redis_up.set(1)
+
+    async def get(self, key: LogKey, start: str) -> SharedSegment | None:
+        if not self._breaker.allow(self._clock()):
+            self._count("get", "skipped")
+            return None
+        try:
+            async with asyncio.timeout(self._timeout):
+                blob = await self._client.get(segment_key(key, start))
+        except (RedisError, OSError, TimeoutError) as error:
+            self._failed("get", error)
+            return None
+        self._succeeded()
+        if blob is None:
+            self._count("get", "miss")
+            return None
+        self._count("get", "hit")
+        return decode(blob if isinstance(blob, bytes) else blob.encode())
+
+    def put(self, key: LogKey, segment: Segment, content_type: str | None) -> None:
+        """Store in the background; never awaited by a response."""
+        if len(self._pending) >= MAX_PENDING_WRITES or not self._breaker.allow(self._clock()):
+            self._count("put", "skipped")
+            return
+        task = asyncio.ensure_future(self._put(key, segment, content_type))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def _put(self, key: LogKey, segment: Segment, content_type: str | None) -> None:
+        name = segment_key(key, segment.start)
+        try:
+            async with asyncio.timeout(self._timeout * 4):
+                async with self._client.pipeline(transaction=False) as pipe:
+                    pipe.set(name, encode(segment, content_type), ex=self._ttl)
+                    pipe.sadd(index_key(key.stream), name)
+                    pipe.expire(index_key(key.stream), self._ttl)
+                    await pipe.execute()
+        except (RedisError, OSError, TimeoutError) as error:
+            self._failed("put", error)
+            return
+        self._succeeded()
+        self._count("put", "ok")
+
+    async def purge(self, stream: str) -> None:
+        """Drop every shared segment of ``stream``; a failure is counted, not raised."""
+        if not self._breaker.allow(self._clock()):
+            self._count("purge", "skipped")
+            return
+        try:
+            async with asyncio.timeout(self._timeout * 4):
+                names = await self._client.smembers(index_key(stream))
+                await self._client.delete(index_key(stream), *names)
+        except (RedisError, OSError, TimeoutError) as error:
+            self._failed("purge", error)
+            return
+        self._succeeded()
+        self._count("purge", "ok")
+
+    async def ping(self) -> bool:
+        try:
+            async with asyncio.timeout(self._timeout):
+                await self._client.ping()
+        except (RedisError, OSError, TimeoutError):
+            return False
+        return True
