@@ -32,7 +32,15 @@ $(STAMPS)/origin: $(ORIGIN_DIR)/package.json $(ORIGIN_DIR)/package-lock.json
 	cd $(ORIGIN_DIR) && npm ci --no-audit --no-fund --loglevel=error
 	@touch $@
 
-bootstrap: $(STAMPS)/venv $(STAMPS)/origin
+# Debian's redis-server, for the shared-tier tests; installed only when missing.
+$(STAMPS)/redis:
+	@mkdir -p $(STAMPS)
+	@command -v redis-server >/dev/null || { \
+		echo "installing redis-server (apt-get)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; }
+	@touch $@
+
+bootstrap: $(STAMPS)/venv $(STAMPS)/origin $(STAMPS)/redis
 
 # --- the main job ------------------------------------------------------------------------------
 

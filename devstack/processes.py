@@ -13,6 +13,7 @@ import os
 import selectors
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -233,3 +234,77 @@ def start_edge(
 
 def new_logs_dir(prefix: str = "edge-") -> Path:
     return Path(tempfile.mkdtemp(prefix=prefix))
+
+
+@dataclass
+class Redis:
+    proc: subprocess.Popen[bytes]
+    port: int
+    log: Path
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        try:
+            return self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _answers_ping(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(64).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+def start_redis(logs_dir: Path, *, port: int | None = None, name: str = "redis") -> Redis:
+    """Debian's redis-server on loopback, persistence off. ``port`` reuses a known port (a
+    restart); otherwise a free one is picked, retrying if another process takes it first."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise ProcessFailed("redis-server not found (make bootstrap installs it)")
+    logs_dir.mkdir(parents=True, exist_ok=True)
+    log = logs_dir / f"{name}.log"
+    for _ in range(5):
+        chosen = port or _free_port()
+        argv = [
+            binary,
+            "--port",
+            str(chosen),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--protected-mode",
+            "no",
+        ]
+        with log.open("ab") as out:
+            proc = subprocess.Popen(argv, stdout=out, stderr=out, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and proc.poll() is None:
+            if _answers_ping(chosen):
+                return Redis(proc=proc, port=chosen, log=log)
+            time.sleep(0.05)
+        proc.kill()
+        proc.wait()
+    raise ProcessFailed(f"redis-server did not start; see {log}")

@@ -175,6 +175,8 @@ class CatchupCache:
         pulls = 0
         while isinstance(plan, Fetch) and self._shared is not None and pulls < MAX_SHARED_PULLS:
             if not await self._pull_shared(key, plan.offset):
+                if await self._pull_shared_closure(key, plan.offset):
+                    plan = self._plan(key, offset)
                 break
             shared_hit = True
             pulls += 1
@@ -269,6 +271,17 @@ class CatchupCache:
             log_.content_type = found.content_type
         return self.local.put(key, found.segment)
 
+    async def _pull_shared_closure(self, key: LogKey, end: str) -> bool:
+        """Did another replica see the stream closed exactly where the edge's chain ends?"""
+        assert self._shared is not None
+        log_ = self.local.log(key)
+        if log_ is None or (log_.tail is not None and log_.tail.closed):
+            return False
+        if await self._shared.get_closed(key) != end:
+            return False
+        log_.observe_tail(end, closed=True, now=self._clock())
+        return True
+
     async def _fill(self, key: LogKey, offset: str, credentials: Sequence[tuple[str, str]]) -> Fill:
         headers = [("Accept-Encoding", "identity"), *credentials, ("Via", "1.1 edge")]
         upstream = await self._origin.open(
@@ -329,6 +342,8 @@ class CatchupCache:
                 self._shared.put(key, segment, content_type)
         if up_to_date:
             log_.observe_tail(next_offset, closed=closed, now=now)
+            if closed and self._shared is not None:
+                self._shared.put_closed(key, next_offset)
         return Fill(
             status=status, headers=headers, body=body,
             segment=segment if next_offset != offset else None, next_offset=next_offset,

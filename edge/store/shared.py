@@ -51,6 +51,10 @@ def segment_key(key: LogKey, start: str) -> str:
     return f"{KEY_PREFIX}:{_stream_tag(key.stream)}:seg:{key.scope}:{start}"
 
 
+def closed_key(key: LogKey) -> str:
+    return f"{KEY_PREFIX}:{_stream_tag(key.stream)}:closed:{key.scope}"
+
+
 def index_key(stream: str) -> str:
     return f"{KEY_PREFIX}:{_stream_tag(stream)}:keys"
 
@@ -138,23 +142,46 @@ class SharedTier:
         self._count("get", "hit")
         return decode(blob if isinstance(blob, bytes) else blob.encode())
 
+    async def get_closed(self, key: LogKey) -> str | None:
+        """The final offset of a closed stream, if a replica has seen it closed."""
+        if not self._breaker.allow(self._clock()):
+            self._count("get", "skipped")
+            return None
+        try:
+            async with asyncio.timeout(self._timeout):
+                value = await self._client.get(closed_key(key))
+        except (RedisError, OSError, TimeoutError) as error:
+            self._failed("get", error)
+            return None
+        self._succeeded()
+        self._count("get", "miss" if value is None else "hit")
+        if value is None:
+            return None
+        return value.decode() if isinstance(value, bytes) else str(value)
+
     def put(self, key: LogKey, segment: Segment, content_type: str | None) -> None:
-        """Store in the background; never awaited by a response."""
+        """Store a segment in the background; never awaited by a response."""
+        self._in_background(segment_key(key, segment.start), encode(segment, content_type), key)
+
+    def put_closed(self, key: LogKey, final_offset: str) -> None:
+        """Closure is final, so it is as shareable as the bytes."""
+        self._in_background(closed_key(key), final_offset.encode(), key)
+
+    def _in_background(self, name: str, value: bytes, key: LogKey) -> None:
         if len(self._pending) >= MAX_PENDING_WRITES or not self._breaker.allow(self._clock()):
             self._count("put", "skipped")
             return
-        task = asyncio.ensure_future(self._put(key, segment, content_type))
+        task = asyncio.ensure_future(self._put(name, value, key.stream))
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
 
-    async def _put(self, key: LogKey, segment: Segment, content_type: str | None) -> None:
-        name = segment_key(key, segment.start)
+    async def _put(self, name: str, value: bytes, stream: str) -> None:
         try:
             async with asyncio.timeout(self._timeout * 4):
                 async with self._client.pipeline(transaction=False) as pipe:
-                    pipe.set(name, encode(segment, content_type), ex=self._ttl)
-                    pipe.sadd(index_key(key.stream), name)
-                    pipe.expire(index_key(key.stream), self._ttl)
+                    pipe.set(name, value, ex=self._ttl)
+                    pipe.sadd(index_key(stream), name)
+                    pipe.expire(index_key(stream), self._ttl)
                     await pipe.execute()
         except (RedisError, OSError, TimeoutError) as error:
             self._failed("put", error)

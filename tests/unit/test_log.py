@@ -1,0 +1,261 @@
+"""The pure cache core: segments, stitching, tail facts, expiry and the catch-up plan."""
+
+from __future__ import annotations
+
+import pytest
+
+from edge.log.policy import (
+    Fetch,
+    Hit,
+    accepts_gzip,
+    cache_control,
+    etag,
+    if_none_match_hits,
+    plan_catchup,
+)
+from edge.log.segment import Segment, is_json, stitch
+from edge.log.stream_log import LogKey, StreamLog
+from edge.store.local import LocalTier
+
+KEY = LogKey(stream="/s", scope="public")
+MiB = 1024 * 1024
+
+
+def seg(start: str, end: str, body: bytes) -> Segment:
+    return Segment(start=start, end=end, body=body)
+
+
+def tier(*segments: Segment, budget: int = MiB) -> LocalTier:
+    local = LocalTier(budget)
+    for segment in segments:
+        assert local.put(KEY, segment)
+    return local
+
+
+def plan(
+    log: StreamLog | None,
+    local: LocalTier,
+    offset: str,
+    *,
+    now: float = 100.0,
+    freshness: float = 1.0,
+    max_bytes: int = MiB,
+) -> Hit | Fetch:
+    return plan_catchup(
+        log, local.get, KEY, offset, now=now, freshness_seconds=freshness, max_bytes=max_bytes
+    )
+
+
+def open_log(tail: str, observed_at: float = 100.0) -> StreamLog:
+    log = StreamLog(key=KEY, content_type="text/plain")
+    log.observe_tail(tail, closed=False, now=observed_at)
+    log.touched_origin(observed_at)
+    return log
+
+
+# --- segments ---
+
+
+def test_bytes_stitch_by_concatenation() -> None:
+    assert (
+        stitch([seg("a", "b", b"he"), seg("b", "c", b""), seg("c", "d", b"llo")], json=False)
+        == b"hello"
+    )
+
+
+def test_json_segments_stitch_as_one_array() -> None:
+    parts = [seg("a", "b", b"[1,2]"), seg("b", "c", b" [ ] "), seg("c", "d", b'[{"k":3}]')]
+    assert stitch(parts, json=True) == b'[1,2,{"k":3}]'
+    assert stitch([], json=True) == b"[]"
+
+
+def test_json_content_type_detection() -> None:
+    assert is_json("application/json; charset=utf-8")
+    assert not is_json("application/jsonl")
+    assert not is_json(None)
+
+
+# --- the plan ---
+
+
+def test_unknown_stream_is_a_miss() -> None:
+    decision = plan(None, tier(), "-1")
+    assert isinstance(decision, Fetch)
+    assert (decision.offset, decision.is_delta) == ("-1", False)
+
+
+def test_covered_to_a_fresh_tail_is_a_hit() -> None:
+    local = tier(seg("-1", "0_5", b"hello"), seg("0_5", "0_11", b" world"))
+    decision = plan(open_log("0_11", observed_at=99.5), local, "-1")
+    assert isinstance(decision, Hit)
+    assert decision.up_to_date
+    assert not decision.closed
+    assert [s.start for s in decision.coverage.segments] == ["-1", "0_5"]
+    assert decision.coverage.end == "0_11"
+
+
+def test_stale_tail_asks_only_for_the_delta() -> None:
+    local = tier(seg("-1", "0_5", b"hello"), seg("0_5", "0_11", b" world"))
+    decision = plan(open_log("0_11", observed_at=90.0), local, "-1")
+    assert isinstance(decision, Fetch)
+    assert decision.offset == "0_11"
+    assert decision.is_delta
+
+
+def test_a_gap_asks_from_where_the_chain_breaks() -> None:
+    local = tier(seg("-1", "0_5", b"hello"), seg("0_9", "0_11", b"ld"))
+    decision = plan(open_log("0_11"), local, "-1")
+    assert isinstance(decision, Fetch)
+    assert decision.offset == "0_5"
+    assert [s.start for s in decision.prefix.segments] == ["-1"]
+
+
+def test_write_makes_the_tail_stale() -> None:
+    local = tier(seg("-1", "0_5", b"hello"))
+    log = open_log("0_5")
+    assert isinstance(plan(log, local, "-1"), Hit)
+    log.mark_stale()
+    assert isinstance(plan(log, local, "-1"), Fetch)
+
+
+def test_closed_tail_is_trusted_forever_and_never_reopens() -> None:
+    local = tier(seg("-1", "0_5", b"hello"))
+    log = open_log("0_5")
+    log.observe_tail("0_5", closed=True, now=100.0)
+    log.mark_stale()
+    log.observe_tail("0_5", closed=False, now=101.0)  # a late, older answer
+    decision = plan(log, local, "-1", now=10_000.0)
+    assert isinstance(decision, Hit)
+    assert decision.closed
+    eof = plan(log, local, "0_5", now=10_000.0)
+    assert isinstance(eof, Hit)
+    assert eof.coverage.segments == ()
+    assert eof.closed
+
+
+def test_size_cap_stops_stitching_and_is_not_up_to_date() -> None:
+    local = tier(seg("-1", "0_4", b"aaaa"), seg("0_4", "0_8", b"bbbb"), seg("0_8", "0_9", b"c"))
+    decision = plan(open_log("0_9", observed_at=0.0), local, "-1", max_bytes=6)
+    assert isinstance(decision, Hit)
+    assert not decision.up_to_date
+    assert decision.coverage.end == "0_4"
+    # one segment is always whole, even past the cap
+    single = plan(open_log("0_9", observed_at=0.0), local, "-1", max_bytes=1)
+    assert isinstance(single, Hit)
+    assert single.coverage.end == "0_4"
+
+
+def test_absolute_expiry_ends_service() -> None:
+    local = tier(seg("-1", "0_5", b"hello"))
+    log = open_log("0_5")
+    log.observe_tail("0_5", closed=True, now=100.0)
+    log.expires_at = 150.0
+    assert isinstance(plan(log, local, "-1", now=149.0), Hit)
+    assert isinstance(plan(log, local, "-1", now=150.0), Fetch)
+
+
+def test_sliding_ttl_counts_from_the_last_origin_touch() -> None:
+    local = tier(seg("-1", "0_5", b"hello"))
+    log = open_log("0_5", observed_at=100.0)
+    log.observe_tail("0_5", closed=True, now=100.0)
+    log.ttl_seconds = 10
+    assert isinstance(plan(log, local, "-1", now=104.0), Hit)
+    # past half the TTL the origin is touched again (reads the edge absorbs do not extend it)
+    assert isinstance(plan(log, local, "-1", now=105.5), Fetch)
+    assert log.expired(110.0)
+
+
+# --- validators and caching headers ---
+
+
+def test_etags_differ_by_range_closure_and_encoding() -> None:
+    tags = {
+        etag("/s", "-1", "0_5", closed=False, encoding=None),
+        etag("/s", "-1", "0_5", closed=True, encoding=None),
+        etag("/s", "-1", "0_5", closed=False, encoding="gzip"),
+        etag("/s", "-1", "0_6", closed=False, encoding=None),
+        etag("/t", "-1", "0_5", closed=False, encoding=None),
+    }
+    assert len(tags) == 5
+    assert etag("/s", "-1", "0_5", closed=True, encoding=None).endswith(':-1:0_5:c"')
+
+
+def test_if_none_match() -> None:
+    tag = '"x:-1:0_5"'
+    assert if_none_match_hits(tag, tag)
+    assert if_none_match_hits(f'"other", W/{tag}', tag)
+    assert if_none_match_hits("*", tag)
+    assert not if_none_match_hits('"x:-1:0_6"', tag)
+    assert not if_none_match_hits(None, tag)
+
+
+def test_cache_control() -> None:
+    assert cache_control(scope="public", immutable=True, freshness_seconds=1) == (
+        "public, max-age=31536000, immutable"
+    )
+    assert (
+        cache_control(scope="public", immutable=False, freshness_seconds=1) == "public, max-age=1"
+    )
+    assert cache_control(scope="cred-x", immutable=True, freshness_seconds=1).startswith("private")
+
+
+@pytest.mark.parametrize(
+    ("header", "ok"),
+    [
+        ("gzip", True),
+        ("gzip, br", True),
+        ("br;q=1, gzip;q=0", False),
+        ("*", True),
+        ("identity", False),
+        (None, False),
+    ],
+)
+def test_accepts_gzip(header: str | None, ok: bool) -> None:
+    assert accepts_gzip(header) is ok
+
+
+# --- the local tier ---
+
+
+def test_budget_evicts_least_recently_used_and_counts() -> None:
+    local = LocalTier(3 * (1000 + 200))
+    for i in range(3):
+        local.put(KEY, seg(f"0_{i}", f"0_{i + 1}", b"x" * 1000))
+    assert local.get(KEY, "0_0") is not None  # touch: 0_1 is now the oldest
+    local.put(KEY, seg("0_3", "0_4", b"x" * 1000))
+    assert local.get(KEY, "0_1") is None
+    assert local.evictions == 1
+    assert local.bytes_used <= 3 * 1200
+
+
+def test_longer_segment_at_the_same_start_wins() -> None:
+    local = tier(seg("-1", "0_5", b"hello"))
+    local.put(KEY, seg("-1", "0_3", b"hel"))
+    got = local.get(KEY, "-1")
+    assert got is not None
+    assert got.end == "0_5"
+    local.put(KEY, seg("-1", "0_9", b"hello you"))
+    got = local.get(KEY, "-1")
+    assert got is not None
+    assert got.end == "0_9"
+
+
+def test_segment_larger_than_the_budget_is_not_kept() -> None:
+    local = LocalTier(100)
+    assert not local.put(KEY, seg("-1", "0_1", b"x" * 500))
+    assert local.segment_count == 0
+
+
+def test_purge_drops_every_scope_of_one_stream_only() -> None:
+    local = LocalTier(MiB)
+    other_scope = LogKey(stream="/s", scope="cred-1")
+    other_stream = LogKey(stream="/t", scope="public")
+    for key in (KEY, other_scope, other_stream):
+        local.put(key, seg("-1", "0_1", b"x"))
+        local.log_for(key)
+    assert local.purge("/s") == 2
+    assert local.get(KEY, "-1") is None
+    assert local.get(other_scope, "-1") is None
+    assert local.get(other_stream, "-1") is not None
+    assert local.log(KEY) is None
+    assert local.log(other_stream) is not None
