@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 ORIGIN_DIR := deploy/origin
 STAMPS := .stamps
 
-.PHONY: help bootstrap demo serve test test-fast check fmt conformance clean
+.PHONY: redis-server help bootstrap demo serve test test-fast check fmt conformance clean
 
 help:
 	@echo "make demo       run the origin, the edge, an agent and 200 SSE viewers; print a summary"
@@ -33,14 +33,12 @@ $(STAMPS)/origin: $(ORIGIN_DIR)/package.json $(ORIGIN_DIR)/package-lock.json
 	@touch $@
 
 # Debian's redis-server, for the shared-tier tests; installed only when missing.
-$(STAMPS)/redis:
-	@mkdir -p $(STAMPS)
+redis-server:
 	@command -v redis-server >/dev/null || { \
 		echo "installing redis-server (apt-get)"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; }
-	@touch $@
 
-bootstrap: $(STAMPS)/venv $(STAMPS)/origin $(STAMPS)/redis
+bootstrap: $(STAMPS)/venv $(STAMPS)/origin redis-server
 
 # --- the main job ------------------------------------------------------------------------------
 
