@@ -103,6 +103,21 @@ class Fill:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class Resolution:
+    plan: Hit | Fetch
+    shared_hit: bool
+    fill: Fill | None  # the origin's answer, when the plan was a Fetch
+    collapsed: bool
+
+    @property
+    def error(self) -> Fill | None:
+        """The origin's refusal (404, 400, ...), if that is how the read ended."""
+        if self.fill is not None and (self.fill.status != 200 or self.fill.next_offset is None):
+            return self.fill
+        return None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Lifetime:
     ttl_seconds: float | None
     expires_at: float | None
@@ -110,6 +125,10 @@ class Lifetime:
 
 def _flag(headers: Sequence[tuple[str, str]], name: str) -> bool:
     return (first_value(headers, name) or "").strip().lower() == "true"
+
+
+def relayable(headers: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+    return [(n, v) for n, v in headers if n.lower() not in HOP_BY_HOP]
 
 
 def header_template(headers: Sequence[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
@@ -159,17 +178,11 @@ class CatchupCache:
             max_bytes=self._settings.max_response_bytes,
         )
 
-    async def read(
-        self,
-        read: Read,
-        *,
-        credentials: Sequence[tuple[str, str]],
-        if_none_match: str | None,
-        accept_encoding: str | None,
-    ) -> Answer:
-        key = LogKey(stream=read.stream, scope=read.scope)
-        # An absent offset means the start (§5.6); an empty one is the origin's to refuse.
-        offset = "-1" if read.offset is None else read.offset
+    async def resolve(
+        self, key: LogKey, offset: str, credentials: Sequence[tuple[str, str]]
+    ) -> Resolution:
+        """Find the answer for a read at ``offset``: from the local tier, the shared tier, or
+        (single-flight) the origin, which is asked only from where the edge's chain ends."""
         plan = self._plan(key, offset)
         shared_hit = False
         pulls = 0
@@ -181,31 +194,47 @@ class CatchupCache:
             shared_hit = True
             pulls += 1
             plan = self._plan(key, offset)
+        if isinstance(plan, Hit):
+            return Resolution(plan=plan, shared_hit=shared_hit, fill=None, collapsed=False)
+        fetch = plan
+        fill, collapsed = await self._flights.run(
+            (key, fetch.offset), lambda: self._fill(key, fetch.offset, credentials)
+        )
+        if collapsed:
+            self._metrics.collapsed_requests.labels(kind="catchup").inc()
+        return Resolution(plan=fetch, shared_hit=shared_hit, fill=fill, collapsed=collapsed)
 
+    async def read(
+        self,
+        read: Read,
+        *,
+        credentials: Sequence[tuple[str, str]],
+        if_none_match: str | None,
+        accept_encoding: str | None,
+    ) -> Answer:
+        key = LogKey(stream=read.stream, scope=read.scope)
+        # An absent offset means the start (§5.6); an empty one is the origin's to refuse.
+        offset = "-1" if read.offset is None else read.offset
+        resolved = await self.resolve(key, offset, credentials)
+        plan, fill = resolved.plan, resolved.fill
         if isinstance(plan, Hit):
             log_ = self.local.log(key)
             assert log_ is not None
-            status = "edge; hit; detail=shared" if shared_hit else "edge; hit"
+            status = "edge; hit; detail=shared" if resolved.shared_hit else "edge; hit"
             return self._answer(
                 read, log_, offset, plan.coverage.segments, plan.coverage.end,
                 up_to_date=plan.up_to_date, closed=plan.closed,
                 if_none_match=if_none_match, accept_encoding=accept_encoding,
                 cache_status=status, result="hit",
             )  # fmt: skip
-
-        fill, collapsed = await self._flights.run(
-            (key, plan.offset), lambda: self._fill(key, plan.offset, credentials)
-        )
-        if collapsed:
-            self._metrics.collapsed_requests.labels(kind="catchup").inc()
+        assert fill is not None
         result = "delta" if plan.is_delta else "miss"
         forward = "partial" if plan.is_delta else "uri-miss"
-        detail = "; collapsed" if collapsed else ("; stored" if fill.stored else "")
+        detail = "; collapsed" if resolved.collapsed else ("; stored" if fill.stored else "")
         cache_status = f"edge; fwd={forward}; fwd-status={fill.status}{detail}"
         if fill.status != 200 or fill.next_offset is None:
-            headers = [(n, v) for n, v in fill.headers if n.lower() not in HOP_BY_HOP]
             return Answer(
-                status=fill.status, headers=headers, body=fill.body,
+                status=fill.status, headers=relayable(fill.headers), body=fill.body,
                 cache_status=cache_status, result=result,
             )  # fmt: skip
         log_ = self.local.log_for(key)
@@ -282,6 +311,28 @@ class CatchupCache:
         log_.observe_tail(end, closed=True, now=self._clock())
         return True
 
+    async def probe_now(
+        self, key: LogKey, credentials: Sequence[tuple[str, str]]
+    ) -> tuple[int, list[tuple[str, str]], bytes]:
+        """The origin's answer to ``offset=now`` (never cached; it touches the origin)."""
+        headers = [("Accept-Encoding", "identity"), *credentials, ("Via", "1.1 edge")]
+        upstream = await self._origin.open("GET", f"{key.stream}?offset=now", headers, live=False)
+        try:
+            self._metrics.origin_requests.labels(kind="catchup", code=str(upstream.status)).inc()
+            body = await upstream.read()
+        finally:
+            upstream.close()
+        response_headers = list(upstream.headers.items())
+        if upstream.status in (404, 410):
+            self.purge(key.stream)
+        elif upstream.status == 200:
+            log_ = self.local.log_for(key)
+            log_.touched_origin(self._clock())
+            if log_.content_type is None:
+                log_.content_type = first_value(response_headers, "content-type")
+                log_.header_template = header_template(response_headers)
+        return upstream.status, response_headers, body
+
     async def _fill(self, key: LogKey, offset: str, credentials: Sequence[tuple[str, str]]) -> Fill:
         headers = [("Accept-Encoding", "identity"), *credentials, ("Via", "1.1 edge")]
         upstream = await self._origin.open(
@@ -349,6 +400,40 @@ class CatchupCache:
             segment=segment if next_offset != offset else None, next_offset=next_offset,
             up_to_date=up_to_date, closed=closed, stored=stored,
         )  # fmt: skip
+
+    # --- what live upstreams tell the cache ---
+
+    def record_live(
+        self,
+        key: LogKey,
+        start: str,
+        end: str,
+        body: bytes,
+        *,
+        up_to_date: bool,
+        closed: bool,
+    ) -> Segment | None:
+        """A batch a live upstream delivered: [start, end). While the upstream runs, what it
+        says about the tail is authoritative. Returns the stored segment, if any."""
+        now = self._clock()
+        log_ = self.local.log_for(key)
+        log_.touched_origin(now)
+        segment = None
+        if end != start:
+            segment = Segment(start=start, end=end, body=body)
+            if self.local.put(key, segment) and self._shared is not None:
+                self._shared.put(key, segment, log_.content_type)
+        if up_to_date or closed:
+            log_.observe_tail(end, closed=closed, now=now, authoritative=True)
+            if closed and self._shared is not None:
+                self._shared.put_closed(key, end)
+        return segment
+
+    def live_ended(self, key: LogKey) -> None:
+        """The live upstream stopped: its last word on the tail is now only as of its time."""
+        log_ = self.local.log(key)
+        if log_ is not None:
+            log_.lose_authority(self._clock())
 
     # --- what pass-through traffic tells the cache ---
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 SECONDS = 1.0
+MIN_SSE_SECONDS = 5 * SECONDS
 KiB = 1024
 MiB = 1024 * KiB
 
@@ -67,6 +68,14 @@ class Settings:
     # while a reader is at most a second behind (it then goes live from there and loses nothing;
     # writes through this edge invalidate at once).
     tail_freshness_seconds: float = 1 * SECONDS
+    # Live reads.
+    long_poll_timeout_seconds: float = 30 * SECONDS
+    sse_max_seconds: float = 60 * SECONDS  # rotate SSE connections (§10.2); 0 = never
+    sse_heartbeat_seconds: float = 15 * SECONDS
+    sse_buffer_bytes: int = 256 * KiB  # per-viewer socket buffer before writes wait
+    max_viewers: int = 20_000
+    tail_mode: str = "auto"  # auto | sse | long-poll
+    tail_linger_seconds: float = 5 * SECONDS
     redis_url: str | None = None
     redis_ttl_seconds: int = 3600
     redis_timeout_seconds: float = 0.25 * SECONDS
@@ -97,6 +106,18 @@ class Settings:
             raise ConfigError(
                 f"--redis-url must be redis://, rediss:// or unix://, got {self.redis_url!r}"
             )
+        if self.sse_max_seconds != 0 and self.sse_max_seconds < MIN_SSE_SECONDS:
+            # The official client falls back to long-poll when SSE connections are short.
+            raise ConfigError(f"sse_max_seconds must be 0 (never) or at least {MIN_SSE_SECONDS}")
+        for name in ("long_poll_timeout_seconds", "sse_heartbeat_seconds", "sse_buffer_bytes"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive")
+        if self.max_viewers < 1:
+            raise ConfigError("max_viewers must be at least 1")
+        if self.tail_mode not in ("auto", "sse", "long-poll"):
+            raise ConfigError("tail_mode must be auto, sse or long-poll")
+        if self.tail_linger_seconds < 0:
+            raise ConfigError("tail_linger_seconds must be >= 0")
         if self.drain_seconds < 0:
             raise ConfigError("drain_seconds must be >= 0")
         if self.upstream_max_connections < 0:

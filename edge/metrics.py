@@ -97,6 +97,42 @@ class Metrics:
             ["op", "result"],
             registry=self.registry,
         )
+        self.sse_viewers = Gauge(
+            "edge_sse_viewers", "SSE viewers connected.", registry=self.registry
+        )
+        self.long_polls_waiting = Gauge(
+            "edge_long_polls_waiting",
+            "Long-polls waiting at the tail for new data.",
+            registry=self.registry,
+        )
+        self.live_tails = Gauge(
+            "edge_live_tails",
+            "Streams followed live by one upstream reader each.",
+            registry=self.registry,
+        )
+        self.tail_reconnects = Counter(
+            "edge_tail_reconnects",
+            "Upstream live readers that reconnected, by reason (closed_by_origin, connect, "
+            "timeout, reset, protocol, refused).",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.viewers_lagging = Gauge(
+            "edge_viewers_lagging",
+            "SSE viewers behind the tail (catching up from the log at their own pace).",
+            registry=self.registry,
+        )
+        self.sse_events_sent = Counter(
+            "edge_sse_events_sent",
+            "SSE events written to viewers (data and control).",
+            registry=self.registry,
+        )
+        self.delivery_latency = Histogram(
+            "edge_delivery_latency_seconds",
+            "Time from a batch arriving at the edge to it being written to a viewer.",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=self.registry,
+        )
         for result in CACHE_RESULTS:
             self.cache_requests.labels(result=result)
         for kind in RequestKind:

@@ -13,7 +13,7 @@ from aiohttp import web
 from edge.config import Address, Settings
 from edge.metrics import Metrics
 from edge.origin import OriginClient
-from edge.web.app import CACHE, create_admin_app, create_app
+from edge.web.app import CACHE, HUB, create_admin_app, create_app
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +74,9 @@ async def serve(settings: Settings) -> None:
         loop.add_signal_handler(signum, stop.set)
     await stop.wait()
     log.info("stopping: draining for up to %.0f s", settings.drain_seconds)
+    # Live readers end cleanly first (clients resume elsewhere by offset); then the runner stops
+    # accepting and waits for what is left, up to --drain-seconds.
+    stream_app[HUB].start_draining()
     await stream_runner.cleanup()
     await admin_runner.cleanup()
 

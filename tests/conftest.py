@@ -28,7 +28,9 @@ def origin(logs_dir: Path) -> Iterator[Origin]:
 
 @pytest.fixture(scope="session")
 def edge(origin: Origin, logs_dir: Path) -> Iterator[Edge]:
-    started = start_edge(origin.url, logs_dir)
+    started = start_edge(
+        origin.url, logs_dir, "--long-poll-timeout", str(ORIGIN_LONG_POLL_MS / 1000)
+    )
     yield started
     started.stop()
 

@@ -50,10 +50,25 @@ class StreamLog:
     def json(self) -> bool:
         return is_json(self.content_type)
 
-    def observe_tail(self, offset: str, *, closed: bool, now: float) -> None:
+    def observe_tail(
+        self, offset: str, *, closed: bool, now: float, authoritative: bool = False
+    ) -> None:
         if self.tail is not None and self.tail.closed and not closed:
             return  # closure is final; an older answer arriving late cannot reopen the stream
-        self.tail = TailFact(offset=offset, closed=closed, authoritative=False, observed_at=now)
+        if (
+            not authoritative
+            and self.tail is not None
+            and self.tail.authoritative
+            and offset < self.tail.offset
+        ):
+            return  # a catch-up answer older than what the live upstream already reported
+        self.tail = TailFact(
+            offset=offset, closed=closed, authoritative=authoritative, observed_at=now
+        )
+
+    def lose_authority(self, now: float) -> None:
+        if self.tail is not None and self.tail.authoritative:
+            self.tail = replace(self.tail, authoritative=False, observed_at=now)
 
     def mark_stale(self) -> None:
         if self.tail is not None and not self.tail.closed:

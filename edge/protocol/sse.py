@@ -35,6 +35,7 @@ class SseDecoder:
         self._retry_ms: int | None = None
         self._id_seen: str | None = None
         self.last_event_id: str | None = None
+        self.retry_ms: int | None = None  # the reconnection time, once a frame has set it
         self.comments = 0
 
     def feed(self, chunk: bytes | str) -> list[SseEvent]:
@@ -77,6 +78,7 @@ class SseDecoder:
             self.last_event_id = value
         elif name == "retry" and value.isdigit():
             self._retry_ms = int(value)
+            self.retry_ms = int(value)
         return None
 
     def _dispatch(self) -> SseEvent | None:
@@ -102,3 +104,32 @@ def _line_end(buffer: str) -> tuple[str, int] | None:
                 return buffer[:index], index + 2
             return buffer[:index], index + 1
     return None
+
+
+# --- encoding ---------------------------------------------------------------------------------
+
+
+def _field_lines(name: str, text: str) -> str:
+    # Every line break form ends a field line in SSE, so each becomes its own line: a payload
+    # cannot smuggle in an event of its own (CR-only included). "name:value" as the reference
+    # origin writes it, except that a value starting with a space gets one more, since every
+    # decoder drops one (the origin loses it there).
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    return "".join(
+        f"{name}: {line}\n" if line.startswith(" ") else f"{name}:{line}\n" for line in lines
+    )
+
+
+def encode_event(event: str, data: str, *, event_id: str | None = None) -> bytes:
+    frame = f"event: {event}\n" + _field_lines("data", data)
+    if event_id is not None:
+        frame += f"id: {event_id}\n"
+    return (frame + "\n").encode()
+
+
+def encode_retry(milliseconds: int) -> bytes:
+    return f"retry: {milliseconds}\n\n".encode()
+
+
+def encode_comment(text: str) -> bytes:
+    return f": {text}\n\n".encode()

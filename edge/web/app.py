@@ -11,6 +11,8 @@ from multidict import CIMultiDict
 
 from edge.catchup import Answer, CatchupCache, SegmentTooLarge
 from edge.config import Settings
+from edge.live.hub import LiveAnswer, LiveHub, sse_encoding
+from edge.log.stream_log import LogKey
 from edge.metrics import Metrics
 from edge.origin import OriginClient, OriginError
 from edge.protocol.headers import AUTHORIZATION, COOKIE, VIA_PSEUDONYM
@@ -25,6 +27,7 @@ SETTINGS = web.AppKey("settings", Settings)
 METRICS = web.AppKey("metrics", Metrics)
 RELAY = web.AppKey("relay", Relay)
 CACHE = web.AppKey("cache", CatchupCache)
+HUB = web.AppKey("hub", LiveHub)
 
 # Status recorded for a request whose client went away before it was answered (nginx's 499).
 CLIENT_CLOSED = 499
@@ -38,7 +41,11 @@ class EdgeResponse(web.Response):
         self.headers.popall("Server", None)
 
 
-def to_response(answer: Answer, metrics: Metrics) -> web.Response:
+def credentials_of(request: web.Request) -> list[tuple[str, str]]:
+    return [(n, v) for n, v in request.headers.items() if n.lower() in (AUTHORIZATION, COOKIE)]
+
+
+def to_response(answer: Answer | LiveAnswer, metrics: Metrics) -> web.Response:
     headers = CIMultiDict(answer.headers)
     headers.add("Cache-Status", answer.cache_status)
     headers.add("Via", f"1.1 {VIA_PSEUDONYM}")
@@ -54,9 +61,7 @@ async def serve_catchup(request: web.Request, classified: Classified) -> web.Str
     try:
         answer = await request.app[CACHE].read(
             read,
-            credentials=[
-                (n, v) for n, v in request.headers.items() if n.lower() in (AUTHORIZATION, COOKIE)
-            ],
+            credentials=credentials_of(request),
             if_none_match=request.headers.get("If-None-Match"),
             accept_encoding=request.headers.get("Accept-Encoding"),
         )
@@ -73,9 +78,104 @@ async def serve_catchup(request: web.Request, classified: Classified) -> web.Str
     return to_response(answer, metrics)
 
 
+async def start_offset(
+    request: web.Request, key: LogKey, offset: str, last_event_id: str | None
+) -> str | LiveAnswer:
+    """Where a live read starts: ``now`` is the tail; a ``Last-Event-ID`` further on than the URL
+    wins, so a browser EventSource reconnecting to its original URL resumes exactly."""
+    if offset == "now":
+        resolved = await request.app[HUB].tail_now(key, credentials_of(request))
+        if isinstance(resolved, LiveAnswer):
+            return resolved
+        offset = resolved
+    if last_event_id and last_event_id != "now" and last_event_id > offset:
+        offset = last_event_id
+    return offset
+
+
+async def serve_long_poll(request: web.Request, classified: Classified) -> web.StreamResponse:
+    read = classified.read
+    assert read is not None
+    assert read.offset is not None
+    hub, metrics = request.app[HUB], request.app[METRICS]
+    key = LogKey(stream=read.stream, scope=read.scope)
+    try:
+        offset = await start_offset(request, key, read.offset, None)
+        if isinstance(offset, LiveAnswer):
+            return to_response(offset, metrics)
+        answer = await hub.long_poll(key, offset, read.cursor, credentials_of(request))
+    except OriginError as error:
+        metrics.origin_errors.labels(reason=error.reason).inc()
+        return origin_error_response(error)
+    return to_response(answer, metrics)
+
+
+async def serve_sse(request: web.Request, classified: Classified) -> web.StreamResponse:
+    read = classified.read
+    assert read is not None
+    assert read.offset is not None
+    hub, metrics, settings = request.app[HUB], request.app[METRICS], request.app[SETTINGS]
+    if hub.viewers >= settings.max_viewers:
+        return web.Response(
+            status=503, headers={"Retry-After": "5"}, text="edge is at --max-viewers\n"
+        )
+    key = LogKey(stream=read.stream, scope=read.scope)
+    credentials = credentials_of(request)
+    try:
+        offset = await start_offset(request, key, read.offset, read.last_event_id)
+        if isinstance(offset, LiveAnswer):
+            return to_response(offset, metrics)
+        refused = await hub.known_from(key, offset, credentials)
+    except OriginError as error:
+        metrics.origin_errors.labels(reason=error.reason).inc()
+        return origin_error_response(error)
+    if refused is not None:
+        return to_response(refused, metrics)
+    log_ = hub.cache.local.log_for(key)
+    response = web.StreamResponse(status=200)
+    for name, value in log_.header_template:
+        response.headers.add(name, value)
+    response.headers["Content-Type"] = "text/event-stream"
+    response.headers["Cache-Control"] = "no-cache, no-transform"
+    response.headers["X-Accel-Buffering"] = "no"
+    if sse_encoding(log_.content_type) == "base64":
+        response.headers["stream-sse-data-encoding"] = "base64"
+    response.headers["Cache-Status"] = "edge; hit; detail=live"
+    response.headers["Via"] = f"1.1 {VIA_PSEUDONYM}"
+    await response.prepare(request)
+    if request.transport is not None:
+        request.transport.set_write_buffer_limits(high=settings.sse_buffer_bytes)
+
+    async def write(frame: bytes) -> None:
+        await response.write(frame)
+        metrics.served_bytes.inc(len(frame))
+
+    hub.viewers += 1
+    metrics.sse_viewers.inc()
+    try:
+        await hub.stream_sse(key, offset, read.cursor, credentials, write)
+        await response.write_eof()
+    except ConnectionError:
+        pass  # the viewer left; it resumes by offset wherever it reconnects
+    except OriginError as error:
+        metrics.origin_errors.labels(reason=error.reason).inc()
+        if request.transport is not None:
+            request.transport.abort()
+    finally:
+        hub.viewers -= 1
+        metrics.sse_viewers.dec()
+    return response
+
+
 async def dispatch(request: web.Request, classified: Classified) -> web.StreamResponse:
     read = classified.read
-    if classified.kind is RequestKind.CATCHUP and read is not None:
+    kind = classified.kind
+    if read is not None and read.plain and read.offset is not None:
+        if kind is RequestKind.SSE:
+            return await serve_sse(request, classified)
+        if kind is RequestKind.LONG_POLL:
+            return await serve_long_poll(request, classified)
+    if kind is RequestKind.CATCHUP and read is not None:
         if read.plain and read.offset != "now":
             return await serve_catchup(request, classified)
         request.app[METRICS].cache_requests.labels(result="bypass").inc()
@@ -121,12 +221,15 @@ def create_app(settings: Settings, metrics: Metrics, origin: OriginClient) -> we
         else None
     )
     cache = CatchupCache(settings, origin, metrics, shared=shared)
+    hub = LiveHub(settings, cache, origin, metrics)
     app[CACHE] = cache
+    app[HUB] = hub
     app[RELAY] = Relay(origin=origin, metrics=metrics, observe=cache.observe)
 
     async def lifetime(_: web.Application) -> AsyncIterator[None]:
         await origin.start()
         yield
+        await hub.close()
         await cache.close()
         if shared is not None:
             await shared.close()

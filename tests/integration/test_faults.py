@@ -75,8 +75,9 @@ async def test_origin_too_slow_answers_504(
         url = edge.url + stream_path
         _, headers, _ = await call(http, "PUT", url, headers={"Content-Type": "text/plain"})
         tail = dict(headers)["Stream-Next-Offset"]
-        # The origin holds this long-poll for 3 s; the edge gives it half a second.
-        status, _, body = await call(http, "GET", f"{url}?offset={tail}&live=long-poll")
+        # The origin holds this long-poll for 3 s; the edge gives it half a second. (An extra
+        # parameter makes it a pass-through, not one the edge answers from its own tail.)
+        status, _, body = await call(http, "GET", f"{url}?offset={tail}&live=long-poll&x=1")
         assert status == 504
         assert b"in time" in body
         assert metric_value(edge.metrics_text(), "edge_origin_errors_total", reason="timeout") == 1
@@ -92,7 +93,9 @@ async def test_origin_dying_mid_stream_is_never_a_clean_end(
         url = edge.url + "/dying"
         await call(http, "PUT", url, headers={"Content-Type": "text/plain"})
         await call(http, "POST", url, headers={"Content-Type": "text/plain"}, data=b"partial")
-        async with http.get(url + "?offset=-1&live=sse") as response:
+        # A relayed SSE read (extra parameter): the edge's own viewers would instead wait for
+        # the origin to come back, which the live tests cover.
+        async with http.get(url + "?offset=-1&live=sse&via=relay") as response:
             assert response.status == 200
             await response.content.readany()
             own_origin.process.kill()

@@ -27,6 +27,13 @@ def test_every_flag_reads_its_env_and_the_flag_wins() -> None:
         "EDGE_MAX_RESPONSE_BYTES": "512KiB",
         "EDGE_MAX_SEGMENT_BYTES": "1048576",
         "EDGE_TAIL_FRESHNESS": "0.5",
+        "EDGE_LONG_POLL_TIMEOUT": "12",
+        "EDGE_SSE_MAX_SECONDS": "0",
+        "EDGE_SSE_HEARTBEAT": "3",
+        "EDGE_SSE_BUFFER_BYTES": "64KiB",
+        "EDGE_MAX_VIEWERS": "7",
+        "EDGE_TAIL_MODE": "sse",
+        "EDGE_TAIL_LINGER": "2",
         "EDGE_REDIS_URL": "redis://127.0.0.1:6390/2",
         "EDGE_REDIS_TTL": "60",
         "EDGE_REDIS_TIMEOUT": "0.1",
@@ -49,6 +56,13 @@ def test_every_flag_reads_its_env_and_the_flag_wins() -> None:
     assert settings.redis_url == "redis://127.0.0.1:6390/2"
     assert settings.redis_ttl_seconds == 60
     assert settings.redis_timeout_seconds == 0.1
+    assert settings.long_poll_timeout_seconds == 12
+    assert settings.sse_max_seconds == 0
+    assert settings.sse_heartbeat_seconds == 3
+    assert settings.sse_buffer_bytes == 64 * 1024
+    assert settings.max_viewers == 7
+    assert settings.tail_mode == "sse"
+    assert settings.tail_linger_seconds == 2
 
 
 def test_redis_is_off_unless_asked_for() -> None:
@@ -67,6 +81,8 @@ def test_redis_is_off_unless_asked_for() -> None:
         (["serve", "--origin", "http://x", "--upstream-max-connections", "-1"], "--upstream"),
         (["serve", "--origin", "http://x", "--cache-bytes", "lots"], "--cache-bytes"),
         (["serve", "--origin", "http://x", "--redis-url", "http://r"], "redis://"),
+        (["serve", "--origin", "http://x", "--sse-max-seconds", "1"], "at least"),
+        (["serve", "--origin", "http://x", "--tail-mode", "carrier-pigeon"], "tail_mode"),
     ],
 )
 def test_bad_settings_are_refused_with_a_reason(argv: list[str], message: str) -> None:

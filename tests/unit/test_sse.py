@@ -47,3 +47,43 @@ def test_multibyte_character_split_across_chunks() -> None:
     decoder = SseDecoder()
     events = [e for i in range(len(payload)) for e in decoder.feed(payload[i : i + 1])]
     assert events == [SseEvent(event="message", data="héllo ✓", id=None)]
+
+
+def test_encoding_round_trips_through_the_decoder() -> None:
+    from edge.protocol.sse import encode_comment, encode_event, encode_retry
+
+    payload = " leading space\nsecond line\n\n trailing "
+    frames = (
+        encode_retry(1500)
+        + encode_event("data", payload, event_id="0_9")
+        + encode_comment("heartbeat")
+        + encode_event("control", '{"streamNextOffset":"0_9"}', event_id="0_9")
+    )
+    decoder = SseDecoder()
+    events = decoder.feed(frames)
+    assert events == [
+        SseEvent(event="data", data=payload, id="0_9"),
+        SseEvent(event="control", data='{"streamNextOffset":"0_9"}', id="0_9"),
+    ]
+    assert decoder.retry_ms == 1500
+    assert decoder.comments == 1
+
+
+def test_payloads_cannot_inject_events() -> None:
+    from edge.protocol.sse import encode_event
+
+    for attack in (
+        'start\r\revent: control\rdata: {"x":1}\r\rend',
+        "start\n\nevent: control\ndata: {}\n\nend",
+        "a\r\n\r\nevent: control\r\n",
+    ):
+        events = SseDecoder().feed(encode_event("data", attack, event_id="1"))
+        assert [e.event for e in events] == ["data"]
+        assert "control" in events[0].data
+
+
+def test_plain_lines_are_framed_as_the_origin_frames_them() -> None:
+    from edge.protocol.sse import encode_event
+
+    assert encode_event("data", "line1\nline2") == b"event: data\ndata:line1\ndata:line2\n\n"
+    assert encode_event("data", " x") == b"event: data\ndata:  x\n\n"

@@ -1,0 +1,354 @@
+"""Live reads: long-polls and SSE viewers, every one a cursor into the shared stream log.
+
+Rules this module owns (PROTOCOL.md §5.7, §5.8, §10; DESIGN.md):
+
+* A live reader first makes sure the edge knows the log from its offset to the tail (the
+  catch-up machinery, collapsed), then follows the stream's single upstream ``Tail``.
+* Readers hold no queue: each one reads the log from its own offset at its own pace and waits on
+  the tail only when it has caught up. A slow socket slows only its own reader, which lags and
+  catches up from the log (or, past what the edge retains, from the origin, collapsed).
+* SSE frames for a batch are encoded once and the same bytes are written to every viewer that
+  reads that batch with the same cursor; each batch is one ``data`` event followed by its
+  ``control`` event, both with ``id: <offset after the batch>``.
+* Long-polls at the tail wait on the tail and end in 200 with the new bytes, or 204 at the
+  timeout; a closed stream at its tail answers 204 with ``Stream-Closed`` at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import random
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+from cachetools import LRUCache
+
+from edge.catchup import CatchupCache, relayable
+from edge.config import Settings
+from edge.live.tail import Tail, TailRegistry
+from edge.log.policy import Coverage, cache_control, cover, etag
+from edge.log.segment import stitch
+from edge.log.stream_log import LogKey, StreamLog
+from edge.metrics import Metrics
+from edge.origin import OriginClient
+from edge.protocol.cursor import response_cursor
+from edge.protocol.sse import encode_comment, encode_event, encode_retry
+
+# One SSE batch is at most this many bytes of stream data, so a late joiner's first frames
+# arrive quickly and its socket buffer stays bounded.
+SSE_BATCH_BYTES = 256 * 1024
+SSE_RETRY_MS = 1000
+FRAME_CACHE_ENTRIES = 512
+
+Write = Callable[[bytes], Awaitable[None]]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LiveAnswer:
+    status: int
+    headers: list[tuple[str, str]]
+    body: bytes
+    cache_status: str
+
+
+def sse_encoding(content_type: str | None) -> str:
+    """How data events carry bytes: ``text`` for text/* and JSON, else ``base64`` (§5.8)."""
+    ct = (content_type or "").split(";")[0].strip().lower()
+    return "text" if ct.startswith("text/") or ct == "application/json" else "base64"
+
+
+class LiveHub:
+    def __init__(
+        self,
+        settings: Settings,
+        cache: CatchupCache,
+        origin: OriginClient,
+        metrics: Metrics,
+        *,
+        clock: Callable[[], float] = time.time,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.settings = settings
+        self.cache = cache
+        self.metrics = metrics
+        self.tails = TailRegistry(cache, origin, settings, metrics)
+        self.draining = asyncio.Event()
+        self._clock = clock
+        self._rng = rng or random.Random()
+        self._frames: LRUCache[tuple[object, ...], bytes] = LRUCache(maxsize=FRAME_CACHE_ENTRIES)
+        self.viewers = 0
+
+    async def close(self) -> None:
+        await self.tails.close()
+
+    def start_draining(self) -> None:
+        self.draining.set()
+        for tail in self.tails.all():
+            tail.wake()
+
+    # --- shared steps ---
+
+    async def known_from(
+        self, key: LogKey, offset: str, credentials: Sequence[tuple[str, str]]
+    ) -> LiveAnswer | None:
+        """Make the log known from ``offset`` on; the origin's refusal if it refuses."""
+        resolved = await self.cache.resolve(key, offset, credentials)
+        error = resolved.error
+        if error is None:
+            return None
+        return LiveAnswer(
+            status=error.status,
+            headers=relayable(error.headers),
+            body=error.body,
+            cache_status=f"edge; fwd=uri-miss; fwd-status={error.status}",
+        )
+
+    async def tail_now(
+        self, key: LogKey, credentials: Sequence[tuple[str, str]]
+    ) -> str | LiveAnswer:
+        """The tail offset for ``offset=now``: the live upstream's word if there is one, else the
+        origin's (``offset=now`` answers are never cached)."""
+        log_ = self.cache.local.log(key)
+        if log_ is not None and log_.tail is not None and log_.tail.authoritative:
+            return log_.tail.offset
+        status, headers, body = await self.cache.probe_now(key, credentials)
+        next_offset = {n.lower(): v for n, v in headers}.get("stream-next-offset")
+        if status != 200 or next_offset is None:
+            return LiveAnswer(
+                status=status,
+                headers=relayable(headers),
+                body=body,
+                cache_status=f"edge; fwd=bypass; fwd-status={status}",
+            )
+        return next_offset
+
+    def _cursor(self, client_cursor: str | None) -> str:
+        return response_cursor(client_cursor, now=self._clock(), rng=self._rng)
+
+    def _tail_offset(self, key: LogKey) -> str | None:
+        log_ = self.cache.local.log(key)
+        return log_.tail.offset if log_ is not None and log_.tail is not None else None
+
+    # --- long-poll ---
+
+    async def long_poll(
+        self,
+        key: LogKey,
+        offset: str,
+        client_cursor: str | None,
+        credentials: Sequence[tuple[str, str]],
+    ) -> LiveAnswer:
+        refused = await self.known_from(key, offset, credentials)
+        if refused is not None:
+            return refused
+        start = self._tail_offset(key) or offset
+        deadline = asyncio.get_running_loop().time() + self.settings.long_poll_timeout_seconds
+        waited = False
+        async with self.tails.watching(key, start, credentials) as tail:
+            while True:
+                changed = tail.changed
+                coverage = cover(
+                    self.cache.local.get, key, offset, max_bytes=self.settings.max_response_bytes
+                )
+                log_ = self.cache.local.log(key)
+                if coverage.segments and log_ is not None:
+                    return self._long_poll_data(key, log_, offset, coverage, client_cursor, waited)
+                if tail.gone or log_ is None:
+                    return LiveAnswer(
+                        status=404,
+                        headers=[("Content-Type", "text/plain")],
+                        body=b"Stream not found",
+                        cache_status="edge; fwd=uri-miss; fwd-status=404",
+                    )
+                at_tail = log_.tail is not None and log_.tail.offset == offset
+                if at_tail and log_.tail is not None and log_.tail.closed:
+                    return self._long_poll_empty(log_, offset, client_cursor, closed=True)
+                if not at_tail:
+                    # The offset is not where the edge's chain ends: fetch the gap, collapsed.
+                    refused = await self.known_from(key, offset, credentials)
+                    if refused is not None:
+                        return refused
+                    if cover(self.cache.local.get, key, offset, max_bytes=1).segments:
+                        continue
+                remaining = deadline - asyncio.get_running_loop().time()
+                if remaining <= 0 or self.draining.is_set():
+                    return self._long_poll_empty(log_, offset, client_cursor, closed=False)
+                self.metrics.long_polls_waiting.inc()
+                try:
+                    async with asyncio.timeout(remaining):
+                        await changed.wait()
+                except TimeoutError:
+                    pass
+                finally:
+                    self.metrics.long_polls_waiting.dec()
+                waited = True
+
+    def _long_poll_data(
+        self,
+        key: LogKey,
+        log_: StreamLog,
+        offset: str,
+        coverage: Coverage,
+        client_cursor: str | None,
+        waited: bool,
+    ) -> LiveAnswer:
+        end = coverage.end
+        at_tail = log_.tail is not None and log_.tail.offset == end and not coverage.capped
+        closed = at_tail and log_.tail is not None and log_.tail.closed
+        headers = list(log_.header_template)
+        if log_.content_type is not None:
+            headers.append(("Content-Type", log_.content_type))
+        headers.append(("Stream-Next-Offset", end))
+        if not closed:
+            headers.append(("Stream-Cursor", self._cursor(client_cursor)))
+        if at_tail:
+            headers.append(("Stream-Up-To-Date", "true"))
+        if closed:
+            headers.append(("Stream-Closed", "true"))
+        headers.append(("ETag", etag(key.stream, offset, end, closed=closed, encoding=None)))
+        control = cache_control(
+            scope=key.scope,
+            immutable=closed or not at_tail,
+            freshness_seconds=self.settings.tail_freshness_seconds,
+        )
+        headers.append(("Cache-Control", control))
+        return LiveAnswer(
+            status=200,
+            headers=headers,
+            body=stitch(coverage.segments, json=log_.json),
+            cache_status="edge; hit; detail=waited" if waited else "edge; hit",
+        )
+
+    def _long_poll_empty(
+        self, log_: StreamLog, offset: str, client_cursor: str | None, *, closed: bool
+    ) -> LiveAnswer:
+        headers = list(log_.header_template)
+        headers += [("Stream-Next-Offset", offset), ("Stream-Up-To-Date", "true")]
+        if closed:
+            headers.append(("Stream-Closed", "true"))
+        else:
+            headers.append(("Stream-Cursor", self._cursor(client_cursor)))
+        # Never store "nothing new" (PROTOCOL-NOTES trap 1).
+        headers.append(("Cache-Control", "no-store"))
+        return LiveAnswer(status=204, headers=headers, body=b"", cache_status="edge; hit")
+
+    # --- SSE ---
+
+    def frames(
+        self,
+        key: LogKey,
+        log_: StreamLog,
+        coverage: Coverage,
+        *,
+        up_to_date: bool,
+        closed: bool,
+        cursor: str,
+    ) -> bytes:
+        """The data + control events for ``coverage``, encoded once per (range, state, cursor)."""
+        start = coverage.segments[0].start if coverage.segments else coverage.end
+        cache_key = (key, start, coverage.end, up_to_date, closed, cursor)
+        cached = self._frames.get(cache_key)
+        if cached is not None:
+            return cached
+        frame = b""
+        end = coverage.end
+        if coverage.segments:
+            body = stitch(coverage.segments, json=log_.json)
+            if sse_encoding(log_.content_type) == "base64":
+                payload = base64.b64encode(body).decode()
+            else:
+                payload = body.decode("utf-8", errors="replace")
+            frame += encode_event("data", payload, event_id=end)
+        control: dict[str, object] = {"streamNextOffset": end}
+        if closed:
+            control["streamClosed"] = True
+        else:
+            control["streamCursor"] = cursor
+            if up_to_date:
+                control["upToDate"] = True
+        frame += encode_event("control", json.dumps(control, separators=(",", ":")), event_id=end)
+        self._frames[cache_key] = frame
+        return frame
+
+    async def stream_sse(
+        self,
+        key: LogKey,
+        offset: str,
+        client_cursor: str | None,
+        credentials: Sequence[tuple[str, str]],
+        write: Write,
+    ) -> None:
+        """Feed one SSE viewer from ``offset`` until the stream closes, the connection rotates,
+        the edge drains, or the client leaves (``write`` raises)."""
+        settings = self.settings
+        loop = asyncio.get_running_loop()
+        connected_at = loop.time()
+        rotate_at = (
+            connected_at + settings.sse_max_seconds if settings.sse_max_seconds > 0 else None
+        )
+        await write(encode_retry(SSE_RETRY_MS))
+        start = self._tail_offset(key) or offset
+        lagging = False
+        async with self.tails.watching(key, start, credentials) as tail:
+            try:
+                while True:
+                    changed = tail.changed
+                    log_ = self.cache.local.log(key)
+                    if log_ is None or tail.gone:
+                        return
+                    coverage = cover(self.cache.local.get, key, offset, max_bytes=SSE_BATCH_BYTES)
+                    tail_fact = log_.tail
+                    at_tail = tail_fact is not None and tail_fact.offset == coverage.end
+                    closed = at_tail and tail_fact is not None and tail_fact.closed
+                    if coverage.segments or closed:
+                        behind = not at_tail or coverage.capped
+                        if behind != lagging:
+                            self.metrics.viewers_lagging.inc(1 if behind else -1)
+                            lagging = behind
+                        frame = self.frames(
+                            key, log_, coverage,
+                            up_to_date=at_tail and not coverage.capped,
+                            closed=closed,
+                            cursor=self._cursor(client_cursor),
+                        )  # fmt: skip
+                        await write(frame)
+                        self.metrics.sse_events_sent.inc(2 if coverage.segments else 1)
+                        self._observe_delivery(tail, coverage)
+                        offset = coverage.end
+                        if closed:
+                            return
+                        continue
+                    if self.draining.is_set():
+                        return
+                    if rotate_at is not None and loop.time() >= rotate_at:
+                        return
+                    if not at_tail:
+                        # A gap between the viewer and the tail (evicted, or never seen here).
+                        if await self.known_from(key, offset, credentials) is not None:
+                            return
+                        if cover(self.cache.local.get, key, offset, max_bytes=1).segments:
+                            continue
+                    wait = settings.sse_heartbeat_seconds
+                    if rotate_at is not None:
+                        wait = min(wait, max(0.0, rotate_at - loop.time()))
+                    try:
+                        async with asyncio.timeout(wait):
+                            await changed.wait()
+                    except TimeoutError:
+                        await write(encode_comment("keep-alive"))
+            finally:
+                if lagging:
+                    self.metrics.viewers_lagging.dec()
+
+    def _observe_delivery(self, tail: Tail, coverage: Coverage) -> None:
+        if not coverage.segments:
+            return
+        arrived = tail.arrivals.get(coverage.segments[-1].start)
+        if arrived is not None:
+            self.metrics.delivery_latency.observe(asyncio.get_running_loop().time() - arrived)
+
+
+__all__ = ["LiveAnswer", "LiveHub", "OriginClient", "sse_encoding"]

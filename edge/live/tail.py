@@ -1,0 +1,326 @@
+"""One upstream reader per (stream, scope) with live interest: the origin's tail, followed once.
+
+Rules this module owns:
+
+* Every batch the upstream delivers (a long-poll 200, or the SSE ``data`` events up to a
+  ``control``) becomes the segment [offset, next) in the stream's log; readers are only woken.
+* The upstream always resumes from the offset after the last batch it recorded, so no byte is read
+  twice or skipped, whatever the reason it ended (the origin closing it, a reset, a restart).
+  Failures back off exponentially with full jitter; a clean end reconnects at once.
+* Closure ends the tail; 404/410 purges the stream and ends it.
+* Upstream mode: SSE where its framing is exact (JSON and base64 binary streams); a long-poll loop
+  for text streams, because the reference origin writes ``data:`` + line, so a line that starts
+  with a space loses it in every SSE decoder. A failed SSE request falls back to long-poll.
+* Lingers ``linger_seconds`` after the last reader leaves, so a reconnecting viewer finds it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import logging
+import random
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from urllib.parse import quote
+
+import aiohttp
+
+from edge.catchup import CatchupCache
+from edge.config import Settings
+from edge.log.segment import Segment, is_json, stitch
+from edge.log.stream_log import LogKey
+from edge.metrics import Metrics
+from edge.origin import OriginClient, OriginError
+from edge.protocol.headers import first_value
+from edge.protocol.sse import SseDecoder
+
+log = logging.getLogger(__name__)
+
+BACKOFF_FIRST_SECONDS = 0.1
+BACKOFF_MAX_SECONDS = 5.0
+
+
+def is_text(content_type: str | None) -> bool:
+    return content_type is not None and content_type.strip().lower().startswith("text/")
+
+
+@dataclass
+class Tail:
+    key: LogKey
+    offset: str
+    credentials: tuple[tuple[str, str], ...]
+    cache: CatchupCache
+    origin: OriginClient
+    settings: Settings
+    metrics: Metrics
+    rng: random.Random = field(default_factory=random.Random)
+    cursor: str | None = None
+    closed: bool = False
+    gone: bool = False
+    _changed: asyncio.Event = field(default_factory=asyncio.Event)
+    _task: asyncio.Task[None] | None = None
+    _use_sse: bool = True
+    arrivals: dict[str, float] = field(default_factory=dict)
+
+    # --- what readers use ---
+
+    @property
+    def changed(self) -> asyncio.Event:
+        """Set at the next change. Take it *before* looking at the log, then wait on it."""
+        return self._changed
+
+    @property
+    def finished(self) -> bool:
+        return self.closed or self.gone
+
+    def wake(self) -> None:
+        """Wake every reader without a change (the edge is draining)."""
+        self._notify()
+
+    def _notify(self) -> None:
+        event, self._changed = self._changed, asyncio.Event()
+        event.set()
+
+    # --- lifecycle ---
+
+    def start(self) -> None:
+        log_ = self.cache.local.log(self.key)
+        content_type = log_.content_type if log_ is not None else None
+        self._use_sse = self.settings.tail_mode == "sse" or (
+            self.settings.tail_mode == "auto" and not is_text(content_type)
+        )
+        self._task = asyncio.ensure_future(self._run())
+        self.metrics.live_tails.inc()
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+            self.metrics.live_tails.dec()
+        self.cache.live_ended(self.key)
+        self._notify()
+
+    async def _run(self) -> None:
+        backoff = BACKOFF_FIRST_SECONDS
+        while not self.finished:
+            try:
+                if self._use_sse:
+                    await self._sse_session()
+                    reason = "closed_by_origin"
+                else:
+                    await self._long_poll()
+                    reason = ""
+                backoff = BACKOFF_FIRST_SECONDS
+            except (OriginError, UpstreamRefused) as error:
+                reason = getattr(error, "reason", "refused")
+                if isinstance(error, UpstreamRefused) and self._use_sse:
+                    log.info("SSE upstream refused for %s; falling back to long-poll", self.key)
+                    self._use_sse = False
+                else:
+                    self.cache.live_ended(self.key)
+                    delay = self.rng.uniform(0, backoff)
+                    backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
+                    await asyncio.sleep(delay)
+            if reason and not self.finished:
+                self.metrics.tail_reconnects.labels(reason=reason).inc()
+        self._notify()
+
+    def _headers(self) -> list[tuple[str, str]]:
+        return [("Accept-Encoding", "identity"), *self.credentials, ("Via", "1.1 edge")]
+
+    def _url(self, live: str) -> str:
+        url = f"{self.key.stream}?offset={quote(self.offset, safe='')}&live={live}"
+        if self.cursor:
+            url += f"&cursor={quote(self.cursor, safe='')}"
+        return url
+
+    def _check_status(self, response: aiohttp.ClientResponse) -> bool:
+        """False when the stream is gone (and purged); raises for other refusals."""
+        if response.status in (404, 410):
+            self.cache.purge(self.key.stream)
+            self.gone = True
+            return False
+        if response.status not in (200, 204):
+            raise UpstreamRefused(response.status)
+        return True
+
+    def _record(self, end: str, body: bytes, *, up_to_date: bool, closed: bool) -> None:
+        now = asyncio.get_running_loop().time()
+        segment = self.cache.record_live(
+            self.key, self.offset, end, body, up_to_date=up_to_date, closed=closed
+        )
+        if segment is not None:
+            self.arrivals[segment.start] = now
+            while len(self.arrivals) > 64:
+                self.arrivals.pop(next(iter(self.arrivals)))
+        self.offset = end
+        self.closed = closed
+        self._notify()
+
+    # --- upstream modes ---
+
+    async def _long_poll(self) -> None:
+        response = await self.origin.open("GET", self._url("long-poll"), self._headers(), live=True)
+        try:
+            self.metrics.origin_requests.labels(kind="long_poll", code=str(response.status)).inc()
+            if not self._check_status(response):
+                return
+            body = await read_bounded(response, self.settings.max_segment_bytes)
+        finally:
+            response.close()
+        self.metrics.origin_bytes.inc(len(body))
+        headers = list(response.headers.items())
+        self.cursor = first_value(headers, "stream-cursor") or self.cursor
+        end = first_value(headers, "stream-next-offset") or self.offset
+        closed = _flag(headers, "stream-closed")
+        up_to_date = _flag(headers, "stream-up-to-date") or response.status == 204
+        self._record(
+            end, body if response.status == 200 else b"", up_to_date=up_to_date, closed=closed
+        )
+
+    async def _sse_session(self) -> None:
+        response = await self.origin.open(
+            "GET", self._url("sse"), [*self._headers(), ("Accept", "text/event-stream")], live=True
+        )
+        try:
+            self.metrics.origin_requests.labels(kind="sse", code=str(response.status)).inc()
+            if not self._check_status(response):
+                return
+            binary = first_value(list(response.headers.items()), "stream-sse-data-encoding")
+            json_stream = is_json(response.headers.get("Content-Type")) or self._log_is_json()
+            decoder = SseDecoder()
+            pending: list[bytes] = []
+            async for chunk in OriginClient.body_chunks(response):
+                self.metrics.origin_bytes.inc(len(chunk))
+                for event in decoder.feed(chunk):
+                    if event.event == "data":
+                        pending.append(
+                            base64.b64decode(event.data.replace("\n", ""))
+                            if binary == "base64"
+                            else event.data.encode()
+                        )
+                    elif event.event == "control":
+                        control = json.loads(event.data)
+                        self.cursor = control.get("streamCursor", self.cursor)
+                        closed = bool(control.get("streamClosed"))
+                        body = self._join(pending, json_stream)
+                        pending = []
+                        self._record(
+                            str(control["streamNextOffset"]),
+                            body,
+                            up_to_date=bool(control.get("upToDate")) or closed,
+                            closed=closed,
+                        )
+                        if closed:
+                            return
+        finally:
+            response.close()
+
+    def _log_is_json(self) -> bool:
+        log_ = self.cache.local.log(self.key)
+        return log_ is not None and log_.json
+
+    def _join(self, parts: Sequence[bytes], json_stream: bool) -> bytes:
+        if not json_stream:
+            return b"".join(parts)
+        # Each SSE data event of a JSON stream is an array; a batch is their union.
+        segments = [Segment(start="", end="", body=part) for part in parts]
+        return stitch(segments, json=True)
+
+
+class UpstreamRefused(Exception):
+    reason = "refused"
+
+    def __init__(self, status: int) -> None:
+        super().__init__(f"origin answered {status}")
+        self.status = status
+
+
+def _flag(headers: Sequence[tuple[str, str]], name: str) -> bool:
+    return (first_value(headers, name) or "").strip().lower() == "true"
+
+
+async def read_bounded(response: aiohttp.ClientResponse, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in OriginClient.body_chunks(response):
+        size += len(chunk)
+        if size > limit:
+            raise UpstreamRefused(413)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+class TailRegistry:
+    """The tails of this edge: started on first interest, stopped after lingering unwatched."""
+
+    def __init__(
+        self, cache: CatchupCache, origin: OriginClient, settings: Settings, metrics: Metrics
+    ) -> None:
+        self._cache = cache
+        self._origin = origin
+        self._settings = settings
+        self._metrics = metrics
+        self._tails: dict[LogKey, Tail] = {}
+        self._interest: dict[LogKey, int] = {}
+        self._lingering: dict[LogKey, asyncio.TimerHandle] = {}
+        self._stopping: set[asyncio.Task[None]] = set()
+
+    def get(self, key: LogKey) -> Tail | None:
+        return self._tails.get(key)
+
+    def all(self) -> list[Tail]:
+        return list(self._tails.values())
+
+    @contextlib.asynccontextmanager
+    async def watching(
+        self, key: LogKey, start_offset: str, credentials: Sequence[tuple[str, str]]
+    ) -> AsyncIterator[Tail]:
+        tail = self._tails.get(key)
+        if tail is None or tail.finished:
+            tail = Tail(
+                key=key,
+                offset=start_offset,
+                credentials=tuple(credentials),
+                cache=self._cache,
+                origin=self._origin,
+                settings=self._settings,
+                metrics=self._metrics,
+            )
+            self._tails[key] = tail
+            tail.start()
+        self._interest[key] = self._interest.get(key, 0) + 1
+        handle = self._lingering.pop(key, None)
+        if handle is not None:
+            handle.cancel()
+        try:
+            yield tail
+        finally:
+            self._interest[key] -= 1
+            if self._interest[key] == 0:
+                del self._interest[key]
+                loop = asyncio.get_running_loop()
+                self._lingering[key] = loop.call_later(
+                    self._settings.tail_linger_seconds, self._retire, key, tail
+                )
+
+    def _retire(self, key: LogKey, tail: Tail) -> None:
+        self._lingering.pop(key, None)
+        if key in self._interest or self._tails.get(key) is not tail:
+            return
+        del self._tails[key]
+        task = asyncio.ensure_future(tail.stop())
+        self._stopping.add(task)
+        task.add_done_callback(self._stopping.discard)
+
+    async def close(self) -> None:
+        for handle in self._lingering.values():
+            handle.cancel()
+        self._lingering.clear()
+        tails, self._tails = list(self._tails.values()), {}
+        await asyncio.gather(*(tail.stop() for tail in tails), *self._stopping)
