@@ -42,6 +42,8 @@ from edge.protocol.sse import encode_comment, encode_event, encode_retry
 SSE_BATCH_BYTES = 256 * 1024
 SSE_RETRY_MS = 1000
 FRAME_CACHE_ENTRIES = 512
+# A viewer whose next batch arrived at the edge longer ago than this is lagging.
+LAG_SECONDS = 1.0
 
 Write = Callable[[bytes], Awaitable[None]]
 
@@ -304,7 +306,7 @@ class LiveHub:
                     at_tail = tail_fact is not None and tail_fact.offset == coverage.end
                     closed = at_tail and tail_fact is not None and tail_fact.closed
                     if coverage.segments or closed:
-                        behind = not at_tail or coverage.capped
+                        behind = not at_tail or coverage.capped or self._late(tail, coverage)
                         if behind != lagging:
                             self.metrics.viewers_lagging.inc(1 if behind else -1)
                             lagging = behind
@@ -342,6 +344,15 @@ class LiveHub:
             finally:
                 if lagging:
                     self.metrics.viewers_lagging.dec()
+
+    @staticmethod
+    def _late(tail: Tail, coverage: Coverage) -> bool:
+        """Is the oldest batch this viewer is about to get older than a viewer keeping up would
+        ever see it? (Its socket made it wait.)"""
+        if not coverage.segments:
+            return False
+        arrived = tail.arrivals.get(coverage.segments[0].start)
+        return arrived is not None and asyncio.get_running_loop().time() - arrived > LAG_SECONDS
 
     def _observe_delivery(self, tail: Tail, coverage: Coverage) -> None:
         if not coverage.segments:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import socket
 import time
 from collections.abc import AsyncIterator
 
@@ -144,7 +145,12 @@ async def serve_sse(request: web.Request, classified: Classified) -> web.StreamR
     response.headers["Via"] = f"1.1 {VIA_PSEUDONYM}"
     await response.prepare(request)
     if request.transport is not None:
+        # Bound what one viewer can hold, in this process and in the kernel; past it the
+        # viewer's writes wait and it lags, reading the log at its own pace.
         request.transport.set_write_buffer_limits(high=settings.sse_buffer_bytes)
+        sock = request.transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, settings.sse_buffer_bytes)
 
     async def write(frame: bytes) -> None:
         await response.write(frame)

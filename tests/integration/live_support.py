@@ -1,0 +1,189 @@
+"""What live tests share: an SSE viewer that resumes like a real client, and a writer."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import socket
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from edge.protocol.sse import SseDecoder
+
+
+@dataclass
+class View:
+    """What one viewer received: the bytes (text and binary streams) or items (JSON)."""
+
+    body: bytearray = field(default_factory=bytearray)
+    items: list[object] = field(default_factory=list)
+    closed: bool = False
+    last_event_id: str | None = None
+    next_offset: str | None = None
+    connections: int = 0
+    # (monotonic time, total bytes) after each control event: when each byte arrived
+    progress: list[tuple[float, int]] = field(default_factory=list)
+
+
+async def view_sse(
+    session: aiohttp.ClientSession,
+    url: str,
+    *,
+    offset: str = "-1",
+    view: View | None = None,
+    headers: dict[str, str] | None = None,
+    stop_after_events: int | None = None,
+    read_delay: float = 0.0,
+    read_size: int = 65536,
+    resume: bool = True,
+    deadline: float = 60.0,
+) -> View:
+    """Read ``url`` by SSE from ``offset`` until the stream closes. Bytes count only once their
+    control event names the offset after them, as the official clients do; a connection that
+    ends early is resumed from the last ``streamNextOffset`` when ``resume``."""
+    view = view or View()
+    give_up = time.monotonic() + deadline
+    controls = 0
+    while not view.closed and time.monotonic() < give_up:
+        view.connections += 1
+        decoder = SseDecoder()
+        pending: list[str] = []
+        binary = False
+        try:
+            async with session.get(f"{url}?offset={offset}&live=sse", headers=headers) as response:
+                assert response.status == 200, response.status
+                binary = response.headers.get("stream-sse-data-encoding") == "base64"
+                json_stream = False
+                while True:
+                    chunk = await response.content.read(read_size)
+                    if not chunk:
+                        break
+                    for event in decoder.feed(chunk):
+                        if event.event == "data":
+                            pending.append(event.data)
+                        elif event.event == "control":
+                            control = json.loads(event.data)
+                            for data in pending:
+                                if binary:
+                                    view.body += base64.b64decode(data)
+                                elif data.startswith("["):
+                                    json_stream = True
+                                    view.items += json.loads(data)
+                                else:
+                                    view.body += data.encode()
+                            pending.clear()
+                            offset = view.next_offset = control["streamNextOffset"]
+                            view.last_event_id = event.id
+                            size = len(view.items) if json_stream else len(view.body)
+                            view.progress.append((time.monotonic(), size))
+                            controls += 1
+                            if control.get("streamClosed"):
+                                view.closed = True
+                    if view.closed:
+                        return view
+                    if stop_after_events is not None and controls >= stop_after_events:
+                        return view
+                    if read_delay:
+                        await asyncio.sleep(read_delay)
+        except (aiohttp.ClientError, TimeoutError):
+            pass
+        if not resume:
+            return view
+        await asyncio.sleep(0.05)
+    return view
+
+
+async def append_all(
+    session: aiohttp.ClientSession,
+    url: str,
+    parts: list[bytes],
+    *,
+    content_type: str = "text/plain",
+    rate_per_second: float = 50.0,
+    close: bool = True,
+    producer: str = "writer",
+) -> None:
+    """Append ``parts`` at a steady rate with an idempotent producer, retrying through outages
+    (a retry of an append that landed is answered 204 and not applied twice), then close."""
+    started = time.monotonic()
+    for seq, part in enumerate(parts):
+        headers = {
+            "Content-Type": content_type,
+            "Producer-Id": producer,
+            "Producer-Epoch": "0",
+            "Producer-Seq": str(seq),
+        }
+        for _ in range(200):
+            try:
+                async with session.post(url, data=part, headers=headers) as response:
+                    if response.status in (200, 204):
+                        break
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError(f"append {seq} never succeeded")
+        await asyncio.sleep(max(0.0, started + (seq + 1) / rate_per_second - time.monotonic()))
+    if close:
+        for _ in range(200):
+            try:
+                async with session.post(url, headers={"Stream-Closed": "true"}) as response:
+                    if response.status in (200, 204, 409):
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.05)
+        raise AssertionError("close never succeeded")
+
+
+def dechunk(raw: bytes) -> bytes:
+    """The body of an HTTP/1.1 chunked message, as far as it got (a cut-off read is fine)."""
+    _, _, rest = raw.partition(b"\r\n\r\n")
+    body = bytearray()
+    while rest:
+        size_line, sep, rest = rest.partition(b"\r\n")
+        if not sep:
+            break
+        size = int(size_line.split(b";")[0], 16)
+        if size == 0:
+            break
+        body += rest[:size]
+        rest = rest[size + 2 :]
+    return bytes(body)
+
+
+async def slow_phone(url: str, path: str, *, seconds: float, read_every: float) -> bytes:
+    """An SSE viewer on a bad link: a small kernel buffer and a reader that takes 4 KiB at a
+    time, so the edge really feels it lag (aiohttp's client would buffer everything in user
+    space). Returns the stream bytes it had decoded when ``seconds`` ran out."""
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
+    reader, writer = await asyncio.open_connection(sock=sock, limit=4096)
+    writer.write(f"GET {path}?offset=-1&live=sse HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+    raw = bytearray()
+    give_up = time.monotonic() + seconds
+    try:
+        while time.monotonic() < give_up:
+            chunk = await reader.read(4096)
+            if not chunk:
+                break
+            raw += chunk
+            await asyncio.sleep(read_every)
+    finally:
+        writer.close()
+    decoder = SseDecoder()
+    text = bytearray()
+    pending: list[str] = []
+    for event in decoder.feed(dechunk(bytes(raw))):
+        if event.event == "data":
+            pending.append(event.data)
+        elif event.event == "control":
+            text += "".join(pending).encode()
+            pending.clear()
+    return bytes(text)
