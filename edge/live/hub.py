@@ -21,31 +21,24 @@ import base64
 import json
 import random
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from cachetools import LRUCache
 
 from edge.catchup import CatchupCache, relayable
 from edge.config import Settings
-from edge.live.tail import Tail, TailRegistry
+from edge.live.tail import TailRegistry
+from edge.live.viewers import SseFanout, chunk
 from edge.log.policy import Coverage, cache_control, cover, etag
 from edge.log.segment import stitch
 from edge.log.stream_log import LogKey, StreamLog
 from edge.metrics import Metrics
 from edge.origin import OriginClient
-from edge.protocol.cursor import response_cursor
-from edge.protocol.sse import encode_comment, encode_event, encode_retry
+from edge.protocol.cursor import current_interval, response_cursor
+from edge.protocol.sse import encode_event
 
-# One SSE batch is at most this many bytes of stream data, so a late joiner's first frames
-# arrive quickly and its socket buffer stays bounded.
-SSE_BATCH_BYTES = 256 * 1024
-SSE_RETRY_MS = 1000
 FRAME_CACHE_ENTRIES = 512
-# A viewer whose next batch arrived at the edge longer ago than this is lagging.
-LAG_SECONDS = 1.0
-
-Write = Callable[[bytes], Awaitable[None]]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -76,18 +69,21 @@ class LiveHub:
         self.settings = settings
         self.cache = cache
         self.metrics = metrics
-        self.tails = TailRegistry(cache, origin, settings, metrics)
+        self.fanout = SseFanout(self)
+        self.tails = TailRegistry(cache, origin, settings, metrics, listener=self.fanout)
         self.draining = asyncio.Event()
-        self._clock = clock
+        self.clock = clock
         self._rng = rng or random.Random()
         self._frames: LRUCache[tuple[object, ...], bytes] = LRUCache(maxsize=FRAME_CACHE_ENTRIES)
         self.viewers = 0
 
     async def close(self) -> None:
         await self.tails.close()
+        await self.fanout.close()
 
     def start_draining(self) -> None:
         self.draining.set()
+        self.fanout.wake_all()
         for tail in self.tails.all():
             tail.wake()
 
@@ -127,10 +123,17 @@ class LiveHub:
             )
         return next_offset
 
-    def _cursor(self, client_cursor: str | None) -> str:
-        return response_cursor(client_cursor, now=self._clock(), rng=self._rng)
+    def fixed_cursor(self, client_cursor: str | None) -> str | None:
+        """For an SSE connection whose cursor is not behind: its one jittered answer."""
+        if client_cursor is None:
+            return None
+        answer = self._cursor(client_cursor)
+        return answer if answer != str(current_interval(self.clock())) else None
 
-    def _tail_offset(self, key: LogKey) -> str | None:
+    def _cursor(self, client_cursor: str | None) -> str:
+        return response_cursor(client_cursor, now=self.clock(), rng=self._rng)
+
+    def tail_offset(self, key: LogKey) -> str | None:
         log_ = self.cache.local.log(key)
         return log_.tail.offset if log_ is not None and log_.tail is not None else None
 
@@ -146,7 +149,7 @@ class LiveHub:
         refused = await self.known_from(key, offset, credentials)
         if refused is not None:
             return refused
-        start = self._tail_offset(key) or offset
+        start = self.tail_offset(key) or offset
         deadline = asyncio.get_running_loop().time() + self.settings.long_poll_timeout_seconds
         waited = False
         async with self.tails.watching(key, start, credentials) as tail:
@@ -248,10 +251,12 @@ class LiveHub:
         up_to_date: bool,
         closed: bool,
         cursor: str,
+        chunked: bool,
     ) -> bytes:
-        """The data + control events for ``coverage``, encoded once per (range, state, cursor)."""
+        """The data + control events for ``coverage``, encoded once per (range, state, cursor),
+        and, for direct writes to a chunked response, framed as one HTTP chunk."""
         start = coverage.segments[0].start if coverage.segments else coverage.end
-        cache_key = (key, start, coverage.end, up_to_date, closed, cursor)
+        cache_key = (key, start, coverage.end, up_to_date, closed, cursor, chunked)
         cached = self._frames.get(cache_key)
         if cached is not None:
             return cached
@@ -272,94 +277,10 @@ class LiveHub:
             if up_to_date:
                 control["upToDate"] = True
         frame += encode_event("control", json.dumps(control, separators=(",", ":")), event_id=end)
+        if chunked:
+            frame = chunk(frame)
         self._frames[cache_key] = frame
         return frame
-
-    async def stream_sse(
-        self,
-        key: LogKey,
-        offset: str,
-        client_cursor: str | None,
-        credentials: Sequence[tuple[str, str]],
-        write: Write,
-    ) -> None:
-        """Feed one SSE viewer from ``offset`` until the stream closes, the connection rotates,
-        the edge drains, or the client leaves (``write`` raises)."""
-        settings = self.settings
-        loop = asyncio.get_running_loop()
-        connected_at = loop.time()
-        rotate_at = (
-            connected_at + settings.sse_max_seconds if settings.sse_max_seconds > 0 else None
-        )
-        await write(encode_retry(SSE_RETRY_MS))
-        start = self._tail_offset(key) or offset
-        lagging = False
-        async with self.tails.watching(key, start, credentials) as tail:
-            try:
-                while True:
-                    changed = tail.changed
-                    log_ = self.cache.local.log(key)
-                    if log_ is None or tail.gone:
-                        return
-                    coverage = cover(self.cache.local.get, key, offset, max_bytes=SSE_BATCH_BYTES)
-                    tail_fact = log_.tail
-                    at_tail = tail_fact is not None and tail_fact.offset == coverage.end
-                    closed = at_tail and tail_fact is not None and tail_fact.closed
-                    if coverage.segments or closed:
-                        behind = not at_tail or coverage.capped or self._late(tail, coverage)
-                        if behind != lagging:
-                            self.metrics.viewers_lagging.inc(1 if behind else -1)
-                            lagging = behind
-                        frame = self.frames(
-                            key, log_, coverage,
-                            up_to_date=at_tail and not coverage.capped,
-                            closed=closed,
-                            cursor=self._cursor(client_cursor),
-                        )  # fmt: skip
-                        await write(frame)
-                        self.metrics.sse_events_sent.inc(2 if coverage.segments else 1)
-                        self._observe_delivery(tail, coverage)
-                        offset = coverage.end
-                        if closed:
-                            return
-                        continue
-                    if self.draining.is_set():
-                        return
-                    if rotate_at is not None and loop.time() >= rotate_at:
-                        return
-                    if not at_tail:
-                        # A gap between the viewer and the tail (evicted, or never seen here).
-                        if await self.known_from(key, offset, credentials) is not None:
-                            return
-                        if cover(self.cache.local.get, key, offset, max_bytes=1).segments:
-                            continue
-                    wait = settings.sse_heartbeat_seconds
-                    if rotate_at is not None:
-                        wait = min(wait, max(0.0, rotate_at - loop.time()))
-                    try:
-                        async with asyncio.timeout(wait):
-                            await changed.wait()
-                    except TimeoutError:
-                        await write(encode_comment("keep-alive"))
-            finally:
-                if lagging:
-                    self.metrics.viewers_lagging.dec()
-
-    @staticmethod
-    def _late(tail: Tail, coverage: Coverage) -> bool:
-        """Is the oldest batch this viewer is about to get older than a viewer keeping up would
-        ever see it? (Its socket made it wait.)"""
-        if not coverage.segments:
-            return False
-        arrived = tail.arrivals.get(coverage.segments[0].start)
-        return arrived is not None and asyncio.get_running_loop().time() - arrived > LAG_SECONDS
-
-    def _observe_delivery(self, tail: Tail, coverage: Coverage) -> None:
-        if not coverage.segments:
-            return
-        arrived = tail.arrivals.get(coverage.segments[-1].start)
-        if arrived is not None:
-            self.metrics.delivery_latency.observe(asyncio.get_running_loop().time() - arrived)
 
 
 __all__ = ["LiveAnswer", "LiveHub", "OriginClient", "sse_encoding"]

@@ -24,6 +24,7 @@ import logging
 import random
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 from urllib.parse import quote
 
 import aiohttp
@@ -56,6 +57,7 @@ class Tail:
     origin: OriginClient
     settings: Settings
     metrics: Metrics
+    listener: TailListener | None = None
     rng: random.Random = field(default_factory=random.Random)
     cursor: str | None = None
     closed: bool = False
@@ -96,6 +98,8 @@ class Tail:
         self.metrics.live_tails.inc()
 
     async def stop(self) -> None:
+        if self.listener is not None:
+            self.listener.ended(self.key)
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -144,6 +148,8 @@ class Tail:
         if response.status in (404, 410):
             self.cache.purge(self.key.stream)
             self.gone = True
+            if self.listener is not None:
+                self.listener.ended(self.key)
             return False
         if response.status not in (200, 204):
             raise UpstreamRefused(response.status)
@@ -158,8 +164,9 @@ class Tail:
             self.arrivals[segment.start] = now
             while len(self.arrivals) > 64:
                 self.arrivals.pop(next(iter(self.arrivals)))
-        self.offset = end
-        self.closed = closed
+        self.offset, self.closed = end, closed
+        if self.listener is not None and (segment is not None or closed):
+            self.listener.batch(self.key, segment, end, up_to_date=up_to_date, closed=closed)
         self._notify()
 
     # --- upstream modes ---
@@ -233,6 +240,16 @@ class Tail:
         return stitch(segments, json=True)
 
 
+class TailListener(Protocol):
+    """Told of every batch as it is recorded (the SSE fan-out)."""
+
+    def batch(
+        self, key: LogKey, segment: Segment | None, end: str, *, up_to_date: bool, closed: bool
+    ) -> None: ...
+
+    def ended(self, key: LogKey) -> None: ...
+
+
 class UpstreamRefused(Exception):
     reason = "refused"
 
@@ -260,8 +277,15 @@ class TailRegistry:
     """The tails of this edge: started on first interest, stopped after lingering unwatched."""
 
     def __init__(
-        self, cache: CatchupCache, origin: OriginClient, settings: Settings, metrics: Metrics
+        self,
+        cache: CatchupCache,
+        origin: OriginClient,
+        settings: Settings,
+        metrics: Metrics,
+        *,
+        listener: TailListener | None = None,
     ) -> None:
+        self._listener = listener
         self._cache = cache
         self._origin = origin
         self._settings = settings
@@ -291,6 +315,7 @@ class TailRegistry:
                 origin=self._origin,
                 settings=self._settings,
                 metrics=self._metrics,
+                listener=self._listener,
             )
             self._tails[key] = tail
             tail.start()

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 import time
 from collections.abc import AsyncIterator
 
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 from multidict import CIMultiDict
 
 from edge.catchup import Answer, CatchupCache, SegmentTooLarge
 from edge.config import Settings
 from edge.live.hub import LiveAnswer, LiveHub, sse_encoding
+from edge.live.viewers import Viewer
 from edge.log.stream_log import LogKey
 from edge.metrics import Metrics
 from edge.origin import OriginClient, OriginError
@@ -156,17 +158,29 @@ async def serve_sse(request: web.Request, classified: Classified) -> web.StreamR
         await response.write(frame)
         metrics.served_bytes.inc(len(frame))
 
+    loop = asyncio.get_running_loop()
+    assert request.transport is not None
+    viewer = Viewer(
+        key=key,
+        offset=offset,
+        transport=request.transport,
+        # aiohttp frames HTTP/1.1 bodies without a length as chunks; direct writes must too.
+        chunked=request.version >= HttpVersion11,
+        client_cursor=read.cursor,
+        fixed_cursor=hub.fixed_cursor(read.cursor),
+        rotate_at=loop.time() + settings.sse_max_seconds if settings.sse_max_seconds else None,
+        last_write=loop.time(),
+    )
     hub.viewers += 1
     metrics.sse_viewers.inc()
     try:
-        await hub.stream_sse(key, offset, read.cursor, credentials, write)
+        await hub.fanout.serve(viewer, credentials, write)
         await response.write_eof()
     except ConnectionError:
         pass  # the viewer left; it resumes by offset wherever it reconnects
     except OriginError as error:
         metrics.origin_errors.labels(reason=error.reason).inc()
-        if request.transport is not None:
-            request.transport.abort()
+        request.transport.abort()
     finally:
         hub.viewers -= 1
         metrics.sse_viewers.dec()

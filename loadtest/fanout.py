@@ -1,0 +1,313 @@
+"""Fan-out benchmark: N SSE viewers of one agent run, through the edge vs straight from the origin.
+
+    .venv/bin/python -m loadtest.fanout --viewers 1000 5000 10000 --seconds 15
+
+For each N and each target (edge, origin) in one run: an agent appends 20 events/s, each a JSON
+item stamped with its send time; N viewers hold SSE connections (spread over worker processes,
+raw sockets, uvloop); a sample of them decodes every event and records append→viewer latency.
+It prints a table and writes it to docs/benchmarks.md: p50/p99 latency, viewers that got every
+event, origin live connections (peak), edge CPU (cores busy) and RSS (peak).
+
+Everything runs on this machine's 2 cores: the viewers' own processes compete with the edge, so
+the figures are a floor for what the edge does on a machine of its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import resource
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from devstack.processes import REPO, new_logs_dir, start_edge, start_origin
+from edge.protocol.sse import SseDecoder
+
+SAMPLED_PER_WORKER = 100
+CONNECT_BATCH = 250
+
+
+@dataclass
+class WorkerReport:
+    connected: int
+    failed: int
+    latencies: list[float]
+    complete: int  # sampled viewers that saw every event
+
+
+class RawViewer(asyncio.Protocol):
+    """One SSE connection over HTTP/1.0 (no chunked framing to undo). Most only count bytes;
+    sampled ones decode events and time them against the stamp the agent put in each item."""
+
+    def __init__(self, request: bytes, sampled: bool, latencies: list[float]) -> None:
+        self.request = request
+        self.sampled = sampled
+        self.latencies = latencies
+        self.decoder = SseDecoder()
+        self.in_body = False
+        self.head = b""
+        self.seen: set[int] = set()
+        self.connected = asyncio.get_running_loop().create_future()
+        self.closed = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.write(self.request)  # type: ignore[attr-defined]
+
+    def data_received(self, data: bytes) -> None:
+        if not self.in_body:
+            self.head += data
+            head, sep, rest = self.head.partition(b"\r\n\r\n")
+            if not sep:
+                return
+            self.in_body = True
+            if not self.connected.done():
+                self.connected.set_result(head.startswith((b"HTTP/1.1 200", b"HTTP/1.0 200")))
+            data = rest
+        if not self.sampled:
+            return
+        now = time.time()
+        for event in self.decoder.feed(data):
+            if event.event == "data":
+                for item in json.loads(event.data):
+                    if item["seq"] not in self.seen:
+                        self.seen.add(item["seq"])
+                        self.latencies.append(now - item["t"])
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if not self.connected.done():
+            self.connected.set_result(False)
+
+
+async def _worker_main(
+    ready: Any, host: str, port: int, path: str, count: int, hold_seconds: float, events: int
+) -> WorkerReport:
+    loop = asyncio.get_running_loop()
+    request = f"GET {path}?offset=now&live=sse HTTP/1.0\r\nHost: {host}:{port}\r\n\r\n".encode()
+    latencies: list[float] = []
+    viewers: list[RawViewer] = []
+    transports: list[asyncio.BaseTransport] = []
+    failed = 0
+    for start in range(0, count, CONNECT_BATCH):
+        batch = []
+        for index in range(start, min(count, start + CONNECT_BATCH)):
+            viewer = RawViewer(request, index < SAMPLED_PER_WORKER, latencies)
+            batch.append(loop.create_connection(lambda v=viewer: v, host, port))
+            viewers.append(viewer)
+        for result in await asyncio.gather(*batch, return_exceptions=True):
+            if isinstance(result, BaseException):
+                failed += 1
+            else:
+                transports.append(result[0])
+    oks = await asyncio.gather(
+        *(v.connected for v in viewers if not v.connected.done() or True), return_exceptions=True
+    )
+    connected = sum(1 for ok in oks if ok is True)
+    ready.put(connected)  # the agent starts only once every worker's viewers are in
+    await asyncio.sleep(hold_seconds)
+    for transport in transports:
+        transport.close()
+    complete = sum(1 for v in viewers if v.sampled and len(v.seen) >= events)
+    return WorkerReport(
+        connected=connected,
+        failed=failed + count - connected,
+        latencies=latencies,
+        complete=complete,
+    )
+
+
+def _worker(args: tuple[str, int, str, int, float, int], ready: Any, queue: Any) -> None:
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    import uvloop
+
+    report = uvloop.run(_worker_main(ready, *args))
+    queue.put(report)
+
+
+def proc_cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def proc_peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def proc_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+async def agent(base: str, path: str, rate: float, seconds: float) -> int:
+    count = int(rate * seconds)
+    async with aiohttp.ClientSession() as http:
+        started = time.monotonic()
+        for seq in range(count):
+            body = json.dumps([{"seq": seq, "t": time.time()}]).encode()
+            async with http.post(
+                base + path, data=body, headers={"Content-Type": "application/json"}
+            ) as r:
+                assert r.status in (200, 204), r.status
+            await asyncio.sleep(max(0.0, started + (seq + 1) / rate - time.monotonic()))
+    return count
+
+
+async def create(base: str, path: str) -> None:
+    headers = {"Content-Type": "application/json"}
+    async with aiohttp.ClientSession() as http, http.put(base + path, headers=headers) as r:
+        assert r.status in (200, 201), r.status
+
+
+def run_case(
+    target: str, viewers: int, seconds: float, rate: float, workers: int, logs: Path
+) -> dict[str, Any]:
+    origin = start_origin(logs, name=f"origin-{target}-{viewers}")
+    edge = (
+        start_edge(origin.url, logs, name=f"edge-{target}-{viewers}") if target == "edge" else None
+    )
+    try:
+        base = edge.url if edge else origin.url
+        host, port = base.removeprefix("http://").split(":")
+        path = f"/v1/stream/fanout-{viewers}-{int(time.time())}"
+        asyncio.run(create(base, path))
+        events = int(rate * seconds)
+        hold = seconds + 8 + viewers / 2000
+        context = multiprocessing.get_context("fork")
+        queue: Any = context.Queue()
+        ready: Any = context.Queue()
+        per_worker = [
+            viewers // workers + (1 if i < viewers % workers else 0) for i in range(workers)
+        ]
+        procs = [
+            context.Process(
+                target=_worker, args=((host, int(port), path, n, hold, events), ready, queue)
+            )
+            for n in per_worker
+        ]
+        for proc in procs:
+            proc.start()
+        for _ in procs:
+            ready.get(timeout=120)
+        time.sleep(1.0)  # the last viewers' first frames
+        origin.reset_counts()
+        pid = edge.process.pid if edge else origin.process.pid
+        cpu_before, wall_before = proc_cpu_seconds(pid), time.monotonic()
+        asyncio.run(agent(base, path, rate, seconds))
+        cpu = (proc_cpu_seconds(pid) - cpu_before) / (time.monotonic() - wall_before)
+        rss_now = proc_rss_mb(pid)
+        reports: list[WorkerReport] = [queue.get(timeout=hold + 60) for _ in procs]
+        for proc in procs:
+            proc.join(timeout=30)
+        latencies = sorted(x for r in reports for x in r.latencies)
+        counts = origin.counts(path)
+        sampled = min(viewers, SAMPLED_PER_WORKER * workers)
+        return {
+            "target": target,
+            "viewers": viewers,
+            "connected": sum(r.connected for r in reports),
+            "events": events,
+            "p50_ms": 1000 * statistics.median(latencies) if latencies else float("nan"),
+            "p99_ms": 1000 * latencies[int(len(latencies) * 0.99) - 1]
+            if latencies
+            else float("nan"),
+            "complete": f"{sum(r.complete for r in reports)}/{sampled}",
+            "origin_live_peak": counts["peak_open_live"],
+            "origin_live_requests": sum(e["count"] for e in counts["requests"] if e["live"]),
+            "cpu_cores": cpu,
+            "rss_mb": rss_now,
+            "rss_peak_mb": proc_peak_rss_mb(pid),
+        }
+    finally:
+        if edge:
+            edge.stop()
+        origin.stop()
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| viewers | target | connected | p50 ms | p99 ms | sampled viewers with every event "
+        "| origin live conns (peak) | origin live requests | server CPU (cores) "
+        "| server RSS MB (peak) |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['viewers']} | {r['target']} | {r['connected']} "
+            f"| {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | "
+            f"{r['complete']} | {r['origin_live_peak']} | {r['origin_live_requests']} | "
+            f"{r['cpu_cores']:.2f} | {r['rss_mb']:.0f} ({r['rss_peak_mb']:.0f}) |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--viewers", type=int, nargs="+", default=[1000, 5000, 10000])
+    parser.add_argument(
+        "--targets", nargs="+", default=["edge", "origin"], choices=["edge", "origin"]
+    )
+    parser.add_argument("--seconds", type=float, default=15.0, help="how long the agent writes")
+    parser.add_argument("--rate", type=float, default=20.0, help="events per second")
+    parser.add_argument("--workers", type=int, default=2, help="viewer processes")
+    parser.add_argument("--output", type=Path, default=REPO / "docs" / "benchmarks.md")
+    args = parser.parse_args()
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    logs = new_logs_dir("edge-fanout-")
+    rows = []
+    for viewers in args.viewers:
+        for target in args.targets:
+            row = run_case(target, viewers, args.seconds, args.rate, args.workers, logs)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    rendered = table(rows)
+    print(rendered)
+    section = (
+        f"## Fan-out ({time.strftime('%Y-%m-%d')})\n\n"
+        f"`{' '.join(['python -m loadtest.fanout', *sys.argv[1:]])}` — an agent appends "
+        f"{args.rate:g} JSON events/s for {args.seconds:g} s; viewers join at `offset=now` "
+        f"over SSE "
+        f"from {args.workers} worker processes on the same 2-core machine; latency is append "
+        f"(agent clock) → decoded at a sampled viewer ({SAMPLED_PER_WORKER} per worker).\n\n"
+        f"{rendered}\n"
+    )
+    write_section(args.output, "## Fan-out", section)
+    return 0
+
+
+def write_section(path: Path, heading: str, section: str) -> None:
+    """Replace the section starting at ``heading`` in ``path`` (or append it)."""
+    text = (
+        path.read_text()
+        if path.exists()
+        else "# Benchmarks\n\nFigures printed by the scripts in `loadtest/`, newest run first.\n\n"
+    )
+    start = text.find(heading)
+    if start == -1:
+        text = text.rstrip("\n") + "\n\n" + section
+    else:
+        end = text.find("\n## ", start + len(heading))
+        text = text[:start] + section + (text[end + 1 :] if end != -1 else "")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
