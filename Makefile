@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 ORIGIN_DIR := deploy/origin
 STAMPS := .stamps
 
-.PHONY: redis-server help bootstrap demo serve test test-fast check fmt conformance clean
+.PHONY: debian-tools help bootstrap cluster loadtest demo serve test test-fast check fmt conformance clean
 
 help:
 	@echo "make demo       run the origin, the edge, an agent and 200 SSE viewers; print a summary"
@@ -17,6 +17,8 @@ help:
 	@echo "make check      ruff format --check, ruff check, mypy --strict edge/"
 	@echo "make fmt        apply ruff formatting and safe fixes"
 	@echo "make conformance  the public conformance suite through the edge (part of make test)"
+	@echo "make cluster    origin + redis + 2 edges + HAProxy on loopback; prints the URLs"
+	@echo "make loadtest   the cluster + locust headless (USERS=, SPAWN_RATE=, DURATION=)"
 
 # --- bootstrap: virtualenv + pinned Python deps, pinned Node origin -----------------------------
 
@@ -32,18 +34,33 @@ $(STAMPS)/origin: $(ORIGIN_DIR)/package.json $(ORIGIN_DIR)/package-lock.json
 	cd $(ORIGIN_DIR) && npm ci --no-audit --no-fund --loglevel=error
 	@touch $@
 
-# Debian's redis-server, for the shared-tier tests; installed only when missing.
-redis-server:
-	@command -v redis-server >/dev/null || { \
-		echo "installing redis-server (apt-get)"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; }
+# Debian's redis-server, haproxy and prometheus (promtool) for the tests and `make cluster`;
+# installed only when missing.
+DEBIAN_TOOLS := redis-server:redis-server haproxy:haproxy promtool:prometheus
+debian-tools:
+	@missing=""; for pair in $(DEBIAN_TOOLS); do \
+		command -v $${pair%%:*} >/dev/null || [ -x /usr/sbin/$${pair%%:*} ] || missing="$$missing $${pair#*:}"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing$$missing (apt-get)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
 
-bootstrap: $(STAMPS)/venv $(STAMPS)/origin redis-server
+bootstrap: $(STAMPS)/venv $(STAMPS)/origin debian-tools
 
 # --- the main job ------------------------------------------------------------------------------
 
 demo: bootstrap
 	$(PY) -m devstack.demo $(ARGS)
+
+cluster: bootstrap
+	$(PY) -m devstack.cluster $(ARGS)
+
+USERS ?= 200
+SPAWN_RATE ?= 50
+DURATION ?= 60s
+loadtest: bootstrap
+	$(PY) -m loadtest.run --users $(USERS) --spawn-rate $(SPAWN_RATE) --duration $(DURATION) $(ARGS)
 
 # --- quality -----------------------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ from aiohttp import web
 from edge.config import Address, Settings
 from edge.metrics import Metrics
 from edge.origin import OriginClient
-from edge.web.app import CACHE, HUB, create_admin_app, create_app
+from edge.web.app import HUB, create_admin_app, create_app
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ async def serve(settings: Settings) -> None:
     origin = OriginClient(settings)
     stream_app = create_app(settings, metrics, origin)
     stream_runner = await _start(stream_app, settings.listen, settings)
-    admin_app = create_admin_app(settings, metrics, stream_app[CACHE])
+    admin_app = create_admin_app(settings, metrics, stream_app)
     admin_runner = await _start(admin_app, settings.admin_listen, settings)
 
     ready = {

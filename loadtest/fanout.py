@@ -89,7 +89,14 @@ class RawViewer(asyncio.Protocol):
 
 
 async def _worker_main(
-    ready: Any, host: str, port: int, path: str, count: int, hold_seconds: float, events: int
+    ready: Any,
+    stop: Any,
+    host: str,
+    port: int,
+    path: str,
+    count: int,
+    hold_seconds: float,
+    events: int,
 ) -> WorkerReport:
     loop = asyncio.get_running_loop()
     request = f"GET {path}?offset=now&live=sse HTTP/1.0\r\nHost: {host}:{port}\r\n\r\n".encode()
@@ -113,7 +120,9 @@ async def _worker_main(
     )
     connected = sum(1 for ok in oks if ok is True)
     ready.put(connected)  # the agent starts only once every worker's viewers are in
-    await asyncio.sleep(hold_seconds)
+    # Hold until the parent says the agent is done (and a grace period has passed), however long
+    # a saturated server made the agent's appends take; hold_seconds is only a safety net.
+    await loop.run_in_executor(None, stop.wait, hold_seconds)
     for transport in transports:
         transport.close()
     complete = sum(1 for v in viewers if v.sampled and len(v.seen) >= events)
@@ -125,12 +134,12 @@ async def _worker_main(
     )
 
 
-def _worker(args: tuple[str, int, str, int, float, int], ready: Any, queue: Any) -> None:
+def _worker(args: tuple[str, int, str, int, float, int], ready: Any, stop: Any, queue: Any) -> None:
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     import uvloop
 
-    report = uvloop.run(_worker_main(ready, *args))
+    report = uvloop.run(_worker_main(ready, stop, *args))
     queue.put(report)
 
 
@@ -186,16 +195,17 @@ def run_case(
         path = f"/v1/stream/fanout-{viewers}-{int(time.time())}"
         asyncio.run(create(base, path))
         events = int(rate * seconds)
-        hold = seconds + 8 + viewers / 2000
+        hold = 10 * seconds + 120  # a safety net only: workers stop when told
         context = multiprocessing.get_context("fork")
         queue: Any = context.Queue()
         ready: Any = context.Queue()
+        stop: Any = context.Event()
         per_worker = [
             viewers // workers + (1 if i < viewers % workers else 0) for i in range(workers)
         ]
         procs = [
             context.Process(
-                target=_worker, args=((host, int(port), path, n, hold, events), ready, queue)
+                target=_worker, args=((host, int(port), path, n, hold, events), ready, stop, queue)
             )
             for n in per_worker
         ]
@@ -210,6 +220,8 @@ def run_case(
         asyncio.run(agent(base, path, rate, seconds))
         cpu = (proc_cpu_seconds(pid) - cpu_before) / (time.monotonic() - wall_before)
         rss_now = proc_rss_mb(pid)
+        time.sleep(3.0)  # the last events' way to the last viewers
+        stop.set()
         reports: list[WorkerReport] = [queue.get(timeout=hold + 60) for _ in procs]
         for proc in procs:
             proc.join(timeout=30)

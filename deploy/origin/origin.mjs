@@ -8,7 +8,8 @@
 //
 // Prints exactly one JSON line on stdout once both ports listen:
 //   {"url":"http://127.0.0.1:PORT","stats":"http://127.0.0.1:STATSPORT","pid":PID}
-// Stats port: GET /counts[?path=/stream]  and  POST /reset (204).
+// Stats port: GET /counts[?path=/stream] (the path filters requests, total, open and
+// peak_open_live to that stream) and POST /reset (204).
 import { createServer } from "node:http";
 import { Console } from "node:console";
 import { parseArgs } from "node:util";
@@ -53,6 +54,9 @@ let total = 0;
 const counts = new Map(); // JSON.stringify([method, path, offset, live]) -> count
 const open = { sse: 0, "long-poll": 0, catchup: 0, other: 0 };
 let peakOpenLive = 0;
+// The same, per stream path, so a test can look at its own stream while others run.
+const openByPath = new Map(); // path -> { sse, long-poll, catchup, other }
+const peakByPath = new Map(); // path -> peak open live (sse + long-poll)
 
 function kindOf(method, live) {
   if (live === "sse" || live === "long-poll") return live;
@@ -79,7 +83,17 @@ server.handleRequest = (req, res) => {
   const kind = kindOf(method, live);
   open[kind] += 1;
   peakOpenLive = Math.max(peakOpenLive, open.sse + open["long-poll"]);
-  res.once("close", () => { open[kind] -= 1; });
+  const mine = openByPath.get(url.pathname) ?? { sse: 0, "long-poll": 0, catchup: 0, other: 0 };
+  openByPath.set(url.pathname, mine);
+  mine[kind] += 1;
+  peakByPath.set(
+    url.pathname,
+    Math.max(peakByPath.get(url.pathname) ?? 0, mine.sse + mine["long-poll"]),
+  );
+  res.once("close", () => {
+    open[kind] -= 1;
+    mine[kind] -= 1;
+  });
 
   return handle(req, res);
 };
@@ -97,8 +111,10 @@ function snapshot(pathFilter) {
     // Unfiltered total is the monotonic counter (since last reset).
     total: pathFilter === null ? total : filteredTotal,
     requests,
-    open: { ...open },
-    peak_open_live: peakOpenLive,
+    open: pathFilter === null
+      ? { ...open }
+      : { ...(openByPath.get(pathFilter) ?? { sse: 0, "long-poll": 0, catchup: 0, other: 0 }) },
+    peak_open_live: pathFilter === null ? peakOpenLive : (peakByPath.get(pathFilter) ?? 0),
   };
 }
 
@@ -113,6 +129,7 @@ const stats = createServer((req, res) => {
     total = 0;
     counts.clear();
     peakOpenLive = 0;
+    peakByPath.clear();
     res.writeHead(204);
     res.end();
   } else {

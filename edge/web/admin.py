@@ -5,6 +5,7 @@ It never shares a port with stream traffic, so a scrape or a probe cannot queue 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -53,15 +54,26 @@ class ReadinessProbe:
 
 
 def add_admin_routes(
-    app: web.Application, metrics: Metrics, probe: ReadinessProbe, cache: CatchupCache
+    app: web.Application,
+    metrics: Metrics,
+    probe: ReadinessProbe,
+    cache: CatchupCache,
+    draining: asyncio.Event,
 ) -> None:
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok\n")
 
     async def readyz(_: web.Request) -> web.Response:
         ready, detail = await probe.check()
-        # Redis being down degrades the edge (no shared tier) but does not make it unready.
-        body = {"ready": ready, "origin": detail, "redis": cache.shared_state}
+        # Redis being down degrades the edge (no shared tier) but does not make it unready; a
+        # draining edge is unready at once, so load balancers stop sending it new viewers.
+        body = {
+            "ready": ready and not draining.is_set(),
+            "origin": detail,
+            "redis": cache.shared_state,
+            "draining": draining.is_set(),
+        }
+        ready = bool(body["ready"])
         return web.Response(
             status=200 if ready else 503,
             text=json.dumps(body) + "\n",

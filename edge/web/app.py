@@ -260,7 +260,10 @@ def create_app(settings: Settings, metrics: Metrics, origin: OriginClient) -> we
     return app
 
 
-def create_admin_app(settings: Settings, metrics: Metrics, cache: CatchupCache) -> web.Application:
+def create_admin_app(
+    settings: Settings, metrics: Metrics, stream_app: web.Application
+) -> web.Application:
     app = web.Application()
-    add_admin_routes(app, metrics, ReadinessProbe(settings), cache)
+    hub = stream_app[HUB]
+    add_admin_routes(app, metrics, ReadinessProbe(settings), stream_app[CACHE], hub.draining)
     return app

@@ -1,0 +1,40 @@
+# edge: the Durable Streams caching edge proxy.
+#
+#   docker build -t edge:local .
+#   docker run --rm -p 8080:8080 -p 9090:9090 -e EDGE_ORIGIN=http://origin:4437 edge:local
+#
+# Configuration is by EDGE_* environment variables (every `edge serve` flag has one; see
+# `edge serve --help`). Stream traffic listens on 8080, /healthz /readyz /metrics on 9090.
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+# A fixed numeric UID/GID, so Kubernetes' runAsNonRoot can verify it without a name lookup.
+RUN groupadd --system --gid 10001 edge \
+    && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
+       --shell /usr/sbin/nologin edge
+
+# Runtime dependencies only, pinned by the same constraints file CI tests against (it also pins
+# dev tools; a constraint only pins what is installed, it installs nothing by itself).
+WORKDIR /build
+COPY pyproject.toml constraints.txt README.md ./
+COPY edge ./edge
+RUN pip install --no-cache-dir -c constraints.txt . \
+    && rm -rf /build
+
+WORKDIR /
+ENV EDGE_LISTEN=0.0.0.0:8080 \
+    EDGE_ADMIN_LISTEN=0.0.0.0:9090
+
+USER 10001:10001
+EXPOSE 8080 9090
+
+# Liveness of the process via the admin listener (slim has no curl; use the stdlib).
+HEALTHCHECK --interval=10s --timeout=3s --start-period=10s --retries=3 \
+    CMD ["python", "-c", "import os, urllib.request; port = os.environ.get('EDGE_ADMIN_LISTEN', '0.0.0.0:9090').rsplit(':', 1)[1]; urllib.request.urlopen(f'http://127.0.0.1:{port}/healthz', timeout=2)"]
+
+# SIGTERM starts the drain: stop accepting, let in-flight requests finish for EDGE_DRAIN_SECONDS.
+STOPSIGNAL SIGTERM
+ENTRYPOINT ["edge", "serve"]

@@ -1,0 +1,212 @@
+"""``make cluster``: the deployment topology on loopback, without Docker.
+
+The reference origin (with a data dir), Debian's redis-server, N edge replicas sharing Redis,
+and Debian's HAProxy in front, health-checking each replica's ``/readyz`` on its admin port and
+spreading viewers with ``leastconn``. ``make loadtest`` and the multi-replica tests use it;
+``python -m devstack.cluster`` prints the URLs and keeps it up until Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from devstack.processes import (
+    Edge,
+    Origin,
+    ProcessFailed,
+    Redis,
+    start_edge,
+    start_origin,
+    start_redis,
+)
+
+HAPROXY_TEMPLATE = """\
+# Written by devstack/cluster.py for a loopback cluster; deploy/haproxy/haproxy.cfg is the
+# compose version of the same idea.
+global
+    # Two file descriptors per proxied connection, within this machine's 20,000 limit.
+    maxconn 9000
+
+defaults
+    mode http
+    option http-server-close
+    option redispatch
+    retries 3
+    timeout connect 2s
+    timeout client 300s
+    timeout server 300s
+    timeout tunnel 300s
+    timeout http-keep-alive 5s
+
+frontend streams
+    bind 127.0.0.1:{port}
+    default_backend edges
+
+backend edges
+    balance leastconn
+    option httpchk GET /readyz
+    http-check expect status 200
+{servers}
+"""
+
+
+@dataclass
+class Cluster:
+    origin: Origin
+    redis: Redis
+    edges: list[Edge]
+    haproxy: subprocess.Popen[bytes]
+    url: str
+    logs_dir: Path
+    edge_args: tuple[str, ...] = ()
+    _haproxy_log: Path = field(default_factory=Path)
+
+    def stop(self) -> None:
+        if self.haproxy.poll() is None:
+            self.haproxy.terminate()
+            try:
+                self.haproxy.wait(10)
+            except subprocess.TimeoutExpired:
+                self.haproxy.kill()
+                self.haproxy.wait()
+        for edge in self.edges:
+            edge.stop()
+        self.redis.stop()
+        self.origin.stop()
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "url": self.url,
+            "origin": self.origin.url,
+            "origin_stats": self.origin.stats_url,
+            "redis": self.redis.url,
+            "edges": [{"url": e.url, "admin": e.admin_url} for e in self.edges],
+            "logs": str(self.logs_dir),
+        }
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _wait_until_routed(
+    url: str, replicas: int, haproxy: subprocess.Popen[bytes], log: Path, seconds: float = 20.0
+) -> None:
+    """Until HAProxy answers with a replica behind it (its own 503 means none is up yet)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if haproxy.poll() is not None:
+            raise ProcessFailed(f"haproxy exited: {log.read_text(errors='replace')[-1500:]}")
+        try:
+            with urllib.request.urlopen(f"{url}/__cluster_probe?offset=now", timeout=2) as r:
+                if r.headers.get("Via"):
+                    return
+        except urllib.error.HTTPError as error:
+            if error.headers.get("Via"):  # the origin's 404, relayed by an edge
+                return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise ProcessFailed(f"HAProxy at {url} never reached any of {replicas} replicas")
+
+
+def start_cluster(
+    logs_dir: Path,
+    *,
+    replicas: int = 2,
+    edge_args: tuple[str, ...] = (),
+    long_poll_timeout_ms: int = 30_000,
+) -> Cluster:
+    haproxy_bin = shutil.which("haproxy") or "/usr/sbin/haproxy"
+    if not Path(haproxy_bin).exists():
+        raise ProcessFailed("haproxy not found (make bootstrap installs it)")
+    logs_dir.mkdir(parents=True, exist_ok=True)
+    origin = start_origin(
+        logs_dir,
+        long_poll_timeout_ms=long_poll_timeout_ms,
+        data_dir=logs_dir / "origin-data",
+        name="cluster-origin",
+    )
+    redis = start_redis(logs_dir, name="cluster-redis")
+    edges = [
+        start_edge(
+            origin.url, logs_dir, "--redis-url", redis.url, *edge_args, name=f"cluster-edge-{i + 1}"
+        )
+        for i in range(replicas)
+    ]
+    port = _free_port()
+    servers = "\n".join(
+        f"    server edge-{i + 1} {e.url.removeprefix('http://')} check "
+        f"port {e.admin_url.rsplit(':', 1)[1]} inter 500ms fall 2 rise 1"
+        for i, e in enumerate(edges)
+    )
+    config = logs_dir / "haproxy.cfg"
+    config.write_text(HAPROXY_TEMPLATE.format(port=port, servers=servers))
+    log = logs_dir / "haproxy.log"
+    with log.open("ab") as out:
+        haproxy = subprocess.Popen(
+            [haproxy_bin, "-db", "-f", str(config)],
+            stdout=out,
+            stderr=out,
+            stdin=subprocess.DEVNULL,
+        )
+    url = f"http://127.0.0.1:{port}"
+    cluster = Cluster(
+        origin=origin,
+        redis=redis,
+        edges=edges,
+        haproxy=haproxy,
+        url=url,
+        logs_dir=logs_dir,
+        edge_args=edge_args,
+        _haproxy_log=log,
+    )
+    try:
+        _wait_until_routed(url, replicas, haproxy, log)
+    except ProcessFailed:
+        cluster.stop()
+        raise
+    return cluster
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="make cluster", description=__doc__)
+    parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument("--edge-arg", action="append", default=[], help="extra `edge serve` flag")
+    args = parser.parse_args(argv)
+    logs = Path(tempfile.mkdtemp(prefix="edge-cluster-"))
+    cluster = start_cluster(logs, replicas=args.replicas, edge_args=tuple(args.edge_arg))
+    print(json.dumps(cluster.describe(), indent=2), flush=True)
+    print(f"\nstreams through HAProxy: {cluster.url}   (Ctrl-C stops everything)", flush=True)
+    stopping = False
+
+    def stop(*_: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        while not stopping:
+            time.sleep(0.5)
+    finally:
+        cluster.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
