@@ -44,7 +44,8 @@ def tokens(count: int, seed: int) -> list[bytes]:
     out = []
     for i in range(count):
         word = rng.choice(WORDS)
-        out.append((word + ("\n" if i % 40 == 39 else " ")).encode())
+        # Leading spaces, as LLM tokens come; SSE framing must not eat them.
+        out.append((" " + word + ("\n" if i % 40 == 39 else "")).encode())
     return out
 
 
@@ -140,9 +141,13 @@ async def run(args: argparse.Namespace) -> int:
         print(f"bytes each    min {sizes[0]}  max {sizes[-1]}")
         print(f"exact copies  {len(exact)}/{len(viewers)} got exactly the bytes written, once")
         print(f"reconnects    {sum(v.connections - 1 for v in viewers)}")
+        requests = counts["requests"]
+        writes = sum(r["count"] for r in requests if r["method"] in ("POST", "PUT"))
+        live = sum(r["count"] for r in requests if r["live"])
         print(
-            f"origin        {counts['total']} requests; "
-            f"peak {counts['peak_open_live']} live connections held open"
+            f"origin        {counts['total']} requests ({writes} writes, {live} live reads "
+            f"from the edge's one tail); peak {counts['peak_open_live']} live connection(s) "
+            f"held open for {len(viewers)} viewers"
         )
         ok = len(exact) == len(viewers)
         print("RESULT        " + ("ok" if ok else "MISMATCH"))
