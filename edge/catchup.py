@@ -75,17 +75,13 @@ PER_ANSWER = frozenset(
 )
 
 
-class SegmentTooLarge(Exception):
-    """The origin's answer exceeds ``--max-segment-bytes``: relay it instead of caching it."""
-
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Answer:
     status: int
     headers: list[tuple[str, str]]
     body: bytes
     cache_status: str
-    result: str  # hit | delta | miss, for edge_cache_requests_total
+    result: str  # hit | delta | miss for edge_cache_requests_total; live for live answers
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -340,14 +336,8 @@ class CatchupCache:
         )
         try:
             self._metrics.origin_requests.labels(kind="catchup", code=str(upstream.status)).inc()
-            chunks: list[bytes] = []
-            size = 0
-            async for chunk in OriginClient.body_chunks(upstream):
-                size += len(chunk)
-                if size > self._settings.max_segment_bytes:
-                    raise SegmentTooLarge(f"{key.stream} at {offset}: over {size} bytes")
-                chunks.append(chunk)
-            body = b"".join(chunks)
+            # Past --max-segment-bytes this raises BodyTooLarge: the web layer relays instead.
+            body = await OriginClient.read_body(upstream, self._settings.max_segment_bytes)
         finally:
             upstream.close()
         self._metrics.origin_bytes.inc(len(body))
@@ -494,4 +484,4 @@ def _is_json_array(body: bytes) -> bool:
     return stripped.startswith(b"[") and stripped.endswith(b"]")
 
 
-__all__ = ["Answer", "CatchupCache", "OriginError", "SegmentTooLarge"]
+__all__ = ["Answer", "CatchupCache", "OriginError"]

@@ -2,6 +2,7 @@
 
 Exceptions (every aiohttp error is translated here, at the boundary)::
 
+    BodyTooLarge           a body past the caller's limit (not an error of the origin's)
     OriginError            status hint for the client, reason label for metrics
     ├── OriginUnreachable  502  could not connect
     ├── OriginTimeout      504  no response headers in time, or a body stalled
@@ -33,6 +34,10 @@ from edge.config import Settings
 # Below Node's default server keep-alive timeout (5 s).
 POOL_IDLE_SECONDS = 4.0
 BODY_CHUNK_BYTES = 64 * 1024
+
+
+class BodyTooLarge(Exception):
+    """An origin body past the caller's limit: relay it rather than hold it."""
 
 
 class OriginError(Exception):
@@ -137,6 +142,18 @@ class OriginClient:
                 )
         except (aiohttp.ClientError, TimeoutError, OSError) as error:
             raise translate(error) from error
+
+    @staticmethod
+    async def read_body(response: aiohttp.ClientResponse, limit: int) -> bytes:
+        """The whole body, which the caller is about to keep; at most ``limit`` bytes."""
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in OriginClient.body_chunks(response):
+            size += len(chunk)
+            if size > limit:
+                raise BodyTooLarge(f"{response.url.path}: over {limit} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
 
     @staticmethod
     async def body_chunks(response: aiohttp.ClientResponse) -> AsyncIterator[bytes]:

@@ -239,7 +239,6 @@ def run_case(
             else float("nan"),
             "complete": f"{sum(r.complete for r in reports)}/{sampled}",
             "origin_live_peak": counts["peak_open_live"],
-            "origin_live_requests": sum(e["count"] for e in counts["requests"] if e["live"]),
             "cpu_cores": cpu,
             "rss_mb": rss_now,
             "rss_peak_mb": proc_peak_rss_mb(pid),
@@ -253,15 +252,14 @@ def run_case(
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| viewers | target | connected | p50 ms | p99 ms | sampled viewers with every event "
-        "| origin live conns (peak) | origin live requests | server CPU (cores) "
-        "| server RSS MB (peak) |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| origin live conns (peak) | server CPU (cores) | server RSS MB (peak) |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
             f"| {r['viewers']} | {r['target']} | {r['connected']} "
             f"| {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | "
-            f"{r['complete']} | {r['origin_live_peak']} | {r['origin_live_requests']} | "
+            f"{r['complete']} | {r['origin_live_peak']} | "
             f"{r['cpu_cores']:.2f} | {r['rss_mb']:.0f} ({r['rss_peak_mb']:.0f}) |"
         )
     return "\n".join(lines)
@@ -298,7 +296,7 @@ def main() -> int:
         f"over SSE "
         f"from {args.workers} worker processes on the same 2-core machine; latency is append "
         f"(agent clock) → decoded at a sampled viewer ({SAMPLED_PER_WORKER} per worker).\n\n"
-        f"{rendered}\n"
+        f"{rendered}\n\n"
     )
     write_section(args.output, "## Fan-out", section)
     return 0

@@ -46,6 +46,15 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
         yield session
 
 
+@pytest.fixture
+async def crowd() -> AsyncIterator[aiohttp.ClientSession]:
+    """A client able to hold thousands of connections at once."""
+    async with aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=120)
+    ) as session:
+        yield session
+
+
 _counter = iter(range(1_000_000))
 
 

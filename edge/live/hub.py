@@ -22,11 +22,10 @@ import json
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from cachetools import LRUCache
 
-from edge.catchup import CatchupCache, relayable
+from edge.catchup import Answer, CatchupCache, relayable
 from edge.config import Settings
 from edge.live.tail import TailRegistry
 from edge.live.viewers import SseFanout, chunk
@@ -39,14 +38,6 @@ from edge.protocol.cursor import current_interval, response_cursor
 from edge.protocol.sse import encode_event
 
 FRAME_CACHE_ENTRIES = 512
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class LiveAnswer:
-    status: int
-    headers: list[tuple[str, str]]
-    body: bytes
-    cache_status: str
 
 
 def sse_encoding(content_type: str | None) -> str:
@@ -91,22 +82,21 @@ class LiveHub:
 
     async def known_from(
         self, key: LogKey, offset: str, credentials: Sequence[tuple[str, str]]
-    ) -> LiveAnswer | None:
+    ) -> Answer | None:
         """Make the log known from ``offset`` on; the origin's refusal if it refuses."""
         resolved = await self.cache.resolve(key, offset, credentials)
         error = resolved.error
         if error is None:
             return None
-        return LiveAnswer(
+        return Answer(
+            result="live",
             status=error.status,
             headers=relayable(error.headers),
             body=error.body,
             cache_status=f"edge; fwd=uri-miss; fwd-status={error.status}",
         )
 
-    async def tail_now(
-        self, key: LogKey, credentials: Sequence[tuple[str, str]]
-    ) -> str | LiveAnswer:
+    async def tail_now(self, key: LogKey, credentials: Sequence[tuple[str, str]]) -> str | Answer:
         """The tail offset for ``offset=now``: the live upstream's word if there is one, else the
         origin's (``offset=now`` answers are never cached)."""
         log_ = self.cache.local.log(key)
@@ -115,7 +105,8 @@ class LiveHub:
         status, headers, body = await self.cache.probe_now(key, credentials)
         next_offset = {n.lower(): v for n, v in headers}.get("stream-next-offset")
         if status != 200 or next_offset is None:
-            return LiveAnswer(
+            return Answer(
+                result="live",
                 status=status,
                 headers=relayable(headers),
                 body=body,
@@ -145,7 +136,7 @@ class LiveHub:
         offset: str,
         client_cursor: str | None,
         credentials: Sequence[tuple[str, str]],
-    ) -> LiveAnswer:
+    ) -> Answer:
         refused = await self.known_from(key, offset, credentials)
         if refused is not None:
             return refused
@@ -162,7 +153,8 @@ class LiveHub:
                 if coverage.segments and log_ is not None:
                     return self._long_poll_data(key, log_, offset, coverage, client_cursor, waited)
                 if tail.gone or log_ is None:
-                    return LiveAnswer(
+                    return Answer(
+                        result="live",
                         status=404,
                         headers=[("Content-Type", "text/plain")],
                         body=b"Stream not found",
@@ -199,7 +191,7 @@ class LiveHub:
         coverage: Coverage,
         client_cursor: str | None,
         waited: bool,
-    ) -> LiveAnswer:
+    ) -> Answer:
         end = coverage.end
         at_tail = log_.tail is not None and log_.tail.offset == end and not coverage.capped
         closed = at_tail and log_.tail is not None and log_.tail.closed
@@ -220,7 +212,8 @@ class LiveHub:
             freshness_seconds=self.settings.tail_freshness_seconds,
         )
         headers.append(("Cache-Control", control))
-        return LiveAnswer(
+        return Answer(
+            result="live",
             status=200,
             headers=headers,
             body=stitch(coverage.segments, json=log_.json),
@@ -229,7 +222,7 @@ class LiveHub:
 
     def _long_poll_empty(
         self, log_: StreamLog, offset: str, client_cursor: str | None, *, closed: bool
-    ) -> LiveAnswer:
+    ) -> Answer:
         headers = list(log_.header_template)
         headers += [("Stream-Next-Offset", offset), ("Stream-Up-To-Date", "true")]
         if closed:
@@ -238,7 +231,9 @@ class LiveHub:
             headers.append(("Stream-Cursor", self._cursor(client_cursor)))
         # Never store "nothing new" (PROTOCOL-NOTES trap 1).
         headers.append(("Cache-Control", "no-store"))
-        return LiveAnswer(status=204, headers=headers, body=b"", cache_status="edge; hit")
+        return Answer(
+            status=204, headers=headers, body=b"", cache_status="edge; hit", result="live"
+        )
 
     # --- SSE ---
 
@@ -283,4 +278,4 @@ class LiveHub:
         return frame
 
 
-__all__ = ["LiveAnswer", "LiveHub", "OriginClient", "sse_encoding"]
+__all__ = ["LiveHub", "OriginClient", "sse_encoding"]

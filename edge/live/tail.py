@@ -34,7 +34,7 @@ from edge.config import Settings
 from edge.log.segment import Segment, is_json, stitch
 from edge.log.stream_log import LogKey
 from edge.metrics import Metrics
-from edge.origin import OriginClient, OriginError
+from edge.origin import BodyTooLarge, OriginClient, OriginError
 from edge.protocol.headers import first_value
 from edge.protocol.sse import SseDecoder
 
@@ -177,7 +177,10 @@ class Tail:
             self.metrics.origin_requests.labels(kind="long_poll", code=str(response.status)).inc()
             if not self._check_status(response):
                 return
-            body = await read_bounded(response, self.settings.max_segment_bytes)
+            try:
+                body = await OriginClient.read_body(response, self.settings.max_segment_bytes)
+            except BodyTooLarge as error:
+                raise UpstreamRefused(413) from error
         finally:
             response.close()
         self.metrics.origin_bytes.inc(len(body))
@@ -260,17 +263,6 @@ class UpstreamRefused(Exception):
 
 def _flag(headers: Sequence[tuple[str, str]], name: str) -> bool:
     return (first_value(headers, name) or "").strip().lower() == "true"
-
-
-async def read_bounded(response: aiohttp.ClientResponse, limit: int) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in OriginClient.body_chunks(response):
-        size += len(chunk)
-        if size > limit:
-            raise UpstreamRefused(413)
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 class TailRegistry:

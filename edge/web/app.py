@@ -11,13 +11,13 @@ from collections.abc import AsyncIterator
 from aiohttp import HttpVersion11, web
 from multidict import CIMultiDict
 
-from edge.catchup import Answer, CatchupCache, SegmentTooLarge
+from edge.catchup import Answer, CatchupCache
 from edge.config import Settings
-from edge.live.hub import LiveAnswer, LiveHub, sse_encoding
+from edge.live.hub import LiveHub, sse_encoding
 from edge.live.viewers import Viewer
 from edge.log.stream_log import LogKey
 from edge.metrics import Metrics
-from edge.origin import OriginClient, OriginError
+from edge.origin import BodyTooLarge, OriginClient, OriginError
 from edge.protocol.headers import AUTHORIZATION, COOKIE, VIA_PSEUDONYM
 from edge.protocol.reads import Classified, RequestKind, classify
 from edge.store.shared import SharedTier
@@ -48,7 +48,7 @@ def credentials_of(request: web.Request) -> list[tuple[str, str]]:
     return [(n, v) for n, v in request.headers.items() if n.lower() in (AUTHORIZATION, COOKIE)]
 
 
-def to_response(answer: Answer | LiveAnswer, metrics: Metrics) -> web.Response:
+def to_response(answer: Answer, metrics: Metrics) -> web.Response:
     headers = CIMultiDict(answer.headers)
     headers.add("Cache-Status", answer.cache_status)
     headers.add("Via", f"1.1 {VIA_PSEUDONYM}")
@@ -68,7 +68,7 @@ async def serve_catchup(request: web.Request, classified: Classified) -> web.Str
             if_none_match=request.headers.get("If-None-Match"),
             accept_encoding=request.headers.get("Accept-Encoding"),
         )
-    except SegmentTooLarge as too_large:
+    except BodyTooLarge as too_large:
         log.info("relaying without caching: %s", too_large)
         metrics.cache_requests.labels(result="bypass").inc()
         return await request.app[RELAY].forward(
@@ -83,12 +83,12 @@ async def serve_catchup(request: web.Request, classified: Classified) -> web.Str
 
 async def start_offset(
     request: web.Request, key: LogKey, offset: str, last_event_id: str | None
-) -> str | LiveAnswer:
+) -> str | Answer:
     """Where a live read starts: ``now`` is the tail; a ``Last-Event-ID`` further on than the URL
     wins, so a browser EventSource reconnecting to its original URL resumes exactly."""
     if offset == "now":
         resolved = await request.app[HUB].tail_now(key, credentials_of(request))
-        if isinstance(resolved, LiveAnswer):
+        if isinstance(resolved, Answer):
             return resolved
         offset = resolved
     if last_event_id and last_event_id != "now" and last_event_id > offset:
@@ -104,7 +104,7 @@ async def serve_long_poll(request: web.Request, classified: Classified) -> web.S
     key = LogKey(stream=read.stream, scope=read.scope)
     try:
         offset = await start_offset(request, key, read.offset, None)
-        if isinstance(offset, LiveAnswer):
+        if isinstance(offset, Answer):
             return to_response(offset, metrics)
         answer = await hub.long_poll(key, offset, read.cursor, credentials_of(request))
     except OriginError as error:
@@ -126,7 +126,7 @@ async def serve_sse(request: web.Request, classified: Classified) -> web.StreamR
     credentials = credentials_of(request)
     try:
         offset = await start_offset(request, key, read.offset, read.last_event_id)
-        if isinstance(offset, LiveAnswer):
+        if isinstance(offset, Answer):
             return to_response(offset, metrics)
         refused = await hub.known_from(key, offset, credentials)
     except OriginError as error:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
@@ -25,14 +25,6 @@ def cluster(logs_dir: Path, request: pytest.FixtureRequest) -> Iterator[Cluster]
     )
     yield started
     started.stop()
-
-
-@pytest.fixture
-async def crowd() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=120)
-    ) as session:
-        yield session
 
 
 def viewers_on(cluster: Cluster) -> list[float]:

@@ -7,7 +7,6 @@ import json
 import shutil
 import signal
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -30,14 +29,6 @@ def tokens(count: int, prefix: str = "") -> list[bytes]:
 
 def live_requests(origin: Origin, path: str) -> int:
     return sum(e["count"] for e in origin.counts(path)["requests"] if e["live"] is not None)
-
-
-@pytest.fixture
-async def crowd() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=120)
-    ) as session:
-        yield session
 
 
 @pytest.mark.parametrize(
