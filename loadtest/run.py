@@ -42,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", default="60s", help="locust --run-time, e.g. 60s or 5m")
     parser.add_argument("--agent-rate", type=float, default=10.0)
     parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument(
+        "--processes", type=int, default=1, help="locust worker processes (-1: one per core)"
+    )
     parser.add_argument("--results", type=Path, default=REPO / "results")
     args = parser.parse_args(argv)
 
@@ -60,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
             "--csv", str(out / "locust"), "--html", str(out / "report.html"),
             "--only-summary", "--loglevel", "WARNING",
         ]  # fmt: skip
+        if args.processes != 1:
+            command += ["--processes", str(args.processes)]
         locust = subprocess.run(command, cwd=REPO, check=False)
     finally:
         cluster.stop()

@@ -15,6 +15,7 @@ import pytest
 from multidict import CIMultiDict
 
 from devstack.processes import ORIGIN_DIR, Edge, Origin, start_edge, start_origin
+from edge.protocol.sse import SseDecoder
 from tests.integration.live_support import View, append_all, slow_phone, view_sse
 from tests.integration.test_passthrough import call, metric_value
 
@@ -446,3 +447,31 @@ async def test_the_official_client_reads_through_the_edge(
             before, "edge_requests_total", kind=kind, code="200"
         )
         assert served >= 1, kind  # each reader really went live through the edge
+
+
+async def test_idle_viewers_get_heartbeats_and_connections_rotate(
+    http: aiohttp.ClientSession, origin: Origin, logs_dir: Path, stream_path: str
+) -> None:
+    edge = start_edge(
+        origin.url, logs_dir, "--sse-heartbeat", "0.5", "--sse-max-seconds", "5", name="edge-rotate"
+    )
+    try:
+        url = edge.url + stream_path
+        await call(http, "PUT", url, headers=TEXT)
+        await call(http, "POST", url, headers=TEXT, data=b" before")
+        started = time.monotonic()
+        async with http.get(url + "?offset=-1&live=sse") as response:
+            raw = await asyncio.wait_for(response.read(), 15)  # ends by itself: rotation
+        lasted = time.monotonic() - started
+        assert 5 <= lasted < 8
+        assert raw.count(b": keep-alive") >= 5  # every ~0.5 s while idle
+        # A clean end after a control event: the client resumes from its streamNextOffset.
+        decoded = SseDecoder().feed(raw)
+        assert decoded[-1].event == "control"
+        resume_at = json.loads(decoded[-1].data)["streamNextOffset"]
+        await call(http, "POST", url, headers=TEXT, data=b" after")
+        await call(http, "POST", url, headers={"Stream-Closed": "true"})
+        rest = await view_sse(http, url, offset=resume_at)
+        assert bytes(rest.body) == b" after"
+    finally:
+        edge.stop()
