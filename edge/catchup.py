@@ -151,6 +151,9 @@ class CatchupCache:
         self.local = LocalTier(settings.cache_bytes, on_evict=metrics.cache_evictions.inc)
         self._flights: SingleFlight[tuple[LogKey, str], Fill] = SingleFlight()
         self._lifetimes: LRUCache[str, Lifetime] = LRUCache(maxsize=MAX_KNOWN_LIFETIMES)
+        # stream -> the highest Stream-Next-Offset a write through this edge returned, for logs
+        # created after the write by a fetch that started before it.
+        self._floors: LRUCache[str, str] = LRUCache(maxsize=MAX_KNOWN_LIFETIMES)
         self._background: set[asyncio.Task[None]] = set()
         metrics.cache_bytes.set_function(lambda: self.local.bytes_used)
         metrics.cache_segments.set_function(lambda: self.local.segment_count)
@@ -233,7 +236,10 @@ class CatchupCache:
                 status=fill.status, headers=relayable(fill.headers), body=fill.body,
                 cache_status=cache_status, result=result,
             )  # fmt: skip
-        log_ = self.local.log_for(key)
+        log_ = self._log_for(key)
+        if log_.content_type is None:  # evicted or purged while the fetch was in flight
+            log_.content_type = first_value(fill.headers, "content-type")
+            log_.header_template = header_template(fill.headers)
         segments = self._joined(plan.prefix, fill.segment)
         return self._answer(
             read, log_, offset, segments, fill.next_offset,
@@ -290,7 +296,7 @@ class CatchupCache:
         found = await self._shared.get(key, start)
         if found is None:
             return False
-        log_ = self.local.log_for(key)
+        log_ = self._log_for(key)
         self._learn_lifetime(log_)
         if log_.content_type is None:
             log_.content_type = found.content_type
@@ -322,7 +328,7 @@ class CatchupCache:
         if upstream.status in (404, 410):
             self.purge(key.stream)
         elif upstream.status == 200:
-            log_ = self.local.log_for(key)
+            log_ = self._log_for(key)
             log_.touched_origin(self._clock())
             if log_.content_type is None:
                 log_.content_type = first_value(response_headers, "content-type")
@@ -371,7 +377,7 @@ class CatchupCache:
         segment = Segment(start=offset, end=next_offset, body=body)
         if is_json(content_type) and not _is_json_array(body):
             return unusable
-        log_ = self.local.log_for(key)
+        log_ = self._log_for(key)
         self._learn_lifetime(log_)
         log_.content_type = content_type
         log_.header_template = header_template(headers)
@@ -406,7 +412,7 @@ class CatchupCache:
         """A batch a live upstream delivered: [start, end). While the upstream runs, what it
         says about the tail is authoritative. Returns the stored segment, if any."""
         now = self._clock()
-        log_ = self.local.log_for(key)
+        log_ = self._log_for(key)
         log_.touched_origin(now)
         segment = None
         if end != start:
@@ -426,6 +432,13 @@ class CatchupCache:
             log_.lose_authority(self._clock())
 
     # --- what pass-through traffic tells the cache ---
+
+    def _log_for(self, key: LogKey) -> StreamLog:
+        log_ = self.local.log_for(key)
+        floor = self._floors.get(key.stream)
+        if floor is not None and (log_.floor is None or floor > log_.floor):
+            log_.floor = floor
+        return log_
 
     def _learn_lifetime(self, log_: StreamLog) -> None:
         lifetime = self._lifetimes.get(log_.key.stream)
@@ -458,8 +471,12 @@ class CatchupCache:
             self.purge(stream)
         elif method in ("PUT", "POST"):
             # Any write may have moved the tail (even a failed one may have raced one that did).
+            floor = first_value(response_headers, "stream-next-offset") if status < 300 else None
+            if floor is not None:
+                known = self._floors.get(stream)
+                self._floors[stream] = floor if known is None or floor > known else known
             for log_ in self.local.logs_of(stream):
-                log_.mark_stale()
+                log_.mark_stale(floor)
             if method == "PUT" and status in (200, 201):
                 self._remember_lifetime(stream, request_headers)
         elif method == "HEAD" and status == 200:
@@ -469,6 +486,7 @@ class CatchupCache:
         """Forget ``stream`` in every scope, here and (in the background) in the shared tier."""
         dropped = self.local.purge(stream)
         self._lifetimes.pop(stream, None)
+        self._floors.pop(stream, None)
         if self._shared is not None:
             task = asyncio.ensure_future(self._shared.purge(stream))
             self._background.add(task)

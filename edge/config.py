@@ -96,6 +96,9 @@ class Settings:
         for name in ("cache_bytes", "max_response_bytes", "max_segment_bytes", "redis_ttl_seconds"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive")
+        if self.max_segment_bytes > self.cache_bytes:
+            # A segment the cache cannot hold would be fetched, dropped and fetched again.
+            raise ConfigError("max_segment_bytes must not exceed cache_bytes")
         if self.tail_freshness_seconds < 0:
             raise ConfigError("tail_freshness_seconds must be >= 0")
         if self.redis_timeout_seconds <= 0:

@@ -118,14 +118,17 @@ class OriginClient:
         body: AsyncIterable[bytes] | aiohttp.StreamReader | None = None,
         *,
         live: bool,
+        idle_timeout: float | None = None,
     ) -> aiohttp.ClientResponse:
         """Send a request and return once the origin's status and headers have arrived.
 
-        The caller owns the response: read it with ``body_chunks`` and ``close`` it.
+        ``idle_timeout`` bounds the silence between body chunks of a live answer (the edge's own
+        upstream tails set it; relayed live answers have none). The caller owns the response:
+        read it with ``body_chunks`` and ``close`` it.
         """
         if self._session is None:
             raise RuntimeError("OriginClient.start() was not awaited")
-        read_timeout = None if live else self._settings.upstream_read_timeout_seconds
+        read_timeout = idle_timeout if live else self._settings.upstream_read_timeout_seconds
         try:
             async with asyncio.timeout(self._settings.upstream_headers_timeout_seconds):
                 return await self._session.request(

@@ -37,7 +37,8 @@ from edge.origin import OriginClient
 from edge.protocol.cursor import current_interval, response_cursor
 from edge.protocol.sse import encode_event
 
-FRAME_CACHE_ENTRIES = 512
+# Encoded SSE frames of recent batches, bounded by bytes (a batch may be megabytes).
+FRAME_CACHE_BYTES = 16 * 1024 * 1024
 
 
 def sse_encoding(content_type: str | None) -> str:
@@ -65,7 +66,9 @@ class LiveHub:
         self.draining = asyncio.Event()
         self.clock = clock
         self._rng = rng or random.Random()
-        self._frames: LRUCache[tuple[object, ...], bytes] = LRUCache(maxsize=FRAME_CACHE_ENTRIES)
+        self._frames: LRUCache[tuple[object, ...], bytes] = LRUCache(
+            maxsize=FRAME_CACHE_BYTES, getsizeof=len
+        )
         self.viewers = 0
 
     async def close(self) -> None:
@@ -274,7 +277,8 @@ class LiveHub:
         frame += encode_event("control", json.dumps(control, separators=(",", ":")), event_id=end)
         if chunked:
             frame = chunk(frame)
-        self._frames[cache_key] = frame
+        if len(frame) <= FRAME_CACHE_BYTES // 4:
+            self._frames[cache_key] = frame
         return frame
 
 

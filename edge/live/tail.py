@@ -42,6 +42,10 @@ log = logging.getLogger(__name__)
 
 BACKOFF_FIRST_SECONDS = 0.1
 BACKOFF_MAX_SECONDS = 5.0
+# Both real origins speak at least once a minute on a live answer (the reference server's SSE
+# keep-alive every 30 s, long-polls end by 30 s; the production one closes SSE every 60 s), so
+# two minutes of silence is a dead connection, not a quiet stream.
+UPSTREAM_IDLE_SECONDS = 120.0
 
 
 def is_text(content_type: str | None) -> bool:
@@ -66,6 +70,7 @@ class Tail:
     _task: asyncio.Task[None] | None = None
     _use_sse: bool = True
     arrivals: dict[str, float] = field(default_factory=dict)
+    batches: int = 0  # answers recorded, so a connection that delivered nothing backs off
 
     # --- what readers use ---
 
@@ -111,28 +116,40 @@ class Tail:
 
     async def _run(self) -> None:
         backoff = BACKOFF_FIRST_SECONDS
-        while not self.finished:
-            try:
-                if self._use_sse:
-                    await self._sse_session()
-                    reason = "closed_by_origin"
-                else:
-                    await self._long_poll()
-                    reason = ""
-                backoff = BACKOFF_FIRST_SECONDS
-            except (OriginError, UpstreamRefused) as error:
-                reason = getattr(error, "reason", "refused")
-                if isinstance(error, UpstreamRefused) and self._use_sse:
-                    log.info("SSE upstream refused for %s; falling back to long-poll", self.key)
-                    self._use_sse = False
-                else:
+        try:
+            while not self.finished:
+                recorded = self.batches
+                failed = False
+                try:
+                    if self._use_sse:
+                        await self._sse_session()
+                        reason = "closed_by_origin"
+                    else:
+                        await self._long_poll()
+                        reason = ""
+                except (OriginError, UpstreamRefused) as error:
+                    reason = getattr(error, "reason", "refused")
+                    failed = True
+                    if isinstance(error, UpstreamRefused) and self._use_sse:
+                        log.info("SSE upstream refused for %s; falling back to long-poll", self.key)
+                        self._use_sse = False
+                        failed = False
+                except Exception:  # a malformed upstream answer must not kill the tail silently
+                    log.exception("live upstream for %s failed", self.key)
+                    reason, failed = "protocol", True
+                if reason and not self.finished:
+                    self.metrics.tail_reconnects.labels(reason=reason).inc()
+                if self.batches > recorded and not failed:
+                    backoff = BACKOFF_FIRST_SECONDS
+                elif failed or (reason and self.batches == recorded):
+                    # Failed, or ended without delivering anything: back off before retrying,
+                    # and stop vouching for the tail meanwhile.
                     self.cache.live_ended(self.key)
-                    delay = self.rng.uniform(0, backoff)
+                    await asyncio.sleep(self.rng.uniform(0, backoff))
                     backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
-                    await asyncio.sleep(delay)
-            if reason and not self.finished:
-                self.metrics.tail_reconnects.labels(reason=reason).inc()
-        self._notify()
+        finally:
+            self.cache.live_ended(self.key)
+            self._notify()
 
     def _headers(self) -> list[tuple[str, str]]:
         return [("Accept-Encoding", "identity"), *self.credentials, ("Via", "1.1 edge")]
@@ -165,6 +182,7 @@ class Tail:
             while len(self.arrivals) > 64:
                 self.arrivals.pop(next(iter(self.arrivals)))
         self.offset, self.closed = end, closed
+        self.batches += 1
         if self.listener is not None and (segment is not None or closed):
             self.listener.batch(self.key, segment, end, up_to_date=up_to_date, closed=closed)
         self._notify()
@@ -172,7 +190,13 @@ class Tail:
     # --- upstream modes ---
 
     async def _long_poll(self) -> None:
-        response = await self.origin.open("GET", self._url("long-poll"), self._headers(), live=True)
+        response = await self.origin.open(
+            "GET",
+            self._url("long-poll"),
+            self._headers(),
+            live=True,
+            idle_timeout=UPSTREAM_IDLE_SECONDS,
+        )
         try:
             self.metrics.origin_requests.labels(kind="long_poll", code=str(response.status)).inc()
             if not self._check_status(response):
@@ -186,7 +210,9 @@ class Tail:
         self.metrics.origin_bytes.inc(len(body))
         headers = list(response.headers.items())
         self.cursor = first_value(headers, "stream-cursor") or self.cursor
-        end = first_value(headers, "stream-next-offset") or self.offset
+        end = first_value(headers, "stream-next-offset")
+        if end is None:
+            raise UpstreamRefused(502)  # an answer that does not say where it ends is unusable
         closed = _flag(headers, "stream-closed")
         up_to_date = _flag(headers, "stream-up-to-date") or response.status == 204
         self._record(
@@ -195,7 +221,11 @@ class Tail:
 
     async def _sse_session(self) -> None:
         response = await self.origin.open(
-            "GET", self._url("sse"), [*self._headers(), ("Accept", "text/event-stream")], live=True
+            "GET",
+            self._url("sse"),
+            [*self._headers(), ("Accept", "text/event-stream")],
+            live=True,
+            idle_timeout=UPSTREAM_IDLE_SECONDS,
         )
         try:
             self.metrics.origin_requests.labels(kind="sse", code=str(response.status)).inc()
@@ -299,6 +329,8 @@ class TailRegistry:
     ) -> AsyncIterator[Tail]:
         tail = self._tails.get(key)
         if tail is None or tail.finished:
+            if tail is not None:
+                self._stop_later(tail)  # it ended (closure, deletion): release it properly
             tail = Tail(
                 key=key,
                 offset=start_offset,
@@ -309,8 +341,12 @@ class TailRegistry:
                 metrics=self._metrics,
                 listener=self._listener,
             )
+            log_ = self._cache.local.log(key)
+            if log_ is not None and log_.tail is not None and log_.tail.closed:
+                tail.closed = True  # nothing will ever arrive: no upstream for a closed stream
+            else:
+                tail.start()
             self._tails[key] = tail
-            tail.start()
         self._interest[key] = self._interest.get(key, 0) + 1
         handle = self._lingering.pop(key, None)
         if handle is not None:
@@ -331,6 +367,9 @@ class TailRegistry:
         if key in self._interest or self._tails.get(key) is not tail:
             return
         del self._tails[key]
+        self._stop_later(tail)
+
+    def _stop_later(self, tail: Tail) -> None:
         task = asyncio.ensure_future(tail.stop())
         self._stopping.add(task)
         task.add_done_callback(self._stopping.discard)

@@ -5,7 +5,9 @@ Rules this module owns:
 * The only mutable facts about a stream are where its tail is and whether it is closed. A tail
   fact is *authoritative* while a live upstream follows the stream, otherwise true only as of
   ``observed_at``. Closure is final: once closed, the tail never moves again.
-* A write through the edge makes the tail fact stale at once (read-after-write is exact).
+* A write through the edge makes the tail fact stale at once, and the write's own
+  ``Stream-Next-Offset`` becomes a floor: any later observation of a tail before it (an answer
+  that left the origin before the write landed) is not believed. Read-after-write is exact.
 * Expiry: an absolute ``Stream-Expires-At`` ends service at that instant. A sliding ``Stream-TTL``
   is counted from the last time the edge touched the origin for the stream, because reads the
   edge absorbs do not extend it there (PROTOCOL-NOTES "Cacheability").
@@ -45,6 +47,7 @@ class StreamLog:
     ttl_seconds: float | None = None
     expires_at: float | None = None
     last_origin_touch: float = NEVER
+    floor: str | None = None  # the tail is at least here: a write through the edge said so
 
     @property
     def json(self) -> bool:
@@ -55,6 +58,12 @@ class StreamLog:
     ) -> None:
         if self.tail is not None and self.tail.closed and not closed:
             return  # closure is final; an older answer arriving late cannot reopen the stream
+        if self.floor is not None and offset < self.floor and not closed:
+            # Older than a write this edge saw complete: true once, not now.
+            self.tail = TailFact(
+                offset=offset, closed=False, authoritative=False, observed_at=NEVER
+            )
+            return
         if (
             not authoritative
             and self.tail is not None
@@ -70,7 +79,9 @@ class StreamLog:
         if self.tail is not None and self.tail.authoritative:
             self.tail = replace(self.tail, authoritative=False, observed_at=now)
 
-    def mark_stale(self) -> None:
+    def mark_stale(self, floor: str | None = None) -> None:
+        if floor is not None and (self.floor is None or floor > self.floor):
+            self.floor = floor
         if self.tail is not None and not self.tail.closed:
             self.tail = replace(self.tail, observed_at=NEVER, authoritative=False)
 

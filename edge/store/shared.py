@@ -139,8 +139,13 @@ class SharedTier:
         if blob is None:
             self._count("get", "miss")
             return None
+        try:
+            found = decode(blob if isinstance(blob, bytes) else blob.encode())
+        except (ValueError, KeyError):
+            self._count("get", "error")  # not ours, or corrupt: a miss, never a wrong byte
+            return None
         self._count("get", "hit")
-        return decode(blob if isinstance(blob, bytes) else blob.encode())
+        return found
 
     async def get_closed(self, key: LogKey) -> str | None:
         """The final offset of a closed stream, if a replica has seen it closed."""

@@ -85,7 +85,10 @@ async def start_offset(
     request: web.Request, key: LogKey, offset: str, last_event_id: str | None
 ) -> str | Answer:
     """Where a live read starts: ``now`` is the tail; a ``Last-Event-ID`` further on than the URL
-    wins, so a browser EventSource reconnecting to its original URL resumes exactly."""
+    wins, so a browser EventSource reconnecting to its original URL resumes exactly (even one
+    opened at ``offset=now``: its Last-Event-ID is where it left off, not the tail now)."""
+    if offset == "now" and last_event_id and last_event_id != "now":
+        return last_event_id
     if offset == "now":
         resolved = await request.app[HUB].tail_now(key, credentials_of(request))
         if isinstance(resolved, Answer):
@@ -107,21 +110,40 @@ async def serve_long_poll(request: web.Request, classified: Classified) -> web.S
         if isinstance(offset, Answer):
             return to_response(offset, metrics)
         answer = await hub.long_poll(key, offset, read.cursor, credentials_of(request))
+    except BodyTooLarge:
+        # A backlog bigger than the edge keeps in one piece: the origin answers it directly.
+        return await relay_uncached(request, classified)
     except OriginError as error:
         metrics.origin_errors.labels(reason=error.reason).inc()
         return origin_error_response(error)
     return to_response(answer, metrics)
 
 
+async def relay_uncached(request: web.Request, classified: Classified) -> web.StreamResponse:
+    return await request.app[RELAY].forward(
+        request, classified.kind, cache_status="edge; fwd=bypass; detail=too-large"
+    )
+
+
 async def serve_sse(request: web.Request, classified: Classified) -> web.StreamResponse:
-    read = classified.read
-    assert read is not None
-    assert read.offset is not None
-    hub, metrics, settings = request.app[HUB], request.app[METRICS], request.app[SETTINGS]
+    hub, settings = request.app[HUB], request.app[SETTINGS]
     if hub.viewers >= settings.max_viewers:
         return web.Response(
             status=503, headers={"Retry-After": "5"}, text="edge is at --max-viewers\n"
         )
+    # The slot is taken before the first await, so concurrent arrivals cannot overshoot.
+    hub.viewers += 1
+    try:
+        return await _serve_sse_viewer(request, classified)
+    finally:
+        hub.viewers -= 1
+
+
+async def _serve_sse_viewer(request: web.Request, classified: Classified) -> web.StreamResponse:
+    read = classified.read
+    assert read is not None
+    assert read.offset is not None
+    hub, metrics, settings = request.app[HUB], request.app[METRICS], request.app[SETTINGS]
     key = LogKey(stream=read.stream, scope=read.scope)
     credentials = credentials_of(request)
     try:
@@ -129,6 +151,8 @@ async def serve_sse(request: web.Request, classified: Classified) -> web.StreamR
         if isinstance(offset, Answer):
             return to_response(offset, metrics)
         refused = await hub.known_from(key, offset, credentials)
+    except BodyTooLarge:
+        return await relay_uncached(request, classified)
     except OriginError as error:
         metrics.origin_errors.labels(reason=error.reason).inc()
         return origin_error_response(error)
@@ -171,18 +195,18 @@ async def serve_sse(request: web.Request, classified: Classified) -> web.StreamR
         rotate_at=loop.time() + settings.sse_max_seconds if settings.sse_max_seconds else None,
         last_write=loop.time(),
     )
-    hub.viewers += 1
     metrics.sse_viewers.inc()
     try:
         await hub.fanout.serve(viewer, credentials, write)
         await response.write_eof()
     except ConnectionError:
         pass  # the viewer left; it resumes by offset wherever it reconnects
-    except OriginError as error:
-        metrics.origin_errors.labels(reason=error.reason).inc()
+    except (OriginError, BodyTooLarge) as error:
+        # Headers are gone already: end the connection; the client resumes by offset.
+        if isinstance(error, OriginError):
+            metrics.origin_errors.labels(reason=error.reason).inc()
         request.transport.abort()
     finally:
-        hub.viewers -= 1
         metrics.sse_viewers.dec()
     return response
 

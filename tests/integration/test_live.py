@@ -475,3 +475,18 @@ async def test_idle_viewers_get_heartbeats_and_connections_rotate(
         assert bytes(rest.body) == b" after"
     finally:
         edge.stop()
+
+
+async def test_an_eventsource_opened_at_now_resumes_from_its_last_event_id(
+    http: aiohttp.ClientSession, edge: Edge, stream_path: str
+) -> None:
+    url = edge.url + stream_path
+    await call(http, "PUT", url, headers=TEXT)
+    _, headers, _ = await call(http, "POST", url, headers=TEXT, data=b" seen")
+    last_seen = CIMultiDict(headers)["Stream-Next-Offset"]
+    await call(http, "POST", url, headers=TEXT, data=b" missed while away")
+    await call(http, "POST", url, headers={"Stream-Closed": "true"})
+    # The browser reconnects to its original URL (offset=now) with only Last-Event-ID.
+    view = await view_sse(http, url, offset="now", headers={"Last-Event-ID": last_seen})
+    assert bytes(view.body) == b" missed while away"
+    assert view.closed

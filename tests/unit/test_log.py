@@ -259,3 +259,17 @@ def test_purge_drops_every_scope_of_one_stream_only() -> None:
     assert local.get(other_stream, "-1") is not None
     assert local.log(KEY) is None
     assert local.log(other_stream) is not None
+
+
+def test_a_write_floor_disbelieves_older_tails() -> None:
+    local = tier(seg("-1", "0_5", b"hello"))
+    log = open_log("0_5")
+    log.mark_stale(floor="0_9")  # a write through the edge answered Stream-Next-Offset 0_9
+    # A fetch that left the origin before the write lands after it, still saying 0_5.
+    log.observe_tail("0_5", closed=False, now=100.0, authoritative=True)
+    decision = plan(log, local, "-1")
+    assert isinstance(decision, Fetch)
+    assert decision.offset == "0_5"
+    log.observe_tail("0_9", closed=False, now=100.0)
+    local.put(KEY, seg("0_5", "0_9", b" you"))
+    assert isinstance(plan(log, local, "-1"), Hit)
