@@ -39,7 +39,7 @@ from edge.metrics import Metrics
 from edge.origin import OriginClient, OriginError
 from edge.protocol.headers import HOP_BY_HOP, first_value
 from edge.protocol.lifetimes import parse_expires_at, parse_ttl_seconds
-from edge.protocol.reads import Read
+from edge.protocol.reads import PUBLIC_SCOPE, Read, auth_scope
 from edge.store.local import LocalTier
 from edge.store.shared import SharedTier
 
@@ -326,7 +326,7 @@ class CatchupCache:
             upstream.close()
         response_headers = list(upstream.headers.items())
         if upstream.status in (404, 410):
-            self.purge(key.stream)
+            self.stream_gone(key)
         elif upstream.status == 200:
             log_ = self._log_for(key)
             log_.touched_origin(self._clock())
@@ -368,7 +368,7 @@ class CatchupCache:
             up_to_date=False, closed=False, stored=False,
         )  # fmt: skip
         if status in (404, 410):
-            self.purge(key.stream)
+            self.stream_gone(key)
             return unusable
         encoding = (first_value(headers, "content-encoding") or "identity").lower()
         if status != 200 or next_offset is None or encoding != "identity":
@@ -465,9 +465,9 @@ class CatchupCache:
     ) -> None:
         """Called for every answer the origin gave to a request the cache did not serve."""
         method = method.upper()
-        if (status in (404, 410) and method in ("GET", "HEAD")) or (
-            method == "DELETE" and status < 400
-        ):
+        if status in (404, 410) and method in ("GET", "HEAD"):
+            self.stream_gone(LogKey(stream=stream, scope=auth_scope(request_headers)))
+        elif method == "DELETE" and status < 400:
             self.purge(stream)
         elif method in ("PUT", "POST"):
             # Any write may have moved the tail (even a failed one may have raced one that did).
@@ -481,6 +481,16 @@ class CatchupCache:
                 self._remember_lifetime(stream, request_headers)
         elif method == "HEAD" and status == 200:
             self._remember_lifetime(stream, response_headers)
+
+    def stream_gone(self, key: LogKey) -> None:
+        """The origin said 404/410 to a request in ``key.scope``. Without credentials that is the
+        stream's fate for everyone; with them it may only mean "not for you" (an origin may hide
+        what a token cannot read), so only that scope forgets, and nobody can empty the cache
+        for others by sending a bad token."""
+        if key.scope == PUBLIC_SCOPE:
+            self.purge(key.stream)
+        else:
+            self.local.purge_scope(key)
 
     def purge(self, stream: str) -> int:
         """Forget ``stream`` in every scope, here and (in the background) in the shared tier."""

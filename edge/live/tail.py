@@ -163,7 +163,7 @@ class Tail:
     def _check_status(self, response: aiohttp.ClientResponse) -> bool:
         """False when the stream is gone (and purged); raises for other refusals."""
         if response.status in (404, 410):
-            self.cache.purge(self.key.stream)
+            self.cache.stream_gone(self.key)
             self.gone = True
             if self.listener is not None:
                 self.listener.ended(self.key)

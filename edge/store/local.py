@@ -134,6 +134,16 @@ class LocalTier:
             if log is not None:
                 yield log
 
+    def purge_scope(self, key: LogKey) -> int:
+        """Forget ``key.stream`` in ``key.scope`` only; returns the segments dropped."""
+        doomed = [k for k in self._segment_index.keys_of(key.stream) if k[0] == key]
+        for segment_key in doomed:
+            self._segments.pop(segment_key, None)
+            self._segment_index.discard(segment_key)
+        if self._logs.pop(key, None) is not None:
+            self._log_index.discard(key)
+        return len(doomed)
+
     def purge(self, stream: str) -> int:
         """Forget everything about ``stream`` in every scope; returns the segments dropped."""
         doomed = self._segment_index.keys_of(stream)

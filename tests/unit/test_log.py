@@ -273,3 +273,16 @@ def test_a_write_floor_disbelieves_older_tails() -> None:
     log.observe_tail("0_9", closed=False, now=100.0)
     local.put(KEY, seg("0_5", "0_9", b" you"))
     assert isinstance(plan(log, local, "-1"), Hit)
+
+
+def test_purging_one_scope_keeps_the_others() -> None:
+    local = LocalTier(MiB)
+    private = LogKey(stream="/s", scope="cred-1")
+    for key in (KEY, private):
+        local.put(key, seg("-1", "0_1", b"x"))
+        local.log_for(key)
+    assert local.purge_scope(private) == 1
+    assert local.get(private, "-1") is None
+    assert local.log(private) is None
+    assert local.get(KEY, "-1") is not None
+    assert local.log(KEY) is not None
