@@ -492,11 +492,16 @@ class CatchupCache:
         else:
             self.local.purge_scope(key)
 
-    def purge(self, stream: str) -> int:
-        """Forget ``stream`` in every scope, here and (in the background) in the shared tier."""
-        dropped = self.local.purge(stream)
+    def forget_locally(self, stream: str) -> int:
+        """Forget ``stream`` in every scope on this replica (another replica purged it)."""
         self._lifetimes.pop(stream, None)
         self._floors.pop(stream, None)
+        return self.local.purge(stream)
+
+    def purge(self, stream: str) -> int:
+        """Forget ``stream`` in every scope, here, in the shared tier and (through it) on every
+        other replica; the shared part happens in the background."""
+        dropped = self.forget_locally(stream)
         if self._shared is not None:
             task = asyncio.ensure_future(self._shared.purge(stream))
             self._background.add(task)

@@ -11,6 +11,9 @@ Rules this module owns:
   after the cooldown finds it back.
 * Keys carry the scope: a credential's segments are never visible to another scope. All keys of
   a stream share a hash tag, so a purge touches one slot in a cluster.
+* A purge deletes the stream's keys, cancels this replica's pending writes for it (so none lands
+  after the delete), and is published on one channel: every replica drops its local copy too,
+  so a deleted stream stops being served everywhere, not only where the DELETE arrived.
 """
 
 from __future__ import annotations
@@ -34,7 +37,9 @@ from edge.store.breaker import BreakerState, CircuitBreaker
 log = logging.getLogger(__name__)
 
 KEY_PREFIX = "edge:v1"
+PURGE_CHANNEL = f"{KEY_PREFIX}:purge"
 MAX_PENDING_WRITES = 256
+SUBSCRIBE_RETRY_SECONDS = 1.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -90,6 +95,12 @@ class SharedTier:
             socket_connect_timeout=timeout_seconds,
             retry_on_timeout=False,
         )
+        # Subscriptions wait for minutes between messages: no read timeout on that connection.
+        self._subscriber: redis.Redis = redis.Redis.from_url(
+            url, decode_responses=False, socket_connect_timeout=timeout_seconds
+        )
+        self._listener: asyncio.Task[None] | None = None
+        self._pending_by_stream: dict[str, set[asyncio.Task[None]]] = {}
         self._metrics = metrics
         self._ttl = ttl_seconds
         self._timeout = timeout_seconds
@@ -103,10 +114,34 @@ class SharedTier:
         return self._breaker.state is BreakerState.CLOSED
 
     async def close(self) -> None:
+        if self._listener is not None:
+            self._listener.cancel()
+            await asyncio.gather(self._listener, return_exceptions=True)
         for task in list(self._pending):
             task.cancel()
         await asyncio.gather(*self._pending, return_exceptions=True)
         await self._client.aclose()
+        await self._subscriber.aclose()
+
+    def listen_for_purges(self, forget: Callable[[str], object]) -> None:
+        """Call ``forget(stream)`` for every purge any replica publishes, for as long as this
+        tier lives; a lost subscription is retried every second."""
+        self._listener = asyncio.ensure_future(self._listen(forget))
+
+    async def _listen(self, forget: Callable[[str], object]) -> None:
+        while True:
+            try:
+                async with self._subscriber.pubsub() as pubsub:
+                    await pubsub.subscribe(PURGE_CHANNEL)
+                    while True:
+                        message = await pubsub.get_message(
+                            ignore_subscribe_messages=True, timeout=1.0
+                        )
+                        if message is not None and message.get("type") == "message":
+                            data = message["data"]
+                            forget(data.decode() if isinstance(data, bytes) else str(data))
+            except (RedisError, OSError, TimeoutError):
+                await asyncio.sleep(SUBSCRIBE_RETRY_SECONDS)
 
     def _count(self, op: str, result: str) -> None:
         self._metrics.redis_operations.labels(op=op, result=result).inc()
@@ -178,7 +213,17 @@ class SharedTier:
             return
         task = asyncio.ensure_future(self._put(name, value, key.stream))
         self._pending.add(task)
-        task.add_done_callback(self._pending.discard)
+        by_stream = self._pending_by_stream.setdefault(key.stream, set())
+        by_stream.add(task)
+        task.add_done_callback(lambda done: self._written(key.stream, done))
+
+    def _written(self, stream: str, task: asyncio.Task[None]) -> None:
+        self._pending.discard(task)
+        tasks = self._pending_by_stream.get(stream)
+        if tasks is not None:
+            tasks.discard(task)
+            if not tasks:
+                del self._pending_by_stream[stream]
 
     async def _put(self, name: str, value: bytes, stream: str) -> None:
         try:
@@ -195,7 +240,10 @@ class SharedTier:
         self._count("put", "ok")
 
     async def purge(self, stream: str) -> None:
-        """Drop every shared segment of ``stream``; a failure is counted, not raised."""
+        """Drop every shared segment of ``stream`` and tell the other replicas; a failure is
+        counted, not raised."""
+        for task in list(self._pending_by_stream.pop(stream, ())):
+            task.cancel()
         if not self._breaker.allow(self._clock()):
             self._count("purge", "skipped")
             return
@@ -203,6 +251,7 @@ class SharedTier:
             async with asyncio.timeout(self._timeout * 4):
                 names = await self._client.smembers(index_key(stream))
                 await self._client.delete(index_key(stream), *names)
+                await self._client.publish(PURGE_CHANNEL, stream.encode())
         except (RedisError, OSError, TimeoutError) as error:
             self._failed("purge", error)
             return

@@ -272,6 +272,8 @@ def create_app(settings: Settings, metrics: Metrics, origin: OriginClient) -> we
 
     async def lifetime(_: web.Application) -> AsyncIterator[None]:
         await origin.start()
+        if shared is not None:
+            shared.listen_for_purges(cache.forget_locally)
         yield
         await hub.close()
         await cache.close()

@@ -310,9 +310,16 @@ async def test_a_replica_serves_what_another_fetched(
             metric_value(b.metrics_text(), "edge_redis_operations_total", op="get", result="hit")
             >= 2
         )
-        # DELETE through one replica purges the shared tier for all of them.
+        # DELETE through one replica purges the shared tier and every replica's local copy:
+        # B, which holds the closed stream locally, stops serving it too.
         await call(http, "DELETE", a.url + stream_path)
-        await asyncio.sleep(0.3)
+        for _ in range(40):
+            status, _, body = await call(http, "GET", b.url + stream_path + "?offset=-1")
+            if status == 404:
+                break
+            await asyncio.sleep(0.05)
+        assert status == 404
+        assert b"shared bytes" not in body
         c = start_edge(origin.url, logs_dir, "--redis-url", redis_server.url, name="edge-c")
         try:
             assert (await call(http, "GET", c.url + stream_path + "?offset=-1"))[0] == 404
