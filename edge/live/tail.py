@@ -151,14 +151,17 @@ class Tail:
             self.cache.live_ended(self.key)
             self._notify()
 
-    def _headers(self) -> list[tuple[str, str]]:
-        return [("Accept-Encoding", "identity"), *self.credentials, ("Via", "1.1 edge")]
-
-    def _url(self, live: str) -> str:
+    async def _open(self, live: str, kind: str, *extra: tuple[str, str]) -> aiohttp.ClientResponse:
+        """One live request from the tail's offset (and cursor), counted by ``kind``."""
         url = f"{self.key.stream}?offset={quote(self.offset, safe='')}&live={live}"
         if self.cursor:
             url += f"&cursor={quote(self.cursor, safe='')}"
-        return url
+        headers = [("Accept-Encoding", "identity"), *self.credentials, ("Via", "1.1 edge"), *extra]
+        response = await self.origin.open(
+            "GET", url, headers, live=True, idle_timeout=UPSTREAM_IDLE_SECONDS
+        )
+        self.metrics.origin_requests.labels(kind=kind, code=str(response.status)).inc()
+        return response
 
     def _check_status(self, response: aiohttp.ClientResponse) -> bool:
         """False when the stream is gone (and purged); raises for other refusals."""
@@ -190,15 +193,8 @@ class Tail:
     # --- upstream modes ---
 
     async def _long_poll(self) -> None:
-        response = await self.origin.open(
-            "GET",
-            self._url("long-poll"),
-            self._headers(),
-            live=True,
-            idle_timeout=UPSTREAM_IDLE_SECONDS,
-        )
+        response = await self._open("long-poll", "long_poll")
         try:
-            self.metrics.origin_requests.labels(kind="long_poll", code=str(response.status)).inc()
             if not self._check_status(response):
                 return
             try:
@@ -220,15 +216,8 @@ class Tail:
         )
 
     async def _sse_session(self) -> None:
-        response = await self.origin.open(
-            "GET",
-            self._url("sse"),
-            [*self._headers(), ("Accept", "text/event-stream")],
-            live=True,
-            idle_timeout=UPSTREAM_IDLE_SECONDS,
-        )
+        response = await self._open("sse", "sse", ("Accept", "text/event-stream"))
         try:
-            self.metrics.origin_requests.labels(kind="sse", code=str(response.status)).inc()
             if not self._check_status(response):
                 return
             binary = first_value(list(response.headers.items()), "stream-sse-data-encoding")
