@@ -175,6 +175,15 @@ class LiveHub:
                         continue
                 remaining = deadline - asyncio.get_running_loop().time()
                 if remaining <= 0 or self.draining.is_set():
+                    if tail.failing and not self.draining.is_set():
+                        # "Nothing new" would be a guess: the edge cannot reach the origin.
+                        return Answer(
+                            status=502,
+                            headers=[("Content-Type", "text/plain")],
+                            body=b"origin unavailable: the live upstream is failing\n",
+                            cache_status="edge; fwd=request; detail=upstream-failing",
+                            result="live",
+                        )
                     return self._long_poll_empty(log_, offset, client_cursor, closed=False)
                 self.metrics.long_polls_waiting.inc()
                 try:

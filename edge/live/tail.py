@@ -71,6 +71,7 @@ class Tail:
     _use_sse: bool = True
     arrivals: dict[str, float] = field(default_factory=dict)
     batches: int = 0  # answers recorded, so a connection that delivered nothing backs off
+    failing: bool = False  # the last upstream attempt failed; nothing since vouches for the tail
 
     # --- what readers use ---
 
@@ -139,6 +140,8 @@ class Tail:
                     reason, failed = "protocol", True
                 if reason and not self.finished:
                     self.metrics.tail_reconnects.labels(reason=reason).inc()
+                if failed:
+                    self.failing = True
                 if self.batches > recorded and not failed:
                     backoff = BACKOFF_FIRST_SECONDS
                 elif failed or (reason and self.batches == recorded):
@@ -186,6 +189,7 @@ class Tail:
                 self.arrivals.pop(next(iter(self.arrivals)))
         self.offset, self.closed = end, closed
         self.batches += 1
+        self.failing = False
         if self.listener is not None and (segment is not None or closed):
             self.listener.batch(self.key, segment, end, up_to_date=up_to_date, closed=closed)
         self._notify()

@@ -171,3 +171,21 @@ async def test_upstream_request_carries_only_what_the_client_sent(logs_dir: Path
     assert sorted(fill.headers) == ["Accept-Encoding", "Cookie", "Host", "Via"]
     assert fill.headers["Accept-Encoding"] == "identity"
     assert fill.headers["Cookie"] == "c=1"
+
+
+async def test_long_poll_says_502_not_nothing_new_when_the_origin_is_gone(
+    http: aiohttp.ClientSession, own_origin: Origin, logs_dir: Path
+) -> None:
+    edge = start_edge(own_origin.url, logs_dir, "--long-poll-timeout", "2", name="edge-lp-down")
+    try:
+        url = edge.url + "/lp"
+        _, headers, _ = await call(http, "PUT", url, headers={"Content-Type": "text/plain"})
+        tail = dict(headers)["Stream-Next-Offset"]
+        waiting = asyncio.create_task(call(http, "GET", f"{url}?offset={tail}&live=long-poll"))
+        await asyncio.sleep(0.5)
+        own_origin.process.kill()  # a crash: connections reset, nothing answers any more
+        status, _, body = await asyncio.wait_for(waiting, 10)
+        assert status == 502
+        assert b"origin unavailable" in body
+    finally:
+        edge.stop()
