@@ -228,6 +228,7 @@ class Tail:
             json_stream = is_json(response.headers.get("Content-Type")) or self._log_is_json()
             decoder = SseDecoder()
             pending: list[bytes] = []
+            pending_bytes = 0
             async for chunk in OriginClient.body_chunks(response):
                 self.metrics.origin_bytes.inc(len(chunk))
                 for event in decoder.feed(chunk):
@@ -237,12 +238,17 @@ class Tail:
                             if binary == "base64"
                             else event.data.encode()
                         )
+                        pending_bytes += len(pending[-1])
+                        if pending_bytes > self.settings.max_segment_bytes:
+                            # A batch bigger than the edge keeps: memory stays bounded, and
+                            # readers of it are relayed to the origin by the catch-up path.
+                            raise UpstreamRefused(413)
                     elif event.event == "control":
                         control = json.loads(event.data)
                         self.cursor = control.get("streamCursor", self.cursor)
                         closed = bool(control.get("streamClosed"))
                         body = self._join(pending, json_stream)
-                        pending = []
+                        pending, pending_bytes = [], 0
                         self._record(
                             str(control["streamNextOffset"]),
                             body,
