@@ -37,7 +37,7 @@ from edge.log.segment import Segment, is_json, stitch
 from edge.log.stream_log import LogKey, StreamLog
 from edge.metrics import Metrics
 from edge.origin import OriginClient, OriginError
-from edge.protocol.headers import HOP_BY_HOP, first_value
+from edge.protocol.headers import HOP_BY_HOP, first_value, flag, own_request_headers
 from edge.protocol.lifetimes import parse_expires_at, parse_ttl_seconds
 from edge.protocol.reads import PUBLIC_SCOPE, Read, auth_scope
 from edge.store.local import LocalTier
@@ -117,10 +117,6 @@ class Resolution:
 class Lifetime:
     ttl_seconds: float | None
     expires_at: float | None
-
-
-def _flag(headers: Sequence[tuple[str, str]], name: str) -> bool:
-    return (first_value(headers, name) or "").strip().lower() == "true"
 
 
 def relayable(headers: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -317,7 +313,7 @@ class CatchupCache:
         self, key: LogKey, credentials: Sequence[tuple[str, str]]
     ) -> tuple[int, list[tuple[str, str]], bytes]:
         """The origin's answer to ``offset=now`` (never cached; it touches the origin)."""
-        headers = [("Accept-Encoding", "identity"), *credentials, ("Via", "1.1 edge")]
+        headers = own_request_headers(credentials)
         upstream = await self._origin.open("GET", f"{key.stream}?offset=now", headers, live=False)
         try:
             self._metrics.origin_requests.labels(kind="catchup", code=str(upstream.status)).inc()
@@ -336,7 +332,7 @@ class CatchupCache:
         return upstream.status, response_headers, body
 
     async def _fill(self, key: LogKey, offset: str, credentials: Sequence[tuple[str, str]]) -> Fill:
-        headers = [("Accept-Encoding", "identity"), *credentials, ("Via", "1.1 edge")]
+        headers = own_request_headers(credentials)
         upstream = await self._origin.open(
             "GET", f"{key.stream}?offset={quote(offset, safe='')}", headers, live=False
         )
@@ -361,8 +357,8 @@ class CatchupCache:
         """Learn from one origin answer: store its segment and what it says about the tail."""
         now = self._clock()
         next_offset = first_value(headers, "stream-next-offset")
-        up_to_date = _flag(headers, "stream-up-to-date")
-        closed = _flag(headers, "stream-closed")
+        up_to_date = flag(headers, "stream-up-to-date")
+        closed = flag(headers, "stream-closed")
         unusable = Fill(
             status=status, headers=headers, body=body, segment=None, next_offset=None,
             up_to_date=False, closed=False, stored=False,

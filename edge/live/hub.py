@@ -29,7 +29,7 @@ from edge.catchup import Answer, CatchupCache, relayable
 from edge.config import Settings
 from edge.live.tail import TailRegistry
 from edge.live.viewers import SseFanout, chunk
-from edge.log.policy import Coverage, cache_control, cover, etag
+from edge.log.policy import Coverage, answer_headers, cache_control, cover, etag
 from edge.log.segment import stitch
 from edge.log.stream_log import LogKey, StreamLog
 from edge.metrics import Metrics
@@ -207,23 +207,20 @@ class LiveHub:
         end = coverage.end
         at_tail = log_.tail is not None and log_.tail.offset == end and not coverage.capped
         closed = at_tail and log_.tail is not None and log_.tail.closed
-        headers = list(log_.header_template)
-        if log_.content_type is not None:
-            headers.append(("Content-Type", log_.content_type))
-        headers.append(("Stream-Next-Offset", end))
-        if not closed:
-            headers.append(("Stream-Cursor", self._cursor(client_cursor)))
-        if at_tail:
-            headers.append(("Stream-Up-To-Date", "true"))
-        if closed:
-            headers.append(("Stream-Closed", "true"))
-        headers.append(("ETag", etag(key.stream, offset, end, closed=closed, encoding=None)))
-        control = cache_control(
-            scope=key.scope,
-            immutable=closed or not at_tail,
-            freshness_seconds=self.settings.tail_freshness_seconds,
+        headers = answer_headers(
+            log_,
+            next_offset=end,
+            up_to_date=at_tail,
+            closed=closed,
+            tag=etag(key.stream, offset, end, closed=closed, encoding=None),
+            control=cache_control(
+                scope=key.scope,
+                immutable=closed or not at_tail,
+                freshness_seconds=self.settings.tail_freshness_seconds,
+            ),
+            cursor=None if closed else self._cursor(client_cursor),
+            varies_by_encoding=False,  # long-poll answers are never compressed here
         )
-        headers.append(("Cache-Control", control))
         return Answer(
             result="live",
             status=200,

@@ -35,7 +35,7 @@ from edge.log.segment import Segment, is_json, stitch
 from edge.log.stream_log import LogKey
 from edge.metrics import Metrics
 from edge.origin import BodyTooLarge, OriginClient, OriginError
-from edge.protocol.headers import first_value
+from edge.protocol.headers import first_value, flag, own_request_headers
 from edge.protocol.sse import SseDecoder
 
 log = logging.getLogger(__name__)
@@ -159,7 +159,7 @@ class Tail:
         url = f"{self.key.stream}?offset={quote(self.offset, safe='')}&live={live}"
         if self.cursor:
             url += f"&cursor={quote(self.cursor, safe='')}"
-        headers = [("Accept-Encoding", "identity"), *self.credentials, ("Via", "1.1 edge"), *extra]
+        headers = [*own_request_headers(self.credentials), *extra]
         response = await self.origin.open(
             "GET", url, headers, live=True, idle_timeout=UPSTREAM_IDLE_SECONDS
         )
@@ -213,8 +213,8 @@ class Tail:
         end = first_value(headers, "stream-next-offset")
         if end is None:
             raise UpstreamRefused(502)  # an answer that does not say where it ends is unusable
-        closed = _flag(headers, "stream-closed")
-        up_to_date = _flag(headers, "stream-up-to-date") or response.status == 204
+        closed = flag(headers, "stream-closed")
+        up_to_date = flag(headers, "stream-up-to-date") or response.status == 204
         self._record(
             end, body if response.status == 200 else b"", up_to_date=up_to_date, closed=closed
         )
@@ -288,10 +288,6 @@ class UpstreamRefused(Exception):
     def __init__(self, status: int) -> None:
         super().__init__(f"origin answered {status}")
         self.status = status
-
-
-def _flag(headers: Sequence[tuple[str, str]], name: str) -> bool:
-    return (first_value(headers, name) or "").strip().lower() == "true"
 
 
 class TailRegistry:

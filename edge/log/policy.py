@@ -20,7 +20,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from edge.log.segment import Segment
@@ -164,19 +164,22 @@ def answer_headers(
     closed: bool,
     tag: str,
     control: str,
+    cursor: str | None = None,
+    varies_by_encoding: bool = True,
 ) -> list[tuple[str, str]]:
-    """The Stream-* and caching headers of an answer the edge makes (also used for its 304)."""
+    """The Stream-* and caching headers of an answer the edge makes: a catch-up answer (also
+    its 304), whose body may be gzipped, or a long-poll's 200, which carries a cursor."""
     headers = list(log.header_template)
     if log.content_type is not None:
         headers.append(("Content-Type", log.content_type))
     headers.append(("Stream-Next-Offset", next_offset))
+    if cursor is not None:
+        headers.append(("Stream-Cursor", cursor))
     if up_to_date:
         headers.append(("Stream-Up-To-Date", "true"))
     if closed:
         headers.append(("Stream-Closed", "true"))
-    headers += [("ETag", tag), ("Cache-Control", control), ("Vary", "Accept-Encoding")]
+    headers += [("ETag", tag), ("Cache-Control", control)]
+    if varies_by_encoding:
+        headers.append(("Vary", "Accept-Encoding"))
     return headers
-
-
-def joined(prefix: Sequence[Segment], more: Sequence[Segment]) -> tuple[Segment, ...]:
-    return (*prefix, *more)

@@ -130,6 +130,17 @@ def _rebase(url: str, origin_base: str, public_base: str) -> str:
     return url
 
 
+def flag(headers: Iterable[tuple[str, str]], name: str) -> bool:
+    """Is header ``name`` the protocol's ``true`` (``Stream-Up-To-Date``, ``Stream-Closed``)?"""
+    return (first_value(headers, name) or "").strip().lower() == "true"
+
+
+def own_request_headers(credentials: Sequence[tuple[str, str]]) -> HeaderList:
+    """Headers of a request the edge makes for itself (a cache fill, a live tail): identity bytes
+    it can store and stitch, the scope's credentials, and nothing else of any one client."""
+    return [("Accept-Encoding", "identity"), *credentials, ("Via", f"1.1 {VIA_PSEUDONYM}")]
+
+
 def first_value(headers: Iterable[tuple[str, str]], name: str) -> str | None:
     """The first value of header ``name`` (case-insensitive), or None."""
     wanted = name.lower()

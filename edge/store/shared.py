@@ -257,11 +257,3 @@ class SharedTier:
             return
         self._succeeded()
         self._count("purge", "ok")
-
-    async def ping(self) -> bool:
-        try:
-            async with asyncio.timeout(self._timeout):
-                await self._client.ping()
-        except (RedisError, OSError, TimeoutError):
-            return False
-        return True
