@@ -69,6 +69,19 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _name_list(text: str) -> tuple[str, ...]:
+    """A comma-separated list of header or cookie names."""
+    names = tuple(part.strip() for part in text.split(",") if part.strip())
+    for name in names:
+        if not all(c.isalnum() or c in "-_.!#$%&'*+^`|~" for c in name):
+            raise ValueError(f"{name!r} is not a valid name")
+    return names
+
+
+def _header_names(text: str) -> tuple[str, ...]:
+    return tuple(name.lower() for name in _name_list(text))
+
+
 SERVE_OPTIONS = (
     Option("--origin", str, None, "Base URL of the origin stream server (required)."),
     Option("--listen", Address.parse, "127.0.0.1:8080", "HOST:PORT for stream traffic."),
@@ -191,6 +204,27 @@ SERVE_OPTIONS = (
         "Seconds one shared-tier operation may take before it counts as a failure; a few "
         "failures in a row open a circuit breaker for 5 s.",
     ),
+    Option(
+        "--scope-headers",
+        _header_names,
+        "Authorization,Cookie",
+        "Comma-separated request headers that identify a reader: each distinct set of values "
+        "is its own cache scope, and only these travel upstream on cache fills and live tails.",
+    ),
+    Option(
+        "--scope-cookies",
+        _name_list,
+        "",
+        "Comma-separated cookie names: when set, only these cookies split scopes and travel "
+        "upstream on cached and live reads (others, e.g. analytics cookies, are stripped "
+        "there). Empty: every cookie counts.",
+    ),
+    Option(
+        "--fill-buffer-bytes",
+        _byte_size,
+        "64MiB",
+        "Bytes all cache fills together may buffer; past it a read is relayed uncached.",
+    ),
 )
 
 
@@ -255,6 +289,9 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
         redis_url=values["redis_url"],
         redis_ttl_seconds=values["redis_ttl"],
         redis_timeout_seconds=values["redis_timeout"],
+        scope_headers=values["scope_headers"],
+        scope_cookies=values["scope_cookies"],
+        fill_buffer_bytes=values["fill_buffer_bytes"],
     )
 
 

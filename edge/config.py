@@ -79,6 +79,15 @@ class Settings:
     redis_url: str | None = None
     redis_ttl_seconds: int = 3600
     redis_timeout_seconds: float = 0.25 * SECONDS
+    # Request headers that identify a reader: each distinct set of values is its own cache scope,
+    # and only these travel upstream on cache fills and live tails. Lower-case names.
+    scope_headers: tuple[str, ...] = ("authorization", "cookie")
+    # When non-empty, only these cookie names split scopes and travel upstream on cached and live
+    # reads; other cookies (analytics, ...) are stripped there. Empty: every cookie counts.
+    scope_cookies: tuple[str, ...] = ()
+    # Bytes all cache fills together may buffer while reading origin answers; past it, a read is
+    # relayed uncached instead of buffered.
+    fill_buffer_bytes: int = 64 * MiB
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.origin)
@@ -93,7 +102,13 @@ class Settings:
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive")
-        for name in ("cache_bytes", "max_response_bytes", "max_segment_bytes", "redis_ttl_seconds"):
+        for name in (
+            "cache_bytes",
+            "max_response_bytes",
+            "max_segment_bytes",
+            "redis_ttl_seconds",
+            "fill_buffer_bytes",
+        ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive")
         if self.max_segment_bytes > self.cache_bytes:
