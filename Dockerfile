@@ -5,6 +5,10 @@
 #
 # Configuration is by EDGE_* environment variables (every `edge serve` flag has one; see
 # `edge serve --help`). Stream traffic listens on 8080, /healthz /readyz /metrics on 9090.
+#
+# The admin listener binds every interface here, so its POST /purge answers 403 until a token is
+# set: pass EDGE_PURGE_TOKEN at run time (from a secret, never baked into the image) and send
+# `Authorization: Bearer <token>`. Publish 9090 only to your monitoring network.
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \

@@ -4,13 +4,20 @@ The async pump around ``edge.log.policy``: plan (synchronously, so no other task
 the event loop is the lock), then do I/O (shared tier, origin) and record what came back, then
 build the answer. Identical origin fetches in flight are single-flight.
 
-It also watches the requests it does not answer itself (writes, HEAD, errors), because those tell
-it when a stream moved, ended, or vanished.
+Every origin answer enters through ``_record`` (catch-up) or ``record_live`` (live tails), where
+the core's invariants are checked once: offsets are validated, an answer that is not a forward
+segment is relayed to its one client and never stored, an answer impossible for the stream
+instance the edge knows starts a new instance (everything of the old one is forgotten, here,
+in the shared tier and on every replica), and nothing fetched under an instance that is no
+longer current is stored. ``Cache-Control: no-store``/``private`` answers are relayed verbatim
+and make the edge relay that stream for a while.
+
+What the edge learns about a stream's existence (writes, deletes, 404s, lifetimes, live
+upstreams, other replicas) is ``edge.streams``'s to keep; this module asks it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import gzip
 import logging
 import time
@@ -18,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from urllib.parse import quote
 
-from cachetools import LRUCache
+import aiohttp
 
 from edge.coalesce import SingleFlight
 from edge.config import Settings
@@ -33,15 +40,23 @@ from edge.log.policy import (
     if_none_match_hits,
     plan_catchup,
 )
-from edge.log.segment import Segment, is_json, stitch
-from edge.log.stream_log import LogKey, StreamLog
+from edge.log.segment import (
+    Segment,
+    answer_segment,
+    content_digest,
+    is_json,
+    is_json_array,
+    stitch,
+)
+from edge.log.stream_log import LogKey, StreamInstance, StreamLog, TailVerdict
 from edge.metrics import Metrics
-from edge.origin import OriginClient, OriginError
+from edge.origin import BodyTooLarge, OriginClient, OriginError
 from edge.protocol.headers import HOP_BY_HOP, first_value, flag, own_request_headers
-from edge.protocol.lifetimes import parse_expires_at, parse_ttl_seconds
-from edge.protocol.reads import PUBLIC_SCOPE, Read, auth_scope
+from edge.protocol.offsets import START, is_client_offset, is_offset_token
+from edge.protocol.reads import Read
 from edge.store.local import LocalTier
 from edge.store.shared import SharedTier
+from edge.streams import InstanceChanged, Streams
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +64,8 @@ COMPRESS_MIN_BYTES = 1024
 # Pulling a long chain from the shared tier is one round trip per segment; past this many the
 # origin is asked instead.
 MAX_SHARED_PULLS = 256
-MAX_KNOWN_LIFETIMES = 100_000
+# A stream whose origin answers said no-store/private is relayed this long before trying again.
+BYPASS_SECONDS = 60.0
 
 # Headers that describe one answer, not the stream: never replayed from the template.
 PER_ANSWER = frozenset(
@@ -71,8 +87,16 @@ PER_ANSWER = frozenset(
         "stream-up-to-date",
         "stream-closed",
         "stream-cursor",
+        "stream-ttl",
+        "stream-expires-at",
+        "set-cookie",
     }
 )
+
+
+class RelayInstead(BodyTooLarge):
+    """This read is not the cache's to answer (past the tail, no-store, a malformed offset): the
+    web layer relays the client's own request to the origin."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -81,12 +105,13 @@ class Answer:
     headers: list[tuple[str, str]]
     body: bytes
     cache_status: str
-    result: str  # hit | delta | miss for edge_cache_requests_total; live for live answers
+    result: str  # hit | delta | miss | bypass for edge_cache_requests_total; live for live answers
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Fill:
-    """What one origin fetch at ``offset`` returned, shared by every collapsed waiter."""
+    """What one origin fetch at ``offset`` returned, shared by every collapsed waiter. ``relay``:
+    the origin's answer is true for this request only, and goes back to the client verbatim."""
 
     status: int
     headers: tuple[tuple[str, str], ...]
@@ -96,6 +121,7 @@ class Fill:
     up_to_date: bool
     closed: bool
     stored: bool
+    relay: bool
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -108,15 +134,9 @@ class Resolution:
     @property
     def error(self) -> Fill | None:
         """The origin's refusal (404, 400, ...), if that is how the read ended."""
-        if self.fill is not None and (self.fill.status != 200 or self.fill.next_offset is None):
+        if self.fill is not None and self.fill.status != 200:
             return self.fill
         return None
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Lifetime:
-    ttl_seconds: float | None
-    expires_at: float | None
 
 
 def relayable(headers: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -127,6 +147,30 @@ def header_template(headers: Sequence[tuple[str, str]]) -> tuple[tuple[str, str]
     return tuple(
         (n, v) for n, v in headers if n.lower() not in PER_ANSWER and n.lower() not in HOP_BY_HOP
     )
+
+
+def forbids_storing(headers: Sequence[tuple[str, str]]) -> bool:
+    """RFC 9111 §5.2.2: ``no-store`` and ``private`` answers are not a shared cache's to keep."""
+    directives = ",".join(v for n, v in headers if n.lower() == "cache-control").lower()
+    names = {part.split("=")[0].strip() for part in directives.split(",")}
+    return bool(names & {"no-store", "private"})
+
+
+class FillBudget:
+    """Bytes all fills together may hold while reading origin answers (``--fill-buffer-bytes``)."""
+
+    def __init__(self, limit_bytes: int) -> None:
+        self.limit = limit_bytes
+        self.used = 0
+
+    def take(self, size: int) -> bool:
+        if self.used + size > self.limit:
+            return False
+        self.used += size
+        return True
+
+    def give_back(self, size: int) -> None:
+        self.used -= size
 
 
 class CatchupCache:
@@ -145,20 +189,37 @@ class CatchupCache:
         self._shared = shared
         self._clock = clock
         self.local = LocalTier(settings.cache_bytes, on_evict=metrics.cache_evictions.inc)
-        self._flights: SingleFlight[tuple[LogKey, str], Fill] = SingleFlight()
-        self._lifetimes: LRUCache[str, Lifetime] = LRUCache(maxsize=MAX_KNOWN_LIFETIMES)
-        # stream -> the highest Stream-Next-Offset a write through this edge returned, for logs
-        # created after the write by a fetch that started before it.
-        self._floors: LRUCache[str, str] = LRUCache(maxsize=MAX_KNOWN_LIFETIMES)
-        self._background: set[asyncio.Task[None]] = set()
-        metrics.cache_bytes.set_function(lambda: self.local.bytes_used)
-        metrics.cache_segments.set_function(lambda: self.local.segment_count)
+        self.streams = Streams(settings, self.local, origin, metrics, shared=shared, clock=clock)
+        self.fill_budget = FillBudget(settings.fill_buffer_bytes)
+        self._flights: SingleFlight[tuple[LogKey, str, StreamInstance], Fill] = SingleFlight()
+        metrics.track_budget(self.local.usage, lambda: self.fill_budget.used)
 
     @property
     def shared_state(self) -> str:
         if self._shared is None:
             return "disabled"
         return "up" if self._shared.up else "down"
+
+    # The stream lifecycle, for the web layer and the admin listener.
+
+    async def observe(
+        self,
+        method: str,
+        stream: str,
+        status: int,
+        request_headers: Sequence[tuple[str, str]],
+        response_headers: Sequence[tuple[str, str]],
+    ) -> None:
+        """What a relayed answer tells; a DELETE is answered once its purge is durable (or
+        after ``PURGE_WAIT_SECONDS``: the purge keeps being retried)."""
+        if self.streams.observe(method, stream, status, request_headers, response_headers):
+            await self.streams.purged(stream)
+
+    def purge(self, stream: str) -> int:
+        return self.streams.purge(stream)
+
+    async def purged(self, stream: str) -> bool:
+        return await self.streams.purged(stream)
 
     # --- reads ---
 
@@ -178,12 +239,15 @@ class CatchupCache:
     ) -> Resolution:
         """Find the answer for a read at ``offset``: from the local tier, the shared tier, or
         (single-flight) the origin, which is asked only from where the edge's chain ends."""
+        if not is_client_offset(offset) or offset == "now":
+            raise RelayInstead(f"offset {offset!r} is the origin's to judge")
+        await self.streams.check_generation(key.stream)
         plan = self._plan(key, offset)
         shared_hit = False
         pulls = 0
         while isinstance(plan, Fetch) and self._shared is not None and pulls < MAX_SHARED_PULLS:
-            if not await self._pull_shared(key, plan.offset):
-                if await self._pull_shared_closure(key, plan.offset):
+            if not await self.streams.pull_shared(key, plan.offset):
+                if await self.streams.pull_shared_closure(key, plan.offset):
                     plan = self._plan(key, offset)
                 break
             shared_hit = True
@@ -192,8 +256,10 @@ class CatchupCache:
         if isinstance(plan, Hit):
             return Resolution(plan=plan, shared_hit=shared_hit, fill=None, collapsed=False)
         fetch = plan
+        instance = self.local.instance_for(key.stream)
         fill, collapsed = await self._flights.run(
-            (key, fetch.offset), lambda: self._fill(key, fetch.offset, credentials)
+            (key, fetch.offset, instance),
+            lambda: self._fill(key, fetch, credentials, instance),
         )
         if collapsed:
             self._metrics.collapsed_requests.labels(kind="catchup").inc()
@@ -209,7 +275,7 @@ class CatchupCache:
     ) -> Answer:
         key = LogKey(stream=read.stream, scope=read.scope)
         # An absent offset means the start (§5.6); an empty one is the origin's to refuse.
-        offset = "-1" if read.offset is None else read.offset
+        offset = START if read.offset is None else read.offset
         resolved = await self.resolve(key, offset, credentials)
         plan, fill = resolved.plan, resolved.fill
         if isinstance(plan, Hit):
@@ -227,15 +293,18 @@ class CatchupCache:
         forward = "partial" if plan.is_delta else "uri-miss"
         detail = "; collapsed" if resolved.collapsed else ("; stored" if fill.stored else "")
         cache_status = f"edge; fwd={forward}; fwd-status={fill.status}{detail}"
-        if fill.status != 200 or fill.next_offset is None:
+        if fill.relay or fill.next_offset is None:
+            if fill.status == 200 and plan.is_delta:
+                # True for the delta's request only; the client's own read goes to the origin.
+                raise RelayInstead("the origin's answer to the delta cannot be joined")
             return Answer(
                 status=fill.status, headers=relayable(fill.headers), body=fill.body,
-                cache_status=cache_status, result=result,
+                cache_status=cache_status, result=result if fill.status != 200 else "bypass",
             )  # fmt: skip
-        log_ = self._log_for(key)
+        log_ = self.local.log_for(key)
         if log_.content_type is None:  # evicted or purged while the fetch was in flight
             log_.content_type = first_value(fill.headers, "content-type")
-            log_.header_template = header_template(fill.headers)
+            log_.header_template = self.local.template(header_template(fill.headers))
         segments = self._joined(plan.prefix, fill.segment)
         return self._answer(
             read, log_, offset, segments, fill.next_offset,
@@ -247,6 +316,17 @@ class CatchupCache:
     @staticmethod
     def _joined(prefix: Coverage, segment: Segment | None) -> tuple[Segment, ...]:
         return (*prefix.segments, segment) if segment is not None else prefix.segments
+
+    def cache_control_for(self, log_: StreamLog, *, immutable: bool) -> str:
+        instance = log_.instance
+        now = self._clock()
+        return cache_control(
+            scope=log_.key.scope,
+            immutable=immutable,
+            freshness_seconds=self._settings.tail_freshness_seconds,
+            lifetime_known=instance.lifetime_known,
+            remaining_seconds=instance.remaining_seconds(now),
+        )
 
     def _answer(
         self,
@@ -266,12 +346,11 @@ class CatchupCache:
         body = stitch(segments, json=log_.json)
         final = closed and up_to_date
         compress = len(body) >= COMPRESS_MIN_BYTES and accepts_gzip(accept_encoding)
-        tag = etag(read.stream, start, end, closed=final, encoding="gzip" if compress else None)
-        control = cache_control(
-            scope=read.scope,
-            immutable=final or not up_to_date,
-            freshness_seconds=self._settings.tail_freshness_seconds,
-        )
+        tag = etag(
+            read.stream, start, end, digest=content_digest(segments) if segments else "0",
+            closed=final, encoding="gzip" if compress else None,
+        )  # fmt: skip
+        control = self.cache_control_for(log_, immutable=final or not up_to_date)
         headers = answer_headers(
             log_, next_offset=end, up_to_date=up_to_date, closed=final, tag=tag, control=control
         )
@@ -286,28 +365,7 @@ class CatchupCache:
             status=200, headers=headers, body=body, cache_status=cache_status, result=result
         )
 
-    async def _pull_shared(self, key: LogKey, start: str) -> bool:
-        """Copy the shared tier's segment at ``start`` into the local tier; False if none."""
-        assert self._shared is not None
-        found = await self._shared.get(key, start)
-        if found is None:
-            return False
-        log_ = self._log_for(key)
-        self._learn_lifetime(log_)
-        if log_.content_type is None:
-            log_.content_type = found.content_type
-        return self.local.put(key, found.segment)
-
-    async def _pull_shared_closure(self, key: LogKey, end: str) -> bool:
-        """Did another replica see the stream closed exactly where the edge's chain ends?"""
-        assert self._shared is not None
-        log_ = self.local.log(key)
-        if log_ is None or (log_.tail is not None and log_.tail.closed):
-            return False
-        if await self._shared.get_closed(key) != end:
-            return False
-        log_.observe_tail(end, closed=True, now=self._clock())
-        return True
+    # --- the shared tier ---
 
     async def probe_now(
         self, key: LogKey, credentials: Sequence[tuple[str, str]]
@@ -317,200 +375,138 @@ class CatchupCache:
         upstream = await self._origin.open("GET", f"{key.stream}?offset=now", headers, live=False)
         try:
             self._metrics.origin_requests.labels(kind="catchup", code=str(upstream.status)).inc()
-            body = await upstream.read()
+            body = await self._read_fill(upstream)
         finally:
             upstream.close()
         response_headers = list(upstream.headers.items())
-        if upstream.status in (404, 410):
-            self.stream_gone(key)
-        elif upstream.status == 200:
-            log_ = self._log_for(key)
-            log_.touched_origin(self._clock())
+        next_offset = first_value(response_headers, "stream-next-offset")
+        if upstream.status == 404:
+            self.streams.stream_gone(key)
+        elif upstream.status == 200 and is_offset_token(next_offset):
+            instance = self.local.instance_for(key.stream)
+            instance.touched_origin(self._clock())
+            log_ = self.local.log_for(key)
             if log_.content_type is None:
                 log_.content_type = first_value(response_headers, "content-type")
-                log_.header_template = header_template(response_headers)
+                log_.header_template = self.local.template(header_template(response_headers))
         return upstream.status, response_headers, body
 
-    async def _fill(self, key: LogKey, offset: str, credentials: Sequence[tuple[str, str]]) -> Fill:
+    async def _read_fill(self, upstream: aiohttp.ClientResponse) -> bytes:
+        """The whole body, within ``--max-segment-bytes`` and the fills' shared buffer budget;
+        past either, BodyTooLarge (the web layer relays instead of buffering)."""
+        limit = self._settings.max_segment_bytes
+        declared = upstream.content_length
+        if declared is not None and (
+            declared > limit or declared > self.fill_budget.limit - self.fill_budget.used
+        ):
+            raise BodyTooLarge(f"{upstream.url.path}: {declared} bytes is over the fill budget")
+        chunks: list[bytes] = []
+        taken = 0
+        try:
+            async for chunk in OriginClient.body_chunks(upstream):
+                if taken + len(chunk) > limit or not self.fill_budget.take(len(chunk)):
+                    raise BodyTooLarge(f"{upstream.url.path}: over the fill budget")
+                taken += len(chunk)
+                chunks.append(chunk)
+            return b"".join(chunks)
+        finally:
+            self.fill_budget.give_back(taken)
+
+    async def _fill(
+        self,
+        key: LogKey,
+        fetch: Fetch,
+        credentials: Sequence[tuple[str, str]],
+        instance: StreamInstance,
+    ) -> Fill:
         headers = own_request_headers(credentials)
+        started = self.streams.ticket()
         upstream = await self._origin.open(
-            "GET", f"{key.stream}?offset={quote(offset, safe='')}", headers, live=False
+            "GET", f"{key.stream}?offset={quote(fetch.offset, safe='')}", headers, live=False
         )
         try:
             self._metrics.origin_requests.labels(kind="catchup", code=str(upstream.status)).inc()
-            # Past --max-segment-bytes this raises BodyTooLarge: the web layer relays instead.
-            body = await OriginClient.read_body(upstream, self._settings.max_segment_bytes)
+            body = await self._read_fill(upstream)
         finally:
             upstream.close()
         self._metrics.origin_bytes.inc(len(body))
         response_headers = tuple(upstream.headers.items())
-        return self._record(key, offset, upstream.status, response_headers, body)
+        return self._record(
+            key, fetch, upstream.status, response_headers, body,
+            instance=instance, started=started, credentials=credentials,
+        )  # fmt: skip
 
     def _record(
         self,
         key: LogKey,
-        offset: str,
+        fetch: Fetch,
         status: int,
         headers: tuple[tuple[str, str], ...],
         body: bytes,
+        *,
+        instance: StreamInstance,
+        started: int,
+        credentials: Sequence[tuple[str, str]],
     ) -> Fill:
         """Learn from one origin answer: store its segment and what it says about the tail."""
+        received = self.streams.ticket()
         now = self._clock()
+        offset = fetch.offset
         next_offset = first_value(headers, "stream-next-offset")
         up_to_date = flag(headers, "stream-up-to-date")
         closed = flag(headers, "stream-closed")
-        unusable = Fill(
+        relay = Fill(
             status=status, headers=headers, body=body, segment=None, next_offset=None,
-            up_to_date=False, closed=False, stored=False,
+            up_to_date=False, closed=False, stored=False, relay=True,
         )  # fmt: skip
-        if status in (404, 410):
-            self.stream_gone(key)
-            return unusable
+        if status == 404:
+            self.streams.stream_gone(key)
+            return relay
         encoding = (first_value(headers, "content-encoding") or "identity").lower()
-        if status != 200 or next_offset is None or encoding != "identity":
-            return unusable
+        if status != 200 or encoding != "identity" or not is_offset_token(next_offset):
+            return relay  # 410 and other refusals: evidence about this request only
+        assert next_offset is not None
+        if forbids_storing(headers):
+            instance.bypass_until = now + BYPASS_SECONDS
+            return relay
+        if not self.local.current(instance):
+            return relay  # the stream was forgotten meanwhile: this answer is its client's only
         content_type = first_value(headers, "content-type")
-        segment = Segment(start=offset, end=next_offset, body=body)
-        if is_json(content_type) and not _is_json_array(body):
-            return unusable
-        log_ = self._log_for(key)
-        self._learn_lifetime(log_)
-        log_.content_type = content_type
-        log_.header_template = header_template(headers)
-        log_.touched_origin(now)
-        stored = False
-        if next_offset != offset:
-            stored = self.local.put(key, segment)
-            if stored and self._shared is not None:
-                self._shared.put(key, segment, content_type)
-        if up_to_date:
-            log_.observe_tail(next_offset, closed=closed, now=now)
-            if closed and self._shared is not None:
-                self._shared.put_closed(key, next_offset)
-        return Fill(
-            status=status, headers=headers, body=body,
-            segment=segment if next_offset != offset else None, next_offset=next_offset,
-            up_to_date=up_to_date, closed=closed, stored=stored,
-        )  # fmt: skip
-
-    # --- what live upstreams tell the cache ---
-
-    def record_live(
-        self,
-        key: LogKey,
-        start: str,
-        end: str,
-        body: bytes,
-        *,
-        up_to_date: bool,
-        closed: bool,
-    ) -> Segment | None:
-        """A batch a live upstream delivered: [start, end). While the upstream runs, what it
-        says about the tail is authoritative. Returns the stored segment, if any."""
-        now = self._clock()
-        log_ = self._log_for(key)
-        log_.touched_origin(now)
-        segment = None
-        if end != start:
-            segment = Segment(start=start, end=end, body=body)
-            if self.local.put(key, segment) and self._shared is not None:
-                self._shared.put(key, segment, log_.content_type)
-        if up_to_date or closed:
-            log_.observe_tail(end, closed=closed, now=now, authoritative=True)
-            if closed and self._shared is not None:
-                self._shared.put_closed(key, end)
-        return segment
-
-    def live_ended(self, key: LogKey) -> None:
-        """The live upstream stopped: its last word on the tail is now only as of its time."""
-        log_ = self.local.log(key)
-        if log_ is not None:
-            log_.lose_authority(self._clock())
-
-    # --- what pass-through traffic tells the cache ---
-
-    def _log_for(self, key: LogKey) -> StreamLog:
+        json = is_json(content_type)
+        if json and not is_json_array(body):
+            return relay
         log_ = self.local.log_for(key)
-        floor = self._floors.get(key.stream)
-        if floor is not None and (log_.floor is None or floor > log_.floor):
-            log_.floor = floor
-        return log_
-
-    def _learn_lifetime(self, log_: StreamLog) -> None:
-        lifetime = self._lifetimes.get(log_.key.stream)
-        if lifetime is not None:
-            log_.ttl_seconds = lifetime.ttl_seconds
-            log_.expires_at = lifetime.expires_at
-
-    def _remember_lifetime(self, stream: str, headers: Sequence[tuple[str, str]]) -> None:
-        ttl = parse_ttl_seconds(first_value(headers, "stream-ttl"))
-        expires_at = parse_expires_at(first_value(headers, "stream-expires-at"))
-        if ttl is None and expires_at is None:
-            return
-        self._lifetimes[stream] = Lifetime(ttl_seconds=ttl, expires_at=expires_at)
-        for log_ in self.local.logs_of(stream):
-            self._learn_lifetime(log_)
-
-    def observe(
-        self,
-        method: str,
-        stream: str,
-        status: int,
-        request_headers: Sequence[tuple[str, str]],
-        response_headers: Sequence[tuple[str, str]],
-    ) -> None:
-        """Called for every answer the origin gave to a request the cache did not serve."""
-        method = method.upper()
-        if status in (404, 410) and method in ("GET", "HEAD"):
-            self.stream_gone(LogKey(stream=stream, scope=auth_scope(request_headers)))
-        elif method == "DELETE" and status < 400:
-            self.purge(stream)
-        elif method in ("PUT", "POST"):
-            # Any write may have moved the tail (even a failed one may have raced one that did).
-            floor = first_value(response_headers, "stream-next-offset") if status < 300 else None
-            if floor is not None:
-                known = self._floors.get(stream)
-                self._floors[stream] = floor if known is None or floor > known else known
-            for log_ in self.local.logs_of(stream):
-                log_.mark_stale(floor)
-            if method == "PUT" and status in (200, 201):
-                self._remember_lifetime(stream, request_headers)
-        elif method == "HEAD" and status == 200:
-            self._remember_lifetime(stream, response_headers)
-
-    def stream_gone(self, key: LogKey) -> None:
-        """The origin said 404/410 to a request in ``key.scope``. Without credentials that is the
-        stream's fate for everyone; with them it may only mean "not for you" (an origin may hide
-        what a token cannot read), so only that scope forgets, and nobody can empty the cache
-        for others by sending a bad token."""
-        if key.scope == PUBLIC_SCOPE:
-            self.purge(key.stream)
-        else:
-            self.local.purge_scope(key)
-
-    def forget_locally(self, stream: str) -> int:
-        """Forget ``stream`` in every scope on this replica (another replica purged it)."""
-        self._lifetimes.pop(stream, None)
-        self._floors.pop(stream, None)
-        return self.local.purge(stream)
-
-    def purge(self, stream: str) -> int:
-        """Forget ``stream`` in every scope, here, in the shared tier and (through it) on every
-        other replica; the shared part happens in the background."""
-        dropped = self.forget_locally(stream)
-        if self._shared is not None:
-            task = asyncio.ensure_future(self._shared.purge(stream))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
-        return dropped
+        log_.content_type = content_type
+        log_.header_template = self.local.template(header_template(headers))
+        instance.touched_origin(now)
+        self.streams.learn_lifetime(instance, headers)
+        if up_to_date or next_offset < offset:
+            # A tail before what the edge knew the stream reached, told to a request that
+            # started after the edge knew it, is another instance (the core decides).
+            verdict = log_.observe_tail(
+                next_offset, closed=closed and up_to_date, now=now,
+                started=started, received=received,
+            )  # fmt: skip
+            if verdict is TailVerdict.NEW_INSTANCE:
+                log.info("%s changed at the origin (tail went back or reopened)", key.stream)
+                self.streams.purge(key.stream)
+                return relay
+        if next_offset < offset:
+            return relay  # a read past the tail: the real tail is for this client to see
+        instance.reached(next_offset, received)
+        segment = answer_segment(offset, next_offset, body, json=json)
+        stored = segment is not None and self.local.put(key, segment, instance)
+        final = up_to_date and closed
+        self.streams.share(key, segment if stored else None, next_offset if final else None)
+        if not instance.lifetime_known:
+            self.streams.probe_lifetime(instance, credentials)
+        return Fill(
+            status=status, headers=headers, body=body, segment=segment, next_offset=next_offset,
+            up_to_date=up_to_date, closed=final, stored=stored, relay=False,
+        )  # fmt: skip
 
     async def close(self) -> None:
-        await asyncio.gather(*self._background, return_exceptions=True)
+        await self.streams.close()
 
 
-def _is_json_array(body: bytes) -> bool:
-    stripped = body.strip()
-    return stripped.startswith(b"[") and stripped.endswith(b"]")
-
-
-__all__ = ["Answer", "CatchupCache", "OriginError"]
+__all__ = ["Answer", "CatchupCache", "InstanceChanged", "OriginError", "RelayInstead"]

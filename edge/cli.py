@@ -26,6 +26,12 @@ class Option:
     parse: Callable[[str], Any]
     default: str | None
     help: str
+    # The Settings field it fills, when that is not ``dest`` (units in names: ``..._seconds``).
+    field: str | None = None
+
+    @property
+    def setting(self) -> str:
+        return self.field or self.dest
 
     @property
     def dest(self) -> str:
@@ -97,6 +103,7 @@ SERVE_OPTIONS = (
         float,
         "5",
         "Seconds to open a connection to the origin before answering 502.",
+        field="upstream_connect_timeout_seconds",
     ),
     Option(
         "--upstream-headers-timeout",
@@ -104,6 +111,7 @@ SERVE_OPTIONS = (
         "75",
         "Seconds to wait for the origin's response headers before answering 504; keep it "
         "above the origin's long-poll timeout (30 s for both real origins).",
+        field="upstream_headers_timeout_seconds",
     ),
     Option(
         "--upstream-read-timeout",
@@ -111,6 +119,7 @@ SERVE_OPTIONS = (
         "60",
         "Seconds a non-live origin body may stall between chunks before the client's "
         "connection is aborted. Live (SSE) bodies have no idle limit.",
+        field="upstream_read_timeout_seconds",
     ),
     Option(
         "--upstream-max-connections",
@@ -150,12 +159,14 @@ SERVE_OPTIONS = (
         "Seconds an at-tail answer of an open stream is reused without asking the origin. "
         "Writes through this edge invalidate at once; a reader is at most this far behind "
         "writes made elsewhere, and loses nothing (it goes live from there).",
+        field="tail_freshness_seconds",
     ),
     Option(
         "--long-poll-timeout",
         float,
         "30",
         "Seconds a long-poll at the tail waits for data before answering 204.",
+        field="long_poll_timeout_seconds",
     ),
     Option(
         "--sse-max-seconds",
@@ -169,6 +180,7 @@ SERVE_OPTIONS = (
         float,
         "15",
         "Seconds of silence after which an SSE viewer gets a comment heartbeat.",
+        field="sse_heartbeat_seconds",
     ),
     Option(
         "--sse-buffer-bytes",
@@ -189,6 +201,7 @@ SERVE_OPTIONS = (
         float,
         "5",
         "Seconds an upstream tail stays after its last reader leaves.",
+        field="tail_linger_seconds",
     ),
     Option(
         "--redis-url",
@@ -196,13 +209,20 @@ SERVE_OPTIONS = (
         "",
         "Shared cache tier, e.g. redis://127.0.0.1:6379/0; empty disables it.",
     ),
-    Option("--redis-ttl", _positive_int, "3600", "Seconds a segment lives in the shared tier."),
+    Option(
+        "--redis-ttl",
+        _positive_int,
+        "3600",
+        "Seconds a segment lives in the shared tier.",
+        field="redis_ttl_seconds",
+    ),
     Option(
         "--redis-timeout",
         float,
         "0.25",
         "Seconds one shared-tier operation may take before it counts as a failure; a few "
         "failures in a row open a circuit breaker for 5 s.",
+        field="redis_timeout_seconds",
     ),
     Option(
         "--scope-headers",
@@ -225,7 +245,47 @@ SERVE_OPTIONS = (
         "64MiB",
         "Bytes all cache fills together may buffer; past it a read is relayed uncached.",
     ),
+    Option(
+        "--header-timeout",
+        float,
+        "10",
+        "Seconds a client connection may take to send a complete request head, counted from "
+        "its connect or from the first byte of its next request; then it is closed.",
+        field="header_timeout_seconds",
+    ),
+    Option(
+        "--keepalive-timeout",
+        float,
+        "60",
+        "Seconds a client connection may stay idle between requests before it is closed.",
+        field="keepalive_timeout_seconds",
+    ),
+    Option(
+        "--max-connections",
+        _positive_int,
+        "0",
+        "Cap on open client connections on the stream listener; at the cap a newcomer evicts "
+        "the longest-idle connection, or gets 503 when all are busy. 0 = half the open-file "
+        "limit (ulimit -n), leaving the rest for one origin connection each, Redis and the "
+        "admin listener.",
+    ),
+    Option(
+        "--origin-health-path",
+        _optional_str,
+        "",
+        "Path /readyz probes on the origin with GET; empty probes OPTIONS / (a CORS "
+        "preflight, which a Durable Streams origin answers). Ready only on 2xx or 3xx.",
+    ),
+    Option(
+        "--purge-token",
+        _optional_str,
+        "",
+        "Bearer token POST /purge on the admin listener requires. Empty: /purge is open on a "
+        "loopback admin listener and refused (403) on any other.",
+    ),
 )
+
+FLAG_OF_SETTING = {option.setting: option.flag for option in SERVE_OPTIONS}
 
 
 def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
@@ -262,37 +322,16 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
         if raw is None:
             raise ConfigError(f"{option.flag} (or {option.env}) is required")
         try:
-            values[option.dest] = option.parse(raw)
+            values[option.setting] = option.parse(raw)
         except ValueError as error:
-            raise ConfigError(f"{option.flag}={raw!r}: {error}") from error
-    return Settings(
-        origin=values["origin"],
-        listen=values["listen"],
-        admin_listen=values["admin_listen"],
-        log_level=values["log_level"],
-        upstream_connect_timeout_seconds=values["upstream_connect_timeout"],
-        upstream_headers_timeout_seconds=values["upstream_headers_timeout"],
-        upstream_read_timeout_seconds=values["upstream_read_timeout"],
-        upstream_max_connections=values["upstream_max_connections"],
-        drain_seconds=values["drain_seconds"],
-        cache_bytes=values["cache_bytes"],
-        max_response_bytes=values["max_response_bytes"],
-        max_segment_bytes=values["max_segment_bytes"],
-        tail_freshness_seconds=values["tail_freshness"],
-        long_poll_timeout_seconds=values["long_poll_timeout"],
-        sse_max_seconds=values["sse_max_seconds"],
-        sse_heartbeat_seconds=values["sse_heartbeat"],
-        sse_buffer_bytes=values["sse_buffer_bytes"],
-        max_viewers=values["max_viewers"],
-        tail_mode=values["tail_mode"],
-        tail_linger_seconds=values["tail_linger"],
-        redis_url=values["redis_url"],
-        redis_ttl_seconds=values["redis_ttl"],
-        redis_timeout_seconds=values["redis_timeout"],
-        scope_headers=values["scope_headers"],
-        scope_cookies=values["scope_cookies"],
-        fill_buffer_bytes=values["fill_buffer_bytes"],
-    )
+            # Never echo a secret back, not even into a terminal.
+            shown = "..." if option.flag == "--purge-token" else repr(raw)
+            raise ConfigError(option.flag, f"={shown}: {error}") from None
+    try:
+        return Settings(**values)
+    except ConfigError as error:
+        # Settings names its fields; the user typed flags.
+        raise ConfigError("", error.render(FLAG_OF_SETTING)) from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -306,7 +345,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    from edge.server import run
+    from edge.server import StartupError, run
 
-    run(settings)
+    try:
+        run(settings)
+    except StartupError as error:
+        print(f"edge: error: {error}", file=sys.stderr)
+        return 2
     return 0

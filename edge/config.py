@@ -6,7 +6,10 @@ receives it as an argument.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import ipaddress
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 SECONDS = 1.0
@@ -16,7 +19,33 @@ MiB = 1024 * KiB
 
 
 class ConfigError(ValueError):
-    """A setting that cannot be used; the message says which and why."""
+    """A setting that cannot be used; the message says which and why.
+
+    ``Settings`` names its fields as ``{field_name}`` in ``template``; ``render`` replaces them
+    with what the user typed (``edge.cli`` passes the flag of each field), ``str()`` with the bare
+    field names. ``detail`` (which may quote user input) is appended as is.
+    """
+
+    def __init__(self, template: str, detail: str = "") -> None:
+        super().__init__(template + detail)
+        self.template = template
+        self.detail = detail
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        return tuple(_FIELD_REF.findall(self.template))
+
+    def render(self, names: Mapping[str, str]) -> str:
+        text = self.template
+        for name in self.fields:
+            text = text.replace("{" + name + "}", names.get(name, name))
+        return text + self.detail
+
+    def __str__(self) -> str:
+        return self.render({})
+
+
+_FIELD_REF = re.compile(r"\{([a-z_]+)\}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -29,10 +58,10 @@ class Address:
         """``HOST:PORT``, ``[IPv6]:PORT`` or ``:PORT`` (all interfaces)."""
         host, sep, port_text = text.rpartition(":")
         if not sep or not port_text.isdigit():
-            raise ConfigError(f"expected HOST:PORT, got {text!r}")
+            raise ConfigError("expected HOST:PORT", f", got {text!r}")
         port = int(port_text)
         if not 0 <= port <= 65535:
-            raise ConfigError(f"port out of range in {text!r}")
+            raise ConfigError("port out of range", f" in {text!r}")
         host = host.strip("[]") or "0.0.0.0"
         return cls(host=host, port=port)
 
@@ -88,58 +117,99 @@ class Settings:
     # Bytes all cache fills together may buffer while reading origin answers; past it, a read is
     # relayed uncached instead of buffered.
     fill_buffer_bytes: int = 64 * MiB
+    # Client connections on the stream listener (edge.web.connections): a connection must deliver
+    # a complete request head this soon after connecting (or after the first byte of its next
+    # request), may sit idle this long between requests, and at most this many are open
+    # (0 = derived from the open-file limit at start-up, see default_max_connections).
+    header_timeout_seconds: float = 10 * SECONDS
+    keepalive_timeout_seconds: float = 60 * SECONDS
+    max_connections: int = 0
+    # Readiness: None probes ``OPTIONS /`` (a Durable Streams origin answers CORS preflights on
+    # any path), a path is probed with GET instead. Ready only on 2xx/3xx.
+    origin_health_path: str | None = None
+    # When set, POST /purge on the admin listener needs ``Authorization: Bearer <token>``.
+    purge_token: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.origin)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ConfigError(f"--origin must be an http(s) URL, got {self.origin!r}")
+            raise ConfigError("{origin} must be an http(s) URL", f", got {self.origin!r}")
         if parts.query or parts.fragment:
-            raise ConfigError("--origin must not carry a query or fragment")
+            raise ConfigError("{origin} must not carry a query or fragment")
+        if parts.path not in ("", "/"):
+            # Clients' paths are forwarded verbatim, so a prefix here would be silently ignored.
+            raise ConfigError(
+                "{origin} must not carry a path: the edge forwards each client's path verbatim, "
+                "so give scheme://host:port only",
+                f" (got path {parts.path!r})",
+            )
         for name in (
             "upstream_connect_timeout_seconds",
             "upstream_headers_timeout_seconds",
             "upstream_read_timeout_seconds",
-        ):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{name} must be positive")
-        for name in (
             "cache_bytes",
             "max_response_bytes",
             "max_segment_bytes",
             "redis_ttl_seconds",
             "fill_buffer_bytes",
+            "redis_timeout_seconds",
+            "long_poll_timeout_seconds",
+            "sse_heartbeat_seconds",
+            "sse_buffer_bytes",
+            "header_timeout_seconds",
+            "keepalive_timeout_seconds",
         ):
             if getattr(self, name) <= 0:
-                raise ConfigError(f"{name} must be positive")
+                raise ConfigError("{" + name + "} must be positive")
+        for name in (
+            "tail_freshness_seconds",
+            "tail_linger_seconds",
+            "drain_seconds",
+            "max_connections",
+        ):
+            if getattr(self, name) < 0:
+                raise ConfigError("{" + name + "} must be >= 0")
         if self.max_segment_bytes > self.cache_bytes:
             # A segment the cache cannot hold would be fetched, dropped and fetched again.
-            raise ConfigError("max_segment_bytes must not exceed cache_bytes")
-        if self.tail_freshness_seconds < 0:
-            raise ConfigError("tail_freshness_seconds must be >= 0")
-        if self.redis_timeout_seconds <= 0:
-            raise ConfigError("redis_timeout_seconds must be positive")
-        if self.redis_url is not None and not self.redis_url.startswith(
-            ("redis://", "rediss://", "unix://")
-        ):
-            raise ConfigError(
-                f"--redis-url must be redis://, rediss:// or unix://, got {self.redis_url!r}"
-            )
+            raise ConfigError("{max_segment_bytes} must not exceed {cache_bytes}")
+        if self.redis_url is not None:
+            if not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
+                raise ConfigError(
+                    "{redis_url} must be redis://, rediss:// or unix://",
+                    f", got {self.redis_url!r}",
+                )
+            try:
+                urlsplit(self.redis_url).port  # noqa: B018 - parsing is the check
+            except ValueError:
+                raise ConfigError("{redis_url} has an invalid port") from None
         if self.sse_max_seconds != 0 and self.sse_max_seconds < MIN_SSE_SECONDS:
             # The official client falls back to long-poll when SSE connections are short.
-            raise ConfigError(f"sse_max_seconds must be 0 (never) or at least {MIN_SSE_SECONDS}")
-        for name in ("long_poll_timeout_seconds", "sse_heartbeat_seconds", "sse_buffer_bytes"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{name} must be positive")
+            raise ConfigError(
+                "{sse_max_seconds} must be 0 (never) or at least " + f"{MIN_SSE_SECONDS:g}"
+            )
         if self.max_viewers < 1:
-            raise ConfigError("max_viewers must be at least 1")
+            raise ConfigError("{max_viewers} must be at least 1")
         if self.tail_mode not in ("auto", "sse", "long-poll"):
-            raise ConfigError("tail_mode must be auto, sse or long-poll")
-        if self.tail_linger_seconds < 0:
-            raise ConfigError("tail_linger_seconds must be >= 0")
-        if self.drain_seconds < 0:
-            raise ConfigError("drain_seconds must be >= 0")
+            raise ConfigError("{tail_mode} must be auto, sse or long-poll")
         if self.upstream_max_connections < 0:
-            raise ConfigError("upstream_max_connections must be >= 0 (0 = unlimited)")
+            raise ConfigError("{upstream_max_connections} must be >= 0 (0 = unlimited)")
+        if self.origin_health_path is not None and not self.origin_health_path.startswith("/"):
+            raise ConfigError("{origin_health_path} must start with /")
+        if self.purge_token is not None and (
+            not self.purge_token.isascii() or not self.purge_token.isprintable()
+        ):
+            raise ConfigError("{purge_token} must be printable ASCII")
+
+    @property
+    def admin_on_loopback(self) -> bool:
+        """Whether only this machine can reach the admin listener."""
+        host = self.admin_listen.host
+        if host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            return False  # a host name: it may resolve to any interface
 
     @property
     def origin_base(self) -> str:

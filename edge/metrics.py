@@ -6,7 +6,20 @@ Label values are closed sets: ``kind`` is a ``RequestKind``, ``reason`` one of `
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+import asyncio
+import contextlib
+from collections.abc import Callable, Iterator
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from edge.protocol.reads import RequestKind
 
@@ -17,9 +30,77 @@ CACHE_RESULTS = ("hit", "delta", "miss", "bypass")
 DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 
 
+Usage = Callable[[], dict[str, tuple[int, int]]]
+# (open, limit, closed by reason) of the stream listener's client connections.
+ConnectionStats = Callable[[], tuple[int, int, dict[str, int]]]
+
+
+class ScrapeTimeCollector(Collector):
+    """What is read at scrape time, not counted per request: every structure inside
+    ``--cache-bytes``, the event loop's tasks, the stream listener's connections."""
+
+    def __init__(self) -> None:
+        self.usage: Usage | None = None
+        self.fill_bytes: Callable[[], int] | None = None
+        self.connections: ConnectionStats | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        size = GaugeMetricFamily(
+            "edge_budget_bytes",
+            "Bytes each structure holds within the --cache-bytes budget (segment, log, "
+            "instance, derived), and fill: bytes origin answers being read hold now (bounded "
+            "by --fill-buffer-bytes).",
+            labels=["structure"],
+        )
+        entries = GaugeMetricFamily(
+            "edge_budget_entries",
+            "Entries each structure holds within the --cache-bytes budget.",
+            labels=["structure"],
+        )
+        if self.usage is not None:
+            for structure, (used, count) in self.usage().items():
+                size.add_metric([structure], used)
+                entries.add_metric([structure], count)
+        if self.fill_bytes is not None:
+            size.add_metric(["fill"], self.fill_bytes())
+        yield size
+        yield entries
+        tasks = GaugeMetricFamily(
+            "edge_event_loop_tasks", "Tasks alive in the edge's event loop (leak detector)."
+        )
+        with contextlib.suppress(RuntimeError):  # scraped outside the loop: nothing to count
+            tasks.add_metric([], len(asyncio.all_tasks()))
+        yield tasks
+        if self.connections is not None:
+            open_, limit, closed = self.connections()
+            yield GaugeMetricFamily(
+                "edge_client_connections",
+                "Open client connections on the stream listener.",
+                value=open_,
+            )
+            yield GaugeMetricFamily(
+                "edge_client_connections_limit",
+                "--max-connections in effect (derived from the open-file limit when 0).",
+                value=limit,
+            )
+            closed_family = CounterMetricFamily(
+                "edge_client_connections_closed",
+                "Client connections the edge closed itself, by reason: header_timeout, "
+                "keepalive_timeout, evicted (the longest idle, at --max-connections), refused "
+                "(503: every connection busy).",
+                labels=["reason"],
+            )
+            for reason, count in closed.items():
+                closed_family.add_metric([reason], count)
+            yield closed_family
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        ProcessCollector(registry=self.registry)
+        self._budget = ScrapeTimeCollector()
+        self.registry.register(self._budget)
         self.requests = Counter(
             "edge_requests",
             "Client requests answered, by kind and status code.",
@@ -65,7 +146,9 @@ class Metrics:
             registry=self.registry,
         )
         self.cache_bytes = Gauge(
-            "edge_cache_bytes", "Bytes held by the local tier.", registry=self.registry
+            "edge_cache_bytes",
+            "Bytes held by the local tier: everything within --cache-bytes.",
+            registry=self.registry,
         )
         self.cache_segments = Gauge(
             "edge_cache_segments", "Segments held by the local tier.", registry=self.registry
@@ -140,6 +223,14 @@ class Metrics:
             self.open_connections.labels(kind=kind.value)
         for reason in ORIGIN_ERRORS:
             self.origin_errors.labels(reason=reason)
+
+    def track_budget(self, usage: Usage, fill_bytes: Callable[[], int]) -> None:
+        self._budget.usage, self._budget.fill_bytes = usage, fill_bytes
+        self.cache_bytes.set_function(lambda: sum(used for used, _ in usage().values()))
+        self.cache_segments.set_function(lambda: usage()["segment"][1])
+
+    def track_connections(self, stats: ConnectionStats) -> None:
+        self._budget.connections = stats
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -3,10 +3,15 @@
 Exceptions (every aiohttp error is translated here, at the boundary)::
 
     BodyTooLarge           a body past the caller's limit (not an error of the origin's)
-    OriginError            status hint for the client, reason label for metrics
-    ├── OriginUnreachable  502  could not connect
+    OriginError            status hint and fixed text for the client, reason label for metrics
+    ├── OriginUnreachable  502  could not connect           "origin unreachable"
     ├── OriginTimeout      504  no response headers in time, or a body stalled
+    │                                                       "origin timed out"
     └── OriginBroken       502  connection reset or malformed answer
+                                                            "origin connection failed"
+
+An error's message (``str(error)``) carries the details (addresses, parser messages) and is for
+the log only; a client is told ``public_text``, which names nothing internal.
 
 Rules this module owns:
 
@@ -18,12 +23,15 @@ Rules this module owns:
   origin's long-poll.
 * Pooled connections are dropped before the origin's own keep-alive timeout (Node: 5 s), so a
   request never lands on a socket the origin is closing.
+* Every origin answer (relayed, a cache fill, a live tail) is shown to the answer listeners as it
+  arrives, so the edge knows the origin's current headers (its CORS policy) without each caller
+  reporting them.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterable, AsyncIterator, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 
 import aiohttp
 from multidict import CIMultiDict
@@ -43,21 +51,29 @@ class BodyTooLarge(Exception):
 class OriginError(Exception):
     status = 502
     reason = "protocol"
+    public_text = "origin connection failed"
 
 
 class OriginUnreachable(OriginError):
     status = 502
     reason = "connect"
+    public_text = "origin unreachable"
 
 
 class OriginTimeout(OriginError):
     status = 504
     reason = "timeout"
+    public_text = "origin timed out"
 
 
 class OriginBroken(OriginError):
     status = 502
     reason = "reset"
+    public_text = "origin connection failed"
+
+
+# Called with the headers of every origin answer, as its status line and headers arrive.
+AnswerListener = Callable[[Sequence[tuple[str, str]]], None]
 
 
 def translate(error: BaseException) -> OriginError:
@@ -79,6 +95,11 @@ class OriginClient:
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
         self._session: aiohttp.ClientSession | None = None
+        self._listeners: list[AnswerListener] = []
+
+    def listen_to_answers(self, listener: AnswerListener) -> None:
+        """Show ``listener`` the headers of every origin answer from now on."""
+        self._listeners.append(listener)
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(
@@ -131,7 +152,7 @@ class OriginClient:
         read_timeout = idle_timeout if live else self._settings.upstream_read_timeout_seconds
         try:
             async with asyncio.timeout(self._settings.upstream_headers_timeout_seconds):
-                return await self._session.request(
+                response = await self._session.request(
                     method,
                     URL(self.url_for(path_qs), encoded=True),
                     headers=CIMultiDict(headers),
@@ -145,6 +166,15 @@ class OriginClient:
                 )
         except (aiohttp.ClientError, TimeoutError, OSError) as error:
             raise translate(error) from error
+        if self._listeners:
+            answered = list(response.headers.items())
+            try:
+                for listener in self._listeners:
+                    listener(answered)
+            except BaseException:
+                response.close()
+                raise
+        return response
 
     @staticmethod
     async def read_body(response: aiohttp.ClientResponse, limit: int) -> bytes:

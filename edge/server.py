@@ -1,24 +1,46 @@
-"""Run the edge: the stream listener and the admin listener in one event loop until a signal."""
+"""Run the edge: the stream listener and the admin listener in one event loop until a signal.
+
+Start-up failures a user can fix (a port in use, a host that does not resolve) are raised as
+``StartupError`` with a one-line reason naming the flag; ``edge.cli`` prints it and exits 2.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import logging
+import resource
 import signal
+import socket
 from urllib.parse import urlsplit
 
+import redis.asyncio as redis
 from aiohttp import web
+from redis.exceptions import RedisError
 
 from edge.config import Address, Settings
 from edge.metrics import Metrics
 from edge.origin import OriginClient
 from edge.web.app import HUB, create_admin_app, create_app
+from edge.web.connections import (
+    CONNECTIONS,
+    BoundedSite,
+    ConnectionTracker,
+    Limits,
+    default_max_connections,
+)
 
 log = logging.getLogger(__name__)
 
 # Viewers arrive in herds (a shared demo link); the default backlog of 128 would refuse them.
 LISTEN_BACKLOG = 4096
+# The start-up Redis check: long enough for a TLS handshake, short enough not to stall a start.
+REDIS_STARTUP_PING_SECONDS = 1.0
+
+
+class StartupError(Exception):
+    """The edge cannot start; the message names the flag and says why, on one line."""
 
 
 def _bound_url(runner: web.AppRunner, requested: Address) -> str:
@@ -31,27 +53,148 @@ def _bound_url(runner: web.AppRunner, requested: Address) -> str:
     return f"http://{requested}"
 
 
-async def _start(app: web.Application, address: Address, settings: Settings) -> web.AppRunner:
+def _why(error: OSError, address: Address) -> str:
+    if isinstance(error, socket.gaierror):
+        return f"cannot resolve host {address.host!r}"
+    reasons = {
+        errno.EADDRINUSE: "address already in use",
+        errno.EADDRNOTAVAIL: "address not available on this machine",
+        errno.EACCES: "permission denied",
+    }
+    return reasons.get(error.errno or 0) or error.strerror or str(error)
+
+
+def raise_open_file_limit() -> int:
+    """Lift the soft open-file limit to the hard one (as Go's runtime does): a systemd default
+    of 1024 would otherwise cap a proxy at a few hundred viewers. Returns the soft limit now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    return soft
+
+
+def connection_limits(settings: Settings) -> Limits:
+    soft = raise_open_file_limit()
+    default = default_max_connections(soft)
+    if settings.max_connections:
+        cap = settings.max_connections
+        if cap > default:
+            log.warning(
+                "--max-connections %d leaves fewer descriptors than client connections for "
+                "origin connections (open-file limit %d)",
+                cap,
+                soft,
+            )
+    else:
+        cap = default
+    return Limits(
+        header_timeout_seconds=settings.header_timeout_seconds,
+        keepalive_timeout_seconds=settings.keepalive_timeout_seconds,
+        max_connections=cap,
+    )
+
+
+async def _start(
+    app: web.Application,
+    address: Address,
+    settings: Settings,
+    *,
+    flag: str,
+    tracker: ConnectionTracker | None = None,
+) -> web.AppRunner:
     runner = web.AppRunner(
         app,
         # A client that disconnects cancels its handler, and so its upstream request.
         handler_cancellation=True,
         access_log=log if log.isEnabledFor(logging.DEBUG) else None,
         shutdown_timeout=settings.drain_seconds,
+        # The tracker closes idle connections first; aiohttp's own timer stays behind it.
+        keepalive_timeout=settings.keepalive_timeout_seconds + settings.header_timeout_seconds,
     )
     await runner.setup()
-    site = web.TCPSite(runner, address.host, address.port, backlog=LISTEN_BACKLOG)
-    await site.start()
+    site: web.BaseSite
+    if tracker is None:
+        site = web.TCPSite(runner, address.host, address.port, backlog=LISTEN_BACKLOG)
+    else:
+        site = BoundedSite(runner, address.host, address.port, tracker, backlog=LISTEN_BACKLOG)
+    try:
+        await site.start()
+    except OSError as error:
+        await runner.cleanup()
+        raise StartupError(f"{flag} {address}: {_why(error, address)}") from None
     return runner
+
+
+def _redis_location(url: str) -> str:
+    """Where Redis is, without credentials, for a log line."""
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        return parts.path
+    return f"{parts.hostname}:{parts.port or 6379}"
+
+
+async def check_redis(url: str) -> bool:
+    """One PING at start-up, so an unreachable Redis is reported at once rather than noticed by
+    its metrics. Redis is optional at runtime: the edge starts anyway, without the shared tier
+    until it answers."""
+    client = redis.Redis.from_url(
+        url,
+        socket_timeout=REDIS_STARTUP_PING_SECONDS,
+        socket_connect_timeout=REDIS_STARTUP_PING_SECONDS,
+        retry_on_timeout=False,
+    )
+    try:
+        await asyncio.wait_for(client.ping(), REDIS_STARTUP_PING_SECONDS * 2)
+    except (RedisError, OSError, TimeoutError) as error:
+        log.warning(
+            "--redis-url: Redis at %s does not answer (%s); serving without the shared tier "
+            "until it does",
+            _redis_location(url),
+            type(error).__name__,
+        )
+        return False
+    finally:
+        await client.aclose()
+    return True
 
 
 async def serve(settings: Settings) -> None:
     metrics = Metrics()
     origin = OriginClient(settings)
     stream_app = create_app(settings, metrics, origin)
-    stream_runner = await _start(stream_app, settings.listen, settings)
+    tracker = ConnectionTracker(connection_limits(settings))
+    stream_app[CONNECTIONS] = tracker
+    metrics.track_connections(
+        lambda: (
+            tracker.open,
+            tracker.table.limits.max_connections,
+            {
+                "header_timeout": tracker.header_timeouts,
+                "keepalive_timeout": tracker.keepalive_timeouts,
+                "evicted": tracker.evicted,
+                "refused": tracker.refused,
+            },
+        )
+    )
+    # Outermost, so it sees every request the application handles.
+    stream_app.middlewares.insert(0, tracker.middleware)
+    stream_runner = await _start(
+        stream_app, settings.listen, settings, flag="--listen", tracker=tracker
+    )
     admin_app = create_admin_app(settings, metrics, stream_app)
-    admin_runner = await _start(admin_app, settings.admin_listen, settings)
+    try:
+        admin_runner = await _start(
+            admin_app, settings.admin_listen, settings, flag="--admin-listen"
+        )
+    except StartupError:
+        await stream_runner.cleanup()
+        raise
+    if settings.redis_url:
+        await check_redis(settings.redis_url)
 
     ready = {
         "event": "listening",
@@ -66,6 +209,15 @@ async def serve(settings: Settings) -> None:
         ready["listen"],
         ready["admin"],
         urlsplit(settings.origin).netloc,
+    )
+    limits = tracker.table.limits
+    log.info(
+        "stream listener: at most %d client connections (--max-connections; open-file limit "
+        "%d), header timeout %g s, keep-alive timeout %g s",
+        limits.max_connections,
+        resource.getrlimit(resource.RLIMIT_NOFILE)[0],
+        limits.header_timeout_seconds,
+        limits.keepalive_timeout_seconds,
     )
 
     stop = asyncio.Event()

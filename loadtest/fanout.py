@@ -187,7 +187,9 @@ def run_case(
 ) -> dict[str, Any]:
     origin = start_origin(logs, name=f"origin-{target}-{viewers}")
     edge = (
-        start_edge(origin.url, logs, name=f"edge-{target}-{viewers}") if target == "edge" else None
+        start_edge(origin.url, logs, "--max-connections", "15000", name=f"edge-{target}-{viewers}")
+        if target == "edge"
+        else None
     )
     try:
         base = edge.url if edge else origin.url

@@ -9,7 +9,12 @@ Rules this module owns (PROTOCOL.md §5.7, §5.8, §10; DESIGN.md):
   catches up from the log (or, past what the edge retains, from the origin, collapsed).
 * SSE frames for a batch are encoded once and the same bytes are written to every viewer that
   reads that batch with the same cursor; each batch is one ``data`` event followed by its
-  ``control`` event, both with ``id: <offset after the batch>``.
+  ``control`` event, both with ``id: <offset after the batch>``. Encoded frames are kept in the
+  local tier's one budget, keyed by the content digest of their segments, and forgotten with
+  their stream: a stream deleted and recreated can never be read through an old frame.
+* When a stream is forgotten (deleted, purged, found replaced at the origin), its tails stop and
+  its viewers and waiting long-polls end: none of them may carry one instance's bytes into
+  another. Clients resume by offset against whatever the stream is now.
 * Long-polls at the tail wait on the tail and end in 200 with the new bytes, or 204 at the
   timeout; a closed stream at its tail answers 204 with ``Stream-Closed`` at once.
 """
@@ -23,22 +28,18 @@ import random
 import time
 from collections.abc import Callable, Sequence
 
-from cachetools import LRUCache
-
-from edge.catchup import Answer, CatchupCache, relayable
+from edge.catchup import Answer, CatchupCache, RelayInstead, relayable
 from edge.config import Settings
 from edge.live.tail import TailRegistry
 from edge.live.viewers import SseFanout, chunk
-from edge.log.policy import Coverage, answer_headers, cache_control, cover, etag
-from edge.log.segment import stitch
+from edge.log.policy import Coverage, answer_headers, cover, etag
+from edge.log.segment import content_digest, stitch
 from edge.log.stream_log import LogKey, StreamLog
 from edge.metrics import Metrics
 from edge.origin import OriginClient
 from edge.protocol.cursor import current_interval, response_cursor
+from edge.protocol.offsets import is_offset_token
 from edge.protocol.sse import encode_event
-
-# Encoded SSE frames of recent batches, bounded by bytes (a batch may be megabytes).
-FRAME_CACHE_BYTES = 16 * 1024 * 1024
 
 
 def sse_encoding(content_type: str | None) -> str:
@@ -66,10 +67,8 @@ class LiveHub:
         self.draining = asyncio.Event()
         self.clock = clock
         self._rng = rng or random.Random()
-        self._frames: LRUCache[tuple[object, ...], bytes] = LRUCache(
-            maxsize=FRAME_CACHE_BYTES, getsizeof=len
-        )
         self.viewers = 0
+        cache.streams.forgotten.append(self._stream_forgotten)
 
     async def close(self) -> None:
         await self.tails.close()
@@ -81,6 +80,14 @@ class LiveHub:
         for tail in self.tails.all():
             tail.wake()
 
+    def _stream_forgotten(self, stream: str) -> None:
+        """Every tail, viewer and long-poll of ``stream`` ends (see the module rules)."""
+        for tail in self.tails.all():
+            if tail.key.stream == stream:
+                tail.gone = True
+                self.fanout.ended(tail.key)
+                tail.wake()
+
     # --- shared steps ---
 
     async def known_from(
@@ -88,6 +95,11 @@ class LiveHub:
     ) -> Answer | None:
         """Make the log known from ``offset`` on; the origin's refusal if it refuses."""
         resolved = await self.cache.resolve(key, offset, credentials)
+        fill = resolved.fill
+        if fill is not None and fill.relay and fill.status == 200:
+            # Past the tail, not storable, or from an instance just replaced: the origin answers
+            # this live read itself.
+            raise RelayInstead("the origin's answer is for this request only")
         error = resolved.error
         if error is None:
             return None
@@ -107,7 +119,7 @@ class LiveHub:
             return log_.tail.offset
         status, headers, body = await self.cache.probe_now(key, credentials)
         next_offset = {n.lower(): v for n, v in headers}.get("stream-next-offset")
-        if status != 200 or next_offset is None:
+        if status != 200 or next_offset is None or not is_offset_token(next_offset):
             return Answer(
                 result="live",
                 status=status,
@@ -156,13 +168,8 @@ class LiveHub:
                 if coverage.segments and log_ is not None:
                     return self._long_poll_data(key, log_, offset, coverage, client_cursor, waited)
                 if tail.gone or log_ is None:
-                    return Answer(
-                        result="live",
-                        status=404,
-                        headers=[("Content-Type", "text/plain")],
-                        body=b"Stream not found",
-                        cache_status="edge; fwd=uri-miss; fwd-status=404",
-                    )
+                    # Deleted or replaced while waiting: the origin says what the stream is now.
+                    raise RelayInstead("the stream this long-poll waited on is gone")
                 at_tail = log_.tail is not None and log_.tail.offset == offset
                 if at_tail and log_.tail is not None and log_.tail.closed:
                     return self._long_poll_empty(log_, offset, client_cursor, closed=True)
@@ -212,12 +219,15 @@ class LiveHub:
             next_offset=end,
             up_to_date=at_tail,
             closed=closed,
-            tag=etag(key.stream, offset, end, closed=closed, encoding=None),
-            control=cache_control(
-                scope=key.scope,
-                immutable=closed or not at_tail,
-                freshness_seconds=self.settings.tail_freshness_seconds,
+            tag=etag(
+                key.stream,
+                offset,
+                end,
+                digest=content_digest(coverage.segments),
+                closed=closed,
+                encoding=None,
             ),
+            control=self.cache.cache_control_for(log_, immutable=closed or not at_tail),
             cursor=None if closed else self._cursor(client_cursor),
             varies_by_encoding=False,  # long-poll answers are never compressed here
         )
@@ -260,8 +270,9 @@ class LiveHub:
         """The data + control events for ``coverage``, encoded once per (range, state, cursor),
         and, for direct writes to a chunked response, framed as one HTTP chunk."""
         start = coverage.segments[0].start if coverage.segments else coverage.end
-        cache_key = (key, start, coverage.end, up_to_date, closed, cursor, chunked)
-        cached = self._frames.get(cache_key)
+        digest = content_digest(coverage.segments) if coverage.segments else ""
+        name = ("sse", start, coverage.end, digest, up_to_date, closed, cursor, chunked)
+        cached = self.cache.local.derived(key, name)
         if cached is not None:
             return cached
         frame = b""
@@ -283,8 +294,7 @@ class LiveHub:
         frame += encode_event("control", json.dumps(control, separators=(",", ":")), event_id=end)
         if chunked:
             frame = chunk(frame)
-        if len(frame) <= FRAME_CACHE_BYTES // 4:
-            self._frames[cache_key] = frame
+        self.cache.local.put_derived(key, name, frame)
         return frame
 
 

@@ -7,7 +7,9 @@ Rules this module owns:
 * The upstream always resumes from the offset after the last batch it recorded, so no byte is read
   twice or skipped, whatever the reason it ended (the origin closing it, a reset, a restart).
   Failures back off exponentially with full jitter; a clean end reconnects at once.
-* Closure ends the tail; 404/410 purges the stream and ends it.
+* Closure ends the tail; 404 purges the stream and ends it; so does the stream instance it
+  follows ending (purged, or found replaced at the origin): a tail never carries bytes from one
+  instance of a stream into another.
 * Upstream mode: SSE where its framing is exact (JSON and base64 binary streams); a long-poll loop
   for text streams, because the reference origin writes ``data:`` + line, so a line that starts
   with a space loses it in every SSE decoder. A failed SSE request falls back to long-poll.
@@ -31,12 +33,14 @@ import aiohttp
 
 from edge.catchup import CatchupCache
 from edge.config import Settings
-from edge.log.segment import Segment, is_json, stitch
-from edge.log.stream_log import LogKey
+from edge.log.segment import Segment, is_json, join_bodies
+from edge.log.stream_log import LogKey, StreamInstance
 from edge.metrics import Metrics
 from edge.origin import BodyTooLarge, OriginClient, OriginError
 from edge.protocol.headers import first_value, flag, own_request_headers
+from edge.protocol.offsets import is_offset_token
 from edge.protocol.sse import SseDecoder
+from edge.streams import InstanceChanged
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +76,8 @@ class Tail:
     arrivals: dict[str, float] = field(default_factory=dict)
     batches: int = 0  # answers recorded, so a connection that delivered nothing backs off
     failing: bool = False  # the last upstream attempt failed; nothing since vouches for the tail
+    instance: StreamInstance | None = None  # the stream instance this tail follows
+    _started: int = 0  # ticket of the current upstream request
 
     # --- what readers use ---
 
@@ -95,6 +101,7 @@ class Tail:
     # --- lifecycle ---
 
     def start(self) -> None:
+        self.instance = self.cache.local.instance_for(self.key.stream)
         log_ = self.cache.local.log(self.key)
         content_type = log_.content_type if log_ is not None else None
         self._use_sse = self.settings.tail_mode == "sse" or (
@@ -112,7 +119,7 @@ class Tail:
                 await self._task
             self._task = None
             self.metrics.live_tails.dec()
-        self.cache.live_ended(self.key)
+        self.cache.streams.live_ended(self.key)
         self._notify()
 
     async def _run(self) -> None:
@@ -128,6 +135,11 @@ class Tail:
                     else:
                         await self._long_poll()
                         reason = ""
+                except InstanceChanged:
+                    self.gone = True
+                    if self.listener is not None:
+                        self.listener.ended(self.key)
+                    return
                 except (OriginError, UpstreamRefused) as error:
                     reason = getattr(error, "reason", "refused")
                     failed = True
@@ -147,11 +159,11 @@ class Tail:
                 elif failed or (reason and self.batches == recorded):
                     # Failed, or ended without delivering anything: back off before retrying,
                     # and stop vouching for the tail meanwhile.
-                    self.cache.live_ended(self.key)
+                    self.cache.streams.live_ended(self.key)
                     await asyncio.sleep(self.rng.uniform(0, backoff))
                     backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
         finally:
-            self.cache.live_ended(self.key)
+            self.cache.streams.live_ended(self.key)
             self._notify()
 
     async def _open(self, live: str, kind: str, *extra: tuple[str, str]) -> aiohttp.ClientResponse:
@@ -160,6 +172,7 @@ class Tail:
         if self.cursor:
             url += f"&cursor={quote(self.cursor, safe='')}"
         headers = [*own_request_headers(self.credentials), *extra]
+        self._started = self.cache.streams.ticket()
         response = await self.origin.open(
             "GET", url, headers, live=True, idle_timeout=UPSTREAM_IDLE_SECONDS
         )
@@ -168,8 +181,8 @@ class Tail:
 
     def _check_status(self, response: aiohttp.ClientResponse) -> bool:
         """False when the stream is gone (and purged); raises for other refusals."""
-        if response.status in (404, 410):
-            self.cache.stream_gone(self.key)
+        if response.status == 404:
+            self.cache.streams.stream_gone(self.key)
             self.gone = True
             if self.listener is not None:
                 self.listener.ended(self.key)
@@ -180,9 +193,12 @@ class Tail:
 
     def _record(self, end: str, body: bytes, *, up_to_date: bool, closed: bool) -> None:
         now = asyncio.get_running_loop().time()
-        segment = self.cache.record_live(
-            self.key, self.offset, end, body, up_to_date=up_to_date, closed=closed
-        )
+        if self.instance is None or not self.cache.local.current(self.instance):
+            raise InstanceChanged(self.key.stream)
+        segment = self.cache.streams.record_live(
+            self.key, self.offset, end, body, up_to_date=up_to_date, closed=closed,
+            instance=self.instance, started=self._started,
+        )  # fmt: skip
         if segment is not None:
             self.arrivals[segment.start] = now
             while len(self.arrivals) > 64:
@@ -209,7 +225,7 @@ class Tail:
             response.close()
         self.metrics.origin_bytes.inc(len(body))
         headers = list(response.headers.items())
-        self.cursor = first_value(headers, "stream-cursor") or self.cursor
+        self._take_cursor(first_value(headers, "stream-cursor"))
         end = first_value(headers, "stream-next-offset")
         if end is None:
             raise UpstreamRefused(502)  # an answer that does not say where it ends is unusable
@@ -245,7 +261,9 @@ class Tail:
                             raise UpstreamRefused(413)
                     elif event.event == "control":
                         control = json.loads(event.data)
-                        self.cursor = control.get("streamCursor", self.cursor)
+                        if not isinstance(control, dict):
+                            raise ValueError("an SSE control event that is not an object")
+                        self._take_cursor(control.get("streamCursor"))
                         closed = bool(control.get("streamClosed"))
                         body = self._join(pending, json_stream)
                         pending, pending_bytes = [], 0
@@ -260,6 +278,11 @@ class Tail:
         finally:
             response.close()
 
+    def _take_cursor(self, cursor: object) -> None:
+        """The origin's cursor goes back upstream in a URL: only a well-formed one is kept."""
+        if isinstance(cursor, str) and is_offset_token(cursor):
+            self.cursor = cursor
+
     def _log_is_json(self) -> bool:
         log_ = self.cache.local.log(self.key)
         return log_ is not None and log_.json
@@ -268,8 +291,7 @@ class Tail:
         if not json_stream:
             return b"".join(parts)
         # Each SSE data event of a JSON stream is an array; a batch is their union.
-        segments = [Segment(start="", end="", body=part) for part in parts]
-        return stitch(segments, json=True)
+        return join_bodies(parts, json=True)
 
 
 class TailListener(Protocol):

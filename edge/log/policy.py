@@ -8,16 +8,21 @@ Rules this module owns (PROTOCOL.md §5.6, §10; PROTOCOL-NOTES "Cacheability"):
   last known end (``Fetch``: a *delta* when the edge had a prefix, a *miss* when it had nothing).
 * A stitched answer stops adding segments at ``max_bytes`` (always at least one). A capped answer
   is not up-to-date, carries no ``Stream-Up-To-Date`` and is immutable.
-* ETags are ``"<stream id>:<start>:<end>"``, ``:c`` once the answer ends a closed stream, and a
-  ``:gzip`` suffix for the compressed representation, so every representation has its own tag.
+* ETags are ``"<stream id>:<start>:<end>:<content digest>"``, ``:c`` once the answer ends a
+  closed stream, and a ``:gzip`` suffix for the compressed representation, so every
+  representation has its own tag. The digest makes the tag a validator of the bytes: a stream
+  deleted and recreated reuses offsets, never a tag, so an old tag cannot earn a 304.
 * Cache-Control: answers that can never change (capped, or ending a closed stream) are
-  ``immutable`` for a year; an at-tail answer of an open stream may be reused for the freshness
-  window only; private scopes are ``private``.
+  ``immutable`` for a year, unless the stream is known to expire sooner: then ``max-age`` is its
+  remaining lifetime, and while its lifetime is unknown, the freshness window. An at-tail answer
+  of an open stream may be reused for the freshness window only; private scopes are ``private``.
+
 """
 
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import math
 from collections.abc import Callable
@@ -68,7 +73,9 @@ def cover(lookup: SegmentLookup, key: LogKey, offset: str, *, max_bytes: int) ->
     end = offset
     while len(segments) < MAX_SEGMENTS_PER_ANSWER:
         segment = lookup(key, end)
-        if segment is None:
+        if segment is None or segment.start != end or not segment.end > end:
+            # Segments only move forward (``Segment`` enforces it); a lookup that answers
+            # otherwise is not followed, so a chain can never loop.
             return Coverage(segments=tuple(segments), end=end, capped=False)
         if segments and total + segment.size > max_bytes:
             return Coverage(segments=tuple(segments), end=end, capped=True)
@@ -88,7 +95,7 @@ def plan_catchup(
     freshness_seconds: float,
     max_bytes: int,
 ) -> Hit | Fetch:
-    if log is None or log.expired(now):
+    if log is None or log.expired(now) or log.instance.bypassed(now):
         return Fetch(offset=offset, prefix=Coverage(segments=(), end=offset, capped=False))
     coverage = cover(lookup, key, offset, max_bytes=max_bytes)
     if coverage.capped:
@@ -103,13 +110,16 @@ def plan_catchup(
     return Fetch(offset=coverage.end, prefix=coverage)
 
 
+@functools.lru_cache(maxsize=4096)
 def stream_id(stream: str) -> str:
     digest = hashlib.sha256(stream.encode()).digest()[:12]
     return base64.urlsafe_b64encode(digest).decode().rstrip("=")
 
 
-def etag(stream: str, start: str, end: str, *, closed: bool, encoding: str | None) -> str:
-    tag = f"{stream_id(stream)}:{start}:{end}"
+def etag(
+    stream: str, start: str, end: str, *, digest: str, closed: bool, encoding: str | None
+) -> str:
+    tag = f"{stream_id(stream)}:{start}:{end}:{digest}"
     if closed:
         tag += ":c"
     if encoding:
@@ -129,11 +139,24 @@ def if_none_match_hits(header: str | None, current: str) -> bool:
     return False
 
 
-def cache_control(*, scope: str, immutable: bool, freshness_seconds: float) -> str:
+def cache_control(
+    *,
+    scope: str,
+    immutable: bool,
+    freshness_seconds: float,
+    lifetime_known: bool = True,
+    remaining_seconds: float | None = None,
+) -> str:
+    """``remaining_seconds``: how long the stream is known to live (None: no known end)."""
     visibility = "public" if scope == PUBLIC_SCOPE else "private"
-    if immutable:
-        return f"{visibility}, max-age={IMMUTABLE_MAX_AGE_SECONDS}, immutable"
-    return f"{visibility}, max-age={max(0, math.floor(freshness_seconds))}"
+    fresh = max(0, math.floor(freshness_seconds))
+    if immutable and lifetime_known:
+        if remaining_seconds is None:
+            return f"{visibility}, max-age={IMMUTABLE_MAX_AGE_SECONDS}, immutable"
+        return f"{visibility}, max-age={max(0, math.floor(remaining_seconds))}"
+    if remaining_seconds is not None:
+        fresh = min(fresh, max(0, math.floor(remaining_seconds)))
+    return f"{visibility}, max-age={fresh}"
 
 
 def accepts_gzip(accept_encoding: str | None) -> bool:

@@ -1,13 +1,24 @@
-"""What the edge knows about one stream in one credential scope, besides its bytes.
+"""What the edge knows about one stream *instance*, and about it in one credential scope.
+
+A stream is identified by its normalised path (as the origin resolves it) and an instance: a
+DELETE and a PUT at the same path make a new stream whose offsets start again and whose bytes
+differ. Nothing the edge learned about one instance may be served for another.
 
 Rules this module owns:
 
-* The only mutable facts about a stream are where its tail is and whether it is closed. A tail
-  fact is *authoritative* while a live upstream follows the stream, otherwise true only as of
-  ``observed_at``. Closure is final: once closed, the tail never moves again.
-* A write through the edge makes the tail fact stale at once, and the write's own
-  ``Stream-Next-Offset`` becomes a floor: any later observation of a tail before it (an answer
-  that left the origin before the write landed) is not believed. Read-after-write is exact.
+* ``StreamInstance`` (one per path) holds what is true of the stream whatever the scope: its
+  lifetime, the furthest offset it is known to have reached (``high``), whether it is known
+  closed, and whether the origin forbade storing it. ``StreamLog`` (one per path and scope) holds
+  the tail fact and the headers the origin sends with that scope's answers.
+* **Offsets only move forward within an instance.** Each origin exchange carries a ticket taken
+  when its request *started*; facts carry the ticket at which they were *received*. An answer
+  whose request started after the edge learned that the stream reached offset H (or was closed
+  at C) and that reports a tail before H (or no closure, or another final offset) cannot belong
+  to the same instance: ``observe_tail`` says ``NEW_INSTANCE`` and the caller forgets the stream.
+  An answer that merely left the origin before a newer fact arrived is older, not wrong: it is
+  believed as of its time only (never as a fresh tail).
+* The tail fact is *authoritative* while a live upstream follows the stream, otherwise true only
+  as of ``observed_at``. Closure is final within an instance.
 * Expiry: an absolute ``Stream-Expires-At`` ends service at that instant. A sliding ``Stream-TTL``
   is counted from the last time the edge touched the origin for the stream, because reads the
   edge absorbs do not extend it there (PROTOCOL-NOTES "Cacheability").
@@ -15,17 +26,90 @@ Rules this module owns:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import enum
+from dataclasses import dataclass, field, replace
 
 from edge.log.segment import is_json
 
 NEVER = float("-inf")
+# A ticket before every exchange: facts with it are older than any answer.
+BEFORE_ALL = -1
+
+
+class TailVerdict(enum.Enum):
+    BELIEVED = "believed"  # the tail fact now
+    OLDER = "older"  # true once, not now: kept as a stale fact or ignored
+    NEW_INSTANCE = "new-instance"  # impossible for the instance the edge knows: forget it
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class LogKey:
     stream: str
     scope: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Mark:
+    """An offset the stream is known to have reached, and the ticket when the edge learned it."""
+
+    offset: str
+    received: int
+
+
+@dataclass(kw_only=True, slots=True, eq=False)
+class StreamInstance:
+    stream: str
+    # Opaque token naming this instance in the shared tier; "" until the tier has been asked.
+    generation: str = ""
+    verified_at: float = NEVER  # when the shared tier last confirmed ``generation``
+    high: Mark | None = None
+    closed_at: Mark | None = None
+    ttl_seconds: float | None = None
+    expires_at: float | None = None
+    lifetime_known: bool = False
+    last_origin_touch: float = NEVER
+    # The origin said ``no-store``/``private``: every read is relayed until then.
+    bypass_until: float = NEVER
+
+    def reached(self, offset: str, received: int) -> None:
+        if self.high is None or offset > self.high.offset:
+            self.high = Mark(offset=offset, received=received)
+
+    def contradicts(self, offset: str, *, closed: bool, started: int) -> bool:
+        """Would an answer "tail at ``offset``, closed or not", to a request that started at
+        ``started``, be impossible for this instance?"""
+        high, closure = self.high, self.closed_at
+        if closed and high is not None and offset < high.offset:
+            return True  # a closed stream never grows: it cannot have reached ``high``
+        if high is not None and started > high.received and offset < high.offset:
+            return True
+        if closure is not None and started > closure.received:
+            return not closed or offset != closure.offset
+        return False
+
+    def learn_lifetime(self, ttl_seconds: float | None, expires_at: float | None) -> None:
+        self.ttl_seconds, self.expires_at = ttl_seconds, expires_at
+        self.lifetime_known = True
+
+    def touched_origin(self, now: float) -> None:
+        self.last_origin_touch = now
+
+    def expired(self, now: float) -> bool:
+        if self.expires_at is not None and now >= self.expires_at:
+            return True
+        return self.ttl_seconds is not None and now >= self.last_origin_touch + self.ttl_seconds
+
+    def remaining_seconds(self, now: float) -> float | None:
+        """How long the stream is known to live on (None: no known end)."""
+        ends = []
+        if self.expires_at is not None:
+            ends.append(self.expires_at - now)
+        if self.ttl_seconds is not None:
+            ends.append(self.last_origin_touch + self.ttl_seconds - now)
+        return max(0.0, min(ends)) if ends else None
+
+    def bypassed(self, now: float) -> bool:
+        return now < self.bypass_until
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -36,69 +120,76 @@ class TailFact:
     observed_at: float
 
 
-@dataclass(kw_only=True, slots=True)
+@dataclass(kw_only=True, slots=True, eq=False)
 class StreamLog:
     key: LogKey
+    instance: StreamInstance = field(default_factory=lambda: StreamInstance(stream=""))
     content_type: str | None = None
     # Response headers the origin sends on every answer for this stream (CORS, nosniff, ...),
     # replayed on answers the edge makes itself.
     header_template: tuple[tuple[str, str], ...] = ()
     tail: TailFact | None = None
-    ttl_seconds: float | None = None
-    expires_at: float | None = None
-    last_origin_touch: float = NEVER
-    floor: str | None = None  # the tail is at least here: a write through the edge said so
 
     @property
     def json(self) -> bool:
         return is_json(self.content_type)
 
     def observe_tail(
-        self, offset: str, *, closed: bool, now: float, authoritative: bool = False
-    ) -> None:
-        if self.tail is not None and self.tail.closed and not closed:
-            return  # closure is final; an older answer arriving late cannot reopen the stream
-        if self.floor is not None and offset < self.floor and not closed:
-            # Older than a write this edge saw complete: true once, not now.
-            self.tail = TailFact(
-                offset=offset, closed=False, authoritative=False, observed_at=NEVER
-            )
-            return
-        if (
-            not authoritative
-            and self.tail is not None
-            and self.tail.authoritative
-            and offset < self.tail.offset
-        ):
-            return  # a catch-up answer older than what the live upstream already reported
+        self,
+        offset: str,
+        *,
+        closed: bool,
+        now: float,
+        started: int,
+        received: int,
+        authoritative: bool = False,
+    ) -> TailVerdict:
+        """An origin answer says the tail is at ``offset`` (closed or not)."""
+        instance = self.instance
+        if instance.contradicts(offset, closed=closed, started=started):
+            return TailVerdict.NEW_INSTANCE
+        tail = self.tail
+        if tail is not None and tail.closed and not closed:
+            return TailVerdict.OLDER  # left the origin before the closure the edge knows
+        high = instance.high
+        if high is not None and offset < high.offset and not closed:
+            # Older than what the edge already knows the stream reached: true once, not now.
+            if tail is None or tail.offset < offset:
+                self.tail = TailFact(
+                    offset=offset, closed=False, authoritative=False, observed_at=NEVER
+                )
+            return TailVerdict.OLDER
+        if not authoritative and tail is not None and tail.authoritative and offset < tail.offset:
+            return TailVerdict.OLDER
+        instance.reached(offset, received)
+        if closed and instance.closed_at is None:
+            instance.closed_at = Mark(offset=offset, received=received)
         self.tail = TailFact(
             offset=offset, closed=closed, authoritative=authoritative, observed_at=now
         )
+        return TailVerdict.BELIEVED
 
     def lose_authority(self, now: float) -> None:
         if self.tail is not None and self.tail.authoritative:
             self.tail = replace(self.tail, authoritative=False, observed_at=now)
 
-    def mark_stale(self, floor: str | None = None) -> None:
-        if floor is not None and (self.floor is None or floor > self.floor):
-            self.floor = floor
+    def mark_stale(self) -> None:
         if self.tail is not None and not self.tail.closed:
             self.tail = replace(self.tail, observed_at=NEVER, authoritative=False)
 
-    def touched_origin(self, now: float) -> None:
-        self.last_origin_touch = now
-
     def expired(self, now: float) -> bool:
-        if self.expires_at is not None and now >= self.expires_at:
-            return True
-        return self.ttl_seconds is not None and now >= self.last_origin_touch + self.ttl_seconds
+        return self.instance.expired(now)
 
     def tail_trusted(self, now: float, freshness_seconds: float) -> bool:
         """May an at-tail answer be given from what the edge knows, without asking the origin?"""
         tail = self.tail
         if tail is None:
             return False
-        if self.ttl_seconds is not None and now >= self.last_origin_touch + self.ttl_seconds / 2:
+        instance = self.instance
+        if (
+            instance.ttl_seconds is not None
+            and now >= instance.last_origin_touch + instance.ttl_seconds / 2
+        ):
             # Touch the origin well before its sliding TTL would end the stream under viewers.
             return False
         return tail.closed or tail.authoritative or now - tail.observed_at < freshness_seconds

@@ -16,7 +16,7 @@ Headers are handled as ordered lists of ``(name, value)`` pairs so repeats survi
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 
 HeaderList = list[tuple[str, str]]
 
@@ -44,6 +44,12 @@ STREAM_CLOSED = "stream-closed"
 LAST_EVENT_ID = "last-event-id"
 AUTHORIZATION = "authorization"
 COOKIE = "cookie"
+
+# What a browser needs on every answer, errors included, to let a page read it: the reference
+# origin sends these on all its answers. An EventSource that gets an error without them gives up
+# for good instead of reconnecting.
+CORS_PREFIX = "access-control-"
+CORS_COMPANIONS = frozenset({"x-content-type-options", "cross-origin-resource-policy"})
 
 
 def connection_tokens(headers: Iterable[tuple[str, str]]) -> frozenset[str]:
@@ -148,3 +154,30 @@ def first_value(headers: Iterable[tuple[str, str]], name: str) -> str | None:
         if key.lower() == wanted:
             return value
     return None
+
+
+def cors_headers(headers: Iterable[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
+    """The ``access-control-*``, ``x-content-type-options`` and ``cross-origin-resource-policy``
+    headers of an answer, in order."""
+    return tuple(
+        (name, value)
+        for name, value in headers
+        if name.lower().startswith(CORS_PREFIX) or name.lower() in CORS_COMPANIONS
+    )
+
+
+def filter_cookies(cookie_header: str, names: Collection[str]) -> str | None:
+    """A ``Cookie`` header value (RFC 6265 §4.2.1: ``a=1; b=2``) keeping only the pairs whose
+    name is in ``names`` (names are case-sensitive), in their order; None if none is left.
+
+    Parsing is as lenient as servers are: pairs are split on ``;`` (a cookie value cannot hold
+    one, quoted or not), whitespace around a pair or a name is ignored, a pair without ``=``
+    names no cookie and is dropped.
+    """
+    kept = []
+    for pair in cookie_header.split(";"):
+        pair = pair.strip(" \t")
+        name, equals, _ = pair.partition("=")
+        if equals and name.strip(" \t") in names:
+            kept.append(pair)
+    return "; ".join(kept) if kept else None

@@ -8,8 +8,12 @@ Rules this module owns:
   (``OPTIONS``, an unknown ``live`` value, other methods) is ``other`` and is only forwarded.
 * A read is described by value: stream path, offset, live mode, cursor, ``Last-Event-ID`` and the
   credential scope, so the cache can key on it without looking at the request again.
-* Credentials (``Authorization``, ``Cookie``) put a request in a private scope named by a hash of
-  them; requests without credentials share the public scope (RFC 9111 §3.5).
+* Credentials put a request in a private scope named by a hash of them; requests without
+  credentials share the public scope (RFC 9111 §3.5). Which headers are credentials is
+  configuration (``--scope-headers``, default ``Authorization`` and ``Cookie``); with
+  ``--scope-cookies``, only the named cookies of a ``Cookie`` header count. The credentials that
+  name a scope are exactly the ones the edge sends upstream for it (``scope_credentials``), so
+  a scope's bytes always come from an origin request carrying that scope's credentials.
 * Query parameters are parsed once, in order-independent form (PROTOCOL-NOTES trap 3).
 """
 
@@ -17,13 +21,16 @@ from __future__ import annotations
 
 import enum
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from urllib.parse import parse_qsl
 
-from edge.protocol.headers import AUTHORIZATION, COOKIE, LAST_EVENT_ID
+from edge.protocol.headers import AUTHORIZATION, COOKIE, LAST_EVENT_ID, filter_cookies
 
 PUBLIC_SCOPE = "public"
+# The defaults of ``Settings.scope_headers`` and ``Settings.scope_cookies``.
+DEFAULT_SCOPE_HEADERS: tuple[str, ...] = (AUTHORIZATION, COOKIE)
+DEFAULT_SCOPE_COOKIES: tuple[str, ...] = ()
 
 
 class RequestKind(enum.StrEnum):
@@ -60,10 +67,42 @@ class Classified:
     read: Read | None
 
 
-def auth_scope(headers: Iterable[tuple[str, str]]) -> str:
+def scope_credentials(
+    headers: Iterable[tuple[str, str]],
+    *,
+    scope_headers: Collection[str] = DEFAULT_SCOPE_HEADERS,
+    scope_cookies: Collection[str] = DEFAULT_SCOPE_COOKIES,
+) -> list[tuple[str, str]]:
+    """The request's credential headers, in order: those named in ``scope_headers`` (lower-case),
+    with a ``Cookie`` cut down to ``scope_cookies`` when that is not empty (dropped if none
+    remain). What names the scope, and all of the client's that a cache fill or a live tail
+    sends upstream."""
+    credentials: list[tuple[str, str]] = []
+    for name, value in headers:
+        lowered = name.lower()
+        if lowered not in scope_headers:
+            continue
+        if lowered == COOKIE and scope_cookies:
+            kept = filter_cookies(value, scope_cookies)
+            if kept is None:
+                continue
+            value = kept
+        credentials.append((name, value))
+    return credentials
+
+
+def auth_scope(
+    headers: Iterable[tuple[str, str]],
+    *,
+    scope_headers: Collection[str] = DEFAULT_SCOPE_HEADERS,
+    scope_cookies: Collection[str] = DEFAULT_SCOPE_COOKIES,
+) -> str:
     """``public`` for a request without credentials, else a stable hash of the credentials."""
     credentials = sorted(
-        (name.lower(), value) for name, value in headers if name.lower() in (AUTHORIZATION, COOKIE)
+        (name.lower(), value)
+        for name, value in scope_credentials(
+            headers, scope_headers=scope_headers, scope_cookies=scope_cookies
+        )
     )
     if not credentials:
         return PUBLIC_SCOPE
@@ -90,8 +129,16 @@ def only_protocol_params(query_string: str) -> bool:
 
 
 def classify(
-    method: str, path: str, query_string: str, headers: Iterable[tuple[str, str]]
+    method: str,
+    path: str,
+    query_string: str,
+    headers: Iterable[tuple[str, str]],
+    *,
+    scope_headers: Collection[str] = DEFAULT_SCOPE_HEADERS,
+    scope_cookies: Collection[str] = DEFAULT_SCOPE_COOKIES,
 ) -> Classified:
+    """What to do with a request; ``path`` is the stream's normalised path
+    (``edge.protocol.paths``)."""
     method = method.upper()
     if method == "HEAD":
         return Classified(kind=RequestKind.HEAD, read=None)
@@ -119,7 +166,7 @@ def classify(
         live=live,
         cursor=params.get("cursor"),
         last_event_id=last_event_id,
-        scope=auth_scope(header_list),
+        scope=auth_scope(header_list, scope_headers=scope_headers, scope_cookies=scope_cookies),
         plain=only_protocol_params(query_string),
     )
     return Classified(kind=kind, read=read)

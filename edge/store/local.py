@@ -1,156 +1,236 @@
-"""The local tier: every cached segment of every stream under one byte budget, LRU.
+"""The local tier: everything the edge keeps about streams, under one byte budget, LRU.
 
-Nothing else in the edge grows with traffic: stream facts live in a count-bounded LRU beside it,
-both are indexed by stream so a purge or a write touches only that stream, and a segment larger
-than the whole budget is simply not kept.
+Rules this module owns:
+
+* **One budget.** Segments, per-scope stream logs, stream instances and every cache derived from
+  them (encoded SSE frames, ...) live in one LRU bounded by ``--cache-bytes``. Each entry costs
+  its bytes plus a measured per-entry overhead (``tests/unit/test_budget.py`` checks the
+  estimates against ``tracemalloc``), so nothing the edge keeps per stream, scope or request
+  grows outside the budget, and ``/metrics`` reports every structure in it.
+* **One instance at a time.** A stream's entries all belong to its current ``StreamInstance``:
+  ``purge`` forgets the instance with every entry of the stream; evicting the instance does the
+  same, so no entry outlives the instance it was made for. Work that began under an instance
+  that is no longer current (``current(instance)`` is False) must not store what it brings.
+* Entries are indexed by stream, so a purge or a write touches only that stream.
+* A segment larger than the whole budget is simply not kept.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Hashable, Iterator
-from typing import Generic, TypeVar
+from typing import Any
 
 from cachetools import LRUCache
 
 from edge.log.segment import Segment
-from edge.log.stream_log import LogKey, StreamLog
+from edge.log.stream_log import LogKey, StreamInstance, StreamLog
 
-SegmentKey = tuple[LogKey, str]
-K = TypeVar("K", bound=Hashable)
-V = TypeVar("V")
+# Measured with tracemalloc on CPython 3.11 (tests/unit/test_budget.py keeps them honest):
+# the key tuple, the LRU's dict and order slots, the stream index slot and the object itself.
+SEGMENT_OVERHEAD_BYTES = 640
+LOG_OVERHEAD_BYTES = 760
+INSTANCE_OVERHEAD_BYTES = 760
+DERIVED_OVERHEAD_BYTES = 700
+MAX_TEMPLATES = 1024
 
-# Per-segment bookkeeping (key objects, dict slots), so many empty segments still cost budget.
-SEGMENT_OVERHEAD_BYTES = 200
-DEFAULT_MAX_STREAM_LOGS = 100_000
-
-
-def _segment_cost(segment: Segment) -> int:
-    return segment.size + SEGMENT_OVERHEAD_BYTES
-
-
-class _NotifyingLRU(LRUCache[K, V], Generic[K, V]):
-    """An LRU that reports what it evicts, so indexes beside it stay true."""
-
-    def __init__(
-        self,
-        maxsize: int,
-        on_evict: Callable[[K], None],
-        getsizeof: Callable[[V], int] | None = None,
-    ) -> None:
-        super().__init__(maxsize=maxsize, getsizeof=getsizeof)
-        self._on_evict = on_evict
-
-    def popitem(self) -> tuple[K, V]:
-        key, value = super().popitem()
-        self._on_evict(key)
-        return key, value
+SEGMENT, LOG, INSTANCE, DERIVED = "segment", "log", "instance", "derived"
+STRUCTURES = (SEGMENT, LOG, INSTANCE, DERIVED)
+EntryKey = tuple[Any, ...]
 
 
-class _StreamIndex(Generic[K]):
-    """stream path -> the keys stored for it."""
+def entry_cost(value: object) -> int:
+    if isinstance(value, Segment):
+        return value.size + len(value.start) + len(value.end) + SEGMENT_OVERHEAD_BYTES
+    if isinstance(value, bytes):
+        return len(value) + DERIVED_OVERHEAD_BYTES
+    if isinstance(value, StreamLog):
+        return LOG_OVERHEAD_BYTES + len(value.key.stream) + len(value.key.scope)
+    if isinstance(value, StreamInstance):
+        return INSTANCE_OVERHEAD_BYTES + len(value.stream)
+    return sys.getsizeof(value)
 
-    def __init__(self, stream_of: Callable[[K], str]) -> None:
-        self._keys: dict[str, set[K]] = {}
-        self._stream_of = stream_of
 
-    def add(self, key: K) -> None:
-        self._keys.setdefault(self._stream_of(key), set()).add(key)
+class _BudgetLRU(LRUCache[EntryKey, Any]):
+    """An LRU over mixed entries that reports every removal and keeps per-structure totals."""
 
-    def discard(self, key: K) -> None:
-        stream = self._stream_of(key)
-        keys = self._keys.get(stream)
-        if keys is not None:
-            keys.discard(key)
-            if not keys:
-                del self._keys[stream]
+    def __init__(self, maxsize: int, on_remove: Callable[[EntryKey, Any, bool], None]) -> None:
+        super().__init__(maxsize=maxsize, getsizeof=entry_cost)
+        self._on_remove = on_remove
+        self.bytes_by_structure = dict.fromkeys(STRUCTURES, 0)
+        self.entries_by_structure = dict.fromkeys(STRUCTURES, 0)
+        self._evicting = False
 
-    def keys_of(self, stream: str) -> list[K]:
-        return list(self._keys.get(stream, ()))
+    def __setitem__(self, key: EntryKey, value: Any) -> None:
+        if key in self:
+            self.__delitem__(key)
+        super().__setitem__(key, value)
+        if key in self:
+            self.bytes_by_structure[key[0]] += entry_cost(value)
+            self.entries_by_structure[key[0]] += 1
+
+    def __delitem__(self, key: EntryKey) -> None:
+        value = super().__getitem__(key) if key in self else None
+        super().__delitem__(key)
+        self.bytes_by_structure[key[0]] -= entry_cost(value)
+        self.entries_by_structure[key[0]] -= 1
+        self._on_remove(key, value, self._evicting)
+
+    def popitem(self) -> tuple[EntryKey, Any]:
+        self._evicting = True
+        try:
+            return super().popitem()
+        finally:
+            self._evicting = False
+
+
+def _stream_of(key: EntryKey) -> str:
+    owner = key[1]
+    return owner.stream if isinstance(owner, LogKey) else str(owner)
 
 
 class LocalTier:
-    def __init__(
-        self,
-        budget_bytes: int,
-        max_logs: int = DEFAULT_MAX_STREAM_LOGS,
-        on_evict: Callable[[], object] = lambda: None,
-    ) -> None:
+    def __init__(self, budget_bytes: int, on_evict: Callable[[], object] = lambda: None) -> None:
         self.evictions = 0
         self._on_evict = on_evict
-        self._segment_index: _StreamIndex[SegmentKey] = _StreamIndex(lambda k: k[0].stream)
-        self._log_index: _StreamIndex[LogKey] = _StreamIndex(lambda k: k.stream)
-        self._segments: _NotifyingLRU[SegmentKey, Segment] = _NotifyingLRU(
-            budget_bytes, self._segment_evicted, getsizeof=_segment_cost
-        )
-        self._logs: _NotifyingLRU[LogKey, StreamLog] = _NotifyingLRU(
-            max_logs, self._log_index.discard
-        )
+        self._index: dict[str, set[EntryKey]] = {}
+        self._entries = _BudgetLRU(budget_bytes, self._removed)
+        # Header templates are the same for most streams: one shared tuple per distinct value.
+        self._templates: dict[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]] = {}
 
-    def _segment_evicted(self, key: SegmentKey) -> None:
-        self.evictions += 1
-        self._segment_index.discard(key)
-        self._on_evict()
+    def _removed(self, key: EntryKey, value: object, evicted: bool) -> None:
+        stream = _stream_of(key)
+        keys = self._index.get(stream)
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self._index[stream]
+        if evicted:
+            self.evictions += 1
+            self._on_evict()
+            if key[0] == INSTANCE:
+                self.purge(stream)  # no entry outlives its instance
+
+    def _put(self, key: EntryKey, value: object) -> bool:
+        if entry_cost(value) > self._entries.maxsize:
+            return False
+        self._entries[key] = value
+        if key not in self._entries:
+            return False
+        self._index.setdefault(_stream_of(key), set()).add(key)
+        return True
+
+    # --- instances ---
+
+    def instance(self, stream: str) -> StreamInstance | None:
+        found = self._entries.get((INSTANCE, stream))
+        return found if isinstance(found, StreamInstance) else None
+
+    def instance_for(self, stream: str) -> StreamInstance:
+        found = self.instance(stream)
+        if found is None:
+            found = StreamInstance(stream=stream)
+            self._put((INSTANCE, stream), found)
+        return found
+
+    def current(self, instance: StreamInstance) -> bool:
+        """Is ``instance`` still the one the edge serves for its stream?"""
+        return self._entries.get((INSTANCE, instance.stream)) is instance
 
     # --- segments ---
 
     def get(self, key: LogKey, start: str) -> Segment | None:
-        return self._segments.get((key, start))
+        found = self._entries.get((SEGMENT, key, start))
+        return found if isinstance(found, Segment) else None
 
-    def put(self, key: LogKey, segment: Segment) -> bool:
-        """Keep ``segment`` unless a longer one already starts there; False if it cannot fit."""
-        if _segment_cost(segment) > self._segments.maxsize:
+    def put(self, key: LogKey, segment: Segment, instance: StreamInstance | None = None) -> bool:
+        """Keep ``segment`` unless a longer one already starts there; False if it cannot be kept
+        (too large, or ``instance`` is no longer current)."""
+        if instance is not None and not self.current(instance):
             return False
-        known = self._segments.get((key, segment.start))
+        known = self.get(key, segment.start)
         if known is not None and known.end >= segment.end:
             return True
-        self._segments[(key, segment.start)] = segment
-        self._segment_index.add((key, segment.start))
-        return True
+        return self._put((SEGMENT, key, segment.start), segment)
 
-    @property
-    def bytes_used(self) -> int:
-        return int(self._segments.currsize)
+    # --- caches derived from segments (SSE frames, ...) ---
 
-    @property
-    def segment_count(self) -> int:
-        return len(self._segments)
+    def derived(self, key: LogKey, name: Hashable) -> bytes | None:
+        found = self._entries.get((DERIVED, key, name))
+        return found if isinstance(found, bytes) else None
 
-    # --- stream facts ---
+    def put_derived(self, key: LogKey, name: Hashable, value: bytes) -> None:
+        if len(value) + DERIVED_OVERHEAD_BYTES <= self._entries.maxsize // 4:
+            self._put((DERIVED, key, name), value)
+
+    # --- stream logs ---
 
     def log(self, key: LogKey) -> StreamLog | None:
-        return self._logs.get(key)
+        found = self._entries.get((LOG, key))
+        if not isinstance(found, StreamLog):
+            return None
+        if not self.current(found.instance):
+            self._entries.pop((LOG, key), None)
+            return None
+        return found
 
     def log_for(self, key: LogKey) -> StreamLog:
-        log = self._logs.get(key)
-        if log is None:
-            log = StreamLog(key=key)
-            self._logs[key] = log
-            self._log_index.add(key)
-        return log
+        found = self.log(key)
+        if found is None:
+            found = StreamLog(key=key, instance=self.instance_for(key.stream))
+            self._put((LOG, key), found)
+        return found
 
     def logs_of(self, stream: str) -> Iterator[StreamLog]:
-        for key in self._log_index.keys_of(stream):
-            log = self._logs.get(key)
-            if log is not None:
-                yield log
+        for key in list(self._index.get(stream, ())):
+            if key[0] == LOG:
+                found = self.log(key[1])
+                if found is not None:
+                    yield found
+
+    def template(self, headers: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+        shared = self._templates.get(headers)
+        if shared is None:
+            if len(self._templates) >= MAX_TEMPLATES:
+                self._templates.clear()
+            shared = self._templates[headers] = headers
+        return shared
+
+    # --- forgetting ---
 
     def purge_scope(self, key: LogKey) -> int:
         """Forget ``key.stream`` in ``key.scope`` only; returns the segments dropped."""
-        doomed = [k for k in self._segment_index.keys_of(key.stream) if k[0] == key]
-        for segment_key in doomed:
-            self._segments.pop(segment_key, None)
-            self._segment_index.discard(segment_key)
-        if self._logs.pop(key, None) is not None:
-            self._log_index.discard(key)
-        return len(doomed)
+        doomed = [k for k in self._index.get(key.stream, ()) if k[1] == key]
+        for entry in doomed:
+            self._entries.pop(entry, None)
+        return sum(1 for k in doomed if k[0] == SEGMENT)
 
     def purge(self, stream: str) -> int:
-        """Forget everything about ``stream`` in every scope; returns the segments dropped."""
-        doomed = self._segment_index.keys_of(stream)
-        for key in doomed:
-            self._segments.pop(key, None)
-            self._segment_index.discard(key)
-        for log_key in self._log_index.keys_of(stream):
-            self._logs.pop(log_key, None)
-            self._log_index.discard(log_key)
-        return len(doomed)
+        """Forget the stream's instance and everything kept for it; returns segments dropped."""
+        doomed = list(self._index.pop(stream, ()))
+        for entry in doomed:
+            self._entries.pop(entry, None)
+        self._entries.pop((INSTANCE, stream), None)
+        return sum(1 for k in doomed if k[0] == SEGMENT)
+
+    def holds_data(self, stream: str) -> bool:
+        """Anything kept for ``stream`` besides its instance?"""
+        return any(key[0] != INSTANCE for key in self._index.get(stream, ()))
+
+    def streams(self) -> list[str]:
+        return list(self._index)
+
+    # --- accounting ---
+
+    @property
+    def bytes_used(self) -> int:
+        return int(self._entries.currsize)
+
+    @property
+    def segment_count(self) -> int:
+        return self._entries.entries_by_structure[SEGMENT]
+
+    def usage(self) -> dict[str, tuple[int, int]]:
+        """structure -> (bytes, entries) within the budget."""
+        lru = self._entries
+        return {s: (lru.bytes_by_structure[s], lru.entries_by_structure[s]) for s in STRUCTURES}

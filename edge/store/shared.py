@@ -2,18 +2,23 @@
 
 Rules this module owns:
 
-* Only immutable facts are shared: segments, and the final offset of a closed stream. Where a
-  stream's tail is now is not: each replica learns that from the origin or its own live tail.
+* Only immutable facts are shared: segments, and the final offset of a closed stream, each
+  stamped with the stream's **generation**. Where a stream's tail is now is not shared: each
+  replica learns that from the origin or its own live tail.
+* **Generations make purges durable.** Each stream has a generation key (absent means ``"0"``).
+  A purge writes a fresh random generation, retried until Redis takes it, and publishes the
+  stream on one channel. A value is served only when its stamp equals the generation read *in
+  the same round trip* (one ``MGET``), so a segment written before a purge, or by a replica that
+  had not heard of it yet, is never served again by anyone, including replicas that were
+  partitioned or started later. The generation key outlives every value it guards.
+* Every value read is validated (shape, types, offsets, stamp); a bad one is a miss, deleted.
 * Writes happen in the background and never delay a response; when too many are pending (Redis
   slow) new ones are dropped and counted, since the origin still has every byte.
 * Every operation is bounded by ``timeout_seconds`` and guarded by a circuit breaker: Redis down
   or slow means service from the local tier and the origin, with no client error, until a probe
   after the cooldown finds it back.
 * Keys carry the scope: a credential's segments are never visible to another scope. All keys of
-  a stream share a hash tag, so a purge touches one slot in a cluster.
-* A purge deletes the stream's keys, cancels this replica's pending writes for it (so none lands
-  after the delete), and is published on one channel: every replica drops its local copy too,
-  so a deleted stream stops being served everywhere, not only where the DELETE arrived.
+  a stream share a hash tag, so a stream's keys live in one slot of a cluster.
 """
 
 from __future__ import annotations
@@ -22,30 +27,55 @@ import asyncio
 import hashlib
 import json
 import logging
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import redis.asyncio as redis
-from redis.exceptions import RedisError
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError, RedisError
 
-from edge.log.segment import Segment
+from edge.log.segment import InvalidSegment, Segment
 from edge.log.stream_log import LogKey
 from edge.metrics import Metrics
+from edge.protocol.offsets import is_offset_token
 from edge.store.breaker import BreakerState, CircuitBreaker
 
 log = logging.getLogger(__name__)
 
-KEY_PREFIX = "edge:v1"
+KEY_PREFIX = "edge:v2"
 PURGE_CHANNEL = f"{KEY_PREFIX}:purge"
+INITIAL_GENERATION = "0"
 MAX_PENDING_WRITES = 256
 SUBSCRIBE_RETRY_SECONDS = 1.0
+PURGE_RETRY_FIRST_SECONDS = 0.1
+PURGE_RETRY_MAX_SECONDS = 2.0
+# A purge that Redis has not taken after this long is given up (and logged): by then every value
+# it guards has expired (its TTL) or the operator has been told.
+PURGE_RETRY_GIVE_UP_SECONDS = 3600.0
+MAX_CONTENT_TYPE_CHARS = 256
+
+Errors = (RedisError, OSError, TimeoutError)
+
+
+class BadValue(ValueError):
+    """A shared-tier value that is not one this edge wrote for this key."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SharedSegment:
     segment: Segment
     content_type: str | None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Lookup:
+    """One round trip's answer: the stream's generation now, and the value if it is current."""
+
+    generation: str
+    value: SharedSegment | None
 
 
 def _stream_tag(stream: str) -> str:
@@ -60,22 +90,81 @@ def closed_key(key: LogKey) -> str:
     return f"{KEY_PREFIX}:{_stream_tag(key.stream)}:closed:{key.scope}"
 
 
+def generation_key(stream: str) -> str:
+    return f"{KEY_PREFIX}:{_stream_tag(stream)}:gen"
+
+
 def index_key(stream: str) -> str:
     return f"{KEY_PREFIX}:{_stream_tag(stream)}:keys"
 
 
-def encode(segment: Segment, content_type: str | None) -> bytes:
-    header = json.dumps({"start": segment.start, "end": segment.end, "ct": content_type})
+def encode(segment: Segment, content_type: str | None, generation: str) -> bytes:
+    header = json.dumps(
+        {"start": segment.start, "end": segment.end, "ct": content_type, "gen": generation}
+    )
     return header.encode() + b"\n" + segment.body
 
 
-def decode(blob: bytes) -> SharedSegment:
-    header, _, body = blob.partition(b"\n")
-    meta = json.loads(header)
-    return SharedSegment(
-        segment=Segment(start=meta["start"], end=meta["end"], body=body),
-        content_type=meta["ct"],
-    )
+def decode(blob: object, *, start: str) -> tuple[SharedSegment, str]:
+    """The segment at ``start`` and its generation stamp; raises BadValue for anything else."""
+    if not isinstance(blob, bytes):
+        raise BadValue("not bytes")
+    header, newline, body = blob.partition(b"\n")
+    if not newline:
+        raise BadValue("no header line")
+    try:
+        meta = json.loads(header)
+    except ValueError as error:
+        raise BadValue("header is not JSON") from error
+    if not isinstance(meta, dict) or set(meta) != {"start", "end", "ct", "gen"}:
+        raise BadValue("header is not ours")
+    content_type, generation = meta["ct"], meta["gen"]
+    if meta["start"] != start or not isinstance(generation, str):
+        raise BadValue("stored under another key")
+    if content_type is not None and (
+        not isinstance(content_type, str)
+        or len(content_type) > MAX_CONTENT_TYPE_CHARS
+        or not content_type.isprintable()
+    ):
+        raise BadValue("bad content type")
+    if not isinstance(meta["end"], str):
+        raise BadValue("bad end")
+    try:
+        segment = Segment(start=start, end=meta["end"], body=body)
+    except InvalidSegment as error:
+        raise BadValue(str(error)) from error
+    return SharedSegment(segment=segment, content_type=content_type), generation
+
+
+def encode_closed(final_offset: str, generation: str) -> bytes:
+    return json.dumps({"end": final_offset, "gen": generation}).encode()
+
+
+def decode_closed(blob: object) -> tuple[str, str]:
+    if not isinstance(blob, bytes):
+        raise BadValue("not bytes")
+    try:
+        meta = json.loads(blob)
+    except ValueError as error:
+        raise BadValue("not JSON") from error
+    if not isinstance(meta, dict) or set(meta) != {"end", "gen"}:
+        raise BadValue("not ours")
+    end, generation = meta["end"], meta["gen"]
+    if not isinstance(end, str) or not is_offset_token(end) or not isinstance(generation, str):
+        raise BadValue("bad closure")
+    return end, generation
+
+
+def _generation(blob: object) -> str:
+    if blob is None:
+        return INITIAL_GENERATION
+    if isinstance(blob, bytes) and blob.isascii() and 0 < len(blob) <= 64:
+        return blob.decode()
+    raise BadValue("bad generation")
+
+
+def new_generation() -> str:
+    return secrets.token_hex(8)
 
 
 class SharedTier:
@@ -94,6 +183,10 @@ class SharedTier:
             socket_timeout=timeout_seconds,
             socket_connect_timeout=timeout_seconds,
             retry_on_timeout=False,
+            # A pooled connection that died while Redis was away fails once; one immediate retry
+            # on a fresh connection keeps that from reopening the breaker when Redis is back.
+            retry=Retry(NoBackoff(), retries=1),
+            retry_on_error=[ConnectionError],
         )
         # Subscriptions wait for minutes between messages: no read timeout on that connection.
         self._subscriber: redis.Redis = redis.Redis.from_url(
@@ -107,6 +200,9 @@ class SharedTier:
         self._clock = clock
         self._breaker = CircuitBreaker()
         self._pending: set[asyncio.Task[None]] = set()
+        # stream -> the generation a purge is still trying to write.
+        self.pending_purges: dict[str, str] = {}
+        self._purges: dict[str, asyncio.Task[bool]] = {}
         metrics.redis_up.set(1)
 
     @property
@@ -117,30 +213,35 @@ class SharedTier:
         if self._listener is not None:
             self._listener.cancel()
             await asyncio.gather(self._listener, return_exceptions=True)
-        for task in list(self._pending):
+        for task in [*self._pending, *self._purges.values()]:
             task.cancel()
-        await asyncio.gather(*self._pending, return_exceptions=True)
+        await asyncio.gather(*self._pending, *self._purges.values(), return_exceptions=True)
         await self._client.aclose()
         await self._subscriber.aclose()
 
-    def listen_for_purges(self, forget: Callable[[str], object]) -> None:
-        """Call ``forget(stream)`` for every purge any replica publishes, for as long as this
-        tier lives; a lost subscription is retried every second."""
-        self._listener = asyncio.ensure_future(self._listen(forget))
+    def listen_for_purges(
+        self, forget: Callable[[str], object], resync: Callable[[], object]
+    ) -> None:
+        """Call ``forget(stream)`` for every purge any replica publishes, and ``resync()`` each
+        time the subscription (re)starts: purges published while it was down were missed, so
+        every generation must be checked again."""
+        self._listener = asyncio.ensure_future(self._listen(forget, resync))
 
-    async def _listen(self, forget: Callable[[str], object]) -> None:
+    async def _listen(self, forget: Callable[[str], object], resync: Callable[[], object]) -> None:
         while True:
             try:
                 async with self._subscriber.pubsub() as pubsub:
                     await pubsub.subscribe(PURGE_CHANNEL)
+                    resync()
                     while True:
                         message = await pubsub.get_message(
                             ignore_subscribe_messages=True, timeout=1.0
                         )
                         if message is not None and message.get("type") == "message":
                             data = message["data"]
-                            forget(data.decode() if isinstance(data, bytes) else str(data))
-            except (RedisError, OSError, TimeoutError):
+                            if isinstance(data, bytes) and data.startswith(b"/"):
+                                forget(data.decode(errors="replace"))
+            except Errors:
                 await asyncio.sleep(SUBSCRIBE_RETRY_SECONDS)
 
     def _count(self, op: str, result: str) -> None:
@@ -160,52 +261,87 @@ class SharedTier:
         self._breaker.success()
         self._metrics.redis_up.set(1)
 
-    async def get(self, key: LogKey, start: str) -> SharedSegment | None:
+    async def _mget(self, op: str, *names: str) -> list[object] | None:
         if not self._breaker.allow(self._clock()):
-            self._count("get", "skipped")
+            self._count(op, "skipped")
             return None
         try:
             async with asyncio.timeout(self._timeout):
-                blob = await self._client.get(segment_key(key, start))
-        except (RedisError, OSError, TimeoutError) as error:
-            self._failed("get", error)
+                values = await self._client.mget(list(names))
+        except Errors as error:
+            self._failed(op, error)
             return None
         self._succeeded()
-        if blob is None:
-            self._count("get", "miss")
+        return list(values)
+
+    async def _discard(self, name: str) -> None:
+        try:
+            async with asyncio.timeout(self._timeout):
+                await self._client.delete(name)
+        except Errors as error:
+            self._failed("delete", error)
+
+    async def generation(self, stream: str) -> str | None:
+        """The stream's generation now; None when the tier cannot say."""
+        values = await self._mget("generation", generation_key(stream))
+        if values is None:
             return None
         try:
-            found = decode(blob if isinstance(blob, bytes) else blob.encode())
-        except (ValueError, KeyError):
-            self._count("get", "error")  # not ours, or corrupt: a miss, never a wrong byte
+            return _generation(values[0])
+        except BadValue:
+            self._count("generation", "error")
+            return None
+
+    async def get(self, key: LogKey, start: str) -> Lookup | None:
+        values = await self._mget("get", generation_key(key.stream), segment_key(key, start))
+        if values is None:
+            return None
+        try:
+            generation = _generation(values[0])
+        except BadValue:
+            self._count("get", "error")
+            return None
+        if values[1] is None:
+            self._count("get", "miss")
+            return Lookup(generation=generation, value=None)
+        try:
+            found, stamp = decode(values[1], start=start)
+        except BadValue as error:
+            # Not ours, or corrupt: a miss, never a wrong byte; and gone, so it stays a miss.
+            log.warning("dropping a bad shared value for %s: %s", key.stream, error)
+            self._count("get", "error")
+            await self._discard(segment_key(key, start))
+            return Lookup(generation=generation, value=None)
+        if stamp != generation:
+            self._count("get", "stale")
+            return Lookup(generation=generation, value=None)
+        self._count("get", "hit")
+        return Lookup(generation=generation, value=found)
+
+    async def get_closed(self, key: LogKey, generation: str) -> str | None:
+        """The final offset of a closed stream of this generation, if a replica saw it closed."""
+        values = await self._mget("get", generation_key(key.stream), closed_key(key))
+        if values is None or values[1] is None:
+            return None
+        try:
+            end, stamp = decode_closed(values[1])
+            current = _generation(values[0])
+        except BadValue as error:
+            log.warning("dropping a bad shared closure for %s: %s", key.stream, error)
+            self._count("get", "error")
+            await self._discard(closed_key(key))
             return None
         self._count("get", "hit")
-        return found
+        return end if stamp == current == generation else None
 
-    async def get_closed(self, key: LogKey) -> str | None:
-        """The final offset of a closed stream, if a replica has seen it closed."""
-        if not self._breaker.allow(self._clock()):
-            self._count("get", "skipped")
-            return None
-        try:
-            async with asyncio.timeout(self._timeout):
-                value = await self._client.get(closed_key(key))
-        except (RedisError, OSError, TimeoutError) as error:
-            self._failed("get", error)
-            return None
-        self._succeeded()
-        self._count("get", "miss" if value is None else "hit")
-        if value is None:
-            return None
-        return value.decode() if isinstance(value, bytes) else str(value)
-
-    def put(self, key: LogKey, segment: Segment, content_type: str | None) -> None:
+    def put(self, key: LogKey, segment: Segment, content_type: str | None, generation: str) -> None:
         """Store a segment in the background; never awaited by a response."""
-        self._in_background(segment_key(key, segment.start), encode(segment, content_type), key)
+        blob = encode(segment, content_type, generation)
+        self._in_background(segment_key(key, segment.start), blob, key)
 
-    def put_closed(self, key: LogKey, final_offset: str) -> None:
-        """Closure is final, so it is as shareable as the bytes."""
-        self._in_background(closed_key(key), final_offset.encode(), key)
+    def put_closed(self, key: LogKey, final_offset: str, generation: str) -> None:
+        """Closure is final within a generation, so it is as shareable as the bytes."""
+        self._in_background(closed_key(key), encode_closed(final_offset, generation), key)
 
     def _in_background(self, name: str, value: bytes, key: LogKey) -> None:
         if len(self._pending) >= MAX_PENDING_WRITES or not self._breaker.allow(self._clock()):
@@ -232,28 +368,74 @@ class SharedTier:
                     pipe.set(name, value, ex=self._ttl)
                     pipe.sadd(index_key(stream), name)
                     pipe.expire(index_key(stream), self._ttl)
+                    # The generation must outlive every value it guards.
+                    pipe.expire(generation_key(stream), self._ttl * 2)
                     await pipe.execute()
-        except (RedisError, OSError, TimeoutError) as error:
+        except Errors as error:
             self._failed("put", error)
             return
         self._succeeded()
         self._count("put", "ok")
 
-    async def purge(self, stream: str) -> None:
-        """Drop every shared segment of ``stream`` and tell the other replicas; a failure is
-        counted, not raised."""
+    # --- purges ---
+
+    def purge(self, stream: str) -> str:
+        """Start a durable purge of ``stream``: returns its new generation at once; the write is
+        retried in the background until Redis takes it (see ``purged``)."""
         for task in list(self._pending_by_stream.pop(stream, ())):
             task.cancel()
-        if not self._breaker.allow(self._clock()):
-            self._count("purge", "skipped")
-            return
+        generation = new_generation()
+        self.pending_purges[stream] = generation
+        previous = self._purges.pop(stream, None)
+        if previous is not None:
+            previous.cancel()
+        purge: asyncio.Task[bool] = asyncio.ensure_future(
+            self._purge_until_written(stream, generation)
+        )
+        self._purges[stream] = purge
+        purge.add_done_callback(lambda done: self._purge_ended(stream, done))
+        return generation
+
+    def _purge_ended(self, stream: str, task: asyncio.Task[bool]) -> None:
+        if self._purges.get(stream) is task:
+            del self._purges[stream]
+            if not task.cancelled() and task.exception() is None and task.result():
+                self.pending_purges.pop(stream, None)
+
+    async def purged(self, stream: str, timeout_seconds: float) -> bool:
+        """Wait up to ``timeout_seconds`` for the purge of ``stream`` to be durable."""
+        task = self._purges.get(stream)
+        if task is None:
+            return stream not in self.pending_purges
+        try:
+            async with asyncio.timeout(timeout_seconds):
+                return await asyncio.shield(task)
+        except TimeoutError:
+            return False
+
+    async def _purge_until_written(self, stream: str, generation: str) -> bool:
+        delay = PURGE_RETRY_FIRST_SECONDS
+        give_up = self._clock() + PURGE_RETRY_GIVE_UP_SECONDS
+        while True:
+            if await self._purge_once(stream, generation):
+                return True
+            if self._clock() >= give_up:
+                log.error("purge of %s never reached the shared tier", stream)
+                return False
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, PURGE_RETRY_MAX_SECONDS)
+
+    async def _purge_once(self, stream: str, generation: str) -> bool:
+        # Not gated by the breaker: a purge must be tried even while reads are skipped.
         try:
             async with asyncio.timeout(self._timeout * 4):
+                await self._client.set(generation_key(stream), generation, ex=self._ttl * 2)
                 names = await self._client.smembers(index_key(stream))
                 await self._client.delete(index_key(stream), *names)
                 await self._client.publish(PURGE_CHANNEL, stream.encode())
-        except (RedisError, OSError, TimeoutError) as error:
+        except Errors as error:
             self._failed("purge", error)
-            return
+            return False
         self._succeeded()
         self._count("purge", "ok")
+        return True

@@ -1,14 +1,24 @@
-"""The admin listener: ``/metrics``, ``/healthz`` (process alive), ``/readyz`` (origin reachable).
+"""The admin listener: ``/metrics``, ``/healthz`` (process alive), ``/readyz`` (origin ready),
+``POST /purge``.
 
 It never shares a port with stream traffic, so a scrape or a probe cannot queue behind viewers.
+
+* ``/readyz`` is ready only when the origin answers its probe with 2xx or 3xx: ``OPTIONS /`` by
+  default (a Durable Streams origin answers CORS preflights on any path; the reference origin
+  answers 404 to ``HEAD /``), or ``GET --origin-health-path``.
+* ``/purge`` makes the edge forget a stream everywhere, so it is guarded: with
+  ``--purge-token`` it needs ``Authorization: Bearer <token>`` (401 otherwise); without one it
+  is open only on a loopback admin listener and refused (403) on any other.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
@@ -17,6 +27,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from edge.catchup import CatchupCache
 from edge.config import Settings
 from edge.metrics import Metrics
+from edge.protocol.paths import BadTarget, normalise_path
 
 # Probes from a load balancer arrive every few seconds from several checkers; one origin
 # round trip per second is enough to answer all of them.
@@ -25,10 +36,14 @@ READINESS_TIMEOUT_SECONDS = 2.0
 
 
 class ReadinessProbe:
-    """Is the origin answering HTTP at all? Any status counts: 404 for ``/`` is a live origin."""
+    """Is the origin ready? One probe per ``READINESS_CACHE_SECONDS``, ready on 2xx/3xx only."""
 
     def __init__(self, settings: Settings) -> None:
-        self._url = settings.origin_base + "/"
+        self.settings = settings
+        path = settings.origin_health_path
+        self._method = "OPTIONS" if path is None else "GET"
+        self._path = path or "/"
+        self._url = settings.origin_base + self._path
         self._session: aiohttp.ClientSession | None = None
         self._checked_at = float("-inf")
         self._last: tuple[bool, str] = (False, "not checked yet")
@@ -44,13 +59,48 @@ class ReadinessProbe:
         now = time.monotonic()
         if now - self._checked_at < READINESS_CACHE_SECONDS or self._session is None:
             return self._last
+        probe = f"{self._method} {self._path}"
         try:
-            async with self._session.head(self._url, allow_redirects=False) as response:
-                self._last = (True, f"origin answered {response.status}")
+            async with self._session.request(
+                self._method, self._url, allow_redirects=False
+            ) as response:
+                status = response.status
         except (aiohttp.ClientError, TimeoutError, OSError) as error:
             self._last = (False, f"origin unreachable: {type(error).__name__}")
+        else:
+            if 200 <= status < 400:
+                self._last = (True, f"origin answered {status} to {probe}")
+            else:
+                hint = "" if self.settings.origin_health_path else "; see --origin-health-path"
+                self._last = (False, f"origin answered {status} to {probe}{hint}")
         self._checked_at = now
         return self._last
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PurgeRefusal:
+    status: int
+    reason: str
+
+
+def purge_refusal(
+    *, token: str | None, admin_on_loopback: bool, authorization: str | None
+) -> PurgeRefusal | None:
+    """Why a purge request may not proceed, or None when it may."""
+    if token is None:
+        if admin_on_loopback:
+            return None
+        return PurgeRefusal(
+            status=403,
+            reason="purge is disabled: the admin listener is reachable from other machines; "
+            "set --purge-token (EDGE_PURGE_TOKEN) and send Authorization: Bearer <token>",
+        )
+    scheme, _, credentials = (authorization or "").partition(" ")
+    if scheme.lower() == "bearer" and hmac.compare_digest(
+        credentials.strip().encode("utf-8", "surrogateescape"), token.encode()
+    ):
+        return None
+    return PurgeRefusal(status=401, reason="purge needs Authorization: Bearer <--purge-token>")
 
 
 def add_admin_routes(
@@ -85,12 +135,32 @@ def add_admin_routes(
         response.headers["Content-Type"] = CONTENT_TYPE_LATEST
         return response
 
+    settings = probe.settings
+
     async def purge(request: web.Request) -> web.Response:
+        refusal = purge_refusal(
+            token=settings.purge_token,
+            admin_on_loopback=settings.admin_on_loopback,
+            authorization=request.headers.get("Authorization"),
+        )
+        if refusal is not None:
+            headers = {"WWW-Authenticate": "Bearer"} if refusal.status == 401 else None
+            return web.Response(status=refusal.status, text=refusal.reason + "\n", headers=headers)
         path = request.query.get("path", "")
         if not path.startswith("/"):
             return web.Response(status=400, text="purge needs ?path=/the/stream/path\n")
+        try:
+            path = normalise_path(path)  # the stream as the origin names it, aliases included
+        except BadTarget:
+            return web.Response(status=400, text="purge needs a stream path the origin can name\n")
         dropped = cache.purge(path)
-        return web.json_response({"purged": path, "segments": dropped})
+        # Durable: every replica, including ones partitioned now, stops serving it. If the shared
+        # tier has not taken it yet, say so (it keeps being retried): 202, not 200.
+        durable = await cache.purged(path)
+        return web.json_response(
+            {"purged": path, "segments": dropped, "durable": durable},
+            status=200 if durable else 202,
+        )
 
     app.cleanup_ctx.append(probe.lifetime)
     app.router.add_post("/purge", purge)

@@ -1,4 +1,15 @@
-"""The two aiohttp applications: stream traffic (every path) and the admin listener."""
+"""The two aiohttp applications: stream traffic (every path) and the admin listener.
+
+Rules this module owns:
+
+* A request's target is checked before anything else: one the edge refuses is a 400 that never
+  reaches the origin (``edge.protocol.paths``).
+* Reads are classified and cached by the stream's normalised path and the credential scope the
+  configured ``--scope-headers``/``--scope-cookies`` give; the cache's own origin requests carry
+  exactly those credentials (``credentials_of``), pass-through requests every client header.
+* A client that leaves before its answer is written is counted with code 499 and logged at DEBUG:
+  leaving is what viewers do.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +20,7 @@ import time
 from collections.abc import AsyncIterator
 
 from aiohttp import HttpVersion11, web
+from aiohttp.typedefs import Handler
 from multidict import CIMultiDict
 
 from edge.catchup import Answer, CatchupCache
@@ -18,11 +30,20 @@ from edge.live.viewers import Viewer
 from edge.log.stream_log import LogKey
 from edge.metrics import Metrics
 from edge.origin import BodyTooLarge, OriginClient, OriginError
-from edge.protocol.headers import AUTHORIZATION, COOKIE, VIA_PSEUDONYM
-from edge.protocol.reads import Classified, RequestKind, classify
+from edge.protocol.headers import VIA_PSEUDONYM
+from edge.protocol.paths import BadTarget
+from edge.protocol.reads import Classified, RequestKind, classify, scope_credentials
 from edge.store.shared import SharedTier
 from edge.web.admin import ReadinessProbe, add_admin_routes
-from edge.web.proxy import Relay, origin_error_response, stream_path
+from edge.web.proxy import (
+    ClientGone,
+    EdgeResponse,
+    OriginCors,
+    Relay,
+    edge_answer,
+    origin_error_response,
+    request_target,
+)
 
 log = logging.getLogger(__name__)
 
@@ -31,29 +52,39 @@ METRICS = web.AppKey("metrics", Metrics)
 RELAY = web.AppKey("relay", Relay)
 CACHE = web.AppKey("cache", CatchupCache)
 HUB = web.AppKey("hub", LiveHub)
+CORS = web.AppKey("cors", OriginCors)
 
 # Status recorded for a request whose client went away before it was answered (nginx's 499).
 CLIENT_CLOSED = 499
 
 
-class EdgeResponse(web.Response):
-    """An answer the edge made itself; like relayed ones, it carries no aiohttp ``Server``."""
-
-    async def _prepare_headers(self) -> None:
-        await super()._prepare_headers()
-        self.headers.popall("Server", None)
-
-
 def credentials_of(request: web.Request) -> list[tuple[str, str]]:
-    return [(n, v) for n, v in request.headers.items() if n.lower() in (AUTHORIZATION, COOKIE)]
+    """The client's headers a cache fill or a live tail sends upstream for this request's scope:
+    the configured credential headers, the Cookie cut down to the configured cookies."""
+    settings = request.app[SETTINGS]
+    return scope_credentials(
+        request.headers.items(),
+        scope_headers=settings.scope_headers,
+        scope_cookies=settings.scope_cookies,
+    )
 
 
-def to_response(answer: Answer, metrics: Metrics) -> web.Response:
+def to_response(request: web.Request, answer: Answer) -> web.Response:
     headers = CIMultiDict(answer.headers)
     headers.add("Cache-Status", answer.cache_status)
     headers.add("Via", f"1.1 {VIA_PSEUDONYM}")
-    metrics.served_bytes.inc(len(answer.body))
+    # Answers built from origin answers have the CORS headers already; the edge's own do not.
+    request.app[CORS].add_missing(headers)
+    request.app[METRICS].served_bytes.inc(len(answer.body))
     return EdgeResponse(status=answer.status, body=answer.body, headers=headers)
+
+
+def origin_failed(request: web.Request, error: OriginError) -> web.Response:
+    request.app[METRICS].origin_errors.labels(reason=error.reason).inc()
+    log.warning(
+        "origin error for %s %r: %s", request.method, request_target(request).upstream, error
+    )
+    return origin_error_response(error, request.app[CORS])
 
 
 async def serve_catchup(request: web.Request, classified: Classified) -> web.StreamResponse:
@@ -75,10 +106,9 @@ async def serve_catchup(request: web.Request, classified: Classified) -> web.Str
             request, classified.kind, cache_status="edge; fwd=bypass; detail=too-large"
         )
     except OriginError as error:
-        metrics.origin_errors.labels(reason=error.reason).inc()
-        return origin_error_response(error)
+        return origin_failed(request, error)
     metrics.cache_requests.labels(result=answer.result).inc()
-    return to_response(answer, metrics)
+    return to_response(request, answer)
 
 
 async def start_offset(
@@ -103,20 +133,19 @@ async def serve_long_poll(request: web.Request, classified: Classified) -> web.S
     read = classified.read
     assert read is not None
     assert read.offset is not None
-    hub, metrics = request.app[HUB], request.app[METRICS]
+    hub = request.app[HUB]
     key = LogKey(stream=read.stream, scope=read.scope)
     try:
         offset = await start_offset(request, key, read.offset, None)
         if isinstance(offset, Answer):
-            return to_response(offset, metrics)
+            return to_response(request, offset)
         answer = await hub.long_poll(key, offset, read.cursor, credentials_of(request))
     except BodyTooLarge:
         # A backlog bigger than the edge keeps in one piece: the origin answers it directly.
         return await relay_uncached(request, classified)
     except OriginError as error:
-        metrics.origin_errors.labels(reason=error.reason).inc()
-        return origin_error_response(error)
-    return to_response(answer, metrics)
+        return origin_failed(request, error)
+    return to_response(request, answer)
 
 
 async def relay_uncached(request: web.Request, classified: Classified) -> web.StreamResponse:
@@ -128,8 +157,8 @@ async def relay_uncached(request: web.Request, classified: Classified) -> web.St
 async def serve_sse(request: web.Request, classified: Classified) -> web.StreamResponse:
     hub, settings = request.app[HUB], request.app[SETTINGS]
     if hub.viewers >= settings.max_viewers:
-        return web.Response(
-            status=503, headers={"Retry-After": "5"}, text="edge is at --max-viewers\n"
+        return edge_answer(
+            503, "edge is at --max-viewers", request.app[CORS], [("Retry-After", "5")]
         )
     # The slot is taken before the first await, so concurrent arrivals cannot overshoot.
     hub.viewers += 1
@@ -149,15 +178,14 @@ async def _serve_sse_viewer(request: web.Request, classified: Classified) -> web
     try:
         offset = await start_offset(request, key, read.offset, read.last_event_id)
         if isinstance(offset, Answer):
-            return to_response(offset, metrics)
+            return to_response(request, offset)
         refused = await hub.known_from(key, offset, credentials)
     except BodyTooLarge:
         return await relay_uncached(request, classified)
     except OriginError as error:
-        metrics.origin_errors.labels(reason=error.reason).inc()
-        return origin_error_response(error)
+        return origin_failed(request, error)
     if refused is not None:
-        return to_response(refused, metrics)
+        return to_response(request, refused)
     log_ = hub.cache.local.log_for(key)
     response = web.StreamResponse(status=200)
     for name, value in log_.header_template:
@@ -169,7 +197,10 @@ async def _serve_sse_viewer(request: web.Request, classified: Classified) -> web
         response.headers["stream-sse-data-encoding"] = "base64"
     response.headers["Cache-Status"] = "edge; hit; detail=live"
     response.headers["Via"] = f"1.1 {VIA_PSEUDONYM}"
-    await response.prepare(request)
+    try:
+        await response.prepare(request)
+    except ConnectionResetError as gone:
+        raise ClientGone from gone
     if request.transport is not None:
         # Bound what one viewer can hold, in this process and in the kernel; past it the
         # viewer's writes wait and it lags, reading the log at its own pace.
@@ -231,8 +262,25 @@ async def dispatch(request: web.Request, classified: Classified) -> web.StreamRe
 
 async def handle_stream_request(request: web.Request) -> web.StreamResponse:
     metrics = request.app[METRICS]
+    settings = request.app[SETTINGS]
+    try:
+        target = request_target(request)
+    except BadTarget as bad:
+        metrics.requests.labels(kind=RequestKind.OTHER.value, code="400").inc()
+        return edge_answer(400, str(bad), request.app[CORS])
+    if target.asterisk:
+        # OPTIONS * asks about the server, not a stream: the origin's own answer to any OPTIONS.
+        metrics.requests.labels(kind=RequestKind.OTHER.value, code="204").inc()
+        server_options = EdgeResponse(status=204)
+        request.app[CORS].add_missing(server_options.headers)
+        return server_options
     classified = classify(
-        request.method, stream_path(request), request.query_string, request.headers.items()
+        request.method,
+        target.stream,
+        target.query,
+        request.headers.items(),
+        scope_headers=settings.scope_headers,
+        scope_cookies=settings.scope_cookies,
     )
     kind = classified.kind
     open_gauge = metrics.open_connections.labels(kind=kind.value)
@@ -243,17 +291,34 @@ async def handle_stream_request(request: web.Request) -> web.StreamResponse:
         response = await dispatch(request, classified)
         code = response.status
         return response
+    except ClientGone:
+        log.debug(
+            "client left before its answer to %s %r was written", request.method, target.upstream
+        )
+        # Never sent: the transport is closing, and aiohttp drops an answer it cannot write.
+        return web.Response(status=CLIENT_CLOSED)
     finally:
         open_gauge.dec()
         metrics.request_duration.labels(kind=kind.value).observe(time.perf_counter() - started)
         metrics.requests.labels(kind=kind.value, code=str(code)).inc()
 
 
+@web.middleware
+async def asterisk_form(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """``OPTIONS *`` matches no path route; it still belongs to the stream handler."""
+    if request.raw_path == "*":
+        return await handle_stream_request(request)
+    return await handler(request)
+
+
 def create_app(settings: Settings, metrics: Metrics, origin: OriginClient) -> web.Application:
     """The stream application. The origin client and the cache tiers live and die with it."""
-    app = web.Application()
+    app = web.Application(middlewares=[asterisk_form])
     app[SETTINGS] = settings
     app[METRICS] = metrics
+    cors = OriginCors()
+    app[CORS] = cors
+    origin.listen_to_answers(cors.remember)
     shared = (
         SharedTier(
             settings.redis_url,
@@ -268,12 +333,12 @@ def create_app(settings: Settings, metrics: Metrics, origin: OriginClient) -> we
     hub = LiveHub(settings, cache, origin, metrics)
     app[CACHE] = cache
     app[HUB] = hub
-    app[RELAY] = Relay(origin=origin, metrics=metrics, observe=cache.observe)
+    app[RELAY] = Relay(origin=origin, metrics=metrics, cors=cors, observe=cache.observe)
 
     async def lifetime(_: web.Application) -> AsyncIterator[None]:
         await origin.start()
         if shared is not None:
-            shared.listen_for_purges(cache.forget_locally)
+            shared.listen_for_purges(cache.streams.forget_locally, cache.streams.resync)
         yield
         await hub.close()
         await cache.close()

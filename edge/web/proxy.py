@@ -6,24 +6,36 @@ Rules this module owns:
   chunk is written to the client as soon as it arrives (SSE and long-poll need that).
 * The client sees the origin's status and headers verbatim (hop-by-hop aside, ``Via`` appended);
   aiohttp's own defaults (``Content-Type``, ``Server``) are not added where the origin sent none.
-* Errors before the origin answered become a short plain-text 502/504. An error after the answer
-  started aborts the client connection: a truncated body must never look complete.
+* Errors before the origin answered become a short plain-text 502/504 that names nothing
+  internal (the details go to the log). An error after the answer started aborts the client
+  connection: a truncated body must never look complete.
 * A client that goes away cancels the handler (the server runs with handler cancellation), and the
-  upstream request is closed with it.
+  upstream request is closed with it; one found gone while writing is ``ClientGone``.
+* What goes upstream is ``Target.upstream``: the client's path and query as sent, even when the
+  client used an absolute-form target (whose authority is never used). The stream a request is
+  about, for the cache and for invalidation, is ``Target.stream``, the origin's normalised path.
+* Every answer the edge makes itself (``edge_answer``) carries the CORS headers of the origin's
+  most recent answer (``OriginCors``), as the origin's own answers do.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import hdrs, web
+from multidict import CIMultiDict
 
 from edge.metrics import Metrics
 from edge.origin import OriginClient, OriginError
-from edge.protocol.headers import downstream_response_headers, upstream_request_headers
+from edge.protocol.headers import (
+    cors_headers,
+    downstream_response_headers,
+    upstream_request_headers,
+)
+from edge.protocol.paths import Target, parse_target
 from edge.protocol.reads import RequestKind
 
 log = logging.getLogger(__name__)
@@ -31,13 +43,83 @@ log = logging.getLogger(__name__)
 LIVE_KINDS = frozenset({RequestKind.LONG_POLL, RequestKind.SSE})
 
 # (method, path, origin status, request headers, origin response headers) for every answer.
-Observer = Callable[[str, str, int, Sequence[tuple[str, str]], Sequence[tuple[str, str]]], None]
+Observer = Callable[
+    [str, str, int, Sequence[tuple[str, str]], Sequence[tuple[str, str]]], Awaitable[None]
+]
+
+
+TARGET = web.RequestKey("target", Target)
+
+
+class ClientGone(Exception):
+    """The client left while its answer was being written; nothing more can reach it."""
+
+
+def request_target(request: web.Request) -> Target:
+    """The request's target, parsed once (``BadTarget`` for one the edge refuses)."""
+    target = request.get(TARGET)
+    if target is None:
+        target = parse_target(request.raw_path, request.method)
+        request[TARGET] = target
+    return target
 
 
 def stream_path(request: web.Request) -> str:
-    """The path as the client sent it (still percent-encoded): the stream's key, and what a
-    cache fill sends upstream, so both name exactly the resource the client named."""
-    return request.raw_path.partition("?")[0]
+    """The stream the request is about: the origin's normalised path, so every alias of a path
+    (``/s/./x``, ``/s/a/../x``, ``/s/%2e/x``) is one stream for the cache, as for the origin."""
+    return request_target(request).stream
+
+
+def client_host(request: web.Request) -> str | None:
+    """The host the client asked for, from ``Host``: never an absolute-form target's authority,
+    which a client can set to anything and which must not steer ``Forwarded`` or ``Location``."""
+    return request.headers.get(hdrs.HOST)
+
+
+class OriginCors:
+    """The CORS headers (``access-control-*``, ``x-content-type-options``,
+    ``cross-origin-resource-policy``) of the origin's most recent answer that had any.
+
+    An answer without them (an injected fault, a proxy in between) says nothing about the
+    origin's policy and leaves the record as it was. Before the first origin answer the record is
+    empty and the edge adds nothing: it does not invent a policy the origin may not have.
+    """
+
+    def __init__(self) -> None:
+        self._headers: tuple[tuple[str, str], ...] = ()
+
+    def remember(self, headers: Iterable[tuple[str, str]]) -> None:
+        found = cors_headers(headers)
+        if found:
+            self._headers = found
+
+    @property
+    def headers(self) -> tuple[tuple[str, str], ...]:
+        return self._headers
+
+    def add_missing(self, headers: CIMultiDict[str]) -> None:
+        """Add the recorded headers that ``headers`` does not already have."""
+        present = {name.lower() for name in headers}
+        for name, value in self._headers:
+            if name.lower() not in present:
+                headers.add(name, value)
+
+
+class EdgeResponse(web.Response):
+    """An answer the edge made itself; like relayed ones, it carries no aiohttp ``Server``."""
+
+    async def _prepare_headers(self) -> None:
+        await super()._prepare_headers()
+        self.headers.popall("Server", None)
+
+
+def edge_answer(
+    status: int, text: str, cors: OriginCors, headers: Sequence[tuple[str, str]] = ()
+) -> EdgeResponse:
+    """A short plain-text answer of the edge's own, with the origin's CORS headers."""
+    response = EdgeResponse(status=status, text=text + "\n", headers=CIMultiDict(headers))
+    cors.add_missing(response.headers)
+    return response
 
 
 class RelayedResponse(web.StreamResponse):
@@ -58,33 +140,35 @@ class RelayedResponse(web.StreamResponse):
 class Relay:
     origin: OriginClient
     metrics: Metrics
+    cors: OriginCors
     observe: Observer | None = None
 
     async def forward(
         self, request: web.Request, kind: RequestKind, *, cache_status: str
     ) -> web.StreamResponse:
+        target = request_target(request)
         client_headers = list(request.headers.items())
         headers = upstream_request_headers(
             client_headers,
             client_address=request.remote,
             scheme=request.scheme,
-            host=request.host,
+            host=client_host(request),
             http_version=f"{request.version.major}.{request.version.minor}",
         )
         body = request.content if request.body_exists else None
         try:
             upstream = await self.origin.open(
-                request.method, request.raw_path, headers, body, live=kind in LIVE_KINDS
+                request.method, target.upstream, headers, body, live=kind in LIVE_KINDS
             )
         except OriginError as error:
             self.metrics.origin_errors.labels(reason=error.reason).inc()
-            log.warning("origin error for %s %s: %s", request.method, request.raw_path, error)
-            return origin_error_response(error)
+            log.warning("origin error for %s %r: %s", request.method, target.upstream, error)
+            return origin_error_response(error, self.cors)
         self.metrics.origin_requests.labels(kind=kind.value, code=str(upstream.status)).inc()
         if self.observe is not None:
-            self.observe(
+            await self.observe(
                 request.method,
-                stream_path(request),
+                target.stream,
                 upstream.status,
                 client_headers,
                 list(upstream.headers.items()),
@@ -102,10 +186,12 @@ class Relay:
     async def _relay(
         self, request: web.Request, upstream: aiohttp.ClientResponse, cache_status: str
     ) -> web.StreamResponse:
+        host = client_host(request)
         relayed = downstream_response_headers(
             list(upstream.headers.items()),
             origin_base=self.origin.base_url,
-            public_base=f"{request.scheme}://{request.host}",
+            # Without a Host, a Location is rebased to a path: relative to what the client used.
+            public_base=f"{request.scheme}://{host}" if host else "",
         )
         present = {name.lower() for name, _ in relayed}
         omit = frozenset(
@@ -117,21 +203,25 @@ class Relay:
         for name, value in relayed:
             response.headers.add(name, value)
         response.headers.add("Cache-Status", cache_status)
-        await response.prepare(request)
         try:
+            await response.prepare(request)
             async for chunk in OriginClient.body_chunks(upstream):
                 self.metrics.origin_bytes.inc(len(chunk))
                 await response.write(chunk)
                 self.metrics.served_bytes.inc(len(chunk))
+            await response.write_eof()
+        except ConnectionResetError as gone:
+            raise ClientGone from gone
         except OriginError as error:
             self.metrics.origin_errors.labels(reason=error.reason).inc()
-            log.warning("origin failed mid-body for %s: %s", request.raw_path, error)
+            log.warning(
+                "origin failed mid-body for %r: %s", request_target(request).upstream, error
+            )
             if request.transport is not None:
                 request.transport.abort()
-            return response
-        await response.write_eof()
         return response
 
 
-def origin_error_response(error: OriginError) -> web.Response:
-    return web.Response(status=error.status, text=f"{error}\n")
+def origin_error_response(error: OriginError, cors: OriginCors) -> EdgeResponse:
+    """The client's view of an origin failure: a fixed text; the details are for the log."""
+    return edge_answer(error.status, error.public_text, cors)

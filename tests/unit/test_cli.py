@@ -1,7 +1,18 @@
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import fields
+from pathlib import Path
+
 import pytest
 
-from edge.cli import SERVE_OPTIONS, build_parser, parse_settings
-from edge.config import Address, ConfigError
+from edge.cli import FLAG_OF_SETTING, SERVE_OPTIONS, build_parser, parse_settings
+from edge.config import Address, ConfigError, Settings
+from edge.web.admin import purge_refusal
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_flags_and_defaults() -> None:
@@ -37,6 +48,14 @@ def test_every_flag_reads_its_env_and_the_flag_wins() -> None:
         "EDGE_REDIS_URL": "redis://127.0.0.1:6390/2",
         "EDGE_REDIS_TTL": "60",
         "EDGE_REDIS_TIMEOUT": "0.1",
+        "EDGE_SCOPE_HEADERS": "Authorization,X-Tenant",
+        "EDGE_SCOPE_COOKIES": "session",
+        "EDGE_FILL_BUFFER_BYTES": "8MiB",
+        "EDGE_HEADER_TIMEOUT": "4",
+        "EDGE_KEEPALIVE_TIMEOUT": "20",
+        "EDGE_MAX_CONNECTIONS": "500",
+        "EDGE_ORIGIN_HEALTH_PATH": "/healthz",
+        "EDGE_PURGE_TOKEN": "s3cret",
     }
     assert {option.env for option in SERVE_OPTIONS} == set(env)
     settings = parse_settings(["serve", "--listen", "0.0.0.0:82"], env)
@@ -63,6 +82,14 @@ def test_every_flag_reads_its_env_and_the_flag_wins() -> None:
     assert settings.max_viewers == 7
     assert settings.tail_mode == "sse"
     assert settings.tail_linger_seconds == 2
+    assert settings.scope_headers == ("authorization", "x-tenant")
+    assert settings.scope_cookies == ("session",)
+    assert settings.fill_buffer_bytes == 8 * 1024 * 1024
+    assert settings.header_timeout_seconds == 4
+    assert settings.keepalive_timeout_seconds == 20
+    assert settings.max_connections == 500
+    assert settings.origin_health_path == "/healthz"
+    assert settings.purge_token == "s3cret"
 
 
 def test_redis_is_off_unless_asked_for() -> None:
@@ -82,7 +109,7 @@ def test_redis_is_off_unless_asked_for() -> None:
         (["serve", "--origin", "http://x", "--cache-bytes", "lots"], "--cache-bytes"),
         (["serve", "--origin", "http://x", "--redis-url", "http://r"], "redis://"),
         (["serve", "--origin", "http://x", "--sse-max-seconds", "1"], "at least"),
-        (["serve", "--origin", "http://x", "--tail-mode", "carrier-pigeon"], "tail_mode"),
+        (["serve", "--origin", "http://x", "--tail-mode", "carrier-pigeon"], "--tail-mode"),
     ],
 )
 def test_bad_settings_are_refused_with_a_reason(argv: list[str], message: str) -> None:
@@ -95,3 +122,144 @@ def test_help_explains_every_flag() -> None:
     for option in SERVE_OPTIONS:
         assert option.flag in serve_help
         assert option.env in serve_help
+
+
+def test_new_defaults() -> None:
+    settings = parse_settings(["serve", "--origin", "http://o"], {})
+    assert settings.header_timeout_seconds == 10
+    assert settings.keepalive_timeout_seconds == 60
+    assert settings.max_connections == 0  # derived from the open-file limit at start-up
+    assert settings.origin_health_path is None
+    assert settings.purge_token is None
+
+
+def test_every_setting_has_exactly_one_flag() -> None:
+    assert set(FLAG_OF_SETTING) == {field.name for field in fields(Settings)}
+    assert len(set(FLAG_OF_SETTING.values())) == len(SERVE_OPTIONS)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--sse-max-seconds", "1"], "--sse-max-seconds must be 0 (never) or at least 5"),
+        (["--header-timeout", "0"], "--header-timeout must be positive"),
+        (["--keepalive-timeout", "-1"], "--keepalive-timeout must be positive"),
+        (["--max-connections", "-1"], "--max-connections='-1': must be >= 0"),
+        (["--origin-health-path", "healthz"], "--origin-health-path must start with /"),
+        (["--max-segment-bytes", "1GiB"], "--max-segment-bytes must not exceed --cache-bytes"),
+        (["--redis-ttl", "0"], "--redis-ttl must be positive"),
+        (["--tail-freshness", "-1"], "--tail-freshness must be >= 0"),
+        (["--tail-linger", "-1"], "--tail-linger must be >= 0"),
+        (["--upstream-connect-timeout", "0"], "--upstream-connect-timeout must be positive"),
+        (["--long-poll-timeout", "0"], "--long-poll-timeout must be positive"),
+        (["--max-viewers", "0"], "--max-viewers must be at least 1"),
+        (["--redis-url", "redis://r:port"], "--redis-url has an invalid port"),
+        (["--purge-token", "caf\u00e9"], "--purge-token must be printable ASCII"),
+    ],
+)
+def test_validation_messages_name_the_flag(args: list[str], message: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        parse_settings(["serve", "--origin", "http://x", *args], {})
+    assert str(raised.value) == message or str(raised.value).startswith(message)
+    assert "_seconds" not in str(raised.value)
+
+
+@pytest.mark.parametrize("origin", ["http://host:4437/v1", "http://host/v1/stream/"])
+def test_an_origin_with_a_path_is_refused(origin: str) -> None:
+    with pytest.raises(ConfigError, match=r"^--origin must not carry a path.*verbatim"):
+        parse_settings(["serve", "--origin", origin], {})
+    assert parse_settings(["serve", "--origin", "http://host:4437/"], {}).origin_base == (
+        "http://host:4437"
+    )
+
+
+def test_the_purge_token_is_never_shown() -> None:
+    settings = parse_settings(["serve", "--origin", "http://x", "--purge-token", "s3cret"], {})
+    assert "s3cret" not in repr(settings)
+    with pytest.raises(ConfigError) as raised:
+        parse_settings(["serve", "--origin", "http://x", "--purge-token", "s3cr\u00e9t"], {})
+    assert "s3cr" not in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [
+        ("127.0.0.1", True),
+        ("::1", True),
+        ("localhost", True),
+        ("0.0.0.0", False),
+        ("10.1.2.3", False),
+        ("edge.internal", False),
+    ],
+)
+def test_admin_on_loopback(host: str, loopback: bool) -> None:
+    settings = Settings(
+        origin="http://o",
+        listen=Address(host="127.0.0.1", port=1),
+        admin_listen=Address(host=host, port=2),
+    )
+    assert settings.admin_on_loopback is loopback
+
+
+def test_purge_access() -> None:
+    assert purge_refusal(token=None, admin_on_loopback=True, authorization=None) is None
+    refused = purge_refusal(token=None, admin_on_loopback=False, authorization="Bearer x")
+    assert refused is not None
+    assert refused.status == 403
+    assert "--purge-token" in refused.reason
+    for authorization in (None, "Bearer wrong", "Basic s3cret", "s3cret", "Bearer "):
+        refused = purge_refusal(token="s3cret", admin_on_loopback=True, authorization=authorization)
+        assert refused is not None
+        assert refused.status == 401
+    for authorization in ("Bearer s3cret", "bearer s3cret"):
+        assert (
+            purge_refusal(token="s3cret", admin_on_loopback=False, authorization=authorization)
+            is None
+        )
+
+
+def run_edge(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EDGE_")}
+    env["PYTHONPATH"] = str(REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "edge", "serve", "--origin", "http://127.0.0.1:9", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env,
+        check=False,
+    )
+
+
+@pytest.fixture
+def held_port() -> Iterator[int]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield sock.getsockname()[1]
+
+
+@pytest.mark.parametrize(
+    ("flag", "other"),
+    [("--listen", "--admin-listen"), ("--admin-listen", "--listen")],
+)
+def test_a_port_in_use_is_one_line_and_exit_2(held_port: int, flag: str, other: str) -> None:
+    result = run_edge(flag, f"127.0.0.1:{held_port}", other, "127.0.0.1:0")
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr == f"edge: error: {flag} 127.0.0.1:{held_port}: address already in use\n"
+
+
+def test_an_unresolvable_listen_host_is_one_line_and_exit_2() -> None:
+    result = run_edge("--listen", "no-such-host.invalid:0", "--admin-listen", "127.0.0.1:0")
+    assert result.returncode == 2
+    assert result.stderr == (
+        "edge: error: --listen no-such-host.invalid:0: cannot resolve host 'no-such-host.invalid'\n"
+    )
+
+
+def test_a_bad_flag_is_one_line_and_exit_2() -> None:
+    result = run_edge("--origin", "http://127.0.0.1:9/v1")
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1
+    assert result.stderr.startswith("edge: error: --origin must not carry a path")

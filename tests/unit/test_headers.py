@@ -1,5 +1,9 @@
+import pytest
+
 from edge.protocol.headers import (
+    cors_headers,
     downstream_response_headers,
+    filter_cookies,
     first_value,
     strip_hop_by_hop,
     upstream_request_headers,
@@ -92,3 +96,38 @@ def test_location_at_the_origin_is_rebased_to_the_edge() -> None:
     assert location("http://o:1/base/v1/s") == "https://edge.example/v1/s"
     assert location("http://o:1/based/x") == "http://o:1/based/x"
     assert location("https://elsewhere/x") == "https://elsewhere/x"
+
+
+@pytest.mark.parametrize(
+    ("cookie", "kept"),
+    [
+        ("session=s1; _ga=GA1.2.3", "session=s1"),
+        ("_ga=GA1.2.3; session=s1", "session=s1"),
+        ("_ga=1", None),
+        ("", None),
+        ("session=s1;_ga=1;csrf=x", "session=s1; csrf=x"),
+        ("  session = s1 ;  csrf=x  ", "session = s1; csrf=x"),
+        ('session="a b"; _ga=1', 'session="a b"'),
+        ("session=a=b; _ga=1", "session=a=b"),  # the value is everything after the first =
+        ("session=; _ga=1", "session="),
+        ("session; _ga=1", None),  # no "=": no cookie named session
+        ("Session=s1", None),  # names are case-sensitive
+        ("session=s1; session=s2", "session=s1; session=s2"),  # repeats, in order
+        ("_session=1; sessions=2", None),
+    ],
+)
+def test_cookie_header_cut_to_named_cookies(cookie: str, kept: str | None) -> None:
+    assert filter_cookies(cookie, {"session", "csrf"}) == kept
+
+
+def test_cors_headers_are_picked_out_in_order() -> None:
+    answer = [
+        ("content-type", "text/plain"),
+        ("access-control-allow-origin", "*"),
+        ("Access-Control-Expose-Headers", "Stream-Next-Offset"),
+        ("x-content-type-options", "nosniff"),
+        ("cross-origin-resource-policy", "cross-origin"),
+        ("stream-next-offset", "0_5"),
+    ]
+    assert cors_headers(answer) == tuple(answer[1:5])
+    assert cors_headers([("content-type", "text/plain")]) == ()

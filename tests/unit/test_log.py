@@ -14,8 +14,8 @@ from edge.log.policy import (
     plan_catchup,
 )
 from edge.log.segment import Segment, is_json, stitch
-from edge.log.stream_log import LogKey, StreamLog
-from edge.store.local import LocalTier
+from edge.log.stream_log import LogKey, StreamInstance, StreamLog, TailVerdict
+from edge.store.local import LocalTier, entry_cost
 
 KEY = LogKey(stream="/s", scope="public")
 MiB = 1024 * 1024
@@ -46,10 +46,19 @@ def plan(
     )
 
 
+_tickets = iter(range(10**9))
+
+
+def observe(log: StreamLog, tail: str, *, closed: bool, now: float, **kw: bool) -> TailVerdict:
+    """An answer whose request started and arrived just now."""
+    ticket = next(_tickets)
+    return log.observe_tail(tail, closed=closed, now=now, started=ticket, received=ticket, **kw)
+
+
 def open_log(tail: str, observed_at: float = 100.0) -> StreamLog:
-    log = StreamLog(key=KEY, content_type="text/plain")
-    log.observe_tail(tail, closed=False, now=observed_at)
-    log.touched_origin(observed_at)
+    log = StreamLog(key=KEY, instance=StreamInstance(stream=KEY.stream), content_type="text/plain")
+    observe(log, tail, closed=False, now=observed_at)
+    log.instance.touched_origin(observed_at)
     return log
 
 
@@ -58,14 +67,14 @@ def open_log(tail: str, observed_at: float = 100.0) -> StreamLog:
 
 def test_bytes_stitch_by_concatenation() -> None:
     assert (
-        stitch([seg("a", "b", b"he"), seg("b", "c", b""), seg("c", "d", b"llo")], json=False)
+        stitch([seg("a", "b", b"he"), seg("b", "c", b"l"), seg("c", "d", b"lo")], json=False)
         == b"hello"
     )
 
 
 def test_json_segments_stitch_as_one_array() -> None:
-    parts = [seg("a", "b", b"[1,2]"), seg("b", "c", b" [ ] "), seg("c", "d", b'[{"k":3}]')]
-    assert stitch(parts, json=True) == b'[1,2,{"k":3}]'
+    parts = [seg("a", "b", b"[1,2]"), seg("b", "c", b" [ 4 ] "), seg("c", "d", b'[{"k":3}]')]
+    assert stitch(parts, json=True) == b'[1,2,4,{"k":3}]'
     assert stitch([], json=True) == b"[]"
 
 
@@ -85,26 +94,26 @@ def test_unknown_stream_is_a_miss() -> None:
 
 
 def test_covered_to_a_fresh_tail_is_a_hit() -> None:
-    local = tier(seg("-1", "0_5", b"hello"), seg("0_5", "0_11", b" world"))
-    decision = plan(open_log("0_11", observed_at=99.5), local, "-1")
+    local = tier(seg("-1", "0_5", b"hello"), seg("0_5", "1_1", b" world"))
+    decision = plan(open_log("1_1", observed_at=99.5), local, "-1")
     assert isinstance(decision, Hit)
     assert decision.up_to_date
     assert not decision.closed
     assert [s.start for s in decision.coverage.segments] == ["-1", "0_5"]
-    assert decision.coverage.end == "0_11"
+    assert decision.coverage.end == "1_1"
 
 
 def test_stale_tail_asks_only_for_the_delta() -> None:
-    local = tier(seg("-1", "0_5", b"hello"), seg("0_5", "0_11", b" world"))
-    decision = plan(open_log("0_11", observed_at=90.0), local, "-1")
+    local = tier(seg("-1", "0_5", b"hello"), seg("0_5", "1_1", b" world"))
+    decision = plan(open_log("1_1", observed_at=90.0), local, "-1")
     assert isinstance(decision, Fetch)
-    assert decision.offset == "0_11"
+    assert decision.offset == "1_1"
     assert decision.is_delta
 
 
 def test_a_gap_asks_from_where_the_chain_breaks() -> None:
-    local = tier(seg("-1", "0_5", b"hello"), seg("0_9", "0_11", b"ld"))
-    decision = plan(open_log("0_11"), local, "-1")
+    local = tier(seg("-1", "0_5", b"hello"), seg("0_9", "1_1", b"ld"))
+    decision = plan(open_log("1_1"), local, "-1")
     assert isinstance(decision, Fetch)
     assert decision.offset == "0_5"
     assert [s.start for s in decision.prefix.segments] == ["-1"]
@@ -121,9 +130,11 @@ def test_write_makes_the_tail_stale() -> None:
 def test_closed_tail_is_trusted_forever_and_never_reopens() -> None:
     local = tier(seg("-1", "0_5", b"hello"))
     log = open_log("0_5")
-    log.observe_tail("0_5", closed=True, now=100.0)
+    late = next(_tickets)  # a request that left before the closure was known ...
+    observe(log, "0_5", closed=True, now=100.0)
     log.mark_stale()
-    log.observe_tail("0_5", closed=False, now=101.0)  # a late, older answer
+    verdict = log.observe_tail("0_5", closed=False, now=101.0, started=late, received=late + 10)
+    assert verdict is TailVerdict.OLDER  # ... arrives late: older, not a reopening
     decision = plan(log, local, "-1", now=10_000.0)
     assert isinstance(decision, Hit)
     assert decision.closed
@@ -148,8 +159,8 @@ def test_size_cap_stops_stitching_and_is_not_up_to_date() -> None:
 def test_absolute_expiry_ends_service() -> None:
     local = tier(seg("-1", "0_5", b"hello"))
     log = open_log("0_5")
-    log.observe_tail("0_5", closed=True, now=100.0)
-    log.expires_at = 150.0
+    observe(log, "0_5", closed=True, now=100.0)
+    log.instance.expires_at = 150.0
     assert isinstance(plan(log, local, "-1", now=149.0), Hit)
     assert isinstance(plan(log, local, "-1", now=150.0), Fetch)
 
@@ -157,8 +168,8 @@ def test_absolute_expiry_ends_service() -> None:
 def test_sliding_ttl_counts_from_the_last_origin_touch() -> None:
     local = tier(seg("-1", "0_5", b"hello"))
     log = open_log("0_5", observed_at=100.0)
-    log.observe_tail("0_5", closed=True, now=100.0)
-    log.ttl_seconds = 10
+    observe(log, "0_5", closed=True, now=100.0)
+    log.instance.ttl_seconds = 10
     assert isinstance(plan(log, local, "-1", now=104.0), Hit)
     # past half the TTL the origin is touched again (reads the edge absorbs do not extend it)
     assert isinstance(plan(log, local, "-1", now=105.5), Fetch)
@@ -170,14 +181,16 @@ def test_sliding_ttl_counts_from_the_last_origin_touch() -> None:
 
 def test_etags_differ_by_range_closure_and_encoding() -> None:
     tags = {
-        etag("/s", "-1", "0_5", closed=False, encoding=None),
-        etag("/s", "-1", "0_5", closed=True, encoding=None),
-        etag("/s", "-1", "0_5", closed=False, encoding="gzip"),
-        etag("/s", "-1", "0_6", closed=False, encoding=None),
-        etag("/t", "-1", "0_5", closed=False, encoding=None),
+        etag("/s", "-1", "0_5", digest="d1", closed=False, encoding=None),
+        etag("/s", "-1", "0_5", digest="d1", closed=True, encoding=None),
+        etag("/s", "-1", "0_5", digest="d1", closed=False, encoding="gzip"),
+        etag("/s", "-1", "0_6", digest="d1", closed=False, encoding=None),
+        etag("/t", "-1", "0_5", digest="d1", closed=False, encoding=None),
+        etag("/s", "-1", "0_5", digest="d2", closed=False, encoding=None),
     }
-    assert len(tags) == 5
-    assert etag("/s", "-1", "0_5", closed=True, encoding=None).endswith(':-1:0_5:c"')
+    assert len(tags) == 6
+    closed = etag("/s", "-1", "0_5", digest="d1", closed=True, encoding=None)
+    assert closed.endswith(':-1:0_5:d1:c"')
 
 
 def test_if_none_match() -> None:
@@ -218,14 +231,15 @@ def test_accepts_gzip(header: str | None, ok: bool) -> None:
 
 
 def test_budget_evicts_least_recently_used_and_counts() -> None:
-    local = LocalTier(3 * (1000 + 200))
+    one = entry_cost(seg("0_0", "0_1", b"x" * 1000))
+    local = LocalTier(3 * one)
     for i in range(3):
         local.put(KEY, seg(f"0_{i}", f"0_{i + 1}", b"x" * 1000))
     assert local.get(KEY, "0_0") is not None  # touch: 0_1 is now the oldest
     local.put(KEY, seg("0_3", "0_4", b"x" * 1000))
     assert local.get(KEY, "0_1") is None
     assert local.evictions == 1
-    assert local.bytes_used <= 3 * 1200
+    assert local.bytes_used <= 3 * one
 
 
 def test_longer_segment_at_the_same_start_wins() -> None:
@@ -253,7 +267,9 @@ def test_purge_drops_every_scope_of_one_stream_only() -> None:
     for key in (KEY, other_scope, other_stream):
         local.put(key, seg("-1", "0_1", b"x"))
         local.log_for(key)
+    instance = local.instance_for("/s")
     assert local.purge("/s") == 2
+    assert not local.current(instance)  # the instance is forgotten with its entries
     assert local.get(KEY, "-1") is None
     assert local.get(other_scope, "-1") is None
     assert local.get(other_stream, "-1") is not None
@@ -264,13 +280,16 @@ def test_purge_drops_every_scope_of_one_stream_only() -> None:
 def test_a_write_floor_disbelieves_older_tails() -> None:
     local = tier(seg("-1", "0_5", b"hello"))
     log = open_log("0_5")
-    log.mark_stale(floor="0_9")  # a write through the edge answered Stream-Next-Offset 0_9
-    # A fetch that left the origin before the write lands after it, still saying 0_5.
-    log.observe_tail("0_5", closed=False, now=100.0, authoritative=True)
+    early = next(_tickets)  # a fetch leaves the origin ...
+    log.instance.reached("0_9", next(_tickets))  # ... a write answers Stream-Next-Offset 0_9 ...
+    log.mark_stale()
+    # ... and the fetch lands after it, still saying 0_5: older, not a new instance.
+    verdict = log.observe_tail("0_5", closed=False, now=100.0, started=early, received=early + 5)
+    assert verdict is TailVerdict.OLDER
     decision = plan(log, local, "-1")
     assert isinstance(decision, Fetch)
     assert decision.offset == "0_5"
-    log.observe_tail("0_9", closed=False, now=100.0)
+    observe(log, "0_9", closed=False, now=100.0)
     local.put(KEY, seg("0_5", "0_9", b" you"))
     assert isinstance(plan(log, local, "-1"), Hit)
 

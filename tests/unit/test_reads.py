@@ -1,6 +1,13 @@
 import pytest
 
-from edge.protocol.reads import PUBLIC_SCOPE, RequestKind, auth_scope, classify, query_params
+from edge.protocol.reads import (
+    PUBLIC_SCOPE,
+    RequestKind,
+    auth_scope,
+    classify,
+    query_params,
+    scope_credentials,
+)
 
 
 @pytest.mark.parametrize(
@@ -78,3 +85,53 @@ def test_only_plain_reads_may_be_cached(query: str, plain: bool) -> None:
     read = classify("GET", "/s", query, []).read
     assert read is not None
     assert read.plain is plain
+
+
+def test_any_configured_header_splits_scopes() -> None:
+    keyed = ("authorization", "cookie", "x-api-key")
+    a = auth_scope([("X-Api-Key", "a")], scope_headers=keyed)
+    b = auth_scope([("x-api-key", "b")], scope_headers=keyed)
+    assert len({a, b, PUBLIC_SCOPE}) == 3
+    # Not configured: just another header, and the read is public.
+    assert auth_scope([("X-Api-Key", "a")]) == PUBLIC_SCOPE
+    # Configured without Authorization: that header no longer names a scope.
+    assert auth_scope([("Authorization", "Bearer t")], scope_headers=("x-api-key",)) == (
+        PUBLIC_SCOPE
+    )
+
+
+def test_only_the_configured_cookies_split_scopes() -> None:
+    def scope(cookie: str) -> str:
+        return auth_scope([("Cookie", cookie)], scope_cookies=("session",))
+
+    assert scope("session=s1; _ga=GA1.1") == scope("_ga=GA1.2; session=s1")
+    assert scope("session=s1") != scope("session=s2")
+    assert scope("_ga=GA1.1") == PUBLIC_SCOPE
+    # Every cookie counts when no names are configured.
+    assert auth_scope([("Cookie", "session=s1; _ga=1")]) != auth_scope(
+        [("Cookie", "session=s1; _ga=2")]
+    )
+
+
+def test_scope_credentials_are_what_travels_upstream() -> None:
+    headers = [
+        ("Accept", "*/*"),
+        ("Cookie", "_ga=1; session=s1; theme=dark"),
+        ("X-Api-Key", "k"),
+        ("Authorization", "Bearer t"),
+        ("Last-Event-ID", "0_5"),
+    ]
+    assert scope_credentials(
+        headers, scope_headers=("authorization", "cookie", "x-api-key"), scope_cookies=("session",)
+    ) == [("Cookie", "session=s1"), ("X-Api-Key", "k"), ("Authorization", "Bearer t")]
+    assert scope_credentials([("Cookie", "_ga=1")], scope_cookies=("session",)) == []
+    assert scope_credentials(headers) == [headers[1], headers[3]]
+
+
+def test_classify_scopes_with_the_configuration() -> None:
+    read = classify(
+        "GET", "/s", "offset=-1", [("X-Api-Key", "k")], scope_headers=("x-api-key",)
+    ).read
+    assert read is not None
+    assert read.scope == auth_scope([("x-api-key", "k")], scope_headers=("x-api-key",))
+    assert read.scope != PUBLIC_SCOPE

@@ -1,0 +1,353 @@
+"""The stream instances this replica knows, and their lifecycle (DESIGN.md "a stream's identity").
+
+A stream is its normalised path plus an *instance*: a DELETE and a PUT at the same path make a
+new stream whose offsets start again. This module is the one home of that concept around the
+pure core (``edge.log.stream_log``): every fact about a stream's existence enters here.
+
+Rules this module owns:
+
+* **Forgetting is total.** A stream is forgotten (``purge``) on a DELETE or a 201 PUT through
+  the edge, a 404 to a credential-free request, a live upstream or catch-up answer that the core
+  finds impossible for the instance it knows (the tail went back, a closure vanished), or a
+  purge from the admin listener or another replica. Forgetting drops the instance with every
+  entry kept for it (segments, logs, derived frames), ends its live tails, viewers and waiting
+  long-polls (``forgotten`` listeners), and starts a durable purge in the shared tier.
+* **Work started under an instance stores nothing once it is gone**: callers pass the instance
+  they started with, and ``LocalTier.current`` decides.
+* **Replicas agree through generations.** With a shared tier, a replica confirms a stream's
+  generation at most every ``GENERATION_CHECK_SECONDS`` before serving it, after its purge
+  channel reconnects (``resync``), and on every shared read; a generation it did not know means
+  another replica purged the stream: it forgets its own copy.
+* A refusal is evidence about its request's scope and range, not about the stream: a 404 with
+  credentials forgets only that scope, and a 410 (an offset before retention) forgets nothing.
+* Lifetimes (``Stream-TTL``, ``Stream-Expires-At``) are learned from writes, HEAD answers and any
+  origin answer that carries them; a stream known only from reads is asked once (HEAD).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+from edge.coalesce import SingleFlight
+from edge.config import Settings
+from edge.log.segment import Segment, answer_segment
+from edge.log.stream_log import LogKey, StreamInstance, TailVerdict
+from edge.metrics import Metrics
+from edge.origin import OriginClient, OriginError
+from edge.protocol.headers import first_value, own_request_headers
+from edge.protocol.lifetimes import parse_expires_at, parse_ttl_seconds
+from edge.protocol.offsets import is_offset_token
+from edge.protocol.reads import PUBLIC_SCOPE, auth_scope
+from edge.store.local import LocalTier
+from edge.store.shared import SharedTier
+
+log = logging.getLogger(__name__)
+
+# How often a replica confirms a stream's generation with the shared tier before serving it: a
+# purge missed on the pub/sub channel (partition, restart) stops being served within this.
+GENERATION_CHECK_SECONDS = 1.0
+# The durable part of a purge is awaited this long by those who wait for it.
+PURGE_WAIT_SECONDS = 2.0
+
+
+class InstanceChanged(Exception):
+    """The stream instance a live upstream was following is gone."""
+
+
+class Streams:
+    def __init__(
+        self,
+        settings: Settings,
+        local: LocalTier,
+        origin: OriginClient,
+        metrics: Metrics,
+        *,
+        shared: SharedTier | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._settings = settings
+        self.local = local
+        self._origin = origin
+        self._metrics = metrics
+        self._shared = shared
+        self._clock = clock
+        self._checks: SingleFlight[str, str | None] = SingleFlight()
+        self._tickets = itertools.count()
+        self._background: set[asyncio.Task[None]] = set()
+        self._probing: set[StreamInstance] = set()
+        # Told of every stream forgotten on this replica (live tails and viewers stop).
+        self.forgotten: list[Callable[[str], None]] = []
+
+    @property
+    def shared(self) -> SharedTier | None:
+        return self._shared
+
+    def ticket(self) -> int:
+        """Orders origin exchanges: taken when a request starts and when its answer arrives."""
+        return next(self._tickets)
+
+    # --- generations (the shared tier) ---
+
+    async def check_generation(self, stream: str) -> None:
+        """Confirm, at most once per ``GENERATION_CHECK_SECONDS``, that what this replica holds
+        for ``stream`` is of the generation the shared tier names; forget it if not."""
+        shared = self._shared
+        if shared is None:
+            return
+        instance = self.local.instance_for(stream)
+        if self._clock() - instance.verified_at < GENERATION_CHECK_SECONDS:
+            return
+        generation, _ = await self._checks.run(stream, lambda: shared.generation(stream))
+        if generation is None:
+            return  # the tier cannot say: serve what is held (degraded, not wrong for long)
+        self.adopt_generation(stream, generation)
+
+    def adopt_generation(self, stream: str, generation: str) -> StreamInstance:
+        assert self._shared is not None
+        instance = self.local.instance_for(stream)
+        pending = self._shared.pending_purges.get(stream)
+        if pending is not None:
+            generation = pending  # this replica's own purge, not yet in Redis, is newer
+        if instance.generation != generation:
+            if instance.generation or self.local.holds_data(stream):
+                self.forget_locally(stream)  # purged elsewhere (or held from before it knew)
+                instance = self.local.instance_for(stream)
+            instance.generation = generation
+        instance.verified_at = self._clock()
+        return instance
+
+    async def pull_shared(self, key: LogKey, start: str) -> bool:
+        """Copy the shared tier's segment at ``start`` into the local tier; False if none."""
+        assert self._shared is not None
+        found = await self._shared.get(key, start)
+        if found is None:
+            return False
+        instance = self.adopt_generation(key.stream, found.generation)
+        if found.value is None:
+            return False
+        log_ = self.local.log_for(key)
+        if log_.content_type is None:
+            log_.content_type = found.value.content_type
+        segment = found.value.segment
+        instance.reached(segment.end, self.ticket())
+        return self.local.put(key, segment, instance)
+
+    async def pull_shared_closure(self, key: LogKey, end: str) -> bool:
+        """Did another replica see the stream closed exactly where the edge's chain ends?"""
+        assert self._shared is not None
+        log_ = self.local.log(key)
+        if log_ is None or (log_.tail is not None and log_.tail.closed):
+            return False
+        instance = log_.instance
+        if not instance.generation:
+            return False
+        if await self._shared.get_closed(key, instance.generation) != end:
+            return False
+        if not self.local.current(instance):
+            return False
+        ticket = self.ticket()
+        verdict = log_.observe_tail(
+            end, closed=True, now=self._clock(), started=ticket, received=ticket
+        )
+        return verdict is TailVerdict.BELIEVED
+
+    def share(self, key: LogKey, segment: Segment | None, closed_at: str | None) -> None:
+        shared = self._shared
+        log_ = self.local.log(key)
+        if shared is None or log_ is None or not log_.instance.generation:
+            return  # a generation the tier has not named: keep it local
+        generation = log_.instance.generation
+        if segment is not None:
+            shared.put(key, segment, log_.content_type, generation)
+        if closed_at is not None:
+            shared.put_closed(key, closed_at, generation)
+
+    # --- what live upstreams tell ---
+
+    def record_live(
+        self,
+        key: LogKey,
+        start: str,
+        end: str,
+        body: bytes,
+        *,
+        up_to_date: bool,
+        closed: bool,
+        instance: StreamInstance,
+        started: int,
+    ) -> Segment | None:
+        """A batch a live upstream delivered: [start, end). While the upstream runs, what it
+        says about the tail is authoritative. Returns the stored segment, if any; raises
+        InstanceChanged when the instance it follows is gone, ValueError for a bad offset."""
+        if not self.local.current(instance):
+            raise InstanceChanged(key.stream)
+        if not is_offset_token(end):
+            raise ValueError(f"the origin sent a malformed offset {end[:64]!r}")
+        received = self.ticket()
+        now = self._clock()
+        log_ = self.local.log_for(key)
+        instance.touched_origin(now)
+        if end < start:
+            # The upstream follows from an offset the stream reached; behind it is another
+            # stream (deleted and recreated, or an origin that lost its tail).
+            log.info("%s went back from %s to %s: a new instance", key.stream, start, end)
+            self.purge(key.stream)
+            raise InstanceChanged(key.stream)
+        if up_to_date or closed:
+            verdict = log_.observe_tail(
+                end, closed=closed, now=now, started=started, received=received,
+                authoritative=True,
+            )  # fmt: skip
+            if verdict is TailVerdict.NEW_INSTANCE:
+                self.purge(key.stream)
+                raise InstanceChanged(key.stream)
+        instance.reached(end, received)
+        segment = answer_segment(start, end, body, json=log_.json)
+        stored = segment is not None and self.local.put(key, segment, instance)
+        self.share(key, segment if stored else None, end if closed else None)
+        return segment
+
+    def live_ended(self, key: LogKey) -> None:
+        """The live upstream stopped: its last word on the tail is now only as of its time."""
+        log_ = self.local.log(key)
+        if log_ is not None:
+            log_.lose_authority(self._clock())
+
+    # --- lifetimes ---
+
+    def learn_lifetime(self, instance: StreamInstance, headers: Sequence[tuple[str, str]]) -> None:
+        ttl = parse_ttl_seconds(first_value(headers, "stream-ttl"))
+        expires_at = parse_expires_at(first_value(headers, "stream-expires-at"))
+        if ttl is not None or expires_at is not None:
+            instance.learn_lifetime(ttl, expires_at)
+
+    def probe_lifetime(
+        self, instance: StreamInstance, credentials: Sequence[tuple[str, str]]
+    ) -> None:
+        """A stream known only from reads: ask the origin (HEAD, once per instance) whether it
+        expires, so the edge neither serves it past its end nor advertises it for a year."""
+        if instance in self._probing:
+            return
+        self._probing.add(instance)
+        task = asyncio.ensure_future(self._head_lifetime(instance, tuple(credentials)))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _head_lifetime(
+        self, instance: StreamInstance, credentials: tuple[tuple[str, str], ...]
+    ) -> None:
+        try:
+            upstream = await self._origin.open(
+                "HEAD", instance.stream, own_request_headers(credentials), live=False
+            )
+            upstream.close()
+        except OriginError:
+            return
+        finally:
+            self._probing.discard(instance)
+        self._metrics.origin_requests.labels(kind="head", code=str(upstream.status)).inc()
+        if upstream.status == 200 and self.local.current(instance):
+            headers = list(upstream.headers.items())
+            instance.learn_lifetime(
+                parse_ttl_seconds(first_value(headers, "stream-ttl")),
+                parse_expires_at(first_value(headers, "stream-expires-at")),
+            )
+
+    # --- what pass-through traffic tells ---
+
+    def observe(
+        self,
+        method: str,
+        stream: str,
+        status: int,
+        request_headers: Sequence[tuple[str, str]],
+        response_headers: Sequence[tuple[str, str]],
+    ) -> bool:
+        """Called for every answer the origin gave to a request the cache did not serve;
+        True when it deleted the stream (the caller may wait for the purge to be durable)."""
+        method = method.upper()
+        if status == 404 and method in ("GET", "HEAD"):
+            self.stream_gone(LogKey(stream=stream, scope=self.scope_of(request_headers)))
+        elif method == "DELETE" and status < 400:
+            self.purge(stream)
+            return True
+        elif method in ("PUT", "POST"):
+            if method == "PUT" and status == 201:
+                self.purge(stream)  # created: whatever the edge knew of this path is another's
+            instance = self.local.instance_for(stream)
+            # Any write may have moved the tail (even a failed one may have raced one that did).
+            floor = first_value(response_headers, "stream-next-offset") if status < 300 else None
+            if is_offset_token(floor):
+                assert floor is not None
+                instance.reached(floor, self.ticket())
+            for log_ in self.local.logs_of(stream):
+                log_.mark_stale()
+            if method == "PUT" and status in (200, 201):
+                self.learn_lifetime(instance, request_headers)
+                if status == 201:
+                    instance.lifetime_known = True
+        elif method == "HEAD" and status == 200:
+            instance = self.local.instance_for(stream)
+            instance.learn_lifetime(
+                parse_ttl_seconds(first_value(response_headers, "stream-ttl")),
+                parse_expires_at(first_value(response_headers, "stream-expires-at")),
+            )
+        return False
+
+    def scope_of(self, request_headers: Sequence[tuple[str, str]]) -> str:
+        return auth_scope(
+            request_headers,
+            scope_headers=self._settings.scope_headers,
+            scope_cookies=self._settings.scope_cookies,
+        )
+
+    def stream_gone(self, key: LogKey) -> None:
+        """The origin said 404 to a request in ``key.scope``. Without credentials that is the
+        stream's fate for everyone; with them it may only mean "not for you" (an origin may hide
+        what a token cannot read), so only that scope forgets, and nobody can empty the cache
+        for others by sending a bad token."""
+        if key.scope == PUBLIC_SCOPE:
+            self.purge(key.stream)
+        else:
+            self.local.purge_scope(key)
+
+    def forget_locally(self, stream: str) -> int:
+        """Forget ``stream`` (its instance and everything kept for it) on this replica."""
+        dropped = self.local.purge(stream)
+        for listener in self.forgotten:
+            listener(stream)
+        return dropped
+
+    def resync(self) -> None:
+        """Purges may have been missed (the shared tier's channel was down): check every
+        stream's generation again before serving it."""
+        for stream in self.local.streams():
+            instance = self.local.instance(stream)
+            if instance is not None:
+                instance.verified_at = float("-inf")
+
+    def purge(self, stream: str) -> int:
+        """Forget ``stream`` here and start a durable purge in the shared tier, which tells
+        every other replica; a new instance (with the purge's generation) starts at once."""
+        dropped = self.forget_locally(stream)
+        if self._shared is not None:
+            generation = self._shared.purge(stream)
+            instance = self.local.instance_for(stream)
+            instance.generation = generation
+            instance.verified_at = self._clock()
+        return dropped
+
+    async def purged(self, stream: str, timeout_seconds: float = PURGE_WAIT_SECONDS) -> bool:
+        """Is the purge of ``stream`` durable (every replica will stop serving it)?"""
+        if self._shared is None:
+            return True
+        return await self._shared.purged(stream, timeout_seconds)
+
+    async def close(self) -> None:
+        for task in self._background:
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)

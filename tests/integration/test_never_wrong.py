@@ -1,0 +1,713 @@
+"""Issue 8: the edge never serves a byte the origin would not have served.
+
+Real processes only: the reference origin (with a data dir where it must survive a crash), a real
+redis-server and several edge replicas sharing it. Each test states what a user could check
+with their own client; none looks inside the edge. Time bounds are module constants below, each
+with the reason it is what it is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+from yarl import URL
+
+from devstack.processes import Edge, Origin, Redis, start_edge, start_origin, start_redis
+from tests.integration.live_support import View, append_all
+from tests.integration.replicas import (
+    Answer,
+    Cluster,
+    RedisRelay,
+    fetch,
+    raw,
+    redis_dump,
+    redis_keys,
+    redis_overwrite,
+    sse_once,
+    start_replicas,
+    tolerant_viewer,
+)
+
+TEXT = {"Content-Type": "text/plain"}
+JSON = {"Content-Type": "application/json"}
+
+# The edge's default --tail-freshness: an at-tail answer may be reused this long without asking
+# the origin, so a replica that was not told of a change may say the old tail for this long.
+TAIL_FRESHNESS = 1.0
+# A purge published through Redis reaches the other replicas in milliseconds; this is slack.
+PURGE_PROPAGATION = 2.0
+# After Redis comes back (SIGCONT, or a partition heals), every replica must have forgotten a
+# stream deleted meanwhile within this many seconds: the shared tier's circuit breaker cools
+# down for 5 s before the edge talks to Redis again, plus one second.
+PURGE_BOUND = 6.0
+# After a restarted origin listens again, an edge with live viewers must have noticed its tail
+# went backward within this many seconds (its tail reconnects with backoff ≤ 1.6 s by then).
+NOTICE_BOUND = 3.0
+EDGE_ARGS = ("--long-poll-timeout", "3")
+
+
+# --- fixtures: one Redis and three replicas sharing it, two replicas sharing nothing ---
+
+
+@pytest.fixture(scope="module")
+def module_redis(logs_dir: Path) -> Iterator[Redis]:
+    started = start_redis(logs_dir, name="nw-redis")
+    yield started
+    started.stop()
+
+
+@pytest.fixture(scope="module")
+def redis_cluster(origin: Origin, logs_dir: Path, module_redis: Redis) -> Iterator[Cluster]:
+    edges = start_replicas(
+        origin.url,
+        logs_dir,
+        ["nw-shared-a", "nw-shared-b", "nw-shared-c"],
+        "--redis-url",
+        module_redis.url,
+        *EDGE_ARGS,
+    )
+    yield Cluster(edges, module_redis.url)
+    for edge in edges:
+        edge.stop()
+
+
+@pytest.fixture(scope="module")
+def local_cluster(origin: Origin, logs_dir: Path) -> Iterator[Cluster]:
+    edges = start_replicas(origin.url, logs_dir, ["nw-local-a", "nw-local-b"], *EDGE_ARGS)
+    yield Cluster(edges)
+    for edge in edges:
+        edge.stop()
+
+
+# --- helpers ---
+
+
+async def write(
+    http: aiohttp.ClientSession,
+    url: str,
+    parts: list[bytes],
+    *,
+    headers: dict[str, str] = TEXT,
+    close: bool = False,
+    create: bool = True,
+) -> list[str]:
+    """PUT (when ``create``), append ``parts``, optionally close: the Stream-Next-Offset after
+    each step, in order."""
+    offsets: list[str] = []
+    if create:
+        created = await fetch(http, "PUT", url, headers=headers)
+        assert created.status == 201, (created.status, created.body)
+        offsets.append(str(created.header("Stream-Next-Offset")))
+    for part in parts:
+        appended = await fetch(http, "POST", url, headers=headers, data=part)
+        assert appended.status == 204, (appended.status, appended.body)
+        offsets.append(str(appended.header("Stream-Next-Offset")))
+    if close:
+        closed = await fetch(http, "POST", url, headers={"Stream-Closed": "true"})
+        assert closed.status == 204, (closed.status, closed.body)
+        offsets.append(str(closed.header("Stream-Next-Offset")))
+    return offsets
+
+
+async def until_status(
+    http: aiohttp.ClientSession, url: str | URL, status: int, bound: float
+) -> Answer:
+    """Ask ``url`` every 0.1 s until it answers ``status`` or ``bound`` seconds pass; the last
+    answer."""
+    give_up = time.monotonic() + bound
+    while True:
+        answer = await fetch(http, "GET", url)
+        if answer.status == status or time.monotonic() >= give_up:
+            return answer
+        await asyncio.sleep(0.1)
+
+
+def items(body: bytes) -> object:
+    return json.loads(body) if body else None
+
+
+# --- 1. a read past the tail poisons nothing ---
+
+
+@pytest.mark.parametrize("poison", ["catch-up", "sse-last-event-id"])
+@pytest.mark.parametrize("tier", ["redis", "local"])
+async def test_a_read_past_the_tail_never_poisons_later_reads(
+    request: pytest.FixtureRequest,
+    http: aiohttp.ClientSession,
+    origin: Origin,
+    stream_path: str,
+    poison: str,
+    tier: str,
+) -> None:
+    """A client asks replica A for a well-formed offset the stream has not reached yet (by URL,
+    or by a future ``Last-Event-ID`` on an ``offset=now`` SSE request). The origin answers 200
+    with its real, smaller tail. Once the stream really passes that offset, every replica serves
+    exactly the bytes written, once each, from -1 and from that offset, by catch-up, long-poll
+    and SSE."""
+    cluster: Cluster = request.getfixturevalue(f"{tier}_cluster")
+    a = cluster.edges[0]
+    url = a.url + stream_path
+    parts = [f"m{i:02d};".encode() for i in range(15)]
+    # The same appends on a scratch stream at the origin tell where the real one will be.
+    ruler = await write(http, origin.url + stream_path + "-ruler", parts)
+    offsets = await write(http, url, parts[:3])
+    assert offsets == ruler[:4]
+    future = ruler[10]  # after message 10: seven messages past today's tail
+    assert future > offsets[-1]
+
+    if poison == "catch-up":
+        for _ in range(2):
+            answer = await fetch(http, "GET", f"{url}?offset={future}")
+            # The edge relays what the origin says: nothing there, the tail is behind you.
+            assert (answer.status, answer.body) == (200, b"")
+            assert answer.header("Stream-Next-Offset") == offsets[-1]
+    else:
+        read = await sse_once(
+            http, f"{url}?offset=now&live=sse", headers={"Last-Event-ID": future}, seconds=2
+        )
+        assert read.status in (200, -1), read.status
+        assert bytes(read.body) == b"", read
+
+    written = b"".join(parts[:3])
+    for i in range(3, len(parts)):
+        await write(http, url, [parts[i]], create=False)
+        written += parts[i]
+        # A reader polling through A after every append: read-after-write is exact.
+        answer = await fetch(http, "GET", f"{url}?offset=-1")
+        assert (answer.status, answer.body) == (200, written), f"after message {i}"
+
+    await asyncio.sleep(TAIL_FRESHNESS + 0.3)  # every replica's tail knowledge is now stale
+    after_future = b"".join(parts[10:])
+    for edge in cluster:
+        base = edge.url + stream_path
+        answer = await fetch(http, "GET", f"{base}?offset=-1")
+        assert (answer.status, answer.body) == (200, written), edge.url
+        answer = await fetch(http, "GET", f"{base}?offset={future}")
+        assert (answer.status, answer.body) == (200, after_future), edge.url
+        answer = await fetch(http, "GET", f"{base}?offset={future}&live=long-poll")
+        assert (answer.status, answer.body) == (200, after_future), edge.url
+        read = await sse_once(http, f"{base}?offset=-1&live=sse")
+        assert (read.status, bytes(read.body)) == (200, written), (edge.url, read)
+        read = await sse_once(http, f"{base}?offset={future}&live=sse")
+        assert (read.status, bytes(read.body)) == (200, after_future), (edge.url, read)
+
+
+# --- 2. alias paths are one stream ---
+
+
+async def test_alias_paths_are_one_stream_for_reads_deletes_and_recreates(
+    http: aiohttp.ClientSession, redis_cluster: Cluster, stream_path: str
+) -> None:
+    """``/v1/stream/x``, ``/v1/stream/./x`` and ``/v1/stream/a/../x`` name one stream at the
+    origin. A DELETE through an alias ends every spelling on every replica (within the purge's
+    propagation); the stream recreated with other content is read as such under every
+    spelling, on every replica, by catch-up, long-poll and SSE."""
+    a = redis_cluster.edges[0]
+    head, name = stream_path.rsplit("/", 1)
+    spellings = [stream_path, f"{head}/./{name}", f"{head}/a/../{name}"]
+    await write(http, a.url + stream_path, [b"first version"], close=True)
+    for edge in redis_cluster:
+        for path in spellings:
+            answer = await fetch(http, "GET", raw(f"{edge.url}{path}?offset=-1"))
+            assert (answer.status, answer.body) == (200, b"first version"), (edge.url, path)
+
+    deleted = await fetch(http, "DELETE", raw(a.url + spellings[2]))
+    assert deleted.status == 204
+
+    for edge in redis_cluster:
+        for path in spellings:
+            answer = await until_status(
+                http, raw(f"{edge.url}{path}?offset=-1"), 404, PURGE_PROPAGATION
+            )
+            assert answer.status == 404, (edge.url, path, answer.status, answer.body)
+            assert b"first version" not in answer.body
+
+    second = b"second, longer version"
+    await write(http, a.url + stream_path, [second], close=True)
+    for edge in redis_cluster:
+        for path in spellings:
+            base = f"{edge.url}{path}"
+            answer = await fetch(http, "GET", raw(f"{base}?offset=-1"))
+            assert (answer.status, answer.body) == (200, second), (edge.url, path)
+            answer = await fetch(http, "GET", raw(f"{base}?offset=-1&live=long-poll"))
+            assert (answer.status, answer.body) == (200, second), (edge.url, path)
+            read = await sse_once(http, raw(f"{base}?offset=-1&live=sse"))
+            assert (read.status, bytes(read.body)) == (200, second), (edge.url, path, read)
+
+
+# --- 3. delete and recreate with the same length ---
+
+
+@pytest.mark.parametrize("via", ["edge", "origin"])
+async def test_a_stream_recreated_with_the_same_length_is_read_as_new(
+    http: aiohttp.ClientSession,
+    origin: Origin,
+    redis_cluster: Cluster,
+    stream_path: str,
+    via: str,
+) -> None:
+    """JSON stream ``[{"v":"old"}]`` is deleted and recreated as ``[{"v":"new"}]``: the same
+    offsets, the same origin ETag, only the bytes differ. Deleted through replica A (``edge``)
+    or at the origin behind every replica's back (``origin``).
+
+    Bounds: through the edge, every replica answers 404 within the purge propagation; at the
+    origin, within its tail freshness + 2 s of being asked (the stream is open, so a replica
+    must ask the origin once its tail knowledge is stale). Once a replica has answered 404,
+    every catch-up, long-poll and SSE read of the recreated stream on it says ``new``, and a
+    client revalidating with the old stream's ETag gets the new body, never a 304."""
+    a = redis_cluster.edges[0]
+    writer = (a.url if via == "edge" else origin.url) + stream_path
+    old_offsets = await write(http, writer, [b'[{"v":"old"}]'], headers=JSON)
+    old_etags: dict[str, str | None] = {}
+    for edge in redis_cluster:
+        base = edge.url + stream_path
+        answer = await fetch(http, "GET", f"{base}?offset=-1")
+        assert (answer.status, items(answer.body)) == (200, [{"v": "old"}])
+        old_etags[edge.url] = answer.header("ETag")
+        answer = await fetch(http, "GET", f"{base}?offset=-1&live=long-poll")
+        assert (answer.status, items(answer.body)) == (200, [{"v": "old"}])
+        read = await sse_once(http, f"{base}?offset=-1&live=sse", json_stream=True)
+        assert (read.status, read.items) == (200, [{"v": "old"}]), read
+
+    assert (await fetch(http, "DELETE", writer)).status == 204
+    bound = PURGE_PROPAGATION if via == "edge" else TAIL_FRESHNESS + 2.0
+    for edge in redis_cluster:
+        answer = await until_status(http, f"{edge.url}{stream_path}?offset=-1", 404, bound)
+        assert answer.status == 404, (edge.url, answer.status, answer.body)
+
+    new_offsets = await write(http, writer, [b'[{"v":"new"}]'], headers=JSON)
+    assert new_offsets == old_offsets  # the premise: nothing but the bytes tells them apart
+    for edge in redis_cluster:
+        base = edge.url + stream_path
+        answer = await fetch(http, "GET", f"{base}?offset=-1")
+        assert (answer.status, items(answer.body)) == (200, [{"v": "new"}]), edge.url
+        etag = old_etags[edge.url]
+        assert etag is not None
+        answer = await fetch(http, "GET", f"{base}?offset=-1", headers={"If-None-Match": etag})
+        assert (answer.status, items(answer.body)) == (200, [{"v": "new"}]), edge.url
+        answer = await fetch(http, "GET", f"{base}?offset=-1&live=long-poll")
+        assert (answer.status, items(answer.body)) == (200, [{"v": "new"}]), edge.url
+        read = await sse_once(http, f"{base}?offset=-1&live=sse", json_stream=True)
+        assert (read.status, read.items) == (200, [{"v": "new"}]), (edge.url, read)
+
+
+# --- 4. the origin crashes and restarts from its data dir ---
+
+
+def _port(origin: Origin) -> int:
+    return int(origin.url.rsplit(":", 1)[1])
+
+
+async def test_origin_crash_restart_viewers_end_with_exactly_the_origin_bytes(
+    http: aiohttp.ClientSession,
+    crowd: aiohttp.ClientSession,
+    logs_dir: Path,
+    tmp_path: Path,
+    stream_path: str,
+) -> None:
+    """SSE viewers on replica A while a writer appends; the origin is killed with SIGKILL and
+    restarted on the same port from its data dir. Every viewer ends (the stream closes) with
+    exactly the items the origin holds afterwards; so do fresh catch-up and SSE reads on A and
+    B."""
+    data_dir = tmp_path / "origin-data"
+    own = start_origin(logs_dir, long_poll_timeout_ms=3000, data_dir=data_dir, name="nw-crash")
+    edges: list[Edge] = []
+    try:
+        edges = start_replicas(own.url, logs_dir, ["nw-crash-a", "nw-crash-b"], *EDGE_ARGS)
+        url = edges[0].url + stream_path
+        assert (await fetch(http, "PUT", url, headers=JSON)).status == 201
+        parts = [json.dumps([{"i": i, "pad": "x" * i}]).encode() for i in range(40)]
+        statuses: list[int] = []
+        views = [View() for _ in range(10)]
+        viewers = [
+            asyncio.create_task(tolerant_viewer(crowd, url, v, deadline=30, statuses=statuses))
+            for v in views
+        ]
+        writer = asyncio.create_task(
+            append_all(http, url, parts, content_type="application/json", rate_per_second=20)
+        )
+        await asyncio.sleep(1.0)
+        own.process.kill()
+        await asyncio.sleep(0.5)
+        own = start_origin(
+            logs_dir,
+            long_poll_timeout_ms=3000,
+            data_dir=data_dir,
+            port=_port(own),
+            name="nw-crash",
+        )
+        await asyncio.wait_for(writer, timeout=30)
+        await asyncio.wait_for(asyncio.gather(*viewers), timeout=35)
+        truth = await fetch(http, "GET", f"{own.url}{stream_path}?offset=-1")
+        assert truth.status == 200
+        held = json.loads(truth.body)
+        for view in views:
+            assert view.closed, (len(view.items), len(held))
+            assert view.items == held
+        for edge in edges:
+            base = edge.url + stream_path
+            answer = await fetch(http, "GET", f"{base}?offset=-1")
+            assert (answer.status, items(answer.body)) == (200, held), edge.url
+            read = await sse_once(http, f"{base}?offset=-1&live=sse", json_stream=True)
+            assert (read.status, read.items) == (200, held), edge.url
+    finally:
+        for edge in edges:
+            edge.stop()
+        own.stop()
+
+
+async def test_an_origin_that_lost_its_last_appends_is_believed(
+    http: aiohttp.ClientSession,
+    crowd: aiohttp.ClientSession,
+    logs_dir: Path,
+    tmp_path: Path,
+    stream_path: str,
+) -> None:
+    """Five appends reach the origin, replica A and its SSE viewers, then the origin crashes
+    and comes back without them (its stream file is cut back to the tenth item: the tail went
+    backward). Different items are then appended in their place and the stream closed.
+
+    Asserted: once the origin has been back for NOTICE_BOUND, every new catch-up and SSE read
+    on A and B gets exactly what the origin holds (never a lost item); viewers that join then
+    end with exactly the origin's final items; and viewers that were live across the crash
+    never receive a byte that splices the two histories: after the lost items they get either
+    nothing more (an error, a reconnect) or the new items from the origin's own tail, as a
+    client reading the origin directly would."""
+    data_dir = tmp_path / "origin-data"
+    own = start_origin(logs_dir, long_poll_timeout_ms=3000, data_dir=data_dir, name="nw-lossy")
+    edges: list[Edge] = []
+    early: list[asyncio.Task[View]] = []
+    late: list[asyncio.Task[View]] = []
+    try:
+        edges = start_replicas(own.url, logs_dir, ["nw-lossy-a", "nw-lossy-b"], *EDGE_ARGS)
+        a = edges[0]
+        url = a.url + stream_path
+        kept = [{"i": i} for i in range(10)]
+        lost = [{"i": i, "lost": "x" * i} for i in range(10, 15)]
+        new = [{"i": i, "new": "y" * (i + 3)} for i in range(10, 22)]
+        assert (await fetch(http, "PUT", url, headers=JSON)).status == 201
+        statuses: list[int] = []
+        early_views = [View() for _ in range(5)]
+        early = [
+            asyncio.create_task(tolerant_viewer(crowd, url, v, deadline=30, statuses=statuses))
+            for v in early_views
+        ]
+        await asyncio.sleep(0.3)
+        offsets = await write(
+            http, url, [json.dumps([item]).encode() for item in kept], headers=JSON, create=False
+        )
+        kept_tail = offsets[-1]
+        await write(
+            http, url, [json.dumps([item]).encode() for item in lost], headers=JSON, create=False
+        )
+        for _ in range(200):  # at most 10 s
+            if all(len(v.items) >= 15 for v in early_views):
+                break
+            await asyncio.sleep(0.05)
+        assert all(v.items == kept + lost for v in early_views)
+
+        own.process.kill()
+        logs = list((data_dir / "streams").glob("*.log"))
+        assert len(logs) == 1, logs
+        with logs[0].open("r+b") as stream_file:
+            stream_file.truncate(int(kept_tail.rsplit("_", 1)[1]))
+        own = start_origin(
+            logs_dir,
+            long_poll_timeout_ms=3000,
+            data_dir=data_dir,
+            port=_port(own),
+            name="nw-lossy",
+        )
+        restarted = time.monotonic()
+        direct = await fetch(http, "GET", f"{own.url}{stream_path}?offset=-1")
+        assert (direct.status, items(direct.body)) == (200, kept)  # the premise
+        assert direct.header("Stream-Next-Offset") == kept_tail
+
+        await asyncio.sleep(max(0.0, restarted + NOTICE_BOUND - time.monotonic()))
+        for edge in edges:
+            base = edge.url + stream_path
+            answer = await fetch(http, "GET", f"{base}?offset=-1")
+            assert (answer.status, items(answer.body)) == (200, kept), edge.url
+            read = await sse_once(http, f"{base}?offset=-1&live=sse", json_stream=True)
+            assert (read.status, read.items) == (200, kept), (edge.url, read)
+
+        late_views = [View() for _ in range(3)]
+        late = [
+            asyncio.create_task(tolerant_viewer(crowd, url, v, deadline=20, statuses=statuses))
+            for v in late_views
+        ]
+        await asyncio.sleep(0.3)
+        await write(
+            http,
+            url,
+            [json.dumps([item]).encode() for item in new],
+            headers=JSON,
+            create=False,
+            close=True,
+        )
+        truth = await fetch(http, "GET", f"{own.url}{stream_path}?offset=-1")
+        assert items(truth.body) == kept + new
+        await asyncio.wait(late, timeout=20)
+        for view in late_views:
+            assert view.closed, view.items
+            assert view.items == kept + new
+        await asyncio.wait(early, timeout=3)
+        for view in early_views:
+            assert view.items[:15] == kept + lost
+            assert view.items[15:] in ([], new), view.items[15:]
+    finally:
+        for task in early + late:
+            task.cancel()
+        await asyncio.gather(*early, *late, return_exceptions=True)
+        for edge in edges:
+            edge.stop()
+        own.stop()
+
+
+# --- 5. Redis unavailable while a stream is deleted ---
+
+
+async def _read_all(http: aiohttp.ClientSession, edges: list[Edge], path: str) -> list[Answer]:
+    return [await fetch(http, "GET", f"{edge.url}{path}?offset=-1") for edge in edges]
+
+
+async def test_a_delete_while_redis_is_paused_is_not_forgotten(
+    http: aiohttp.ClientSession, origin: Origin, logs_dir: Path, stream_path: str
+) -> None:
+    """A closed stream is held by replicas A and B and by Redis. Redis is paused (SIGSTOP), the
+    stream is deleted through A, Redis resumes 2 s later. From PURGE_BOUND after the resume,
+    A, B and a replica C started then all answer 404 and never the deleted bytes."""
+    redis_server = start_redis(logs_dir, name="nw-redis-paused")
+    edges: list[Edge] = []
+    try:
+        edges = start_replicas(
+            origin.url,
+            logs_dir,
+            ["nw-paused-a", "nw-paused-b"],
+            "--redis-url",
+            redis_server.url,
+            *EDGE_ARGS,
+        )
+        a = edges[0]
+        await write(http, a.url + stream_path, [b"deleted ", b"bytes"], close=True)
+        for answer in await _read_all(http, edges, stream_path):
+            assert (answer.status, answer.body) == (200, b"deleted bytes")
+        await asyncio.sleep(0.5)  # shared writes happen in the background
+        assert await redis_keys(redis_server.port), "the premise: Redis holds the stream"
+
+        paused = time.monotonic()
+        os.kill(redis_server.pid, signal.SIGSTOP)
+        try:
+            deleted = await fetch(http, "DELETE", a.url + stream_path)
+            assert deleted.status == 204
+            await asyncio.sleep(max(0.0, paused + 2.0 - time.monotonic()))
+        finally:
+            os.kill(redis_server.pid, signal.SIGCONT)
+        resumed = time.monotonic()
+
+        await asyncio.sleep(max(0.0, resumed + PURGE_BOUND - time.monotonic()))
+        edges.append(
+            start_edge(
+                origin.url,
+                logs_dir,
+                "--redis-url",
+                redis_server.url,
+                *EDGE_ARGS,
+                name="nw-paused-c",
+            )
+        )
+        for _ in range(2):
+            for edge, answer in zip(edges, await _read_all(http, edges, stream_path), strict=True):
+                assert answer.status == 404, (edge.process.name, answer.status, answer.body)
+                assert b"deleted" not in answer.body
+            await asyncio.sleep(0.5)
+    finally:
+        for edge in edges:
+            edge.stop()
+        redis_server.stop()
+
+
+async def test_a_replica_cut_off_from_redis_during_a_delete_forgets_it_once_back(
+    http: aiohttp.ClientSession, origin: Origin, logs_dir: Path, stream_path: str
+) -> None:
+    """Replica B reaches Redis through a relay. B holds a closed stream; the relay is cut
+    (B's connections reset, new ones refused); the stream is deleted through A, whose purge
+    reaches Redis but not B; the relay heals 1.5 s later. From PURGE_BOUND after the heal, B
+    answers 404, never the pre-purge bytes."""
+    redis_server = start_redis(logs_dir, name="nw-redis-cut")
+    relay = RedisRelay(redis_server.port)
+    await relay.start()
+    edges: list[Edge] = []
+    try:
+        edges.append(
+            start_edge(
+                origin.url, logs_dir, "--redis-url", redis_server.url, *EDGE_ARGS, name="nw-cut-a"
+            )
+        )
+        # In a thread: the relay runs on this event loop, and B talks to Redis as it starts.
+        edges.append(
+            await asyncio.to_thread(
+                start_edge,
+                origin.url,
+                logs_dir,
+                "--redis-url",
+                relay.url,
+                *EDGE_ARGS,
+                name="nw-cut-b",
+            )
+        )
+        a = edges[0]
+        await write(http, a.url + stream_path, [b"pre-purge ", b"bytes"], close=True)
+        for answer in await _read_all(http, edges, stream_path):
+            assert (answer.status, answer.body) == (200, b"pre-purge bytes")
+        await asyncio.sleep(0.5)
+
+        relay.cut()
+        assert (await fetch(http, "DELETE", a.url + stream_path)).status == 204
+        await asyncio.sleep(1.5)
+        relay.heal()
+        healed = time.monotonic()
+
+        await asyncio.sleep(max(0.0, healed + PURGE_BOUND - time.monotonic()))
+        for _ in range(2):
+            for edge, answer in zip(edges, await _read_all(http, edges, stream_path), strict=True):
+                assert answer.status == 404, (edge.process.name, answer.status, answer.body)
+                assert b"pre-purge" not in answer.body
+            await asyncio.sleep(0.5)
+    finally:
+        for edge in edges:
+            edge.stop()
+        await relay.close()
+        redis_server.stop()
+
+
+# --- 6. custom credential headers ---
+
+
+async def test_a_404_to_a_credential_never_purges_the_public_copy(
+    http: aiohttp.ClientSession, origin: Origin, logs_dir: Path, stream_path: str
+) -> None:
+    """With ``--scope-headers X-Api-Key,Authorization``, a read carrying ``X-Api-Key`` is its own
+    scope. The stream is deleted at the origin behind the edge's back. A 404 answered to a
+    client with some (bad) key is about that key: the public copy and another key's copy are
+    still served. A 404 answered to a public read is about the public scope: from then on the
+    public read of the stream is 404 too."""
+    edge = start_edge(
+        origin.url, logs_dir, "--scope-headers", "X-Api-Key,Authorization", name="nw-scoped"
+    )
+    try:
+        url = edge.url + stream_path
+        offsets = await write(http, url, [b"public ", b"bytes"], close=True)
+        answer = await fetch(http, "GET", f"{url}?offset=-1")
+        assert (answer.status, answer.body) == (200, b"public bytes")
+        assert str(answer.header("Cache-Control")).startswith("public")
+        good = {"X-Api-Key": "good"}
+        answer = await fetch(http, "GET", f"{url}?offset=-1", headers=good)
+        assert (answer.status, answer.body) == (200, b"public bytes")
+        assert str(answer.header("Cache-Control")).startswith("private")
+
+        assert (await fetch(http, "DELETE", origin.url + stream_path)).status == 204
+        answer = await fetch(http, "GET", f"{url}?offset=-1", headers={"X-Api-Key": "bad"})
+        assert answer.status == 404
+        answer = await fetch(http, "GET", f"{url}?offset=-1")
+        assert (answer.status, answer.body) == (200, b"public bytes")
+        answer = await fetch(http, "GET", f"{url}?offset=-1", headers=good)
+        assert (answer.status, answer.body) == (200, b"public bytes")
+
+        # A public read the edge cannot answer from what it holds reaches the origin: 404.
+        answer = await fetch(http, "GET", f"{url}?offset={offsets[1]}")
+        assert answer.status == 404
+        answer = await fetch(http, "GET", f"{url}?offset=-1")
+        assert answer.status == 404, answer.body
+    finally:
+        edge.stop()
+
+
+# --- 7. malformed values in Redis ---
+
+
+def _wrong_start(value: bytes | None, wrong: str, end: str) -> bytes:
+    """The stored value with another start in its JSON header (a made-up one when the value
+    has none)."""
+    if value is not None:
+        header, sep, body = value.partition(b"\n")
+        try:
+            meta = json.loads(header)
+        except ValueError:
+            meta = None
+        if sep and isinstance(meta, dict) and "start" in meta:
+            meta["start"] = wrong if meta["start"] != wrong else "-1"
+            return json.dumps(meta).encode() + b"\n" + body
+    return json.dumps({"start": wrong, "end": end, "ct": "text/plain"}).encode() + b"\nbogus"
+
+
+async def test_malformed_redis_values_are_misses_never_errors(
+    http: aiohttp.ClientSession, origin: Origin, logs_dir: Path, stream_path: str
+) -> None:
+    """Replica A stores a closed stream's segments in Redis. Every ``edge:*`` key is then
+    overwritten with ``[1]``, ``null``, a JSON header with a wrong start, or random bytes; a
+    fresh replica reading the stream gets exactly its bytes (catch-up from -1 and from a middle
+    offset, SSE), with the right tail, never a 5xx."""
+    redis_server = start_redis(logs_dir, name="nw-redis-malformed")
+    a = start_edge(
+        origin.url, logs_dir, "--redis-url", redis_server.url, *EDGE_ARGS, name="nw-mal-a"
+    )
+    try:
+        url = a.url + stream_path
+        parts = [b"alpha;", b"beta;", b"gamma;"]
+        offsets = await write(http, url, parts[:1])
+        assert (await fetch(http, "GET", f"{url}?offset=-1")).body == b"alpha;"
+        offsets += await write(http, url, parts[1:], close=True, create=False)
+        written = b"".join(parts)
+        assert (await fetch(http, "GET", f"{url}?offset=-1")).body == written
+        assert (await fetch(http, "GET", f"{url}?offset={offsets[1]}")).body == written[6:]
+        await asyncio.sleep(0.5)
+        assert await redis_keys(redis_server.port), "the premise: A stored the stream in Redis"
+
+        rng = random.Random(8)
+        variants: dict[str, Callable[[bytes | None], bytes]] = {
+            "[1]": lambda _value: b"[1]",
+            "null": lambda _value: b"null",
+            "wrong start": lambda value: _wrong_start(value, offsets[2], offsets[-1]),
+            "random": lambda _value: rng.randbytes(24) + b"\n" + rng.randbytes(24),
+        }
+        failures: list[str] = []
+        for index, (variant, corrupt) in enumerate(variants.items()):
+            keys = await redis_keys(redis_server.port)
+            values = await redis_dump(redis_server.port, keys)
+            await redis_overwrite(redis_server.port, {k: corrupt(v) for k, v in values.items()})
+            fresh = start_edge(
+                origin.url,
+                logs_dir,
+                "--redis-url",
+                redis_server.url,
+                *EDGE_ARGS,
+                name=f"nw-mal-{index}",
+            )
+            try:
+                base = fresh.url + stream_path
+                answer = await fetch(http, "GET", f"{base}?offset=-1")
+                got = (answer.status, answer.body, answer.header("Stream-Next-Offset"))
+                if got != (200, written, offsets[-1]):
+                    failures.append(f"{variant}: -1 -> {got}")
+                answer = await fetch(http, "GET", f"{base}?offset={offsets[1]}")
+                if (answer.status, answer.body) != (200, written[6:]):
+                    failures.append(f"{variant}: mid -> {(answer.status, answer.body)}")
+                read = await sse_once(http, f"{base}?offset=-1&live=sse")
+                if (read.status, bytes(read.body)) != (200, written):
+                    failures.append(f"{variant}: sse -> {(read.status, bytes(read.body))}")
+            finally:
+                fresh.stop()
+        assert not failures, failures
+    finally:
+        a.stop()
+        redis_server.stop()
