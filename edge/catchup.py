@@ -18,11 +18,12 @@ upstreams, other replicas) is ``edge.streams``'s to keep; this module asks it.
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from urllib.parse import quote
 
 import aiohttp
@@ -49,6 +50,7 @@ from edge.log.segment import (
     stitch,
 )
 from edge.log.stream_log import LogKey, StreamInstance, StreamLog, TailVerdict
+from edge.memory import TRIMMER
 from edge.metrics import Metrics
 from edge.origin import BodyTooLarge, OriginClient, OriginError
 from edge.protocol.headers import HOP_BY_HOP, first_value, flag, own_request_headers
@@ -106,6 +108,8 @@ class Answer:
     body: bytes
     cache_status: str
     result: str  # hit | delta | miss | bypass for edge_cache_requests_total; live for live answers
+    # The fill budget share of the origin bytes in ``body``: release once the body is written.
+    hold: Hold | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -122,6 +126,8 @@ class Fill:
     closed: bool
     stored: bool
     relay: bool
+    stale: bool = False  # fetched under a stream instance that was forgotten meanwhile
+    hold: Hold | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -130,6 +136,11 @@ class Resolution:
     shared_hit: bool
     fill: Fill | None  # the origin's answer, when the plan was a Fetch
     collapsed: bool
+
+    def release(self) -> None:
+        """This reader is done with the fill's bytes (its answer is written, or not needed)."""
+        if self.fill is not None and self.fill.hold is not None:
+            self.fill.hold.release()
 
     @property
     def error(self) -> Fill | None:
@@ -157,7 +168,9 @@ def forbids_storing(headers: Sequence[tuple[str, str]]) -> bool:
 
 
 class FillBudget:
-    """Bytes all fills together may hold while reading origin answers (``--fill-buffer-bytes``)."""
+    """Bytes all fills together may hold (``--fill-buffer-bytes``): while reading origin answers,
+    and until the answers made of them are written to their clients (``Hold``), since an evicted
+    segment still lives while a slow client reads it."""
 
     def __init__(self, limit_bytes: int) -> None:
         self.limit = limit_bytes
@@ -171,6 +184,32 @@ class FillBudget:
 
     def give_back(self, size: int) -> None:
         self.used -= size
+
+
+class Hold:
+    """A fill's share of the budget, kept while anyone still writes its bytes to a client."""
+
+    # After the fetch ends, how long its own share waits for the readers it was collapsed with
+    # to take theirs (they resume within microseconds; a reader that left takes none).
+    FLIGHT_GRACE_SECONDS = 1.0
+
+    def __init__(self, budget: FillBudget, size: int) -> None:
+        self._budget = budget
+        self._size = size
+        self._refs = 1  # the fetch's own, until its readers have taken theirs
+
+    def acquire(self) -> Hold:
+        self._refs += 1
+        return self
+
+    def release(self) -> None:
+        self._refs -= 1
+        if self._refs == 0 and self._size:
+            self._budget.give_back(self._size)
+            self._size = 0
+
+    def release_flight(self) -> None:
+        asyncio.get_running_loop().call_later(self.FLIGHT_GRACE_SECONDS, self.release)
 
 
 class CatchupCache:
@@ -241,6 +280,18 @@ class CatchupCache:
         (single-flight) the origin, which is asked only from where the edge's chain ends."""
         if not is_client_offset(offset) or offset == "now":
             raise RelayInstead(f"offset {offset!r} is the origin's to judge")
+        resolved = await self._resolve_once(key, offset, credentials)
+        fill = resolved.fill
+        if fill is not None and fill.relay and fill.status == 200 and fill.stale:
+            # The stream was forgotten while the fetch was out (deleted, recreated, purged):
+            # its answer belongs to no instance the edge knows; read the current one instead.
+            resolved.release()
+            resolved = await self._resolve_once(key, offset, credentials)
+        return resolved
+
+    async def _resolve_once(
+        self, key: LogKey, offset: str, credentials: Sequence[tuple[str, str]]
+    ) -> Resolution:
         await self.streams.check_generation(key.stream)
         plan = self._plan(key, offset)
         shared_hit = False
@@ -263,6 +314,8 @@ class CatchupCache:
         )
         if collapsed:
             self._metrics.collapsed_requests.labels(kind="catchup").inc()
+        if fill.hold is not None:
+            fill.hold.acquire()  # this reader's share, released by whoever writes its answer
         return Resolution(plan=fetch, shared_hit=shared_hit, fill=fill, collapsed=collapsed)
 
     async def read(
@@ -289,6 +342,26 @@ class CatchupCache:
                 cache_status=status, result="hit",
             )  # fmt: skip
         assert fill is not None
+        try:
+            answer = self._answer_fill(read, key, offset, resolved, fill, plan, if_none_match,
+                                       accept_encoding)  # fmt: skip
+        except BaseException:
+            resolved.release()
+            raise
+        # The answer's bytes keep the fill's budget share until the web layer has written them.
+        return replace(answer, hold=fill.hold) if fill.hold is not None else answer
+
+    def _answer_fill(
+        self,
+        read: Read,
+        key: LogKey,
+        offset: str,
+        resolved: Resolution,
+        fill: Fill,
+        plan: Fetch,
+        if_none_match: str | None,
+        accept_encoding: str | None,
+    ) -> Answer:
         result = "delta" if plan.is_delta else "miss"
         forward = "partial" if plan.is_delta else "uri-miss"
         detail = "; collapsed" if resolved.collapsed else ("; stored" if fill.stored else "")
@@ -345,7 +418,11 @@ class CatchupCache:
     ) -> Answer:
         body = stitch(segments, json=log_.json)
         final = closed and up_to_date
-        compress = len(body) >= COMPRESS_MIN_BYTES and accepts_gzip(accept_encoding)
+        # Past --max-response-bytes (a single large segment) the body goes as it is: compressing
+        # megabytes on the event loop would stall every viewer, and hold a second copy per reader.
+        compress = COMPRESS_MIN_BYTES <= len(
+            body
+        ) <= self._settings.max_response_bytes and accepts_gzip(accept_encoding)
         tag = etag(
             read.stream, start, end, digest=content_digest(segments) if segments else "0",
             closed=final, encoding="gzip" if compress else None,
@@ -375,7 +452,8 @@ class CatchupCache:
         upstream = await self._origin.open("GET", f"{key.stream}?offset=now", headers, live=False)
         try:
             self._metrics.origin_requests.labels(kind="catchup", code=str(upstream.status)).inc()
-            body = await self._read_fill(upstream)
+            body, hold = await self._read_fill(upstream)
+            hold.release()  # a few bytes, read now and done with
         finally:
             upstream.close()
         response_headers = list(upstream.headers.items())
@@ -391,26 +469,32 @@ class CatchupCache:
                 log_.header_template = self.local.template(header_template(response_headers))
         return upstream.status, response_headers, body
 
-    async def _read_fill(self, upstream: aiohttp.ClientResponse) -> bytes:
-        """The whole body, within ``--max-segment-bytes`` and the fills' shared buffer budget;
-        past either, BodyTooLarge (the web layer relays instead of buffering)."""
+    async def _read_fill(self, upstream: aiohttp.ClientResponse) -> tuple[bytes, Hold]:
+        """The whole body, within ``--max-segment-bytes`` and the fills' shared budget; past
+        either, BodyTooLarge (the web layer relays instead of buffering). The body's share of
+        the budget is the returned ``Hold``'s until every answer made of it is written."""
         limit = self._settings.max_segment_bytes
+        budget = self.fill_budget
         declared = upstream.content_length
-        if declared is not None and (
-            declared > limit or declared > self.fill_budget.limit - self.fill_budget.used
-        ):
+        if declared is not None and (declared > limit or declared > budget.limit - budget.used):
             raise BodyTooLarge(f"{upstream.url.path}: {declared} bytes is over the fill budget")
-        chunks: list[bytes] = []
+        # One growing buffer, not a list of 64 KiB chunks: a large body then lives in one
+        # mapping that is returned whole, instead of fragmenting the heap (edge/memory.py).
+        buffer = bytearray()
         taken = 0
         try:
             async for chunk in OriginClient.body_chunks(upstream):
-                if taken + len(chunk) > limit or not self.fill_budget.take(len(chunk)):
+                if taken + len(chunk) > limit or not budget.take(len(chunk)):
                     raise BodyTooLarge(f"{upstream.url.path}: over the fill budget")
                 taken += len(chunk)
-                chunks.append(chunk)
-            return b"".join(chunks)
+                buffer += chunk
+            return bytes(buffer), Hold(budget, taken)
+        except BaseException:
+            budget.give_back(taken)
+            raise
         finally:
-            self.fill_budget.give_back(taken)
+            del buffer
+            TRIMMER.passed(taken)
 
     async def _fill(
         self,
@@ -426,15 +510,17 @@ class CatchupCache:
         )
         try:
             self._metrics.origin_requests.labels(kind="catchup", code=str(upstream.status)).inc()
-            body = await self._read_fill(upstream)
+            body, hold = await self._read_fill(upstream)
         finally:
             upstream.close()
         self._metrics.origin_bytes.inc(len(body))
         response_headers = tuple(upstream.headers.items())
-        return self._record(
+        hold.release_flight()  # the readers sharing this fetch take their own shares
+        fill = self._record(
             key, fetch, upstream.status, response_headers, body,
             instance=instance, started=started, credentials=credentials,
         )  # fmt: skip
+        return replace(fill, hold=hold)
 
     def _record(
         self,
@@ -470,7 +556,8 @@ class CatchupCache:
             instance.bypass_until = now + BYPASS_SECONDS
             return relay
         if not self.local.current(instance):
-            return relay  # the stream was forgotten meanwhile: this answer is its client's only
+            # The stream was forgotten meanwhile: this answer is its client's only.
+            return replace(relay, stale=True)
         content_type = first_value(headers, "content-type")
         json = is_json(content_type)
         if json and not is_json_array(body):

@@ -322,6 +322,16 @@ class Streams:
             listener(stream)
         return dropped
 
+    def purged_elsewhere(self, stream: str, generation: str) -> None:
+        """A replica (maybe this one) purged ``stream``, starting ``generation``."""
+        instance = self.local.instance(stream)
+        if instance is not None and instance.generation == generation:
+            return  # this replica's own purge, or one it already adopted
+        self.forget_locally(stream)
+        adopted = self.local.instance_for(stream)
+        adopted.generation = generation
+        adopted.verified_at = self._clock()
+
     def resync(self) -> None:
         """Purges may have been missed (the shared tier's channel was down): check every
         stream's generation again before serving it."""

@@ -95,6 +95,7 @@ class LiveHub:
     ) -> Answer | None:
         """Make the log known from ``offset`` on; the origin's refusal if it refuses."""
         resolved = await self.cache.resolve(key, offset, credentials)
+        resolved.release()  # live readers are served from the log, not from this fill's bytes
         fill = resolved.fill
         if fill is not None and fill.relay and fill.status == 200:
             # Past the tail, not storable, or from an instance just replaced: the origin answers

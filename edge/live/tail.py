@@ -73,6 +73,7 @@ class Tail:
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
     _task: asyncio.Task[None] | None = None
     _use_sse: bool = True
+    _sse_refused: bool = False
     arrivals: dict[str, float] = field(default_factory=dict)
     batches: int = 0  # answers recorded, so a connection that delivered nothing backs off
     failing: bool = False  # the last upstream attempt failed; nothing since vouches for the tail
@@ -104,11 +105,17 @@ class Tail:
         self.instance = self.cache.local.instance_for(self.key.stream)
         log_ = self.cache.local.log(self.key)
         content_type = log_.content_type if log_ is not None else None
-        self._use_sse = self.settings.tail_mode == "sse" or (
-            self.settings.tail_mode == "auto" and not is_text(content_type)
-        )
+        self._use_sse = self._sse_suits(content_type)
         self._task = asyncio.ensure_future(self._run())
         self.metrics.live_tails.inc()
+
+    def _sse_suits(self, content_type: str | None) -> bool:
+        """SSE where its framing is exact: JSON and binary streams. While the content type is
+        unknown, long-poll (exact for every type); the next connection may upgrade."""
+        mode = self.settings.tail_mode
+        return mode == "sse" or (
+            mode == "auto" and content_type is not None and not is_text(content_type)
+        )
 
     async def stop(self) -> None:
         if self.listener is not None:
@@ -127,6 +134,9 @@ class Tail:
         try:
             while not self.finished:
                 recorded = self.batches
+                if not self._use_sse and not self._sse_refused:
+                    log_ = self.cache.local.log(self.key)
+                    self._use_sse = self._sse_suits(log_.content_type if log_ else None)
                 failed = False
                 try:
                     if self._use_sse:
@@ -146,6 +156,7 @@ class Tail:
                     if isinstance(error, UpstreamRefused) and self._use_sse:
                         log.info("SSE upstream refused for %s; falling back to long-poll", self.key)
                         self._use_sse = False
+                        self._sse_refused = True
                         failed = False
                 except Exception:  # a malformed upstream answer must not kill the tail silently
                     log.exception("live upstream for %s failed", self.key)

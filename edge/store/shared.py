@@ -163,6 +163,16 @@ def _generation(blob: object) -> str:
     raise BadValue("bad generation")
 
 
+def parse_purge(data: object) -> tuple[str, str] | None:
+    """A purge message, ``"<generation> <stream path>"``, as (stream, generation)."""
+    if not isinstance(data, bytes):
+        return None
+    generation, _, stream = data.decode(errors="replace").partition(" ")
+    if not generation or not stream.startswith("/"):
+        return None
+    return stream, generation
+
+
 def new_generation() -> str:
     return secrets.token_hex(8)
 
@@ -220,14 +230,16 @@ class SharedTier:
         await self._subscriber.aclose()
 
     def listen_for_purges(
-        self, forget: Callable[[str], object], resync: Callable[[], object]
+        self, forget: Callable[[str, str], object], resync: Callable[[], object]
     ) -> None:
-        """Call ``forget(stream)`` for every purge any replica publishes, and ``resync()`` each
-        time the subscription (re)starts: purges published while it was down were missed, so
-        every generation must be checked again."""
+        """Call ``forget(stream, generation)`` for every purge any replica (this one included)
+        publishes, and ``resync()`` each time the subscription (re)starts: purges published
+        while it was down were missed, so every generation must be checked again."""
         self._listener = asyncio.ensure_future(self._listen(forget, resync))
 
-    async def _listen(self, forget: Callable[[str], object], resync: Callable[[], object]) -> None:
+    async def _listen(
+        self, forget: Callable[[str, str], object], resync: Callable[[], object]
+    ) -> None:
         while True:
             try:
                 async with self._subscriber.pubsub() as pubsub:
@@ -238,9 +250,9 @@ class SharedTier:
                             ignore_subscribe_messages=True, timeout=1.0
                         )
                         if message is not None and message.get("type") == "message":
-                            data = message["data"]
-                            if isinstance(data, bytes) and data.startswith(b"/"):
-                                forget(data.decode(errors="replace"))
+                            purged = parse_purge(message["data"])
+                            if purged is not None:
+                                forget(*purged)
             except Errors:
                 await asyncio.sleep(SUBSCRIBE_RETRY_SECONDS)
 
@@ -432,7 +444,7 @@ class SharedTier:
                 await self._client.set(generation_key(stream), generation, ex=self._ttl * 2)
                 names = await self._client.smembers(index_key(stream))
                 await self._client.delete(index_key(stream), *names)
-                await self._client.publish(PURGE_CHANNEL, stream.encode())
+                await self._client.publish(PURGE_CHANNEL, f"{generation} {stream}".encode())
         except Errors as error:
             self._failed("purge", error)
             return False

@@ -23,7 +23,7 @@ from aiohttp import HttpVersion11, web
 from aiohttp.typedefs import Handler
 from multidict import CIMultiDict
 
-from edge.catchup import Answer, CatchupCache
+from edge.catchup import Answer, CatchupCache, RelayInstead
 from edge.config import Settings
 from edge.live.hub import LiveHub, sse_encoding
 from edge.live.viewers import Viewer
@@ -99,16 +99,25 @@ async def serve_catchup(request: web.Request, classified: Classified) -> web.Str
             if_none_match=request.headers.get("If-None-Match"),
             accept_encoding=request.headers.get("Accept-Encoding"),
         )
-    except BodyTooLarge as too_large:
-        log.info("relaying without caching: %s", too_large)
+    except BodyTooLarge as uncacheable:
+        log.info("relaying without caching: %s", uncacheable)
         metrics.cache_requests.labels(result="bypass").inc()
-        return await request.app[RELAY].forward(
-            request, classified.kind, cache_status="edge; fwd=bypass; detail=too-large"
-        )
+        return await relay_uncached(request, classified, uncacheable)
     except OriginError as error:
         return origin_failed(request, error)
     metrics.cache_requests.labels(result=answer.result).inc()
-    return to_response(request, answer)
+    response = to_response(request, answer)
+    if answer.hold is None:
+        return response
+    # Bytes fresh from the origin count in --fill-buffer-bytes until they are written.
+    try:
+        await response.prepare(request)
+        await response.write_eof()
+    except ConnectionResetError as gone:
+        raise ClientGone from gone
+    finally:
+        answer.hold.release()
+    return response
 
 
 async def start_offset(
@@ -140,17 +149,21 @@ async def serve_long_poll(request: web.Request, classified: Classified) -> web.S
         if isinstance(offset, Answer):
             return to_response(request, offset)
         answer = await hub.long_poll(key, offset, read.cursor, credentials_of(request))
-    except BodyTooLarge:
-        # A backlog bigger than the edge keeps in one piece: the origin answers it directly.
-        return await relay_uncached(request, classified)
+    except BodyTooLarge as uncacheable:
+        # A backlog bigger than the edge keeps in one piece (or an answer that is not the
+        # cache's to give): the origin answers it directly.
+        return await relay_uncached(request, classified, uncacheable)
     except OriginError as error:
         return origin_failed(request, error)
     return to_response(request, answer)
 
 
-async def relay_uncached(request: web.Request, classified: Classified) -> web.StreamResponse:
+async def relay_uncached(
+    request: web.Request, classified: Classified, why: BodyTooLarge
+) -> web.StreamResponse:
+    detail = "not-cacheable" if isinstance(why, RelayInstead) else "too-large"
     return await request.app[RELAY].forward(
-        request, classified.kind, cache_status="edge; fwd=bypass; detail=too-large"
+        request, classified.kind, cache_status=f"edge; fwd=bypass; detail={detail}"
     )
 
 
@@ -180,8 +193,8 @@ async def _serve_sse_viewer(request: web.Request, classified: Classified) -> web
         if isinstance(offset, Answer):
             return to_response(request, offset)
         refused = await hub.known_from(key, offset, credentials)
-    except BodyTooLarge:
-        return await relay_uncached(request, classified)
+    except BodyTooLarge as uncacheable:
+        return await relay_uncached(request, classified, uncacheable)
     except OriginError as error:
         return origin_failed(request, error)
     if refused is not None:
@@ -338,7 +351,7 @@ def create_app(settings: Settings, metrics: Metrics, origin: OriginClient) -> we
     async def lifetime(_: web.Application) -> AsyncIterator[None]:
         await origin.start()
         if shared is not None:
-            shared.listen_for_purges(cache.streams.forget_locally, cache.streams.resync)
+            shared.listen_for_purges(cache.streams.purged_elsewhere, cache.streams.resync)
         yield
         await hub.close()
         await cache.close()

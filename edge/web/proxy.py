@@ -28,6 +28,7 @@ import aiohttp
 from aiohttp import hdrs, web
 from multidict import CIMultiDict
 
+from edge.memory import TRIMMER
 from edge.metrics import Metrics
 from edge.origin import OriginClient, OriginError
 from edge.protocol.headers import (
@@ -209,6 +210,7 @@ class Relay:
                 self.metrics.origin_bytes.inc(len(chunk))
                 await response.write(chunk)
                 self.metrics.served_bytes.inc(len(chunk))
+                TRIMMER.passed(len(chunk))
             await response.write_eof()
         except ConnectionResetError as gone:
             raise ClientGone from gone

@@ -1,0 +1,289 @@
+"""The edge's memory stays within its budgets however big the messages and however many scopes.
+
+Two ways an edge used to grow without bound (issue 8, parts 6b and 6c):
+
+* Every cache fill buffered its whole origin answer, up to ``--max-segment-bytes``, before it
+  could be cached: 100 concurrent misses of 40 MB messages held ~100 x 40 MB at once.
+  ``--fill-buffer-bytes`` caps what all fills together buffer; past it, reads are relayed uncached.
+* Every credential scope (a distinct ``Cookie``/``Authorization``) added state outside the
+  ``--cache-bytes`` budget, so 20,000 readers with their own cookies grew the edge forever.
+
+RSS is read from ``/proc/<edge pid>/status`` by a sampling thread (the event loop is busy
+hashing bodies). If the edge passes ``KILL_AT_MIB`` the thread kills it (by pid), so a regression
+fails fast instead of taking the memory of a shared machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import io
+import os
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from devstack.processes import Edge, Origin, start_edge, start_origin
+
+MiB = 1024 * 1024
+TEXT = {"Content-Type": "text/plain"}
+KILL_AT_MIB = 2048
+
+# Part 6b: 100 streams of one 40 MB message each, all read at once through one edge.
+BIG_STREAMS = 100
+BIG_MESSAGE_BYTES = 40_000_000
+BIG_EDGE_FLAGS = ("--max-segment-bytes", "48MiB", "--cache-bytes", "64MiB")
+BIG_FILL_FLAGS = ("--fill-buffer-bytes", "64MiB")
+# The edge idles at ~50 MB RSS. Budgets: 64 MiB of fills (bytes read from the origin, held until
+# the answers made of them are written) + 64 MiB of cache + one transient copy of the largest
+# body (40 MB, when a fill's buffer becomes a segment); the relays stream, ~1 MiB each for 100
+# connections; and 50 MiB for the interpreter and allocator slack. Before --fill-buffer-bytes the
+# peak was ~100 x 40 MB (measured 8.7 GiB), and 1.8 GiB with fills bounded but chunk lists
+# fragmenting the heap. Measured now: 230-315 MiB.
+BIG_PEAK_BOUND_MIB = 50 + 64 + 64 + 40 + 100 + 50
+# Once the reads are over only the cache (one 40 MB segment fits in 64 MiB) should remain, plus
+# what the allocator keeps (edge/memory.py returns free pages within ~3 s). Measured: 160-200.
+BIG_SETTLED_BOUND_MIB = 50 + 64 + 136
+
+# Part 6c: 20,000 catch-up reads of one small closed stream, each in its own scope.
+SCOPES = 20_000
+SCOPE_CONCURRENCY = 100
+SMALL_BODY = b"0123456789abcdef" * 64  # 1 KiB: 20,000 scoped copies (20 MB) overflow 16 MiB
+SCOPE_CACHE_MIB = 16
+SCOPE_GROWTH_BOUND_MIB = SCOPE_CACHE_MIB + 24
+
+
+def proc_kib(pid: int, field_name: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field_name + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+@dataclass
+class RssWatch:
+    """Samples one process's VmRSS every ``interval`` seconds on a thread; kills it (by pid)
+    past ``kill_at_mib``."""
+
+    edge: Edge
+    interval: float = 0.05
+    kill_at_mib: float = KILL_AT_MIB
+    peak_mib: float = 0.0
+    killed_at_mib: float | None = None
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __enter__(self) -> RssWatch:
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        pid = self.edge.process.pid
+        while not self._stop.is_set() and self.edge.process.alive():
+            try:
+                rss = proc_kib(pid, "VmRSS") / 1024
+            except OSError:
+                return
+            self.peak_mib = max(self.peak_mib, rss)
+            if rss > self.kill_at_mib:
+                self.killed_at_mib = rss
+                self.edge.process.kill()
+                return
+            self._stop.wait(self.interval)
+
+    def rss_mib(self) -> float:
+        return proc_kib(self.edge.process.pid, "VmRSS") / 1024
+
+    def hwm_mib(self) -> float:
+        """The kernel's own peak (VmHWM): no spike between samples escapes it."""
+        return proc_kib(self.edge.process.pid, "VmHWM") / 1024
+
+
+async def budget_lines(edge: Edge) -> str:
+    """What the edge says it holds (its cache and budget gauges), to explain a failure."""
+    if not edge.process.alive():
+        return "edge not running"
+    text = await asyncio.to_thread(edge.metrics_text)
+    wanted = ("edge_cache_bytes", "edge_budget_bytes", "edge_budget_entries")
+    return ", ".join(line for line in text.splitlines() if line.startswith(wanted))
+
+
+@pytest.fixture
+def big_origin(logs_dir: Path) -> Iterator[Origin]:
+    """An origin of its own: it will hold 4 GB, which must not outlive this test."""
+    started = start_origin(logs_dir, name="origin-big-messages")
+    yield started
+    started.stop()
+
+
+@pytest.fixture
+async def herd() -> AsyncIterator[aiohttp.ClientSession]:
+    """Identity bytes (no Accept-Encoding), no cookie jar, no connection limit."""
+    async with aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0),
+        auto_decompress=False,
+        cookie_jar=aiohttp.DummyCookieJar(),
+        skip_auto_headers=("Accept", "Accept-Encoding", "User-Agent"),
+        timeout=aiohttp.ClientTimeout(total=150),
+    ) as session:
+        yield session
+
+
+async def read_all(
+    session: aiohttp.ClientSession, url: str, headers: dict[str, str] | None = None
+) -> tuple[int, str]:
+    """Catch-up read from the start until up to date, streaming: (length, sha256 hex)."""
+    digest = hashlib.sha256()
+    length = 0
+    offset = "-1"
+    for _ in range(100):
+        async with session.get(f"{url}?offset={offset}", headers=headers) as response:
+            assert response.status == 200, response.status
+            async for chunk in response.content.iter_chunked(MiB):
+                digest.update(chunk)
+                length += len(chunk)
+            if "Stream-Up-To-Date" in response.headers:
+                return length, digest.hexdigest()
+            offset = response.headers["Stream-Next-Offset"]
+    raise AssertionError(f"{url} never got up to date")
+
+
+@pytest.mark.timeout(240)
+async def test_a_hundred_big_messages_at_once_stay_within_the_fill_budget(
+    big_origin: Origin, logs_dir: Path, herd: aiohttp.ClientSession
+) -> None:
+    # Distinct bodies (a suffix names the stream) so a body served for the wrong stream fails;
+    # printable ASCII, since these are text streams.
+    block = base64.b64encode(os.urandom(BIG_MESSAGE_BYTES))[: BIG_MESSAGE_BYTES - 8]
+    block_digest = hashlib.sha256(block)
+    expected: dict[str, tuple[int, str]] = {}
+
+    async def upload(index: int) -> None:
+        path = f"/v1/stream/big-{index}"
+        suffix = f"#{index:06d}\n".encode()
+        digest = block_digest.copy()
+        digest.update(suffix)
+        expected[path] = (BIG_MESSAGE_BYTES, digest.hexdigest())
+        url = big_origin.url + path
+        async with herd.put(url, headers=TEXT) as response:
+            assert response.status == 201
+        async with herd.post(url, data=io.BytesIO(block + suffix), headers=TEXT) as response:
+            assert response.status == 204
+        async with herd.post(url, headers={"Stream-Closed": "true"}) as response:
+            assert response.status == 204
+
+    started = time.monotonic()
+    uploads = asyncio.Semaphore(4)
+
+    async def bounded_upload(index: int) -> None:
+        async with uploads:
+            await upload(index)
+
+    await asyncio.gather(*(bounded_upload(i) for i in range(BIG_STREAMS)))
+    uploaded = time.monotonic() - started
+
+    edge = start_edge(big_origin.url, logs_dir, *BIG_EDGE_FLAGS, *BIG_FILL_FLAGS, name="edge-big")
+    try:
+        idle = proc_kib(edge.process.pid, "VmRSS") / 1024
+        with RssWatch(edge) as watch:
+            started = time.monotonic()
+            results = await asyncio.gather(
+                *(read_all(herd, edge.url + path) for path in expected), return_exceptions=True
+            )
+            read_seconds = time.monotonic() - started
+            peak = max(watch.peak_mib, watch.hwm_mib() if edge.process.alive() else 0.0)
+            await asyncio.sleep(5)  # in-flight buffers are released and trimmed (edge/memory.py)
+            settled = watch.rss_mib() if edge.process.alive() else float("nan")
+            budgets = await budget_lines(edge)
+        print(
+            f"\n{BIG_STREAMS} x {BIG_MESSAGE_BYTES / 1e6:.0f} MB: uploaded in {uploaded:.1f} s, "
+            f"read through the edge in {read_seconds:.1f} s; edge RSS idle {idle:.0f} MiB, "
+            f"peak {peak:.0f} MiB (bound {BIG_PEAK_BOUND_MIB}), settled {settled:.0f} MiB "
+            f"(bound {BIG_SETTLED_BOUND_MIB}); settled {budgets}"
+        )
+        assert watch.killed_at_mib is None, (
+            f"edge RSS reached {watch.killed_at_mib:.0f} MiB; killed it "
+            f"(bound {BIG_PEAK_BOUND_MIB} MiB)"
+        )
+        failures = {
+            path: result
+            for path, result in zip(expected, results, strict=True)
+            if result != expected[path]
+        }
+        assert not failures, f"{len(failures)} wrong bodies, e.g. {next(iter(failures.items()))}"
+        assert peak < BIG_PEAK_BOUND_MIB
+        assert settled < BIG_SETTLED_BOUND_MIB
+    finally:
+        edge.stop()
+
+
+@pytest.mark.timeout(180)
+async def test_twenty_thousand_scopes_stay_within_the_cache_budget(
+    origin: Origin, logs_dir: Path, herd: aiohttp.ClientSession, stream_path: str
+) -> None:
+    url = origin.url + stream_path
+    async with herd.put(url, headers=TEXT) as response:
+        assert response.status == 201
+    async with herd.post(url, data=SMALL_BODY, headers=TEXT) as response:
+        assert response.status == 204
+    async with herd.post(url, headers={"Stream-Closed": "true"}) as response:
+        assert response.status == 204
+    expected = (len(SMALL_BODY), hashlib.sha256(SMALL_BODY).hexdigest())
+
+    edge = start_edge(
+        origin.url,
+        logs_dir,
+        "--cache-bytes",
+        f"{SCOPE_CACHE_MIB}MiB",
+        "--max-segment-bytes",
+        "4MiB",
+        name="edge-scopes",
+    )
+    try:
+        url = edge.url + stream_path
+        gate = asyncio.Semaphore(SCOPE_CONCURRENCY)
+
+        async def scoped_read(cookie: str | None) -> tuple[int, str] | BaseException:
+            async with gate:
+                try:
+                    return await read_all(herd, url, {"Cookie": cookie} if cookie else None)
+                except (AssertionError, aiohttp.ClientError, TimeoutError) as error:
+                    return error
+
+        # Warm up both paths (shared and scoped) so lazily built state is in the baseline.
+        warm = await asyncio.gather(*(scoped_read(None if i % 2 else f"w={i}") for i in range(400)))
+        assert set(warm) == {expected}
+        await asyncio.sleep(1)
+        with RssWatch(edge) as watch:
+            baseline = watch.rss_mib()
+            started = time.monotonic()
+            results = await asyncio.gather(*(scoped_read(f"s={n}") for n in range(SCOPES)))
+            seconds = time.monotonic() - started
+            await asyncio.sleep(2)
+            after = watch.rss_mib() if edge.process.alive() else float("nan")
+            peak = watch.peak_mib
+            budgets = await budget_lines(edge)
+        wrong = [r for r in results if r != expected]
+        print(
+            f"\n{SCOPES} scoped reads ({SCOPE_CONCURRENCY} in flight) in {seconds:.1f} s; edge "
+            f"RSS {baseline:.0f} -> {after:.0f} MiB (growth {after - baseline:.1f}, bound "
+            f"{SCOPE_GROWTH_BOUND_MIB}), peak {peak:.0f} MiB; {len(wrong)} wrong answers; "
+            f"{budgets}"
+        )
+        assert watch.killed_at_mib is None, f"edge RSS reached {watch.killed_at_mib:.0f} MiB"
+        assert not wrong, f"{len(wrong)} wrong answers, e.g. {wrong[0]!r}"
+        assert after - baseline < SCOPE_GROWTH_BOUND_MIB
+    finally:
+        edge.stop()
