@@ -96,6 +96,10 @@ PER_ANSWER = frozenset(
 )
 
 
+def _media_type(content_type: str | None) -> str:
+    return (content_type or "").split(";")[0].strip().lower()
+
+
 class RelayInstead(BodyTooLarge):
     """This read is not the cache's to answer (past the tail, no-store, a malformed offset): the
     web layer relays the client's own request to the origin."""
@@ -297,13 +301,16 @@ class CatchupCache:
         shared_hit = False
         pulls = 0
         while isinstance(plan, Fetch) and self._shared is not None and pulls < MAX_SHARED_PULLS:
-            if not await self.streams.pull_shared(key, plan.offset):
-                if await self.streams.pull_shared_closure(key, plan.offset):
+            pulled_at = plan.offset
+            if not await self.streams.pull_shared(key, pulled_at):
+                if await self.streams.pull_shared_closure(key, pulled_at):
                     plan = self._plan(key, offset)
                 break
             shared_hit = True
             pulls += 1
             plan = self._plan(key, offset)
+            if isinstance(plan, Fetch) and plan.offset == pulled_at:
+                break  # the plan does not use what was pulled (expired, bypassed): go to origin
         if isinstance(plan, Hit):
             return Resolution(plan=plan, shared_hit=shared_hit, fill=None, collapsed=False)
         fetch = plan
@@ -370,8 +377,13 @@ class CatchupCache:
             if fill.status == 200 and plan.is_delta:
                 # True for the delta's request only; the client's own read goes to the origin.
                 raise RelayInstead("the origin's answer to the delta cannot be joined")
+            headers = relayable(fill.headers)
+            if fill.status == 200:
+                # The origin's validator does not tell stream instances apart; the edge will
+                # not hand out a tag it cannot honour.
+                headers = [(n, v) for n, v in headers if n.lower() != "etag"]
             return Answer(
-                status=fill.status, headers=relayable(fill.headers), body=fill.body,
+                status=fill.status, headers=headers, body=fill.body,
                 cache_status=cache_status, result=result if fill.status != 200 else "bypass",
             )  # fmt: skip
         log_ = self.local.log_for(key)
@@ -424,7 +436,7 @@ class CatchupCache:
             body
         ) <= self._settings.max_response_bytes and accepts_gzip(accept_encoding)
         tag = etag(
-            read.stream, start, end, digest=content_digest(segments) if segments else "0",
+            read.stream, start, end, digest=content_digest(segments, log_.content_type),
             closed=final, encoding="gzip" if compress else None,
         )  # fmt: skip
         control = self.cache_control_for(log_, immutable=final or not up_to_date)
@@ -546,7 +558,8 @@ class CatchupCache:
             up_to_date=False, closed=False, stored=False, relay=True,
         )  # fmt: skip
         if status == 404:
-            self.streams.stream_gone(key)
+            if self.local.current(instance):  # else about a stream instance already gone
+                self.streams.stream_gone(key)
             return relay
         encoding = (first_value(headers, "content-encoding") or "identity").lower()
         if status != 200 or encoding != "identity" or not is_offset_token(next_offset):
@@ -562,6 +575,12 @@ class CatchupCache:
         json = is_json(content_type)
         if json and not is_json_array(body):
             return relay
+        known_type = instance.content_type
+        if known_type is not None and _media_type(known_type) != _media_type(content_type):
+            # A stream keeps its content type for life: this is another stream at the path.
+            log.info("%s changed content type at the origin: a new instance", key.stream)
+            self.streams.purge(key.stream)
+            return replace(relay, stale=True)
         log_ = self.local.log_for(key)
         log_.content_type = content_type
         log_.header_template = self.local.template(header_template(headers))

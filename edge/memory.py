@@ -12,7 +12,6 @@ last of them, when their buffers are gone too. Elsewhere than glibc this is a no
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ctypes
 import ctypes.util
 from collections.abc import Callable
@@ -50,9 +49,15 @@ class Trimmer:
     def passed(self, size: int) -> None:
         """``size`` bytes of transient buffers passed through (and are being released)."""
         self._passed += size
-        if self._task is None and self._trim is not None and self._passed >= TRIM_AFTER_BYTES:
-            with contextlib.suppress(RuntimeError):  # no running loop: nothing to schedule
-                self._task = asyncio.get_running_loop().create_task(self._run())
+        if self._trim is None or self._passed < TRIM_AFTER_BYTES:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no running loop: nothing to schedule
+        task = self._task
+        if task is None or task.done() or task.get_loop() is not loop:
+            self._task = loop.create_task(self._run())
 
     async def _run(self) -> None:
         try:
@@ -60,18 +65,20 @@ class Trimmer:
                 await asyncio.sleep(INTERVAL_SECONDS)
                 if self._passed >= TRIM_AFTER_BYTES:
                     self._passed, self._quiet_ticks = 0, 0
-                    self._do_trim()
+                    await self._do_trim()
                     continue
                 self._quiet_ticks += 1
                 if self._quiet_ticks * INTERVAL_SECONDS >= TRAILING_SECONDS:
-                    self._do_trim()
+                    await self._do_trim()
                     return
         finally:
-            self._task = None
+            if self._task is asyncio.current_task():
+                self._task = None
 
-    def _do_trim(self) -> None:
+    async def _do_trim(self) -> None:
         if self._trim is not None:
-            self._trim()
+            # Off the event loop: walking a large heap takes milliseconds.
+            await asyncio.get_running_loop().run_in_executor(None, self._trim)
             self.trims += 1
 
 

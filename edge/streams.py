@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from edge.coalesce import SingleFlight
 from edge.config import Settings
 from edge.log.segment import Segment, answer_segment
-from edge.log.stream_log import LogKey, StreamInstance, TailVerdict
+from edge.log.stream_log import LogKey, Mark, StreamInstance, TailVerdict
 from edge.metrics import Metrics
 from edge.origin import OriginClient, OriginError
 from edge.protocol.headers import first_value, own_request_headers
@@ -104,7 +104,8 @@ class Streams:
         generation, _ = await self._checks.run(stream, lambda: shared.generation(stream))
         if generation is None:
             return  # the tier cannot say: serve what is held (degraded, not wrong for long)
-        self.adopt_generation(stream, generation)
+        if self.local.current(instance):  # else forgotten meanwhile: the answer is too old
+            self.adopt_generation(stream, generation)
 
     def adopt_generation(self, stream: str, generation: str) -> StreamInstance:
         assert self._shared is not None
@@ -123,12 +124,15 @@ class Streams:
     async def pull_shared(self, key: LogKey, start: str) -> bool:
         """Copy the shared tier's segment at ``start`` into the local tier; False if none."""
         assert self._shared is not None
+        before = self.local.instance_for(key.stream)
         found = await self._shared.get(key, start)
-        if found is None:
-            return False
+        if found is None or not self.local.current(before):
+            return False  # unavailable, or the stream was forgotten while Redis answered
         instance = self.adopt_generation(key.stream, found.generation)
-        if found.value is None:
+        if found.value is None or instance is not before:
             return False
+        if instance.generation != found.generation:
+            return False  # this replica's own newer purge is still pending: not that value
         log_ = self.local.log_for(key)
         if log_.content_type is None:
             log_.content_type = found.value.content_type
@@ -281,11 +285,32 @@ class Streams:
             instance = self.local.instance_for(stream)
             # Any write may have moved the tail (even a failed one may have raced one that did).
             floor = first_value(response_headers, "stream-next-offset") if status < 300 else None
+            closes = status < 300 and any(
+                n.lower() == "stream-closed" and v.strip().lower() == "true"
+                for n, v in request_headers
+            )
+            ticket = self.ticket()
+            closure = instance.closed_at
+            appended = method == "POST" and status < 300 and not closes
+            if closure is not None and (appended or (floor is not None and floor > closure.offset)):
+                # A closed stream takes no appends and never grows (the origin answers 409): the
+                # write went to another stream at the path. Forgetting is always safe.
+                log.info("%s written past its closure: a new instance", stream)
+                self.purge(stream)
+                instance = self.local.instance_for(stream)
             if is_offset_token(floor):
                 assert floor is not None
-                instance.reached(floor, self.ticket())
+                instance.reached(floor, ticket)
             for log_ in self.local.logs_of(stream):
                 log_.mark_stale()
+                if closes and floor is not None and is_offset_token(floor):
+                    # Closed through this edge: every later read says so (read-after-write).
+                    log_.observe_tail(
+                        floor, closed=True, now=self._clock(), started=ticket, received=ticket
+                    )
+            if closes and is_offset_token(floor) and instance.closed_at is None:
+                assert floor is not None
+                instance.closed_at = Mark(offset=floor, received=ticket)
             if method == "PUT" and status in (200, 201):
                 self.learn_lifetime(instance, request_headers)
                 if status == 201:
@@ -311,7 +336,9 @@ class Streams:
         what a token cannot read), so only that scope forgets, and nobody can empty the cache
         for others by sending a bad token."""
         if key.scope == PUBLIC_SCOPE:
-            self.purge(key.stream)
+            # A 404 for a path this replica never held (a scanner, a typo) costs the shared tier
+            # one existence check, not a new generation and a message to every replica.
+            self.purge(key.stream, only_if_known=not self.local.holds_data(key.stream))
         else:
             self.local.purge_scope(key)
 
@@ -324,9 +351,11 @@ class Streams:
 
     def purged_elsewhere(self, stream: str, generation: str) -> None:
         """A replica (maybe this one) purged ``stream``, starting ``generation``."""
+        if self._shared is not None and self._shared.issued_here(generation):
+            return  # this replica's own purge (maybe an older one, arriving late)
         instance = self.local.instance(stream)
-        if instance is not None and instance.generation == generation:
-            return  # this replica's own purge, or one it already adopted
+        if instance is None or instance.generation == generation:
+            return  # nothing held here, or a purge already adopted
         self.forget_locally(stream)
         adopted = self.local.instance_for(stream)
         adopted.generation = generation
@@ -340,15 +369,17 @@ class Streams:
             if instance is not None:
                 instance.verified_at = float("-inf")
 
-    def purge(self, stream: str) -> int:
+    def purge(self, stream: str, *, only_if_known: bool = False) -> int:
         """Forget ``stream`` here and start a durable purge in the shared tier, which tells
-        every other replica; a new instance (with the purge's generation) starts at once."""
+        every other replica; a new instance (with the purge's generation) starts at once.
+        ``only_if_known``: purge the shared tier only if it holds anything of the stream."""
         dropped = self.forget_locally(stream)
         if self._shared is not None:
-            generation = self._shared.purge(stream)
-            instance = self.local.instance_for(stream)
-            instance.generation = generation
-            instance.verified_at = self._clock()
+            generation = self._shared.purge(stream, only_if_known=only_if_known)
+            if not only_if_known:
+                instance = self.local.instance_for(stream)
+                instance.generation = generation
+                instance.verified_at = self._clock()
         return dropped
 
     async def purged(self, stream: str, timeout_seconds: float = PURGE_WAIT_SECONDS) -> bool:

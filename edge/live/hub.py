@@ -224,7 +224,7 @@ class LiveHub:
                 key.stream,
                 offset,
                 end,
-                digest=content_digest(coverage.segments),
+                digest=content_digest(coverage.segments, log_.content_type),
                 closed=closed,
                 encoding=None,
             ),
@@ -271,7 +271,7 @@ class LiveHub:
         """The data + control events for ``coverage``, encoded once per (range, state, cursor),
         and, for direct writes to a chunked response, framed as one HTTP chunk."""
         start = coverage.segments[0].start if coverage.segments else coverage.end
-        digest = content_digest(coverage.segments) if coverage.segments else ""
+        digest = content_digest(coverage.segments, log_.content_type)
         name = ("sse", start, coverage.end, digest, up_to_date, closed, cursor, chunked)
         cached = self.cache.local.derived(key, name)
         if cached is not None:

@@ -193,7 +193,8 @@ class Tail:
     def _check_status(self, response: aiohttp.ClientResponse) -> bool:
         """False when the stream is gone (and purged); raises for other refusals."""
         if response.status == 404:
-            self.cache.streams.stream_gone(self.key)
+            if self.instance is not None and self.cache.local.current(self.instance):
+                self.cache.streams.stream_gone(self.key)
             self.gone = True
             if self.listener is not None:
                 self.listener.ended(self.key)

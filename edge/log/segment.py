@@ -109,11 +109,11 @@ def stitch(segments: Sequence[Segment], *, json: bool) -> bytes:
     return join_bodies([segment.body for segment in segments], json=json)
 
 
-def content_digest(segments: Sequence[Segment]) -> str:
-    """A short validator of the bytes ``segments`` hold, from their digests (no rehash)."""
-    if len(segments) == 1:
-        return segments[0].digest.hex()
-    combined = hashlib.blake2b(digest_size=DIGEST_BYTES)
+def content_digest(segments: Sequence[Segment], content_type: str | None = None) -> str:
+    """A short validator of a representation: the bytes ``segments`` hold (from their digests,
+    no rehash) and the content type they are served as, so an empty JSON answer (``[]``) and an
+    empty text answer never share a tag either."""
+    combined = hashlib.blake2b((content_type or "").encode(), digest_size=DIGEST_BYTES)
     for segment in segments:
         combined.update(segment.digest)
     return combined.hexdigest()

@@ -70,6 +70,7 @@ class StreamInstance:
     last_origin_touch: float = NEVER
     # The origin said ``no-store``/``private``: every read is relayed until then.
     bypass_until: float = NEVER
+    content_type: str | None = None
 
     def reached(self, offset: str, received: int) -> None:
         if self.high is None or offset > self.high.offset:
@@ -124,11 +125,21 @@ class TailFact:
 class StreamLog:
     key: LogKey
     instance: StreamInstance = field(default_factory=lambda: StreamInstance(stream=""))
-    content_type: str | None = None
     # Response headers the origin sends on every answer for this stream (CORS, nosniff, ...),
     # replayed on answers the edge makes itself.
     header_template: tuple[tuple[str, str], ...] = ()
     tail: TailFact | None = None
+
+    @property
+    def content_type(self) -> str | None:
+        """The stream's, not the scope's: it lives as long as the instance, whatever the cache
+        evicts, so frames and answers never lose it mid-stream."""
+        return self.instance.content_type
+
+    @content_type.setter
+    def content_type(self, value: str | None) -> None:
+        if value is not None:
+            self.instance.content_type = value
 
     @property
     def json(self) -> bool:
@@ -149,7 +160,7 @@ class StreamLog:
         if instance.contradicts(offset, closed=closed, started=started):
             return TailVerdict.NEW_INSTANCE
         tail = self.tail
-        if tail is not None and tail.closed and not closed:
+        if not closed and (instance.closed_at is not None or (tail is not None and tail.closed)):
             return TailVerdict.OLDER  # left the origin before the closure the edge knows
         high = instance.high
         if high is not None and offset < high.offset and not closed:

@@ -74,14 +74,12 @@ class _BudgetLRU(LRUCache[EntryKey, Any]):
         super().__delitem__(key)
         self.bytes_by_structure[key[0]] -= entry_cost(value)
         self.entries_by_structure[key[0]] -= 1
-        self._on_remove(key, value, self._evicting)
+        evicted, self._evicting = self._evicting, False  # entries purged with it are not
+        self._on_remove(key, value, evicted)
 
     def popitem(self) -> tuple[EntryKey, Any]:
         self._evicting = True
-        try:
-            return super().popitem()
-        finally:
-            self._evicting = False
+        return super().popitem()
 
 
 def _stream_of(key: EntryKey) -> str:
@@ -114,10 +112,15 @@ class LocalTier:
     def _put(self, key: EntryKey, value: object) -> bool:
         if entry_cost(value) > self._entries.maxsize:
             return False
+        stream = _stream_of(key)
         self._entries[key] = value
         if key not in self._entries:
             return False
-        self._index.setdefault(_stream_of(key), set()).add(key)
+        if key[0] != INSTANCE and (INSTANCE, stream) not in self._entries:
+            # Making room evicted the stream's own instance: this entry would outlive it.
+            self._entries.pop(key, None)
+            return False
+        self._index.setdefault(stream, set()).add(key)
         return True
 
     # --- instances ---
@@ -146,7 +149,9 @@ class LocalTier:
     def put(self, key: LogKey, segment: Segment, instance: StreamInstance | None = None) -> bool:
         """Keep ``segment`` unless a longer one already starts there; False if it cannot be kept
         (too large, or ``instance`` is no longer current)."""
-        if instance is not None and not self.current(instance):
+        if instance is None:
+            self.instance_for(key.stream)
+        elif not self.current(instance):
             return False
         known = self.get(key, segment.start)
         if known is not None and known.end >= segment.end:
@@ -161,6 +166,7 @@ class LocalTier:
 
     def put_derived(self, key: LogKey, name: Hashable, value: bytes) -> None:
         if len(value) + DERIVED_OVERHEAD_BYTES <= self._entries.maxsize // 4:
+            self.instance_for(key.stream)
             self._put((DERIVED, key, name), value)
 
     # --- stream logs ---

@@ -24,6 +24,7 @@ Rules this module owns:
 from __future__ import annotations
 
 import asyncio
+import collections
 import hashlib
 import json
 import logging
@@ -49,6 +50,9 @@ KEY_PREFIX = "edge:v2"
 PURGE_CHANNEL = f"{KEY_PREFIX}:purge"
 INITIAL_GENERATION = "0"
 MAX_PENDING_WRITES = 256
+# Purges retried at once; past it a purge stays local (and is logged): a flood of 404s must not
+# grow an unbounded set of retry tasks while Redis is away.
+MAX_PENDING_PURGES = 10_000
 SUBSCRIBE_RETRY_SECONDS = 1.0
 PURGE_RETRY_FIRST_SECONDS = 0.1
 PURGE_RETRY_MAX_SECONDS = 2.0
@@ -212,6 +216,9 @@ class SharedTier:
         self._pending: set[asyncio.Task[None]] = set()
         # stream -> the generation a purge is still trying to write.
         self.pending_purges: dict[str, str] = {}
+        # Generations this replica issued lately, so its own purge messages are recognised.
+        self._issued: collections.deque[str] = collections.deque(maxlen=MAX_PENDING_PURGES)
+        self._issued_set: set[str] = set()
         self._purges: dict[str, asyncio.Task[bool]] = {}
         metrics.redis_up.set(1)
 
@@ -391,28 +398,39 @@ class SharedTier:
 
     # --- purges ---
 
-    def purge(self, stream: str) -> str:
+    def purge(self, stream: str, *, only_if_known: bool = False) -> str:
         """Start a durable purge of ``stream``: returns its new generation at once; the write is
-        retried in the background until Redis takes it (see ``purged``)."""
+        retried in the background until Redis takes it (see ``purged``). ``only_if_known``:
+        only if Redis holds anything of the stream (a value or a generation)."""
         for task in list(self._pending_by_stream.pop(stream, ())):
             task.cancel()
         generation = new_generation()
+        if len(self._issued) == self._issued.maxlen:
+            self._issued_set.discard(self._issued[0])
+        self._issued.append(generation)
+        self._issued_set.add(generation)
+        if len(self._purges) >= MAX_PENDING_PURGES and stream not in self._purges:
+            log.error("too many purges pending in the shared tier; %s is local only", stream)
+            self._count("purge", "skipped")
+            return generation
         self.pending_purges[stream] = generation
         previous = self._purges.pop(stream, None)
         if previous is not None:
             previous.cancel()
         purge: asyncio.Task[bool] = asyncio.ensure_future(
-            self._purge_until_written(stream, generation)
+            self._purge_until_written(stream, generation, only_if_known)
         )
         self._purges[stream] = purge
         purge.add_done_callback(lambda done: self._purge_ended(stream, done))
         return generation
 
+    def issued_here(self, generation: str) -> bool:
+        return generation in self._issued_set
+
     def _purge_ended(self, stream: str, task: asyncio.Task[bool]) -> None:
         if self._purges.get(stream) is task:
             del self._purges[stream]
-            if not task.cancelled() and task.exception() is None and task.result():
-                self.pending_purges.pop(stream, None)
+            self.pending_purges.pop(stream, None)  # written, or given up (and logged)
 
     async def purged(self, stream: str, timeout_seconds: float) -> bool:
         """Wait up to ``timeout_seconds`` for the purge of ``stream`` to be durable."""
@@ -425,11 +443,11 @@ class SharedTier:
         except TimeoutError:
             return False
 
-    async def _purge_until_written(self, stream: str, generation: str) -> bool:
+    async def _purge_until_written(self, stream: str, generation: str, only_if_known: bool) -> bool:
         delay = PURGE_RETRY_FIRST_SECONDS
         give_up = self._clock() + PURGE_RETRY_GIVE_UP_SECONDS
         while True:
-            if await self._purge_once(stream, generation):
+            if await self._purge_once(stream, generation, only_if_known):
                 return True
             if self._clock() >= give_up:
                 log.error("purge of %s never reached the shared tier", stream)
@@ -437,10 +455,14 @@ class SharedTier:
             await asyncio.sleep(delay)
             delay = min(delay * 2, PURGE_RETRY_MAX_SECONDS)
 
-    async def _purge_once(self, stream: str, generation: str) -> bool:
+    async def _purge_once(self, stream: str, generation: str, only_if_known: bool) -> bool:
         # Not gated by the breaker: a purge must be tried even while reads are skipped.
         try:
             async with asyncio.timeout(self._timeout * 4):
+                if only_if_known and not await self._client.exists(
+                    index_key(stream), generation_key(stream)
+                ):
+                    return True  # nothing of it anywhere: nothing to forget
                 await self._client.set(generation_key(stream), generation, ex=self._ttl * 2)
                 names = await self._client.smembers(index_key(stream))
                 await self._client.delete(index_key(stream), *names)

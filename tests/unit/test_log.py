@@ -56,7 +56,8 @@ def observe(log: StreamLog, tail: str, *, closed: bool, now: float, **kw: bool) 
 
 
 def open_log(tail: str, observed_at: float = 100.0) -> StreamLog:
-    log = StreamLog(key=KEY, instance=StreamInstance(stream=KEY.stream), content_type="text/plain")
+    instance = StreamInstance(stream=KEY.stream, content_type="text/plain")
+    log = StreamLog(key=KEY, instance=instance)
     observe(log, tail, closed=False, now=observed_at)
     log.instance.touched_origin(observed_at)
     return log
@@ -232,14 +233,14 @@ def test_accepts_gzip(header: str | None, ok: bool) -> None:
 
 def test_budget_evicts_least_recently_used_and_counts() -> None:
     one = entry_cost(seg("0_0", "0_1", b"x" * 1000))
-    local = LocalTier(3 * one)
+    local = LocalTier(3 * one + entry_cost(StreamInstance(stream=KEY.stream)))
     for i in range(3):
         local.put(KEY, seg(f"0_{i}", f"0_{i + 1}", b"x" * 1000))
     assert local.get(KEY, "0_0") is not None  # touch: 0_1 is now the oldest
     local.put(KEY, seg("0_3", "0_4", b"x" * 1000))
     assert local.get(KEY, "0_1") is None
     assert local.evictions == 1
-    assert local.bytes_used <= 3 * one
+    assert local.bytes_used <= 3 * one + entry_cost(StreamInstance(stream=KEY.stream))
 
 
 def test_longer_segment_at_the_same_start_wins() -> None:

@@ -1,0 +1,1160 @@
+"""Correctness is a property (issue 8): the catch-up cache against a model of the origin.
+
+A Hypothesis state machine drives one ``CatchupCache`` in front of ``FakeOrigin`` (an in-process
+``OriginClient`` answering from ``OriginModel``, a pure model of the reference origin) through
+random interleavings of creates, appends, closes, deletes and recreates (through the edge, so the
+cache is told, and directly at the origin, so it is not), purges, clock advances, catch-up reads at
+every kind of offset (absent, ``-1``, before the start, every position any instance ever issued,
+between positions, past the tail, malformed), ``If-None-Match`` with tags handed out earlier, and
+reads racing a write, delete or recreate while their origin fill is in flight.
+
+Every answer is graded against the model's history (``Grader``):
+
+1. A 200 equals, byte for byte (body, ``Content-Type``, ``Stream-Next-Offset``,
+   ``Stream-Up-To-Date``, ``Stream-Closed``), what the origin would have answered to the same read
+   at some moment of the last ``tail_freshness_seconds``. An answer that can never change (it ends
+   a closed stream, or it is capped: no ``Stream-Up-To-Date``) may be older. A capped answer is a
+   prefix of the origin's messages that ends where a read of ``Stream-Next-Offset`` resumes
+   exactly (nothing lost, nothing repeated).
+2. Only versions the edge may still serve count: none before the last time the edge was *told*
+   the stream changed identity (a DELETE or a creating PUT through the edge, a purge, an origin
+   404 in that scope), and none before the last write through the edge (read-after-write).
+3. No answer repeats a message; no answer carries a message of an instance from before that.
+4. A 304 is given only for a tag the client got earlier for that path, and only if the bytes the
+   client holds for it (body, ``Stream-Next-Offset``, ``Stream-Closed``) are a correct answer now
+   (rule 1; ``Stream-Up-To-Date`` is a fact about time, not part of what a tag vouches for). A tag
+   the edge hands out again must mean the same bytes, unless only an *untold* recreation separates
+   the two (the origin's own tags collide then): after the edge is told, old tags must not match.
+5. A 404 only if the stream was absent at some moment of the freshness window; a 400 only for an
+   offset the origin refuses.
+
+Untold recreation (delete and create directly at the origin after the edge already holds bytes of
+the old instance) cannot be detected in general: the new instance reuses the old offsets, and a
+delta fetched from the old chain's end is indistinguishable from an append. While such a stream
+is in that state for a scope ("relaxed" grading), only rules 3 and 5 and the tag rules are checked;
+it ends as soon as the edge is told.
+
+The edge's API is used only by ``EdgeUnderTest``: adapt that class when the API changes.
+``ReferenceEdge`` (a naive cache, correct by construction) runs through the same machine and must
+pass: it keeps the oracle honest. The plain tests at the end are the failures the machine found,
+written out by hand.
+
+Run: ``.venv/bin/pytest tests/unit/test_properties.py``; more examples:
+``EDGE_PROPERTY_EXAMPLES=2000 .venv/bin/pytest tests/unit/test_properties.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import inspect
+import os
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, replace
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import event as _event
+from hypothesis import note as _note
+from hypothesis import strategies as st
+from hypothesis.control import currently_in_test_context
+from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
+
+from edge.catchup import CatchupCache
+from edge.config import Address, Settings
+from edge.metrics import Metrics
+from edge.origin import BodyTooLarge
+from edge.protocol.reads import Read, auth_scope
+from tests.model.fake_origin import FakeOrigin, Served
+from tests.model.origin_model import (
+    JSON_TYPE,
+    OFFSET_ZERO,
+    TEXT_TYPE,
+    Instance,
+    OriginModel,
+    Version,
+    format_offset,
+    message_ids,
+    parse_offset,
+    read_response,
+    valid_read_offset,
+)
+
+# The whole file takes about 30 s when the edge is correct (2 cores); shrinking a failure takes
+# one to three minutes more. EDGE_PROPERTY_EXAMPLES=5000 for a long hunt.
+EXAMPLES = int(os.environ.get("EDGE_PROPERTY_EXAMPLES", "600"))
+STEPS = int(os.environ.get("EDGE_PROPERTY_STEPS", "40"))
+MiB = 1024 * 1024
+
+PATHS = ("/v1/stream/a", "/v1/stream/b")
+# Scope name -> the credentials a reader in it sends (the origin ignores them; the edge does not).
+SCOPES: dict[str, tuple[tuple[str, str], ...]] = {
+    "public": (),
+    "alice": (("Authorization", "Bearer alice"),),
+}
+BEFORE_START = "0" * 17 + "_0"  # string-smaller than OFFSET_ZERO: a read from before the start
+PAST_EVERYTHING = "0_0"  # string-greater than every padded offset: always past the tail
+FAR_FUTURE = format_offset(0, 99_999)
+HUGE = "9999999999999999_9999999999999999"
+MALFORMED = ("", "abc", "-2", "1_")
+SPECIAL_OFFSETS: tuple[str | None, ...] = (
+    None,
+    "-1",
+    OFFSET_ZERO,
+    BEFORE_START,
+    PAST_EVERYTHING,
+    FAR_FUTURE,
+    HUGE,
+    *MALFORMED,
+)
+FIRST_ID = 100  # ids 100..999 all have the same length: a new instance reuses the old offsets
+
+
+def note(message: str) -> None:
+    if currently_in_test_context():
+        _note(message)
+
+
+def event(message: str) -> None:
+    if currently_in_test_context():
+        _event(message)
+
+
+# ---------------------------------------------------------------------------------------------
+# The adapter: the only code that knows the edge's API.
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Seen:
+    """An answer as a client sees it (body decoded to identity bytes)."""
+
+    status: int
+    body: bytes
+    next_offset: str | None
+    up_to_date: bool
+    closed: bool
+    content_type: str | None
+    etag: str | None
+    relayed: bool = False
+
+    @property
+    def representation(self) -> tuple[bytes, str | None, bool, str | None]:
+        """What an ETag vouches for (Stream-Up-To-Date is a fact about time, not about bytes)."""
+        return (self.body, self.next_offset, self.closed, self.content_type)
+
+    def describe(self) -> str:
+        flags = "".join(
+            (" up-to-date" if self.up_to_date else "", " closed" if self.closed else "")
+        )
+        body = _short(self.body)
+        return f"{self.status} next={self.next_offset}{flags} etag={self.etag} body={body}"
+
+
+def _short(body: bytes, limit: int = 160) -> str:
+    return repr(body[:limit]) + (f"... ({len(body)} bytes)" if len(body) > limit else "")
+
+
+def seen_from(status: int, headers: Sequence[tuple[str, str]], body: bytes, **kw: bool) -> Seen:
+    def value(name: str) -> str | None:
+        return next((v for n, v in headers if n.lower() == name.lower()), None)
+
+    if (value("content-encoding") or "identity").lower() == "gzip":
+        body = gzip.decompress(body)
+    return Seen(
+        status=status,
+        body=body,
+        next_offset=value("stream-next-offset"),
+        up_to_date=(value("stream-up-to-date") or "").lower() == "true",
+        closed=(value("stream-closed") or "").lower() == "true",
+        content_type=value("content-type"),
+        etag=value("etag"),
+        **kw,
+    )
+
+
+async def relay(
+    origin: FakeOrigin,
+    path: str,
+    offset: str | None,
+    credentials: Sequence[tuple[str, str]],
+    if_none_match: str | None,
+) -> tuple[Seen, list[tuple[str, str]], list[tuple[str, str]]]:
+    """A read sent to the origin as the client sent it: (answer, request and response headers)."""
+    headers = list(credentials)
+    if if_none_match is not None:
+        headers.append(("If-None-Match", if_none_match))
+    path_qs = path if offset is None else f"{path}?offset={offset}"
+    upstream = await origin.open("GET", path_qs, headers, live=False)
+    try:
+        body = await upstream.read()
+    finally:
+        upstream.close()
+    response_headers = list(upstream.headers.items())
+    return (
+        seen_from(upstream.status, response_headers, body, relayed=True),
+        headers,
+        response_headers,
+    )
+
+
+class EdgeUnderTest:
+    """The catch-up cache as the web layer drives it. The only code that knows the edge's API."""
+
+    def __init__(self, settings: Settings, origin: FakeOrigin, clock: Callable[[], float]) -> None:
+        self.origin = origin
+        self.cache = CatchupCache(settings, origin, Metrics(), shared=None, clock=clock)  # type: ignore[arg-type]
+
+    async def read(
+        self,
+        path: str,
+        offset: str | None,
+        *,
+        credentials: Sequence[tuple[str, str]],
+        if_none_match: str | None,
+        accept_encoding: str | None,
+    ) -> Seen:
+        read = Read(
+            stream=path,
+            offset=offset,
+            live=None,
+            cursor=None,
+            last_event_id=None,
+            scope=auth_scope(credentials),
+        )
+        try:
+            answer = await self.cache.read(
+                read,
+                credentials=list(credentials),
+                if_none_match=if_none_match,
+                accept_encoding=accept_encoding,
+            )
+        except BodyTooLarge:
+            # What the web layer does with a read too large to cache: relay it, and observe it.
+            seen, sent, received = await relay(
+                self.origin, path, offset, credentials, if_none_match
+            )
+            observing = self.observed("GET", path, seen.status, sent, received)
+            if observing is not None:
+                await observing
+            return seen
+        return seen_from(answer.status, answer.headers, answer.body)
+
+    # The cache's observers may be plain functions or coroutines: each returns what the caller
+    # must await (or None), and the state machine runs it to completion before going on.
+
+    def observed(
+        self,
+        method: str,
+        path: str,
+        status: int,
+        request_headers: Sequence[tuple[str, str]],
+        response_headers: Sequence[tuple[str, str]],
+    ) -> Awaitable[object] | None:
+        """A request the edge relayed to the origin (a write, a HEAD) and the origin's answer."""
+        observe: Callable[..., object] = self.cache.observe
+        result = observe(method, path, status, list(request_headers), list(response_headers))
+        return result if inspect.isawaitable(result) else None
+
+    def deleted_through_edge(self, path: str, status: int = 204) -> Awaitable[object] | None:
+        return self.observed("DELETE", path, status, [], [])
+
+    def created_through_edge(
+        self,
+        path: str,
+        status: int = 201,
+        request_headers: Sequence[tuple[str, str]] = (),
+        response_headers: Sequence[tuple[str, str]] = (),
+    ) -> Awaitable[object] | None:
+        return self.observed("PUT", path, status, request_headers, response_headers)
+
+    def purge(self, path: str) -> Awaitable[object] | None:
+        purge: Callable[[str], object] = self.cache.purge
+        result = purge(path)
+        return result if inspect.isawaitable(result) else None
+
+    async def close(self) -> None:
+        await self.cache.close()
+
+
+class ReferenceEdge(EdgeUnderTest):
+    """A deliberately naive cache that is correct by construction, to prove the oracle raises no
+    false alarms: whole origin answers per (path, scope, offset), an open one reused for the
+    freshness window only, a closed one forever; everything of a path forgotten on any write
+    through the edge, a purge, or a 404 (that scope); a fill that raced such an event is not
+    kept; ETags carry a counter of those events."""
+
+    def __init__(self, settings: Settings, origin: FakeOrigin, clock: Callable[[], float]) -> None:
+        self.origin = origin
+        self._clock = clock
+        self._freshness = settings.tail_freshness_seconds
+        self._answers: dict[tuple[str, str, str | None], tuple[Seen, float]] = {}
+        self._generation: dict[str, int] = {}
+
+    async def read(
+        self,
+        path: str,
+        offset: str | None,
+        *,
+        credentials: Sequence[tuple[str, str]],
+        if_none_match: str | None,
+        accept_encoding: str | None,
+    ) -> Seen:
+        key = (path, auth_scope(credentials), offset)
+        kept = self._answers.get(key)
+        if kept is not None and (kept[0].closed or self._clock() - kept[1] < self._freshness):
+            seen = kept[0]
+        else:
+            generation = self._generation.get(path, 0)
+            seen, _, _ = await relay(self.origin, path, offset, credentials, None)
+            if seen.status == 404:
+                self._forget(path, key[1])
+            if seen.status != 200:
+                return seen
+            generation_now = self._generation.get(path, 0)
+            tag = f'"{generation}:{offset}:{seen.next_offset}{":c" if seen.closed else ""}"'
+            seen = replace(seen, etag=tag)
+            if generation_now == generation:
+                self._answers[key] = (seen, self._clock())
+        if if_none_match == seen.etag:
+            return replace(seen, status=304, body=b"")
+        return seen
+
+    def _forget(self, path: str, scope: str | None = None) -> None:
+        self._generation[path] = self._generation.get(path, 0) + 1
+        for key in [k for k in self._answers if k[0] == path and scope in (None, k[1])]:
+            del self._answers[key]
+
+    def observed(
+        self,
+        method: str,
+        path: str,
+        status: int,
+        request_headers: Sequence[tuple[str, str]],
+        response_headers: Sequence[tuple[str, str]],
+    ) -> None:
+        if method in ("PUT", "POST", "DELETE"):
+            self._forget(path)
+
+    def purge(self, path: str) -> None:
+        self._forget(path)
+
+    async def close(self) -> None:
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# The oracle.
+# ---------------------------------------------------------------------------------------------
+
+
+class Violation(AssertionError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """What the grader needs to know about one read."""
+
+    path: str
+    offset: str | None
+    scope: str
+    lowest: int  # the oldest version of ``path`` the edge may still serve
+    told: int  # the version at which the edge was last told to forget the stream
+    relaxed: bool
+    now_ms: int
+    window_ms: int  # tail_freshness_seconds
+
+
+async def _awaited(pending: Awaitable[object]) -> object:
+    return await pending
+
+
+def _query(offset: str | None) -> list[tuple[str, str]]:
+    return [] if offset is None else [("offset", offset)]
+
+
+def answer_of(instance: Instance, seen: Seen, path: str, offset: str | None) -> bool:
+    """Is ``seen`` (a 200) what a faithful edge may answer from ``instance`` (one version)?"""
+    if seen.content_type != instance.content_type:
+        return False
+    expected = read_response(path, instance, _query(offset))
+    if expected.status != 200:
+        return False
+    if seen.up_to_date:
+        return (
+            seen.body == expected.body
+            and seen.next_offset == expected.header("stream-next-offset")
+            and seen.closed == (expected.header("stream-closed") == "true")
+        )
+    if seen.closed:
+        return False  # Stream-Closed only on an answer that reaches the tail
+    # Capped: a prefix of the messages, ending where a read of Stream-Next-Offset resumes exactly.
+    messages = instance.read(offset)
+    for n in range(len(messages) + 1):
+        if instance.format(messages[:n]) == seen.body:
+            return seen.next_offset in instance.positions and (
+                instance.read(seen.next_offset) == messages[n:]
+            )
+    return False
+
+
+class Grader:
+    def __init__(self, model: OriginModel) -> None:
+        self.model = model
+        self.owner: dict[int, tuple[str, int]] = {}  # message id -> (path, generation)
+
+    def learn_ids(self, path: str) -> None:
+        instance = self.model.current(path)
+        if instance is not None:
+            for message_id in instance.ids:
+                self.owner[message_id] = (path, instance.generation)
+
+    def _versions(self, ctx: Context) -> list[Version]:
+        return self.model.history(ctx.path)[ctx.lowest :]
+
+    def _fresh(self, ctx: Context) -> list[Version]:
+        """Versions current at some moment of [now - window, now] (boundary included)."""
+        start = ctx.now_ms - ctx.window_ms
+        fresh = []
+        for version in self._versions(ctx):
+            until = self.model.until_ms(ctx.path, version.index)
+            if version.since_ms <= ctx.now_ms and (until is None or until >= start):
+                fresh.append(version)
+        return fresh
+
+    def _fail(self, ctx: Context, seen: Seen, why: str) -> Violation:
+        lines = [
+            f"{why}",
+            f"  read {ctx.path}?offset={ctx.offset} scope={ctx.scope} at t={ctx.now_ms}ms "
+            f"(window {ctx.window_ms}ms, versions >= {ctx.lowest}, told at {ctx.told}"
+            f"{', relaxed' if ctx.relaxed else ''})",
+            f"  edge answered: {seen.describe()}",
+        ]
+        history = self.model.history(ctx.path)
+        if len(history) > 16:
+            lines.append(f"  ... {len(history) - 16} older versions")
+        for version in history[-16:]:
+            until = self.model.until_ms(ctx.path, version.index)
+            if version.instance is None:
+                model = "404 (no stream)"
+            else:
+                expected = read_response(ctx.path, version.instance, _query(ctx.offset))
+                model = (
+                    f"{expected.status} next={expected.header('stream-next-offset')}"
+                    f"{' closed' if expected.header('stream-closed') else ''} "
+                    f"body={_short(expected.body)} [instance #{version.instance.generation}]"
+                )
+            end = "" if until is None else str(until)
+            lines.append(f"  origin v{version.index} [{version.since_ms}..{end}ms): {model}")
+        return Violation("\n".join(lines))
+
+    def check(self, ctx: Context, seen: Seen) -> None:
+        if seen.status == 200:
+            self._check_200(ctx, seen)
+        elif seen.status == 404:
+            if not any(v.instance is None for v in self._fresh(ctx)):
+                raise self._fail(ctx, seen, "404 for a stream that existed all along")
+        elif seen.status == 400:
+            # The origin looks for the stream first (404), but an edge may refuse a malformed
+            # offset without asking.
+            if valid_read_offset(ctx.offset):
+                raise self._fail(ctx, seen, "400 for an offset the origin accepts")
+        else:
+            raise self._fail(ctx, seen, f"unexpected status {seen.status}")
+
+    def _check_200(self, ctx: Context, seen: Seen) -> None:
+        ids = message_ids(seen.content_type, seen.body)
+        if ids is None:
+            raise self._fail(ctx, seen, "malformed body for its Content-Type")
+        repeated = sorted({i for i in ids if ids.count(i) > 1})
+        if repeated:
+            raise self._fail(ctx, seen, f"messages {repeated} appear twice in one answer")
+        allowed = {
+            v.instance.generation
+            for v in self.model.history(ctx.path)[ctx.told :]
+            if v.instance is not None
+        }
+        foreign = [i for i in ids if self.owner.get(i) not in {(ctx.path, g) for g in allowed}]
+        if foreign:
+            owners = {i: self.owner.get(i) for i in foreign}
+            raise self._fail(
+                ctx,
+                seen,
+                f"messages of another stream or older instance: {owners} (allowed {allowed})",
+            )
+        if seen.closed and not seen.up_to_date:
+            raise self._fail(ctx, seen, "Stream-Closed without Stream-Up-To-Date")
+        if ctx.relaxed:
+            types = {v.instance.content_type for v in self._versions(ctx) if v.instance}
+            if seen.content_type not in types:
+                raise self._fail(ctx, seen, "Content-Type of no instance the edge may serve")
+            return
+        mutable = seen.up_to_date and not seen.closed
+        pool = self._fresh(ctx) if mutable else self._versions(ctx)
+        for version in pool:
+            if version.instance is not None and answer_of(
+                version.instance, seen, ctx.path, ctx.offset
+            ):
+                return
+        if mutable:
+            why = "an at-tail answer the origin never gave within the freshness window"
+        else:
+            why = "an immutable (closed or capped) answer the origin's current instance never gave"
+        raise self._fail(ctx, seen, why)
+
+
+# ---------------------------------------------------------------------------------------------
+# The state machine.
+# ---------------------------------------------------------------------------------------------
+
+ADVANCES_MS = (1, 250, 999, 1000, 1001, 2500, 3_600_000)
+RACING = (
+    "append-edge",
+    "append-direct",
+    "close-edge",
+    "delete-edge",
+    "delete-direct",
+    "recreate-edge",
+    "recreate-direct",
+    "purge",
+)
+
+
+@dataclass(slots=True)
+class Handed:
+    """A tag the edge handed out, and what came with it."""
+
+    seen: Seen
+    offset: str | None  # of the read it answered
+    epoch: int  # how many times the edge had been told the stream changed, then
+    relaxed: bool
+
+
+class CatchupMachine(RuleBasedStateMachine):
+    edge_factory: Callable[[Settings, FakeOrigin, Callable[[], float]], EdgeUnderTest] = (
+        EdgeUnderTest
+    )
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop = asyncio.new_event_loop()
+        self.model = OriginModel()
+        self.grader = Grader(self.model)
+        self.origin = FakeOrigin(self.model, on_served=self._served)
+        self.edge: EdgeUnderTest | None = None
+        self.window_ms = 1000
+        self.next_id = FIRST_ID
+        # (path, scope) -> the version at which the edge was last told to forget it, and a count
+        self.told: dict[tuple[str, str], int] = {}
+        self.epoch: dict[tuple[str, str], int] = {}
+        self.written: dict[str, int] = {}  # path -> version of the last write through the edge
+        # (path, scope) -> (version, generation) of each 200 the origin gave that scope's fills
+        self.served: dict[tuple[str, str], list[tuple[int, int]]] = {}
+        # (scope, path, tag) -> what came with the tag when the edge last handed it out
+        self.tags: dict[tuple[str, str, str], Handed] = {}
+        self.edge_offsets: dict[str, set[str]] = {}
+        self.read_offsets: dict[str, list[str | None]] = {}
+
+    # --- setup ---
+
+    @initialize(
+        freshness=st.sampled_from([1.0, 0.0, 2.5]),
+        max_response_bytes=st.sampled_from([4 * MiB, 12, 40]),
+        cache_bytes=st.sampled_from([256 * MiB, 1400]),
+    )
+    def setup(self, freshness: float, max_response_bytes: int, cache_bytes: int) -> None:
+        self.window_ms = round(freshness * 1000)
+        config = Settings(
+            origin="http://origin.invalid",
+            listen=Address.parse("127.0.0.1:0"),
+            admin_listen=Address.parse("127.0.0.1:0"),
+            tail_freshness_seconds=freshness,
+            max_response_bytes=max_response_bytes,
+            cache_bytes=cache_bytes,
+            max_segment_bytes=min(32 * MiB, cache_bytes),
+        )
+        self.edge = self.edge_factory(config, self.origin, lambda: self.model.now_ms / 1000)
+
+    @initialize(
+        content_types=st.tuples(*(st.sampled_from([JSON_TYPE, TEXT_TYPE]) for _ in PATHS)),
+        initial=st.sampled_from([0, 1, 2]),
+    )
+    def streams(self, content_types: tuple[str, ...], initial: int) -> None:
+        """Both streams exist at the start (most reads should find something)."""
+        for path, content_type in zip(PATHS, content_types, strict=True):
+            self.do_create(path, content_type, via_edge=False, initial=initial)
+
+    def teardown(self) -> None:
+        try:
+            if self.edge is not None:
+                self.loop.run_until_complete(self.edge.close())
+        finally:
+            self.loop.close()
+
+    # --- bookkeeping ---
+
+    def _scope_of(self, headers: Iterable[tuple[str, str]]) -> str:
+        credentials = tuple((n, v) for n, v in headers if n.lower() in ("authorization", "cookie"))
+        for name, sent in SCOPES.items():
+            if {(n.lower(), v) for n, v in sent} == {(n.lower(), v) for n, v in credentials}:
+                return name
+        return "other"
+
+    def _served(self, served: Served) -> None:
+        if served.method != "GET":
+            return
+        key = (served.path, self._scope_of(served.headers))
+        if served.status == 200 and served.generation is not None:
+            self.served.setdefault(key, []).append((served.version, served.generation))
+        elif served.status == 404:
+            # The edge learns the stream is gone for this scope: it must forget what it held.
+            self._tell(served.path, [key[1]], served.version)
+
+    def _tell(self, path: str, scopes: Iterable[str], version: int | None = None) -> None:
+        at = self.model.version_index(path) if version is None else version
+        for scope in scopes:
+            key = (path, scope)
+            self.told[key] = max(self.told.get(key, 0), at)
+            self.epoch[key] = self.epoch.get(key, 0) + 1
+
+    def _wrote(self, path: str) -> None:
+        self.written[path] = self.model.version_index(path)
+
+    def _relaxed(self, path: str, scope: str) -> bool:
+        """Has the edge been fed two instances of ``path`` in ``scope`` since it was last told?"""
+        told = self.told.get((path, scope), 0)
+        generations = {g for v, g in self.served.get((path, scope), []) if v >= told}
+        current = self.model.current(path)
+        if current is not None:
+            generations.add(current.generation)
+        return len(generations) > 1
+
+    def _context(self, path: str, offset: str | None, scope: str, relaxed: bool) -> Context:
+        told = self.told.get((path, scope), 0)
+        return Context(
+            path=path,
+            offset=offset,
+            scope=scope,
+            lowest=max(told, self.written.get(path, 0)),
+            told=told,
+            relaxed=relaxed,
+            now_ms=self.model.now_ms,
+            window_ms=self.window_ms,
+        )
+
+    def _settle(self, pending: Awaitable[object] | None) -> None:
+        if pending is not None:
+            self.loop.run_until_complete(_awaited(pending))
+
+    def _take_ids(self, count: int) -> list[int]:
+        ids = list(range(self.next_id, self.next_id + count))
+        self.next_id += count
+        return ids
+
+    @staticmethod
+    def _body(content_type: str, ids: Sequence[int]) -> bytes:
+        if content_type == JSON_TYPE:
+            items = [f'{{"i":{i}}}' for i in ids]
+            return (items[0] if len(items) == 1 else f"[{','.join(items)}]").encode()
+        return b"".join(b"<%d>" % i for i in ids)
+
+    # --- what happens at the origin (through the edge or not) ---
+
+    def _write(
+        self,
+        method: str,
+        path: str,
+        headers: list[tuple[str, str]],
+        body: bytes,
+        *,
+        via_edge: bool,
+    ) -> int:
+        response = self.model.handle(method, path, "", headers, body)
+        self.grader.learn_ids(path)
+        note(f"{method} {path} {'via edge' if via_edge else 'directly'} -> {response.status}")
+        if via_edge:
+            assert self.edge is not None
+            if method == "DELETE":
+                self._settle(self.edge.deleted_through_edge(path, response.status))
+            elif method == "PUT":
+                self._settle(
+                    self.edge.created_through_edge(path, response.status, headers, response.headers)
+                )
+            else:
+                self._settle(
+                    self.edge.observed(method, path, response.status, headers, response.headers)
+                )
+            if 200 <= response.status < 300:
+                if response.status == 201 or method == "DELETE":
+                    self._tell(path, SCOPES)
+                self._wrote(path)
+        return response.status
+
+    def do_create(
+        self,
+        path: str,
+        content_type: str,
+        *,
+        via_edge: bool,
+        initial: int = 0,
+        closed: bool = False,
+    ) -> int:
+        headers = [("Content-Type", content_type)]
+        if closed:
+            headers.append(("Stream-Closed", "true"))
+        body = self._body(content_type, self._take_ids(initial)) if initial else b""
+        return self._write("PUT", path, headers, body, via_edge=via_edge)
+
+    def do_append(self, path: str, count: int, *, via_edge: bool, close: bool = False) -> int:
+        current = self.model.current(path)
+        content_type = current.content_type if current is not None else JSON_TYPE
+        headers = [("Content-Type", content_type)]
+        if close:
+            headers.append(("Stream-Closed", "true"))
+        body = self._body(content_type, self._take_ids(count))
+        return self._write("POST", path, headers, body, via_edge=via_edge)
+
+    def do_close(self, path: str, *, via_edge: bool) -> int:
+        return self._write("POST", path, [("Stream-Closed", "true")], b"", via_edge=via_edge)
+
+    def do_delete(self, path: str, *, via_edge: bool) -> int:
+        return self._write("DELETE", path, [], b"", via_edge=via_edge)
+
+    def do_purge(self, path: str) -> None:
+        assert self.edge is not None
+        note(f"purge {path}")
+        self._settle(self.edge.purge(path))
+        self._tell(path, SCOPES)
+
+    def do_advance(self, ms: int) -> None:
+        self.model.advance(ms)
+        note(f"clock -> {self.model.now_ms}ms")
+
+    # --- reads ---
+
+    def do_read(
+        self,
+        path: str,
+        offset: str | None,
+        scope: str = "public",
+        if_none_match: str | None = None,
+        accept_encoding: str | None = None,
+    ) -> Seen:
+        relaxed = self._relaxed(path, scope)
+        ctx = self._context(path, offset, scope, relaxed)
+        seen = self.loop.run_until_complete(
+            self._edge_read(path, offset, scope, if_none_match, accept_encoding)
+        )
+        self._grade(ctx, seen, if_none_match)
+        return seen
+
+    async def _edge_read(
+        self,
+        path: str,
+        offset: str | None,
+        scope: str,
+        if_none_match: str | None,
+        accept_encoding: str | None,
+    ) -> Seen:
+        assert self.edge is not None
+        return await self.edge.read(
+            path,
+            offset,
+            credentials=SCOPES[scope],
+            if_none_match=if_none_match,
+            accept_encoding=accept_encoding,
+        )
+
+    def do_racing_read(
+        self,
+        path: str,
+        offset: str | None,
+        mutation: str,
+        *,
+        scope: str = "public",
+        readers: int = 1,
+    ) -> list[Seen]:
+        """Reads whose origin fill is in flight while ``mutation`` happens."""
+        relaxed = self._relaxed(path, scope)
+        ctx = self._context(path, offset, scope, relaxed)
+        arrived = self.origin.hold()
+        tasks = [
+            self.loop.create_task(self._edge_read(path, offset, scope, None, None))
+            for _ in range(readers)
+        ]
+        waiter = self.loop.create_task(arrived.wait())
+        try:
+            self.loop.run_until_complete(
+                asyncio.wait([*tasks, waiter], return_when=asyncio.FIRST_COMPLETED)
+            )
+            note(f"racing {mutation} ({'in flight' if arrived.is_set() else 'after the read'})")
+            self._mutate(path, mutation)
+        finally:
+            self.origin.release()
+            waiter.cancel()
+            results = self.loop.run_until_complete(
+                asyncio.gather(*tasks, waiter, return_exceptions=True)
+            )
+        answers: list[Seen] = []
+        for result in results[:readers]:
+            if isinstance(result, BaseException):
+                raise result
+            assert isinstance(result, Seen)
+            answers.append(result)
+        ctx = replace(ctx, relaxed=relaxed or self._relaxed(path, scope))
+        for seen in answers:
+            self._grade(ctx, seen, None)
+        return answers
+
+    def _mutate(self, path: str, mutation: str) -> None:
+        current = self.model.current(path)
+        content_type = current.content_type if current is not None else JSON_TYPE
+        if mutation == "append-edge":
+            self.do_append(path, 1, via_edge=True)
+        elif mutation == "append-direct":
+            self.do_append(path, 1, via_edge=False)
+        elif mutation == "close-edge":
+            self.do_close(path, via_edge=True)
+        elif mutation == "delete-edge":
+            self.do_delete(path, via_edge=True)
+        elif mutation == "delete-direct":
+            self.do_delete(path, via_edge=False)
+        elif mutation in ("recreate-edge", "recreate-direct"):
+            via_edge = mutation == "recreate-edge"
+            self.do_delete(path, via_edge=via_edge)
+            self.do_create(path, content_type, via_edge=via_edge, initial=1)
+        elif mutation == "purge":
+            self.do_purge(path)
+        else:
+            raise ValueError(mutation)
+
+    def _grade(self, ctx: Context, seen: Seen, if_none_match: str | None) -> None:
+        self.read_offsets.setdefault(ctx.path, []).append(ctx.offset)
+        note(f"read {ctx.path}?offset={ctx.offset} [{ctx.scope}] -> {seen.describe()}")
+        event(f"status {seen.status}{' relaxed' if ctx.relaxed else ''}")
+        if seen.status == 304:
+            self._grade_304(ctx, seen, if_none_match)
+            return
+        self.grader.check(ctx, seen)
+        if seen.status != 200:
+            return
+        if not seen.up_to_date:
+            event("capped answer")
+        if seen.next_offset is not None:
+            self.edge_offsets.setdefault(ctx.path, set()).add(seen.next_offset)
+        if seen.etag is None:
+            return
+        # Tags belong to a URL's resource: what a tag vouches for is kept per (scope, path).
+        key = (ctx.scope, ctx.path, seen.etag)
+        epoch = self.epoch.get((ctx.path, ctx.scope), 0)
+        handed = self.tags.get(key)
+        if handed is not None and handed.seen.representation != seen.representation:
+            across_told = handed.epoch != epoch
+            if across_told or not (ctx.relaxed or handed.relaxed):
+                why = (
+                    "after the edge was told the stream changed"
+                    if across_told
+                    else "within one instance"
+                )
+                raise Violation(
+                    f"ETag {seen.etag} handed out again for different bytes ({why}):\n"
+                    f"  before (offset={handed.offset}): {handed.seen.describe()}\n"
+                    f"  now ({ctx.path}?offset={ctx.offset}): {seen.describe()}"
+                )
+        self.tags[key] = Handed(seen=seen, offset=ctx.offset, epoch=epoch, relaxed=ctx.relaxed)
+
+    def _grade_304(self, ctx: Context, seen: Seen, if_none_match: str | None) -> None:
+        if if_none_match is None:
+            raise Violation(f"304 without If-None-Match: {seen.describe()}")
+        if seen.etag is not None and seen.etag.removeprefix("W/") != if_none_match.removeprefix(
+            "W/"
+        ):
+            raise Violation(f"304 with ETag {seen.etag}, the client sent {if_none_match}")
+        handed = self.tags.get((ctx.scope, ctx.path, if_none_match))
+        if handed is None:
+            raise Violation(f"304 for {if_none_match}, a tag never given for {ctx.path}")
+        # What a tag vouches for is the bytes (body, Stream-Next-Offset, Stream-Closed), not
+        # Stream-Up-To-Date, a fact about time: the held bytes must be a correct answer now,
+        # saying up-to-date or not.
+        held = handed.seen
+        try:
+            try:
+                self.grader.check(ctx, held)
+            except Violation:
+                self.grader.check(ctx, replace(held, up_to_date=not held.up_to_date))
+        except Violation as wrong:
+            raise Violation(
+                f"304 for {if_none_match}, but the answer that came with that tag "
+                f"(offset={handed.offset}) is not a correct answer now:\n{wrong}"
+            ) from None
+
+    # --- rules ---
+
+    @rule(
+        path=st.sampled_from(PATHS),
+        content_type=st.sampled_from([JSON_TYPE, TEXT_TYPE]),
+        via_edge=st.booleans(),
+        initial=st.sampled_from([0, 0, 1, 2]),
+        closed=st.sampled_from([False, False, False, True]),
+    )
+    def create(
+        self, path: str, content_type: str, via_edge: bool, initial: int, closed: bool
+    ) -> None:
+        self.do_create(path, content_type, via_edge=via_edge, initial=initial, closed=closed)
+
+    @rule(
+        path=st.sampled_from(PATHS),
+        count=st.sampled_from([1, 1, 2, 3]),
+        via_edge=st.booleans(),
+        close=st.sampled_from([False, False, False, False, True]),
+    )
+    def append(self, path: str, count: int, via_edge: bool, close: bool) -> None:
+        self.do_append(path, count, via_edge=via_edge, close=close)
+
+    @rule(path=st.sampled_from(PATHS), via_edge=st.booleans())
+    def close_stream(self, path: str, via_edge: bool) -> None:
+        self.do_close(path, via_edge=via_edge)
+
+    @rule(path=st.sampled_from(PATHS), via_edge=st.booleans())
+    def delete(self, path: str, via_edge: bool) -> None:
+        self.do_delete(path, via_edge=via_edge)
+
+    @rule(
+        path=st.sampled_from(PATHS),
+        delete_via_edge=st.sampled_from([True, True, False]),
+        create_via_edge=st.sampled_from([True, False]),
+        content_type=st.sampled_from([JSON_TYPE, TEXT_TYPE]),
+        initial=st.sampled_from([0, 1, 2]),
+    )
+    def recreate(
+        self,
+        path: str,
+        delete_via_edge: bool,
+        create_via_edge: bool,
+        content_type: str,
+        initial: int,
+    ) -> None:
+        self.do_delete(path, via_edge=delete_via_edge)
+        self.do_create(path, content_type, via_edge=create_via_edge, initial=initial)
+
+    @rule(path=st.sampled_from(PATHS))
+    def purge(self, path: str) -> None:
+        self.do_purge(path)
+
+    @rule(ms=st.sampled_from(ADVANCES_MS))
+    def advance(self, ms: int) -> None:
+        self.do_advance(ms)
+
+    def _draw_offset(self, data: st.DataObject, path: str) -> str | None:
+        issued = self.model.issued_offsets(path)
+        near = [
+            format_offset(seq, position + delta)
+            for seq, position in map(parse_offset, issued)
+            for delta in (-1, 1)
+            if position + delta >= 0
+        ]
+        kinds = ["again", "issued", "issued", "edge", "near", "special"]
+        kind = data.draw(st.sampled_from(kinds))
+        pool: Sequence[str | None] = SPECIAL_OFFSETS
+        again = self.read_offsets.get(path, [])[-3:]
+        if kind == "again" and again:
+            pool = again  # clients re-read from where they are: chains grow, answers get capped
+        elif kind == "issued" and issued:
+            pool = list(issued)
+        elif kind == "edge" and self.edge_offsets.get(path):
+            pool = sorted(self.edge_offsets[path])
+        elif kind == "near" and near:
+            pool = list(near)
+        return data.draw(st.sampled_from(pool), label="offset")
+
+    @rule(
+        data=st.data(),
+        path=st.sampled_from(PATHS),
+        scope=st.sampled_from(["public", "public", "alice"]),
+        conditional=st.booleans(),
+        gzip_ok=st.sampled_from([False, False, True]),
+    )
+    def read(
+        self, data: st.DataObject, path: str, scope: str, conditional: bool, gzip_ok: bool
+    ) -> None:
+        offset = self._draw_offset(data, path)
+        if_none_match = None
+        # Tags this URL was given first (what an HTTP cache sends), then the path's other tags.
+        tags = sorted(
+            (handed.offset != offset, tag)
+            for (s, p, tag), handed in self.tags.items()
+            if (s, p) == (scope, path)
+        )
+        if conditional and tags:
+            if_none_match = data.draw(st.sampled_from([t for _, t in tags]), label="if_none_match")
+        self.do_read(path, offset, scope, if_none_match, "gzip" if gzip_ok else None)
+
+    @rule(path=st.sampled_from(PATHS), via_edge=st.booleans(), wait=st.sampled_from([0, 1001]))
+    def poll(self, path: str, via_edge: bool, wait: int) -> None:
+        """A writer appends, a reader reads again from where it read last: chains of segments
+        grow by deltas, and small --max-response-bytes answers get capped."""
+        self.do_append(path, 1, via_edge=via_edge)
+        if wait:
+            self.do_advance(wait)
+        offsets = self.read_offsets.get(path) or ["-1"]
+        self.do_read(path, offsets[-1])
+
+    @rule(
+        data=st.data(),
+        path=st.sampled_from(PATHS),
+        mutation=st.sampled_from(RACING),
+        readers=st.sampled_from([1, 1, 2]),
+    )
+    def racing_read(self, data: st.DataObject, path: str, mutation: str, readers: int) -> None:
+        offset = self._draw_offset(data, path)
+        self.do_racing_read(path, offset, mutation, readers=readers)
+
+
+CatchupMachine.TestCase.settings = settings(
+    max_examples=EXAMPLES,
+    stateful_step_count=STEPS,
+    deadline=None,
+    # One bug at a time: shrinking several distinct failures at once takes minutes.
+    report_multiple_bugs=False,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+TestCatchupProperties = CatchupMachine.TestCase
+# Shrinking a failure can take minutes: more than the suite's default timeout.
+TestCatchupProperties.pytestmark = [pytest.mark.timeout(900)]
+
+
+class ReferenceMachine(CatchupMachine):
+    """The same machine in front of ``ReferenceEdge``: it must pass (no false alarms)."""
+
+    edge_factory = ReferenceEdge
+
+
+ReferenceMachine.TestCase.settings = settings(
+    CatchupMachine.TestCase.settings, max_examples=max(10, EXAMPLES // 4)
+)
+TestOracleAcceptsAReferenceCache = ReferenceMachine.TestCase
+TestOracleAcceptsAReferenceCache.pytestmark = [pytest.mark.timeout(900)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Scenarios the machine found, kept as plain tests (readable, and they fail fast).
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def machine() -> Iterator[CatchupMachine]:
+    m = CatchupMachine()
+    m.setup(freshness=1.0, max_response_bytes=4 * MiB, cache_bytes=256 * MiB)
+    yield m
+    m.teardown()
+
+
+A, B = PATHS
+
+
+def _ids(seen: Seen) -> list[int] | None:
+    return message_ids(seen.content_type, seen.body)
+
+
+def test_a_read_past_the_tail_is_not_a_segment(machine: CatchupMachine) -> None:
+    """The origin answers a read past its tail with its real, smaller tail; stored as a segment,
+    that backward "segment" makes later reads at that offset return what follows the old tail."""
+    machine.do_create(A, JSON_TYPE, via_edge=False)
+    machine.do_append(A, 1, via_edge=False)
+    machine.do_read(A, PAST_EVERYTHING)  # 200 [] and the tail, as the origin says
+    machine.do_append(A, 1, via_edge=True)
+    machine.do_read(A, PAST_EVERYTHING)  # still nothing: the offset is past every message
+
+
+def test_a_backward_segment_never_loops(machine: CatchupMachine) -> None:
+    """[30 -> 15) from a read past the tail, then [15 -> 30) once the tail reaches 30: a chain
+    that follows both repeats the same message until the segment limit."""
+    machine.do_create(A, JSON_TYPE, via_edge=False)
+    machine.do_append(A, 1, via_edge=False)  # tail _15
+    machine.do_read(A, format_offset(0, 30))
+    machine.do_append(A, 1, via_edge=True)  # tail _30: same length, same offsets
+    machine.do_read(A, format_offset(0, 15))
+    machine.do_read(A, format_offset(0, 30))
+
+
+def test_recreate_through_the_edge_forgets_the_old_instance(machine: CatchupMachine) -> None:
+    machine.do_create(A, JSON_TYPE, via_edge=False)
+    machine.do_append(A, 1, via_edge=False)
+    machine.do_read(A, "-1")  # caches [-1 -> _15) = [{"i":100}]
+    machine.do_delete(A, via_edge=False)
+    machine.do_create(A, JSON_TYPE, via_edge=True)  # PUT 201 through the edge
+    machine.do_append(A, 1, via_edge=False)  # [{"i":101}] at the same offsets
+    machine.do_read(A, "-1")
+
+
+def test_a_closed_stream_recreated_through_the_edge_is_not_served(
+    machine: CatchupMachine,
+) -> None:
+    machine.do_create(A, JSON_TYPE, via_edge=False)
+    machine.do_append(A, 1, via_edge=False, close=True)
+    machine.do_read(A, "-1")  # closed: served forever
+    machine.do_delete(A, via_edge=False)
+    machine.do_create(A, JSON_TYPE, via_edge=True)
+    machine.do_read(A, "-1")
+
+
+def test_recreate_with_another_content_type(machine: CatchupMachine) -> None:
+    machine.do_create(A, TEXT_TYPE, via_edge=False)
+    machine.do_append(A, 1, via_edge=False)
+    machine.do_read(A, "-1")
+    machine.do_delete(A, via_edge=False)
+    machine.do_create(A, JSON_TYPE, via_edge=True)
+    machine.do_append(A, 1, via_edge=False)
+    machine.do_read(A, "-1")
+
+
+def test_no_304_for_a_tag_of_a_previous_instance(machine: CatchupMachine) -> None:
+    """The edge forgets the old bytes (DELETE through it) and fetches the new ones, but the new
+    instance's answer has the old answer's offsets, hence its tag: a client holding the old bytes
+    must not be told they are current."""
+    machine.do_create(A, JSON_TYPE, via_edge=False)
+    machine.do_append(A, 1, via_edge=False)
+    old = machine.do_read(A, "-1")
+    machine.do_delete(A, via_edge=True)
+    machine.do_create(A, JSON_TYPE, via_edge=True)
+    machine.do_append(A, 1, via_edge=False)
+    machine.do_read(A, "-1", if_none_match=old.etag)
+
+
+def test_a_fill_in_flight_during_a_recreate_is_not_kept(machine: CatchupMachine) -> None:
+    machine.do_create(A, JSON_TYPE, via_edge=False)
+    machine.do_append(A, 1, via_edge=False)
+    machine.do_racing_read(A, "-1", "recreate-edge")  # the old answer may go to this reader
+    current = machine.model.current(A)
+    assert current is not None
+    # but to nobody after the recreate
+    assert _ids(machine.do_read(A, "-1")) == sorted(current.ids)
+
+
+def test_a_fill_in_flight_during_a_close_does_not_reopen_the_stream(
+    machine: CatchupMachine,
+) -> None:
+    """Read-after-write: the close went through the edge, so the next read must say closed."""
+    machine.do_create(A, JSON_TYPE, via_edge=False)
+    machine.do_append(A, 1, via_edge=False)
+    machine.do_racing_read(A, "-1", "close-edge")
+    assert machine.do_read(A, "-1").closed
+
+
+def test_a_fill_in_flight_during_a_delete_is_not_kept(machine: CatchupMachine) -> None:
+    machine.do_create(A, JSON_TYPE, via_edge=False)
+    machine.do_append(A, 1, via_edge=False)
+    machine.do_racing_read(A, "-1", "delete-edge")
+    assert machine.do_read(A, "-1").status == 404
+
+
+def test_a_new_content_type_is_a_new_instance(machine: CatchupMachine) -> None:
+    """Recreated behind the edge's back (undetectable in general), but the delta's Content-Type
+    says the stream is another one: a JSON prefix must not be joined to a text delta."""
+    machine.do_create(A, JSON_TYPE, via_edge=False)
+    machine.do_read(A, "-1")  # [-1 -> _0) = []
+    machine.do_delete(A, via_edge=False)
+    machine.do_create(A, TEXT_TYPE, via_edge=False)
+    machine.do_append(A, 1, via_edge=True)
+    machine.do_read(A, "-1")
