@@ -546,7 +546,14 @@ def main() -> int:
         redis = start_redis(logs)
         stoppable.append(redis)
         edge = start_edge(
-            origin.url, logs, "--redis-url", redis.url, "--cache-bytes", args.cache_bytes
+            origin.url,
+            logs,
+            "--redis-url",
+            redis.url,
+            "--cache-bytes",
+            args.cache_bytes,
+            "--max-segment-bytes",
+            "4MiB",
         )
         stoppable.append(edge)
         soak = Soak(args, edge.url, origin.url, edge.admin_url)
