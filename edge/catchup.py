@@ -253,8 +253,8 @@ class CatchupCache:
         request_headers: Sequence[tuple[str, str]],
         response_headers: Sequence[tuple[str, str]],
     ) -> None:
-        """What a relayed answer tells; a DELETE is answered once its purge is durable (or
-        after ``PURGE_WAIT_SECONDS``: the purge keeps being retried)."""
+        """What a relayed answer tells; a DELETE or a creating PUT is answered once its purge is
+        durable (or after ``PURGE_WAIT_SECONDS``: the purge keeps being retried)."""
         if self.streams.observe(method, stream, status, request_headers, response_headers):
             await self.streams.purged(stream)
 

@@ -272,7 +272,8 @@ class Streams:
         response_headers: Sequence[tuple[str, str]],
     ) -> bool:
         """Called for every answer the origin gave to a request the cache did not serve;
-        True when it deleted the stream (the caller may wait for the purge to be durable)."""
+        True when it deleted or created the stream (the caller may wait for the purge to be
+        durable)."""
         method = method.upper()
         if status == 404 and method in ("GET", "HEAD"):
             self.stream_gone(LogKey(stream=stream, scope=self.scope_of(request_headers)))
@@ -280,7 +281,8 @@ class Streams:
             self.purge(stream)
             return True
         elif method in ("PUT", "POST"):
-            if method == "PUT" and status == 201:
+            created = method == "PUT" and status == 201
+            if created:
                 self.purge(stream)  # created: whatever the edge knew of this path is another's
             instance = self.local.instance_for(stream)
             # Any write may have moved the tail (even a failed one may have raced one that did).
@@ -315,6 +317,7 @@ class Streams:
                 self.learn_lifetime(instance, request_headers)
                 if status == 201:
                     instance.lifetime_known = True
+            return created  # like a DELETE, answered once other replicas will not serve the old
         elif method == "HEAD" and status == 200:
             instance = self.local.instance_for(stream)
             instance.learn_lifetime(

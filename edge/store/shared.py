@@ -433,10 +433,13 @@ class SharedTier:
             self.pending_purges.pop(stream, None)  # written, or given up (and logged)
 
     async def purged(self, stream: str, timeout_seconds: float) -> bool:
-        """Wait up to ``timeout_seconds`` for the purge of ``stream`` to be durable."""
+        """Wait up to ``timeout_seconds`` for the purge of ``stream`` to be durable; not at all
+        while the breaker is open (Redis is away: waiting would only delay the client)."""
         task = self._purges.get(stream)
         if task is None:
             return stream not in self.pending_purges
+        if not self.up:
+            return False
         try:
             async with asyncio.timeout(timeout_seconds):
                 return await asyncio.shield(task)
