@@ -96,6 +96,13 @@ PER_ANSWER = frozenset(
 )
 
 
+def live_authority_seconds(settings: Settings) -> float:
+    """How long a live upstream's last word on the tail is trusted: origins speak on a live read
+    at least every long-poll timeout (the edge's --long-poll-timeout mirrors the origin's)."""
+    timeout = settings.long_poll_timeout_seconds
+    return timeout + max(1.0, 0.2 * timeout)
+
+
 def _media_type(content_type: str | None) -> str:
     return (content_type or "").split(";")[0].strip().lower()
 
@@ -275,6 +282,7 @@ class CatchupCache:
             now=self._clock(),
             freshness_seconds=self._settings.tail_freshness_seconds,
             max_bytes=self._settings.max_response_bytes,
+            authority_seconds=live_authority_seconds(self._settings),
         )
 
     async def resolve(

@@ -94,6 +94,7 @@ def plan_catchup(
     now: float,
     freshness_seconds: float,
     max_bytes: int,
+    authority_seconds: float = float("inf"),
 ) -> Hit | Fetch:
     if log is None or log.expired(now) or log.instance.bypassed(now):
         return Fetch(offset=offset, prefix=Coverage(segments=(), end=offset, capped=False))
@@ -104,7 +105,7 @@ def plan_catchup(
     if (
         tail is not None
         and tail.offset == coverage.end
-        and log.tail_trusted(now, freshness_seconds)
+        and log.tail_trusted(now, freshness_seconds, authority_seconds)
     ):
         return Hit(coverage=coverage, up_to_date=True, closed=tail.closed)
     return Fetch(offset=coverage.end, prefix=coverage)

@@ -17,8 +17,8 @@ Rules this module owns:
   to the same instance: ``observe_tail`` says ``NEW_INSTANCE`` and the caller forgets the stream.
   An answer that merely left the origin before a newer fact arrived is older, not wrong: it is
   believed as of its time only (never as a fresh tail).
-* The tail fact is *authoritative* while a live upstream follows the stream, otherwise true only
-  as of ``observed_at``. Closure is final within an instance.
+* The tail fact is *authoritative* while a live upstream follows the stream and keeps speaking,
+  otherwise true only as of ``observed_at``. Closure is final within an instance.
 * Expiry: an absolute ``Stream-Expires-At`` ends service at that instant. A sliding ``Stream-TTL``
   is counted from the last time the edge touched the origin for the stream, because reads the
   edge absorbs do not extend it there (PROTOCOL-NOTES "Cacheability").
@@ -191,8 +191,14 @@ class StreamLog:
     def expired(self, now: float) -> bool:
         return self.instance.expired(now)
 
-    def tail_trusted(self, now: float, freshness_seconds: float) -> bool:
-        """May an at-tail answer be given from what the edge knows, without asking the origin?"""
+    def tail_trusted(
+        self, now: float, freshness_seconds: float, authority_seconds: float = float("inf")
+    ) -> bool:
+        """May an at-tail answer be given from what the edge knows, without asking the origin?
+        A live upstream's word holds while it keeps speaking: origins answer a live read at
+        least every long-poll timeout (data, or a keep-alive control), so one silent for longer
+        than ``authority_seconds`` may be following a stream that is gone (the reference origin
+        keeps an SSE answer open, silent, after the stream is deleted)."""
         tail = self.tail
         if tail is None:
             return False
@@ -203,4 +209,7 @@ class StreamLog:
         ):
             # Touch the origin well before its sliding TTL would end the stream under viewers.
             return False
-        return tail.closed or tail.authoritative or now - tail.observed_at < freshness_seconds
+        age = now - tail.observed_at
+        if tail.closed:
+            return True
+        return age < freshness_seconds or (tail.authoritative and age < authority_seconds)

@@ -54,10 +54,15 @@ PURGE_BOUND = 6.0
 # went backward within this many seconds (its tail reconnects with backoff ≤ 1.6 s by then).
 NOTICE_BOUND = 3.0
 EDGE_ARGS = ("--long-poll-timeout", "3")
-# A replica that follows a stream live trusts its upstream's word on the tail. A stream deleted at
-# the origin behind every replica's back is noticed when the origin ends that live answer: at its
-# long-poll timeout (3 s for the test origin, 30 s by default), then one reconnect gets the 404.
+# A replica that follows a stream live trusts its upstream's word on the tail while the upstream
+# keeps speaking (the origin sends at least a keep-alive every long-poll timeout). For a stream
+# deleted behind every replica's back the reference origin still answers a long-poll that was
+# waiting with "nothing new" (204 at its timeout), and keeps an SSE answer open and silent; so the
+# edge notices once that last word is older than the long-poll timeout plus slack: at worst one
+# timeout for the waiting answer plus one timeout and slack (3 + 3 + 1 s here; ~67 s by default),
+# then the next read asks the origin and gets the 404.
 ORIGIN_LIVE_TIMEOUT = ORIGIN_LONG_POLL_MS / 1000
+ORIGIN_DELETE_NOTICED = 2 * ORIGIN_LIVE_TIMEOUT + 1.0
 
 
 # --- fixtures: one Redis and three replicas sharing it, two replicas sharing nothing ---
@@ -265,8 +270,9 @@ async def test_a_stream_recreated_with_the_same_length_is_read_as_new(
     or at the origin behind every replica's back (``origin``).
 
     Bounds: through the edge, every replica answers 404 within the purge propagation; at the
-    origin, within its tail freshness + 2 s of being asked (the stream is open, so a replica
-    must ask the origin once its tail knowledge is stale). Once a replica has answered 404,
+    origin, within ``ORIGIN_DELETE_NOTICED`` + the tail freshness + 2 s of being asked (a
+    replica whose tail follows the stream live trusts that tail while it speaks; otherwise the
+    stream is open, so it asks the origin once its tail knowledge is stale). Once a replica has answered 404,
     every catch-up, long-poll and SSE read of the recreated stream on it says ``new``, and a
     client revalidating with the old stream's ETag gets the new body, never a 304."""
     a = redis_cluster.edges[0]
@@ -284,7 +290,7 @@ async def test_a_stream_recreated_with_the_same_length_is_read_as_new(
         assert (read.status, read.items) == (200, [{"v": "old"}]), read
 
     assert (await fetch(http, "DELETE", writer)).status == 204
-    bound = PURGE_PROPAGATION if via == "edge" else TAIL_FRESHNESS + 2.0
+    bound = PURGE_PROPAGATION if via == "edge" else ORIGIN_DELETE_NOTICED + TAIL_FRESHNESS + 2.0
     for edge in redis_cluster:
         answer = await until_status(http, f"{edge.url}{stream_path}?offset=-1", 404, bound)
         assert answer.status == 404, (edge.url, answer.status, answer.body)

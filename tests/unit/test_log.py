@@ -306,3 +306,23 @@ def test_purging_one_scope_keeps_the_others() -> None:
     assert local.log(private) is None
     assert local.get(KEY, "-1") is not None
     assert local.log(KEY) is not None
+
+
+def test_a_live_upstreams_word_holds_only_while_it_keeps_speaking() -> None:
+    local = tier(seg("-1", "0_5", b"hello"))
+    log = open_log("0_5", observed_at=100.0)
+    ticket = next(_tickets)
+    log.observe_tail(
+        "0_5", closed=False, now=100.0, started=ticket, received=ticket, authoritative=True
+    )
+    hit = plan_catchup(
+        log, local.get, KEY, "-1", now=130.0, freshness_seconds=1.0, max_bytes=MiB,
+        authority_seconds=36.0,
+    )  # fmt: skip
+    assert isinstance(hit, Hit)
+    # Silent past the origin's keep-alive interval: the stream may be gone; ask the origin.
+    silent = plan_catchup(
+        log, local.get, KEY, "-1", now=137.0, freshness_seconds=1.0, max_bytes=MiB,
+        authority_seconds=36.0,
+    )  # fmt: skip
+    assert isinstance(silent, Fetch)
