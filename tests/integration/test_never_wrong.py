@@ -273,8 +273,9 @@ async def test_a_stream_recreated_with_the_same_length_is_read_as_new(
     origin, within ``ORIGIN_DELETE_NOTICED`` + the tail freshness + 2 s of being asked (a
     replica whose tail follows the stream live trusts that tail while it speaks; otherwise the
     stream is open, so it asks the origin once its tail knowledge is stale). Once a replica has
-    answered 404, every catch-up, long-poll and SSE read of the recreated stream on it says ``new``, and a
-    client revalidating with the old stream's ETag gets the new body, never a 304."""
+    answered 404, every catch-up, long-poll and SSE read of the recreated stream on it says
+    ``new``, and a client revalidating with the old stream's ETag gets the new body, never a
+    304."""
     a = redis_cluster.edges[0]
     writer = (a.url if via == "edge" else origin.url) + stream_path
     old_offsets = await write(http, writer, [b'[{"v":"old"}]'], headers=JSON)
