@@ -47,6 +47,7 @@ from edge.log.segment import (
     content_digest,
     is_json,
     is_json_array,
+    media_type,
     stitch,
 )
 from edge.log.stream_log import LogKey, StreamInstance, StreamLog, TailVerdict
@@ -101,10 +102,6 @@ def live_authority_seconds(settings: Settings) -> float:
     at least every long-poll timeout (the edge's --long-poll-timeout mirrors the origin's)."""
     timeout = settings.long_poll_timeout_seconds
     return timeout + max(1.0, 0.2 * timeout)
-
-
-def _media_type(content_type: str | None) -> str:
-    return (content_type or "").split(";")[0].strip().lower()
 
 
 class RelayInstead(BodyTooLarge):
@@ -294,7 +291,7 @@ class CatchupCache:
             raise RelayInstead(f"offset {offset!r} is the origin's to judge")
         resolved = await self._resolve_once(key, offset, credentials)
         fill = resolved.fill
-        if fill is not None and fill.relay and fill.status == 200 and fill.stale:
+        if fill is not None and fill.stale:
             # The stream was forgotten while the fetch was out (deleted, recreated, purged):
             # its answer belongs to no instance the edge knows; read the current one instead.
             resolved.release()
@@ -358,8 +355,9 @@ class CatchupCache:
             )  # fmt: skip
         assert fill is not None
         try:
-            answer = self._answer_fill(read, key, offset, resolved, fill, plan, if_none_match,
-                                       accept_encoding)  # fmt: skip
+            answer = self._answer_fill(
+                read, key, offset, resolved, fill, plan, if_none_match, accept_encoding
+            )
         except BaseException:
             resolved.release()
             raise
@@ -462,7 +460,7 @@ class CatchupCache:
             status=200, headers=headers, body=body, cache_status=cache_status, result=result
         )
 
-    # --- the shared tier ---
+    # --- the origin ---
 
     async def probe_now(
         self, key: LogKey, credentials: Sequence[tuple[str, str]]
@@ -584,7 +582,7 @@ class CatchupCache:
         if json and not is_json_array(body):
             return relay
         known_type = instance.content_type
-        if known_type is not None and _media_type(known_type) != _media_type(content_type):
+        if known_type is not None and media_type(known_type) != media_type(content_type):
             # A stream keeps its content type for life: this is another stream at the path.
             log.info("%s changed content type at the origin: a new instance", key.stream)
             self.streams.purge(key.stream)

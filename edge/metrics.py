@@ -99,8 +99,8 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         ProcessCollector(registry=self.registry)
-        self._budget = ScrapeTimeCollector()
-        self.registry.register(self._budget)
+        self._scrape_time = ScrapeTimeCollector()
+        self.registry.register(self._scrape_time)
         self.requests = Counter(
             "edge_requests",
             "Client requests answered, by kind and status code.",
@@ -225,12 +225,12 @@ class Metrics:
             self.origin_errors.labels(reason=reason)
 
     def track_budget(self, usage: Usage, fill_bytes: Callable[[], int]) -> None:
-        self._budget.usage, self._budget.fill_bytes = usage, fill_bytes
+        self._scrape_time.usage, self._scrape_time.fill_bytes = usage, fill_bytes
         self.cache_bytes.set_function(lambda: sum(used for used, _ in usage().values()))
         self.cache_segments.set_function(lambda: usage()["segment"][1])
 
     def track_connections(self, stats: ConnectionStats) -> None:
-        self._budget.connections = stats
+        self._scrape_time.connections = stats
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

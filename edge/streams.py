@@ -38,7 +38,13 @@ from edge.log.segment import Segment, answer_segment
 from edge.log.stream_log import LogKey, Mark, StreamInstance, TailVerdict
 from edge.metrics import Metrics
 from edge.origin import OriginClient, OriginError
-from edge.protocol.headers import first_value, own_request_headers
+from edge.protocol.headers import (
+    STREAM_CLOSED,
+    STREAM_NEXT_OFFSET,
+    first_value,
+    flag,
+    own_request_headers,
+)
 from edge.protocol.lifetimes import parse_expires_at, parse_ttl_seconds
 from edge.protocol.offsets import is_offset_token
 from edge.protocol.reads import PUBLIC_SCOPE, auth_scope
@@ -81,10 +87,6 @@ class Streams:
         self._probing: set[StreamInstance] = set()
         # Told of every stream forgotten on this replica (live tails and viewers stop).
         self.forgotten: list[Callable[[str], None]] = []
-
-    @property
-    def shared(self) -> SharedTier | None:
-        return self._shared
 
     def ticket(self) -> int:
         """Orders origin exchanges: taken when a request starts and when its answer arrives."""
@@ -223,10 +225,18 @@ class Streams:
 
     # --- lifetimes ---
 
-    def learn_lifetime(self, instance: StreamInstance, headers: Sequence[tuple[str, str]]) -> None:
+    def learn_lifetime(
+        self,
+        instance: StreamInstance,
+        headers: Sequence[tuple[str, str]],
+        *,
+        complete: bool = False,
+    ) -> None:
+        """Learn the lifetime ``headers`` state. ``complete``: they state all of it (a HEAD
+        answer, a creating PUT), so stating none means the stream does not expire."""
         ttl = parse_ttl_seconds(first_value(headers, "stream-ttl"))
         expires_at = parse_expires_at(first_value(headers, "stream-expires-at"))
-        if ttl is not None or expires_at is not None:
+        if complete or ttl is not None or expires_at is not None:
             instance.learn_lifetime(ttl, expires_at)
 
     def probe_lifetime(
@@ -255,11 +265,7 @@ class Streams:
             self._probing.discard(instance)
         self._metrics.origin_requests.labels(kind="head", code=str(upstream.status)).inc()
         if upstream.status == 200 and self.local.current(instance):
-            headers = list(upstream.headers.items())
-            instance.learn_lifetime(
-                parse_ttl_seconds(first_value(headers, "stream-ttl")),
-                parse_expires_at(first_value(headers, "stream-expires-at")),
-            )
+            self.learn_lifetime(instance, list(upstream.headers.items()), complete=True)
 
     # --- what pass-through traffic tells ---
 
@@ -284,47 +290,51 @@ class Streams:
             created = method == "PUT" and status == 201
             if created:
                 self.purge(stream)  # created: whatever the edge knew of this path is another's
-            instance = self.local.instance_for(stream)
-            # Any write may have moved the tail (even a failed one may have raced one that did).
-            floor = first_value(response_headers, "stream-next-offset") if status < 300 else None
-            closes = status < 300 and any(
-                n.lower() == "stream-closed" and v.strip().lower() == "true"
-                for n, v in request_headers
-            )
-            ticket = self.ticket()
-            closure = instance.closed_at
-            appended = method == "POST" and status < 300 and not closes
-            if closure is not None and (appended or (floor is not None and floor > closure.offset)):
-                # A closed stream takes no appends and never grows (the origin answers 409): the
-                # write went to another stream at the path. Forgetting is always safe.
-                log.info("%s written past its closure: a new instance", stream)
-                self.purge(stream)
-                instance = self.local.instance_for(stream)
-            if is_offset_token(floor):
-                assert floor is not None
-                instance.reached(floor, ticket)
-            for log_ in self.local.logs_of(stream):
-                log_.mark_stale()
-                if closes and floor is not None and is_offset_token(floor):
-                    # Closed through this edge: every later read says so (read-after-write).
-                    log_.observe_tail(
-                        floor, closed=True, now=self._clock(), started=ticket, received=ticket
-                    )
-            if closes and is_offset_token(floor) and instance.closed_at is None:
-                assert floor is not None
-                instance.closed_at = Mark(offset=floor, received=ticket)
-            if method == "PUT" and status in (200, 201):
-                self.learn_lifetime(instance, request_headers)
-                if status == 201:
-                    instance.lifetime_known = True
+            self._written(stream, method, status, request_headers, response_headers)
             return created  # like a DELETE, answered once other replicas will not serve the old
         elif method == "HEAD" and status == 200:
-            instance = self.local.instance_for(stream)
-            instance.learn_lifetime(
-                parse_ttl_seconds(first_value(response_headers, "stream-ttl")),
-                parse_expires_at(first_value(response_headers, "stream-expires-at")),
-            )
+            self.learn_lifetime(self.local.instance_for(stream), response_headers, complete=True)
         return False
+
+    def _written(
+        self,
+        stream: str,
+        method: str,
+        status: int,
+        request_headers: Sequence[tuple[str, str]],
+        response_headers: Sequence[tuple[str, str]],
+    ) -> None:
+        """A write reached the origin. Any write may have moved the tail (even a failed one may
+        have raced one that did); a successful one says how far (its ``Stream-Next-Offset``)."""
+        ok = status < 300
+        floor = first_value(response_headers, STREAM_NEXT_OFFSET) if ok else None
+        if not is_offset_token(floor):
+            floor = None
+        closes = ok and flag(request_headers, STREAM_CLOSED)
+        instance = self.local.instance_for(stream)
+        closure = instance.closed_at
+        appended = method == "POST" and ok and not closes
+        if closure is not None and (appended or (floor is not None and floor > closure.offset)):
+            # A closed stream takes no appends and never grows (the origin answers 409): the
+            # write went to another stream at the path. Forgetting is always safe.
+            log.info("%s written past its closure: a new instance", stream)
+            self.purge(stream)
+            instance = self.local.instance_for(stream)
+        ticket = self.ticket()
+        if floor is not None:
+            instance.reached(floor, ticket)
+            if closes and instance.closed_at is None:
+                instance.closed_at = Mark(offset=floor, received=ticket)
+        for log_ in self.local.logs_of(stream):
+            log_.mark_stale()
+            if closes and floor is not None:
+                # Closed through this edge: every later read says so (read-after-write).
+                log_.observe_tail(
+                    floor, closed=True, now=self._clock(), started=ticket, received=ticket
+                )
+        if method == "PUT" and status in (200, 201):
+            # A creating PUT states the whole lifetime: no TTL header means none.
+            self.learn_lifetime(instance, request_headers, complete=status == 201)
 
     def scope_of(self, request_headers: Sequence[tuple[str, str]]) -> str:
         return auth_scope(

@@ -36,6 +36,14 @@ def edge(origin: Origin, logs_dir: Path) -> Iterator[Edge]:
 
 
 @pytest.fixture
+def own_origin(logs_dir: Path) -> Iterator[Origin]:
+    """An origin of this test's own, which it may stop or kill."""
+    started = start_origin(logs_dir, long_poll_timeout_ms=ORIGIN_LONG_POLL_MS, name="own-origin")
+    yield started
+    started.stop()
+
+
+@pytest.fixture
 async def http() -> AsyncIterator[aiohttp.ClientSession]:
     """A client that shows bytes as sent (no decompression) and adds no headers of its own."""
     async with aiohttp.ClientSession(

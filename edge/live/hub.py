@@ -33,7 +33,7 @@ from edge.config import Settings
 from edge.live.tail import TailRegistry
 from edge.live.viewers import SseFanout, chunk
 from edge.log.policy import Coverage, answer_headers, cover, etag
-from edge.log.segment import content_digest, stitch
+from edge.log.segment import content_digest, media_type, stitch
 from edge.log.stream_log import LogKey, StreamLog
 from edge.metrics import Metrics
 from edge.origin import OriginClient
@@ -44,7 +44,7 @@ from edge.protocol.sse import encode_event
 
 def sse_encoding(content_type: str | None) -> str:
     """How data events carry bytes: ``text`` for text/* and JSON, else ``base64`` (§5.8)."""
-    ct = (content_type or "").split(";")[0].strip().lower()
+    ct = media_type(content_type)
     return "text" if ct.startswith("text/") or ct == "application/json" else "base64"
 
 

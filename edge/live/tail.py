@@ -205,11 +205,12 @@ class Tail:
 
     def _record(self, end: str, body: bytes, *, up_to_date: bool, closed: bool) -> None:
         now = asyncio.get_running_loop().time()
-        if self.instance is None or not self.cache.local.current(self.instance):
-            raise InstanceChanged(self.key.stream)
+        instance = self.instance
+        assert instance is not None  # set by start(), before the first upstream request
+        # Raises InstanceChanged once the instance this tail follows is forgotten.
         segment = self.cache.streams.record_live(
             self.key, self.offset, end, body, up_to_date=up_to_date, closed=closed,
-            instance=self.instance, started=self._started,
+            instance=instance, started=self._started,
         )  # fmt: skip
         if segment is not None:
             self.arrivals[segment.start] = now

@@ -16,7 +16,6 @@ Rules this module owns (PROTOCOL.md §5.6, §10; PROTOCOL-NOTES "Cacheability"):
   ``immutable`` for a year, unless the stream is known to expire sooner: then ``max-age`` is its
   remaining lifetime, and while its lifetime is unknown, the freshness window. An at-tail answer
   of an open stream may be reused for the freshness window only; private scopes are ``private``.
-
 """
 
 from __future__ import annotations

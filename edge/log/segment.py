@@ -58,10 +58,13 @@ class Segment:
         return len(self.body)
 
 
+def media_type(content_type: str | None) -> str:
+    """``application/json; charset=utf-8`` → ``application/json``; ``""`` when absent."""
+    return (content_type or "").split(";")[0].strip().lower()
+
+
 def is_json(content_type: str | None) -> bool:
-    if content_type is None:
-        return False
-    return content_type.split(";")[0].strip().lower() == "application/json"
+    return media_type(content_type) == "application/json"
 
 
 def _array_items(body: bytes) -> bytes:

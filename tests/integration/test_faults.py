@@ -7,7 +7,6 @@ import json
 import socket
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
@@ -15,7 +14,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from devstack.processes import Edge, Origin, start_edge, start_origin
+from devstack.processes import Edge, Origin, start_edge
 from tests.integration.test_passthrough import call, metric_value
 
 
@@ -23,14 +22,6 @@ def closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-@pytest.fixture
-def own_origin(logs_dir: Path) -> Iterator[Origin]:
-    """An origin this test may kill."""
-    started = start_origin(logs_dir, long_poll_timeout_ms=3000, name="own-origin")
-    yield started
-    started.stop()
 
 
 def readyz(edge: Edge) -> tuple[int, dict[str, object]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -14,7 +14,7 @@ from aiohttp import web
 from aiohttp.test_utils import BaseTestServer, TestServer
 from multidict import CIMultiDict
 
-from devstack.processes import Edge, Origin, start_edge, start_origin
+from devstack.processes import Edge, Origin, start_edge
 from edge.config import Address, Settings
 from edge.metrics import Metrics
 from edge.origin import (
@@ -218,14 +218,6 @@ async def test_aliases_of_a_path_are_one_stream(
 
 
 # --- edge-made answers ---
-
-
-@pytest.fixture
-def own_origin(logs_dir: Path) -> Iterator[Origin]:
-    """An origin this test stops."""
-    started = start_origin(logs_dir, name="hygiene-origin")
-    yield started
-    started.stop()
 
 
 async def test_edge_made_answers_carry_cors_and_no_origin_address(
