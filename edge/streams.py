@@ -312,12 +312,11 @@ class Streams:
             floor = None
         closes = ok and flag(request_headers, STREAM_CLOSED)
         instance = self.local.instance_for(stream)
-        closure = instance.closed_at
-        appended = method == "POST" and ok and not closes
-        if closure is not None and (appended or (floor is not None and floor > closure.offset)):
-            # A closed stream takes no appends and never grows (the origin answers 409): the
-            # write went to another stream at the path. Forgetting is always safe.
-            log.info("%s written past its closure: a new instance", stream)
+        if ok and instance.closed_at is not None:
+            # A closed stream takes no appends (the origin answers 409) and closing it again
+            # changes nothing: a write that succeeds went to another stream at the path, or did
+            # nothing at all. Forgetting is always safe; serving the old instance is not.
+            log.info("%s written after its closure: a new instance", stream)
             self.purge(stream)
             instance = self.local.instance_for(stream)
         ticket = self.ticket()
