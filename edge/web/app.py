@@ -35,6 +35,7 @@ from edge.protocol.paths import BadTarget
 from edge.protocol.reads import Classified, RequestKind, classify, scope_credentials
 from edge.store.shared import SharedTier
 from edge.web.admin import ReadinessProbe, add_admin_routes
+from edge.web.fastpath import FastPath
 from edge.web.proxy import (
     ClientGone,
     EdgeResponse,
@@ -53,6 +54,9 @@ RELAY = web.AppKey("relay", Relay)
 CACHE = web.AppKey("cache", CatchupCache)
 HUB = web.AppKey("hub", LiveHub)
 CORS = web.AppKey("cors", OriginCors)
+FAST = web.AppKey("fast", FastPath)
+
+VIA = f"1.1 {VIA_PSEUDONYM}"
 
 # Status recorded for a request whose client went away before it was answered (nginx's 499).
 CLIENT_CLOSED = 499
@@ -69,12 +73,18 @@ def credentials_of(request: web.Request) -> list[tuple[str, str]]:
     )
 
 
-def to_response(request: web.Request, answer: Answer) -> web.Response:
+def answer_headers_for(request: web.Request, answer: Answer) -> CIMultiDict[str]:
+    """Every header of the edge's answer but those aiohttp adds (Content-Length, Date)."""
     headers = CIMultiDict(answer.headers)
     headers.add("Cache-Status", answer.cache_status)
-    headers.add("Via", f"1.1 {VIA_PSEUDONYM}")
+    headers.add("Via", VIA)
     # Answers built from origin answers have the CORS headers already; the edge's own do not.
     request.app[CORS].add_missing(headers)
+    return headers
+
+
+def to_response(request: web.Request, answer: Answer) -> web.Response:
+    headers = answer_headers_for(request, answer)
     request.app[METRICS].served_bytes.inc(len(answer.body))
     return EdgeResponse(status=answer.status, body=answer.body, headers=headers)
 
@@ -101,13 +111,16 @@ async def serve_catchup(request: web.Request, classified: Classified) -> web.Str
         )
     except BodyTooLarge as uncacheable:
         log.info("relaying without caching: %s", uncacheable)
-        metrics.cache_requests.labels(result="bypass").inc()
+        metrics.cache_result("bypass").inc()
         return await relay_uncached(request, classified, uncacheable)
     except OriginError as error:
         return origin_failed(request, error)
-    metrics.cache_requests.labels(result=answer.result).inc()
+    metrics.cache_result(answer.result).inc()
     response = to_response(request, answer)
     if answer.hold is None:
+        request.app[FAST].register(
+            request, request_target(request), read, answer, list(response.headers.items())
+        )
         return response
     # Bytes fresh from the origin count in --fill-buffer-bytes until they are written.
     try:
@@ -209,7 +222,7 @@ async def _serve_sse_viewer(request: web.Request, classified: Classified) -> web
     if sse_encoding(log_.content_type) == "base64":
         response.headers["stream-sse-data-encoding"] = "base64"
     response.headers["Cache-Status"] = "edge; hit; detail=live"
-    response.headers["Via"] = f"1.1 {VIA_PSEUDONYM}"
+    response.headers["Via"] = VIA
     try:
         await response.prepare(request)
     except ConnectionResetError as gone:
@@ -266,7 +279,7 @@ async def dispatch(request: web.Request, classified: Classified) -> web.StreamRe
     if kind is RequestKind.CATCHUP and read is not None:
         if read.plain and read.offset != "now":
             return await serve_catchup(request, classified)
-        request.app[METRICS].cache_requests.labels(result="bypass").inc()
+        request.app[METRICS].cache_result("bypass").inc()
     forward = "method" if classified.kind is RequestKind.WRITE else "bypass"
     return await request.app[RELAY].forward(
         request, classified.kind, cache_status=f"edge; fwd={forward}"
@@ -279,11 +292,11 @@ async def handle_stream_request(request: web.Request) -> web.StreamResponse:
     try:
         target = request_target(request)
     except BadTarget as bad:
-        metrics.requests.labels(kind=RequestKind.OTHER.value, code="400").inc()
+        metrics.request_count(RequestKind.OTHER, 400).inc()
         return edge_answer(400, str(bad), request.app[CORS])
     if target.asterisk:
         # OPTIONS * asks about the server, not a stream: the origin's own answer to any OPTIONS.
-        metrics.requests.labels(kind=RequestKind.OTHER.value, code="204").inc()
+        metrics.request_count(RequestKind.OTHER, 204).inc()
         server_options = EdgeResponse(status=204)
         request.app[CORS].add_missing(server_options.headers)
         return server_options
@@ -296,7 +309,7 @@ async def handle_stream_request(request: web.Request) -> web.StreamResponse:
         scope_cookies=settings.scope_cookies,
     )
     kind = classified.kind
-    open_gauge = metrics.open_connections.labels(kind=kind.value)
+    open_gauge = metrics.open_requests(kind)
     open_gauge.inc()
     started = time.perf_counter()
     code = CLIENT_CLOSED
@@ -312,8 +325,8 @@ async def handle_stream_request(request: web.Request) -> web.StreamResponse:
         return web.Response(status=CLIENT_CLOSED)
     finally:
         open_gauge.dec()
-        metrics.request_duration.labels(kind=kind.value).observe(time.perf_counter() - started)
-        metrics.requests.labels(kind=kind.value, code=str(code)).inc()
+        metrics.duration(kind).observe(time.perf_counter() - started)
+        metrics.request_count(kind, code).inc()
 
 
 @web.middleware
@@ -347,6 +360,9 @@ def create_app(settings: Settings, metrics: Metrics, origin: OriginClient) -> we
     app[CACHE] = cache
     app[HUB] = hub
     app[RELAY] = Relay(origin=origin, metrics=metrics, cors=cors, observe=cache.observe)
+    fast = FastPath(settings, cache.local, lambda: cors.headers)
+    app[FAST] = fast
+    metrics.fold_at_scrape(fast.fold_into)
 
     async def lifetime(_: web.Application) -> AsyncIterator[None]:
         await origin.start()
