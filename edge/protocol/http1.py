@@ -147,13 +147,13 @@ class HeadParser:
 def serialise(status: int, headers: Sequence[tuple[str, str]], body_length: int) -> bytes:
     """The head of an answer up to (not including) its ``Date`` line; ``finish`` completes it."""
     lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}"]
-    lines += [f"{name}: {value}" for name, value in headers]
+    for name, value in headers:
+        if "\r" in name or "\n" in name or "\r" in value or "\n" in value:
+            raise ValueError("a header name or value holds a line break")
+        lines.append(f"{name}: {value}")
     if status != HTTPStatus.NOT_MODIFIED:
         lines.append(f"Content-Length: {body_length}")
-    head = "\r\n".join(lines) + "\r\n"
-    if "\n" in head.replace("\r\n", "") or "\r" in head.replace("\r\n", ""):
-        raise ValueError("a header name or value holds a line break")
-    return head.encode("latin-1")
+    return ("\r\n".join(lines) + "\r\n").encode("latin-1")
 
 
 CLOSE_TRAILER = b"\r\nConnection: close\r\n\r\n"
