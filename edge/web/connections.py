@@ -481,7 +481,10 @@ class _Connection(asyncio.Protocol):
                 return
             del buffer[: end + 4]
             self._tracker.answered(transport)
-            transport.writelines(answer)
+            if len(answer) == 1:
+                transport.write(answer[0])
+            else:
+                transport.writelines(answer)
             if not parsed.keep_alive:
                 self._mode = _Mode.CLOSED  # the close flushes the answer first
                 buffer.clear()

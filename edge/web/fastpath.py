@@ -47,6 +47,9 @@ from edge.streams import GENERATION_CHECK_SECONDS
 HIT = "edge; hit"
 IMMUTABLE = f"public, max-age={IMMUTABLE_MAX_AGE_SECONDS}, immutable"
 
+# Small bodies are joined to their head (one buffer, one send); larger ones are not copied.
+JOIN_BELOW_BYTES = 16 * 1024
+
 _accepts_gzip = functools.lru_cache(maxsize=1024)(accepts_gzip)
 
 
@@ -98,8 +101,11 @@ class FastPath:
             self.not_modified += 1
             return [entry.not_modified + self._date + trailer]
         self.ok += 1
-        self.served_bytes += len(entry.body)
-        return [entry.ok + self._date + trailer, entry.body]
+        body = entry.body
+        self.served_bytes += len(body)
+        if len(body) <= JOIN_BELOW_BYTES:
+            return [b"".join((entry.ok, self._date, trailer, body))]  # one send()
+        return [entry.ok + self._date + trailer, body]
 
     def register(
         self,
