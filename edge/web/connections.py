@@ -448,7 +448,16 @@ class _Connection(asyncio.Protocol):
             if len(self._buffer) > MAX_WAITING_BYTES:
                 self._delegate()
             return
-        self._serve()
+        self._serve_safely()
+
+    def _serve_safely(self) -> None:
+        try:
+            self._serve()
+        except Exception:
+            # A fault of the fast path must not cost the client its answer: the head it was
+            # reading is still buffered, and aiohttp answers it and everything after.
+            log.exception("fast path failed; the connection takes the full path")
+            self._delegate()
 
     def _serve(self) -> None:
         """Answer the complete heads in the buffer, in order, until one is aiohttp's."""
@@ -515,7 +524,7 @@ class _Connection(asyncio.Protocol):
     def _resume(self) -> None:
         transport = self._transport
         if self._mode is _Mode.FAST and transport is not None and not transport.is_closing():
-            self._serve()
+            self._serve_safely()
 
     def close_if_idle(self) -> None:
         """At shutdown: a connection aiohttp never saw is closed here (its buffer flushes)."""

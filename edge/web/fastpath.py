@@ -12,7 +12,8 @@ Rules this module owns:
 * A stored answer is used only while everything the full path would consult still says the
   same: the stream instance is current (entries are forgotten with it, in the local tier), its
   generation was confirmed by the shared tier within ``GENERATION_CHECK_SECONDS`` (with Redis),
-  it still has no known end of life, and the origin's CORS headers are the ones it was built
+  it still has no known end of life, the origin has not since forbidden storing it
+  (``no-store``), and the origin's CORS headers are the ones it was built
   with. Otherwise the request takes the full path, which re-checks and stores it again.
 * Counting is plain integers here; ``fold_into`` adds them to the Prometheus counters when
   ``/metrics`` is scraped, so a hit costs no ``labels()`` call.
@@ -90,6 +91,7 @@ class FastPath:
             (self._verify and now - instance.verified_at >= GENERATION_CHECK_SECONDS)
             or instance.expires_at is not None
             or instance.ttl_seconds is not None
+            or instance.bypass_until > now
             or entry.cors is not self._cors()
         ):
             return None
