@@ -81,7 +81,9 @@ class Engine:
         )
         if result.returncode != 0:
             output = (result.stdout + result.stderr).decode(errors="replace")[-4000:]
-            raise ImageError(f"{' '.join(self.argv(*args))} failed ({result.returncode}):\n{output}")
+            raise ImageError(
+                f"{' '.join(self.argv(*args))} failed ({result.returncode}):\n{output}"
+            )
         return result.stdout.decode(errors="replace")
 
     def has(self, image: str) -> bool:
@@ -155,7 +157,9 @@ def _install_podman() -> None:
     if not missing:
         return
     if shutil.which("apt-get") is None:
-        raise EngineUnavailable(f"no Docker daemon, and {' '.join(missing)} missing without apt-get")
+        raise EngineUnavailable(
+            f"no Docker daemon, and {' '.join(missing)} missing without apt-get"
+        )
     if os.geteuid() != 0:
         raise EngineUnavailable(f"no Docker daemon, and installing {' '.join(missing)} needs root")
     print(f"image: installing {' '.join(missing)} (apt-get)", file=sys.stderr)
@@ -239,11 +243,11 @@ def debian_mirror() -> str:
     sources = sorted(Path("/etc/apt/sources.list.d").glob("*.sources"))
     for path in sources:
         for stanza in path.read_text().split("\n\n"):
-            fields = dict(
-                (key.strip().lower(), value.strip())
+            fields = {
+                key.strip().lower(): value.strip()
                 for key, sep, value in (line.partition(":") for line in stanza.splitlines())
                 if sep and not key.startswith("#")
-            )
+            }
             suites = fields.get("suites", "").split()
             if "deb" in fields.get("types", "").split() and STAND_IN_SUITE in suites:
                 return fields["uris"].split()[0]
@@ -401,7 +405,9 @@ def describe(built: Built) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m devstack.image", description="Build the edge image (make image).")
+    parser = argparse.ArgumentParser(
+        prog="python -m devstack.image", description="Build the edge image (make image)."
+    )
     parser.add_argument("--tag", help=f"image name (default: EDGE_IMAGE in {IMAGE_ENV})")
     options = parser.parse_args(argv)
     try:
