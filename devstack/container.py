@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from devstack.image import Engine, ImageError
+from devstack.engine import Engine, ImageError
 
 START_TIMEOUT_SECONDS = 30.0
 _names = itertools.count()

@@ -24,14 +24,8 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from devstack.container import Container, run_once, start
-from devstack.image import (
-    Built,
-    Engine,
-    EngineUnavailable,
-    build_arguments,
-    build_image,
-    describe,
-)
+from devstack.engine import Engine, EngineUnavailable
+from devstack.image import Built, build_arguments, build_image, describe
 from devstack.processes import Origin
 from edge.protocol.sse import SseDecoder
 from tests.deploy.conftest import report
@@ -78,7 +72,8 @@ def container(image: tuple[Engine, Built], origin: Origin) -> Iterator[Container
 
 
 def stream(request: pytest.FixtureRequest, kind: str) -> str:
-    return f"/v1/stream/container-{request.node.name}-{kind}-{time.monotonic_ns()}"
+    name = request.node.name.replace("[", "-").replace("]", "")
+    return f"/v1/stream/container-{name}-{kind}-{time.monotonic_ns()}"
 
 
 async def put_and_append(
