@@ -120,13 +120,21 @@ def _ready_line(output: str) -> dict[str, Any] | None:
     return None
 
 
-def start(engine: Engine, image: str, env: dict[str, str], *, prefix: str = "edge") -> Container:
-    """Run ``image`` detached with ``env`` (EDGE_* only) and wait for its ready line."""
+def start(
+    engine: Engine,
+    image: str,
+    env: dict[str, str],
+    *,
+    prefix: str = "edge",
+    options: tuple[str, ...] = (),
+) -> Container:
+    """Run ``image`` detached with ``env`` (EDGE_* only) and ``options`` (engine flags such as
+    ``--read-only``), and wait for its ready line."""
     assert all(key.startswith("EDGE_") for key in env), env
     name = f"{prefix}-{os.getpid()}-{next(_names)}"
     settings = {"EDGE_LISTEN": "127.0.0.1:0", "EDGE_ADMIN_LISTEN": f"127.0.0.1:{free_port()}"}
     settings.update(env)
-    argv = ["run", "--detach", "--name", name, "--network", "host", *engine.ulimit_args]
+    argv = ["run", "--detach", "--name", name, "--network", "host", *engine.ulimit_args, *options]
     for key, value in settings.items():
         argv += ["--env", f"{key}={value}"]
     engine.run(*argv, image)

@@ -38,6 +38,7 @@ class Built:
     base: Base
     seconds: float
     size_bytes: int
+    base_size_bytes: int
 
 
 def default_tag() -> str:
@@ -99,7 +100,12 @@ def build(engine: Engine, *, tag: str, base: Base) -> Built:
         output = (done.stdout + done.stderr).decode(errors="replace")[-6000:]
         raise ImageError(f"{' '.join(engine.argv(*argv))} failed ({done.returncode}):\n{output}")
     return Built(
-        tag=tag, engine=engine.name, base=base, seconds=seconds, size_bytes=engine.size_bytes(tag)
+        tag=tag,
+        engine=engine.name,
+        base=base,
+        seconds=seconds,
+        size_bytes=engine.size_bytes(tag),
+        base_size_bytes=engine.size_bytes(base.image),
     )
 
 
@@ -110,12 +116,14 @@ def build_image(tag: str | None = None) -> tuple[Engine, Built]:
 
 
 def describe(built: Built) -> str:
-    base = f"{built.base.image} ({'stand-in' if built.base.stand_in else 'real'}"
+    base = f"{built.base.image} ({'stand-in' if built.base.stand_in else 'real'}, "
+    base += f"{built.base_size_bytes / 1e6:.1f} MB"
     if built.base.made_seconds is not None:
         base += f", made in {built.base.made_seconds:.1f} s"
+    own = (built.size_bytes - built.base_size_bytes) / 1e6
     return (
         f"image {built.tag}: built by {built.engine} in {built.seconds:.1f} s, "
-        f"{built.size_bytes / 1e6:.1f} MB, base {base})"
+        f"{built.size_bytes / 1e6:.1f} MB ({own:.1f} MB over its base {base}))"
     )
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
@@ -62,11 +63,28 @@ def image(request: pytest.FixtureRequest) -> tuple[Engine, Built]:
     return engine, built
 
 
+def as_in_kubernetes() -> tuple[str, ...]:
+    """Engine flags for what deploy/k8s/deployment.yaml asks of the container, so that the image
+    is tested the way the cluster runs it (read-only root, no capabilities, no privilege gain)."""
+    deployment = yaml.safe_load((ROOT / "deploy" / "k8s" / "deployment.yaml").read_text())
+    (spec,) = deployment["spec"]["template"]["spec"]["containers"]
+    context = spec["securityContext"]
+    options: list[str] = []
+    if context.get("readOnlyRootFilesystem"):
+        mounts = [mount["mountPath"] for mount in spec.get("volumeMounts", [])]
+        options += ["--read-only", *(arg for path in mounts for arg in ("--tmpfs", path))]
+    for capability in context.get("capabilities", {}).get("drop", []):
+        options += ["--cap-drop", capability]
+    if context.get("allowPrivilegeEscalation") is False:
+        options += ["--security-opt", "no-new-privileges"]
+    return tuple(options)
+
+
 @pytest.fixture(scope="module")
 def container(image: tuple[Engine, Built], origin: Origin) -> Iterator[Container]:
     engine, built = image
     env = {"EDGE_ORIGIN": origin.url, "EDGE_DRAIN_SECONDS": str(DRAIN_SECONDS)}
-    started = start(engine, built.tag, env, prefix="edge-test")
+    started = start(engine, built.tag, env, prefix="edge-test", options=as_in_kubernetes())
     yield started
     started.remove()
 
@@ -201,7 +219,7 @@ async def test_healthz_and_the_healthcheck_report_healthy(
         Container(engine=engine, name=idle, ready={}).remove()
 
 
-def test_the_process_runs_as_a_non_root_user(container: Container) -> None:
+def test_the_process_runs_as_a_non_root_user_as_the_deployment_asks(container: Container) -> None:
     expected = dockerfile_user()
     assert expected != 0
     status = container.exec("cat", "/proc/1/status")
@@ -210,6 +228,14 @@ def test_the_process_runs_as_a_non_root_user(container: Container) -> None:
     assert uids == [str(expected)] * 4, uids  # real, effective, saved, filesystem
     assert gids == [str(expected)] * 4, gids
     assert "edge\0serve" in container.exec("cat", "/proc/1/cmdline")
+    # As the Deployment runs it: a read-only root filesystem, every capability dropped (from the
+    # bounding set too, so nothing can regain one).
+    mounts = container.exec("cat", "/proc/1/mounts").splitlines()
+    root = next(line.split() for line in mounts if line.split()[1] == "/")
+    assert "ro" in root[3].split(","), root
+    for field in ("CapEff:", "CapBnd:"):
+        value = next(line.split()[1] for line in status.splitlines() if line.startswith(field))
+        assert int(value, 16) == 0, (field, value)
     # And as the host sees it: the same process, not root here either.
     host = Path(f"/proc/{container.host_pid()}/status").read_text()
     host_uids = next(line.split()[1:] for line in host.splitlines() if line.startswith("Uid:"))
