@@ -15,7 +15,7 @@ import json
 import subprocess
 import time
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import aiohttp
@@ -104,10 +104,10 @@ async def put_and_append(
             assert response.status in (200, 204), response.status
 
 
-async def get(http: aiohttp.ClientSession, url: str) -> tuple[bytes, dict[str, str]]:
+async def get(http: aiohttp.ClientSession, url: str) -> tuple[bytes, Mapping[str, str]]:
     async with http.get(url) as response:
         assert response.status == 200, response.status
-        return await response.read(), dict(response.headers)
+        return await response.read(), response.headers.copy()
 
 
 # --- the image ---------------------------------------------------------------------------------
