@@ -64,6 +64,11 @@ class Engine:
         )
         return found.returncode == 0
 
+    def image_id(self, image: str) -> str | None:
+        if not self.has(image):
+            return None
+        return self.run("image", "inspect", "--format", "{{.Id}}", image).strip()
+
     def labels(self, image: str) -> dict[str, str]:
         raw = self.run("image", "inspect", "--format", "{{json .Config.Labels}}", image)
         labels = json.loads(raw or "null")

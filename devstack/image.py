@@ -91,6 +91,7 @@ def build(engine: Engine, *, tag: str, base: Base) -> Built:
         argv += ["--pull=never", "--format", "docker", *engine.ulimit_args]
     argv.append(str(REPO))
     env = {**os.environ, "DOCKER_BUILDKIT": "1"}
+    previous = engine.image_id(tag)
     started = time.monotonic()
     done = subprocess.run(
         engine.argv(*argv), env=env, capture_output=True, timeout=BUILD_TIMEOUT_SECONDS, check=False
@@ -99,6 +100,10 @@ def build(engine: Engine, *, tag: str, base: Base) -> Built:
     if done.returncode != 0:
         output = (done.stdout + done.stderr).decode(errors="replace")[-6000:]
         raise ImageError(f"{' '.join(engine.argv(*argv))} failed ({done.returncode}):\n{output}")
+    if previous is not None and previous != engine.image_id(tag):
+        # The image this tag named before, now nameless: without this every changed build would
+        # leave one behind. Refused (and kept) while a container still uses it.
+        subprocess.run(engine.argv("rmi", previous), capture_output=True, timeout=60, check=False)
     return Built(
         tag=tag,
         engine=engine.name,
