@@ -21,6 +21,7 @@ import resource
 import shutil
 import subprocess
 import sys
+import time
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +44,7 @@ class Engine:
     # podman only, when containers.conf does not already say these
     runtime_args: tuple[str, ...] = ()
     ulimit_args: tuple[str, ...] = ()
+    installed_seconds: float | None = None  # set when this call installed it
 
     def argv(self, *args: str) -> list[str]:
         return [self.name, *self.runtime_args, *args]
@@ -95,10 +97,11 @@ def which(binary: str) -> bool:
     return shutil.which(binary) is not None or Path("/usr/sbin", binary).exists()
 
 
-def _install_podman() -> None:
+def _install_podman() -> float | None:
+    """Install what is missing; the seconds that took, or None when nothing was."""
     missing = [name for name in ("podman", "runc", "debootstrap") if not which(name)]
     if not missing:
-        return
+        return None
     if shutil.which("apt-get") is None:
         raise EngineUnavailable(
             f"no Docker daemon, and {' '.join(missing)} missing without apt-get"
@@ -109,6 +112,7 @@ def _install_podman() -> None:
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     # Another apt may be running (a parallel bootstrap): wait for its lock instead of failing.
     lock = ("-o", "DPkg::Lock::Timeout=600")
+    started = time.monotonic()
     for argv in (
         ["apt-get", *lock, "update", "-qq"],
         ["apt-get", *lock, "install", "-y", "-qq", *missing],
@@ -117,6 +121,7 @@ def _install_podman() -> None:
         if done.returncode != 0:
             output = (done.stdout + done.stderr).decode(errors="replace")[-2000:]
             raise EngineUnavailable(f"{' '.join(argv)} failed:\n{output}")
+    return time.monotonic() - started
 
 
 def _ulimits() -> list[str]:
@@ -152,20 +157,25 @@ def _names_runc(conf: Path) -> bool:
 
 
 def _podman() -> Engine:
-    _install_podman()
+    installed = _install_podman()
     if not CONTAINERS_CONF.exists() and os.geteuid() == 0:
         CONTAINERS_CONF.parent.mkdir(parents=True, exist_ok=True)
         CONTAINERS_CONF.write_text(_containers_conf_text())
         print(f"image: wrote {CONTAINERS_CONF} (runc, ulimits {_ulimits()})", file=sys.stderr)
     if _names_runc(CONTAINERS_CONF):
-        return Engine(name="podman")
+        return Engine(name="podman", installed_seconds=installed)
     print(
         f"image: {CONTAINERS_CONF} does not name runc (or is not ours to write); left as it "
         "is, and passing --runtime runc and --ulimit on these commands instead",
         file=sys.stderr,
     )
     ulimits = tuple(arg for limit in _ulimits() for arg in ("--ulimit", limit))
-    return Engine(name="podman", runtime_args=("--runtime", "runc"), ulimit_args=ulimits)
+    return Engine(
+        name="podman",
+        runtime_args=("--runtime", "runc"),
+        ulimit_args=ulimits,
+        installed_seconds=installed,
+    )
 
 
 def find_engine() -> Engine:

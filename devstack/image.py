@@ -34,7 +34,7 @@ BUILD_TIMEOUT_SECONDS = 900
 @dataclass(frozen=True, kw_only=True)
 class Built:
     tag: str
-    engine: str
+    engine: Engine
     base: Base
     seconds: float
     size_bytes: int
@@ -106,7 +106,7 @@ def build(engine: Engine, *, tag: str, base: Base) -> Built:
         subprocess.run(engine.argv("rmi", previous), capture_output=True, timeout=60, check=False)
     return Built(
         tag=tag,
-        engine=engine.name,
+        engine=engine,
         base=base,
         seconds=seconds,
         size_bytes=engine.size_bytes(tag),
@@ -126,8 +126,11 @@ def describe(built: Built) -> str:
     if built.base.made_seconds is not None:
         base += f", made in {built.base.made_seconds:.1f} s"
     own = (built.size_bytes - built.base_size_bytes) / 1e6
+    engine = built.engine.name
+    if built.engine.installed_seconds is not None:
+        engine += f" (installed in {built.engine.installed_seconds:.1f} s)"
     return (
-        f"image {built.tag}: built by {built.engine} in {built.seconds:.1f} s, "
+        f"image {built.tag}: built by {engine} in {built.seconds:.1f} s, "
         f"{built.size_bytes / 1e6:.1f} MB ({own:.1f} MB over its base {base}))"
     )
 
