@@ -61,12 +61,15 @@ def test_a_token_is_sent_once() -> None:
     assert present("offset=-1", header).token == "abc"
     assert not present("offset=-1", header).twice
     from_query = present("token=xyz", [])
-    assert from_query.token == "xyz" and from_query.from_query and not from_query.twice
+    assert from_query.token == "xyz"
+    assert from_query.from_query
+    assert not from_query.twice
     assert present("token=xyz", header).twice
     assert present("token=a&token=b", []).twice
     assert present("", [*header, ("authorization", "Bearer other")]).twice
     basic = present("", [("Authorization", "Basic dTpw")])
-    assert basic.token is None and basic.other_scheme
+    assert basic.token is None
+    assert basic.other_scheme
 
 
 def test_credential_digests_ignore_order_and_case() -> None:
@@ -160,12 +163,15 @@ def test_expiry_is_monotonic_in_time(lifetime: float, later: float) -> None:
     if refused(first, 401, "expired"):
         assert refused(second, 401, "expired")
     if isinstance(second, Grant):
-        assert isinstance(first, Grant) and second.expires_at == first.expires_at
+        assert isinstance(first, Grant)
+        assert second.expires_at == first.expires_at
 
 
 def test_access_of_methods() -> None:
-    assert access_of("GET") is Access.READ and access_of("head") is Access.READ
-    assert access_of("POST") is Access.WRITE and access_of("DELETE") is Access.WRITE
+    assert access_of("GET") is Access.READ
+    assert access_of("head") is Access.READ
+    assert access_of("POST") is Access.WRITE
+    assert access_of("DELETE") is Access.WRITE
     assert access_of("OPTIONS") is None
 
 
@@ -260,4 +266,6 @@ def test_encryption_keys_are_left_out() -> None:
     enc = json.loads(jwks(hs_key("e")))["keys"][0] | {"use": "enc"}
     sig = json.loads(jwks(hs_key("s")))["keys"][0]
     ring = KeyRing.from_jwks(json.dumps({"keys": [enc, sig]}).encode())
-    assert len(ring) == 1 and ring.has("s") and not ring.has("e")
+    assert len(ring) == 1
+    assert ring.has("s")
+    assert not ring.has("e")
