@@ -87,6 +87,9 @@ class ForwardAuth:
 
     async def start(self) -> None:
         self._session = aiohttp.ClientSession(
+            # No pool limit: a herd of distinct viewers (a shared link) must not queue behind
+            # each other for a connection and time out waiting; --auth-timeout is the service's.
+            connector=aiohttp.TCPConnector(limit=0),
             timeout=aiohttp.ClientTimeout(total=self._timeout),
             skip_auto_headers=("User-Agent",),
         )
@@ -103,10 +106,17 @@ class ForwardAuth:
             if self._clock() < until:
                 return verdict
             del self._verdicts[key]
-        (until, verdict), _ = await self._flights.run(key, lambda: self._ask(question))
+        (_, verdict), _ = await self._flights.run(key, lambda: self._ask_and_keep(key, question))
+        return verdict
+
+    async def _ask_and_keep(
+        self, key: VerdictKey, question: Question
+    ) -> tuple[float, Grant | Refusal]:
+        # Kept before the flight ends, so no question arriving in between is asked again.
+        until, verdict = await self._ask(question)
         if until > self._clock():
             self._verdicts[key] = (until, verdict)
-        return verdict
+        return until, verdict
 
     async def _ask(self, question: Question) -> tuple[float, Grant | Refusal]:
         assert self._session is not None
