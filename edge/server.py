@@ -30,6 +30,7 @@ from edge.web.connections import (
     Limits,
     default_max_connections,
 )
+from edge.web.gatekeeper import TokenFreeAccessLog
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +112,7 @@ async def _start(
         # A client that disconnects cancels its handler, and so its upstream request.
         handler_cancellation=True,
         access_log=log if log.isEnabledFor(logging.DEBUG) else None,
+        access_log_class=TokenFreeAccessLog,
         shutdown_timeout=settings.drain_seconds,
         # The tracker closes idle connections first; aiohttp's own timer stays behind it.
         keepalive_timeout=settings.keepalive_timeout_seconds + settings.header_timeout_seconds,

@@ -37,6 +37,7 @@ from edge.auth.policy import (
 )
 from edge.config import Settings
 from edge.metrics import Metrics
+from edge.protocol.headers import AUTHORIZATION, COOKIE
 from edge.protocol.paths import Target
 from edge.protocol.reads import scope_credentials
 
@@ -105,7 +106,9 @@ class Gate:
                 timeout_seconds=settings.auth_timeout_seconds,
                 cache_seconds=settings.auth_cache_seconds,
             )
-        self._credential_headers = frozenset(settings.scope_headers)
+        # Never relayed on a shared read: whatever names a reader, the bearer token included
+        # even when --scope-headers does not list it.
+        self._credential_headers = frozenset({AUTHORIZATION, COOKIE, *settings.scope_headers})
 
     async def start(self) -> None:
         if self.jwks is not None:

@@ -314,3 +314,30 @@ async def test_keys_rotate_while_viewers_watch_and_unknown_kids_do_not_flood_the
         edge.stop()
         assert endpoint.server is not None
         endpoint.server.close()
+
+
+async def test_tokens_never_reach_the_logs(
+    http: aiohttp.ClientSession, origin: Origin, logs_dir: Path, tmp_path: Path, stream_path: str
+) -> None:
+    keys = tmp_path / "jwks.json"
+    keys.write_bytes(jwks(HS))
+    edge = start_edge(
+        origin.url, logs_dir, "--auth", "jwt", "--jwt-jwks", str(keys), "--log-level", "DEBUG",
+        name="edge-jwt-debug",
+    )  # fmt: skip
+    try:
+        url = edge.url + stream_path
+        await create(http, url)
+        good = token(HS, stream_path)
+        expired = token(HS, stream_path, lifetime=-600)
+        async with http.get(f"{url}?offset=-1&token={good}") as r:
+            assert r.status == 200
+        async with http.get(f"{url}?token={expired}&offset=-1") as r:
+            assert r.status == 401
+    finally:
+        edge.stop()
+    text = edge.process.log.read_text()
+    assert f'"GET {stream_path}?offset=-1" 200' in text
+    assert f'"GET {stream_path}?offset=-1" 401' in text
+    for secret in (good, expired, good.split(".")[2], expired.split(".")[2]):
+        assert secret not in text
