@@ -190,6 +190,7 @@ async def test_the_auth_service_failing_fails_closed(
         auth.server.stop()
     else:
         auth.mode = failure
+        auth.delay = AUTH_TIMEOUT + 1  # answers, but too late
     before = origin.counts(stream_path)["total"]
     started = time.monotonic()
     async with http.get(f"{url}?offset=-1", headers=session("reader")) as r:
