@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
+from devstack.demo_auth import DemoAuth
 from devstack.processes import new_logs_dir, start_edge, start_origin
 from edge.protocol.sse import SseDecoder
 
@@ -50,13 +51,18 @@ def tokens(count: int, seed: int) -> list[bytes]:
 
 
 async def agent(
-    http: aiohttp.ClientSession, url: str, parts: list[bytes], rate_per_second: float
+    http: aiohttp.ClientSession,
+    url: str,
+    parts: list[bytes],
+    rate_per_second: float,
+    auth: dict[str, str] | None = None,
 ) -> None:
     """An idempotent producer (PROTOCOL.md §5.2.1): retries are safe, so the demo retries."""
     interval = 1.0 / rate_per_second
     started = time.perf_counter()
     for seq, part in enumerate(parts):
         headers = {
+            **(auth or {}),
             "Content-Type": "text/plain",
             "Producer-Id": "demo-agent",
             "Producer-Epoch": "0",
@@ -70,18 +76,24 @@ async def agent(
         else:
             raise RuntimeError(f"append {seq} failed: {response.status}")
         await asyncio.sleep(max(0.0, started + (seq + 1) * interval - time.perf_counter()))
-    async with http.post(url, headers={"Stream-Closed": "true"}) as response:
+    async with http.post(url, headers={**(auth or {}), "Stream-Closed": "true"}) as response:
         if response.status not in (200, 204):
             raise RuntimeError(f"close failed: {response.status}")
 
 
-async def watch(http: aiohttp.ClientSession, url: str, viewer: Viewer, deadline: float) -> None:
+async def watch(
+    http: aiohttp.ClientSession,
+    url: str,
+    viewer: Viewer,
+    deadline: float,
+    auth: dict[str, str] | None = None,
+) -> None:
     offset = "-1"
     while not viewer.closed_seen and time.monotonic() < deadline:
         viewer.connections += 1
         decoder = SseDecoder()
         try:
-            async with http.get(f"{url}?offset={offset}&live=sse") as response:
+            async with http.get(f"{url}?offset={offset}&live=sse", headers=auth) as response:
                 if response.status != 200:
                     viewer.error = f"HTTP {response.status}"
                     await asyncio.sleep(0.2)
@@ -110,13 +122,16 @@ async def run(args: argparse.Namespace) -> int:
     logs = new_logs_dir("edge-demo-")
     print(f"logs in {logs}")
     origin = start_origin(logs)
-    edge = start_edge(origin.url, logs, *args.edge_arg)
+    auth = DemoAuth(logs) if args.auth == "jwt" else None
+    edge = start_edge(origin.url, logs, *(auth.edge_args() if auth else []), *args.edge_arg)
+    writer = auth.headers("demo-agent", "read write") if auth else None
     try:
         print(f"origin {origin.url}  edge {edge.url}  metrics {edge.admin_url}/metrics")
         stream_url = f"{edge.url}/v1/stream/demo-run-{int(time.time())}"
         connector = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=connector) as http:
-            async with http.put(stream_url, headers={"Content-Type": "text/plain"}) as response:
+            create = {**(writer or {}), "Content-Type": "text/plain"}
+            async with http.put(stream_url, headers=create) as response:
                 if response.status not in (200, 201):
                     print(f"could not create the stream: HTTP {response.status}")
                     return 1
@@ -126,9 +141,20 @@ async def run(args: argparse.Namespace) -> int:
             viewers = [Viewer(index=i) for i in range(args.viewers)]
             deadline = time.monotonic() + args.tokens / args.rate + 60
             started = time.perf_counter()
-            watchers = [asyncio.create_task(watch(http, stream_url, v, deadline)) for v in viewers]
+            watchers = [
+                asyncio.create_task(
+                    watch(
+                        http,
+                        stream_url,
+                        v,
+                        deadline,
+                        auth.headers(f"viewer-{v.index}") if auth else None,
+                    )
+                )
+                for v in viewers
+            ]
             await asyncio.sleep(0.5)  # let viewers connect before the first token
-            await agent(http, stream_url, parts, args.rate)
+            await agent(http, stream_url, parts, args.rate, writer)
             await asyncio.wait_for(asyncio.gather(*watchers), timeout=60)
             elapsed = time.perf_counter() - started
         counts = origin.counts()
@@ -137,7 +163,8 @@ async def run(args: argparse.Namespace) -> int:
         print()
         print(f"stream        {stream_url}")
         print(f"agent wrote   {args.tokens} tokens, {len(written)} bytes in {elapsed:.1f} s")
-        print(f"viewers       {len(viewers)} via SSE through the edge")
+        signed = ", each with its own JWT (--auth jwt)" if auth else ""
+        print(f"viewers       {len(viewers)} via SSE through the edge{signed}")
         print(f"bytes each    min {sizes[0]}  max {sizes[-1]}")
         print(f"exact copies  {len(exact)}/{len(viewers)} got exactly the bytes written, once")
         print(f"reconnects    {sum(v.connections - 1 for v in viewers)}")
@@ -149,6 +176,8 @@ async def run(args: argparse.Namespace) -> int:
             f"from the edge's one tail); peak {counts['peak_open_live']} live connection(s) "
             f"held open for {len(viewers)} viewers"
         )
+        if auth:
+            print(f"viewer        {auth.viewer_url(stream_url)}")
         ok = len(exact) == len(viewers)
         print("RESULT        " + ("ok" if ok else "MISMATCH"))
         if args.keep_running:
@@ -175,6 +204,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--edge-arg", action="append", default=[], help="extra flag for `edge serve` (repeatable)"
+    )
+    parser.add_argument(
+        "--auth",
+        choices=("none", "jwt"),
+        default="none",
+        help="jwt: the edge verifies tokens (a generated HS256 JWKS); prints a viewer URL with one",
     )
     args = parser.parse_args(argv)
     if args.viewers < 1 or args.tokens < 1 or args.rate <= 0:

@@ -152,12 +152,18 @@ class LiveHub:
         offset: str,
         client_cursor: str | None,
         credentials: Sequence[tuple[str, str]],
+        *,
+        max_seconds: float | None = None,
     ) -> Answer:
+        """``max_seconds``: the wait ends sooner (a reader's credential expires then)."""
         refused = await self.known_from(key, offset, credentials)
         if refused is not None:
             return refused
         start = self.tail_offset(key) or offset
-        deadline = asyncio.get_running_loop().time() + self.settings.long_poll_timeout_seconds
+        wait = self.settings.long_poll_timeout_seconds
+        if max_seconds is not None:
+            wait = min(wait, max_seconds)
+        deadline = asyncio.get_running_loop().time() + wait
         waited = False
         async with self.tails.watching(key, start, credentials) as tail:
             while True:

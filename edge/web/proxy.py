@@ -28,6 +28,7 @@ import aiohttp
 from aiohttp import hdrs, web
 from multidict import CIMultiDict
 
+from edge.auth.gate import Admission
 from edge.memory import TRIMMER
 from edge.metrics import Metrics
 from edge.origin import OriginClient, OriginError
@@ -50,6 +51,25 @@ Observer = Callable[
 
 
 TARGET = web.RequestKey("target", Target)
+# What the authorization gate allowed (edge.web.gatekeeper); absent with --auth none.
+ADMISSION = web.RequestKey("admission", Admission)
+
+
+def for_the_reader_only(request: web.Request, headers: CIMultiDict[str]) -> None:
+    """An authorized read's answer was served from the shared scope, but it is this reader's:
+    a cache downstream (a CDN, a browser's shared cache) must not give it to anyone else."""
+    admitted = request.get(ADMISSION)
+    if admitted is None or not admitted.shared:
+        return
+    value = headers.get(hdrs.CACHE_CONTROL)
+    if value is None:
+        return
+    directives = [part.strip() for part in value.split(",") if part.strip()]
+    lowered = {part.lower() for part in directives}
+    if "no-store" in lowered or "private" in lowered:
+        return
+    kept = [part for part in directives if part.lower() != "public"]
+    headers[hdrs.CACHE_CONTROL] = ", ".join(["private", *kept])
 
 
 class ClientGone(Exception):
@@ -150,6 +170,10 @@ class Relay:
     ) -> web.StreamResponse:
         target = request_target(request)
         client_headers = list(request.headers.items())
+        admitted = request.get(ADMISSION)
+        if admitted is not None:
+            # An authorized read goes with the edge's credential, a write with the client's.
+            client_headers = admitted.relay_headers(client_headers)
         headers = upstream_request_headers(
             client_headers,
             client_address=request.remote,
@@ -204,6 +228,7 @@ class Relay:
         )
         for name, value in relayed:
             response.headers.add(name, value)
+        for_the_reader_only(request, response.headers)
         response.headers.add("Cache-Status", cache_status)
         try:
             await response.prepare(request)
