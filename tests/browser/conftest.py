@@ -1,0 +1,132 @@
+"""Browser tests: Debian's chromium, headless, driven by Playwright (its Python package ships its
+own driver, so nothing is downloaded; ``playwright install`` is never needed).
+
+Each test gets its own edge (so it may kill it and restart it on the same ports), the watch
+page's server in the test's event loop, and pages in separate browser contexts: separate
+"devices", each with its own network (``set_offline``) and cookies.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from playwright.async_api import Browser, Page, async_playwright
+
+from devstack.processes import Edge, Origin, start_edge
+from devstack.watch import STREAM_PREFIX, serve_watch, watch_path
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+
+
+@dataclass
+class Stack:
+    origin: Origin
+    edge: Edge
+    watch_url: str
+    logs_dir: Path
+    edge_args: tuple[str, ...] = ()
+
+    def stream_url(self, name: str) -> str:
+        return f"{self.edge.url}{STREAM_PREFIX}{name}"
+
+    def origin_stream_url(self, name: str) -> str:
+        return f"{self.origin.url}{STREAM_PREFIX}{name}"
+
+    def page_url(self, name: str) -> str:
+        return f"{self.watch_url}{watch_path(name)}"
+
+    def restart_edge(self) -> None:
+        """Start the edge again on the ports it had (after a kill)."""
+        listen = self.edge.url.removeprefix("http://")
+        admin = self.edge.admin_url.removeprefix("http://")
+        self.edge = start_edge(
+            self.origin.url,
+            self.logs_dir,
+            *self.edge_args,
+            name="browser-edge",
+            listen=listen,
+            admin_listen=admin,
+        )
+
+
+@pytest.fixture
+def edge_args() -> tuple[str, ...]:
+    return ()
+
+
+@pytest.fixture
+def own_edge(origin: Origin, logs_dir: Path, edge_args: tuple[str, ...]) -> Iterator[Edge]:
+    started = start_edge(origin.url, logs_dir, *edge_args, name="browser-edge")
+    yield started
+    started.stop()
+
+
+@pytest.fixture
+async def stack(
+    origin: Origin, own_edge: Edge, logs_dir: Path, edge_args: tuple[str, ...]
+) -> AsyncIterator[Stack]:
+    runner: web.AppRunner
+    runner, url = await serve_watch(own_edge.url, own_edge.admin_url)
+    made = Stack(origin=origin, edge=own_edge, watch_url=url, logs_dir=logs_dir, edge_args=edge_args)
+    yield made
+    await runner.cleanup()
+    if made.edge is not own_edge:
+        made.edge.stop()
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Browser]:
+    if not Path(CHROMIUM).exists():
+        pytest.fail("chromium not found: `make bootstrap` installs Debian's chromium")
+    async with async_playwright() as playwright:
+        launched = await playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
+        yield launched
+        await launched.close()
+
+
+@pytest.fixture
+async def agents_http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        yield session
+
+
+@dataclass
+class WatchPage:
+    """One open watch page and the JavaScript errors it raised."""
+
+    page: Page
+    errors: list[str]
+
+    async def watch(self, expression: str) -> Any:
+        """The value of ``expression`` over the page's ``window.watch`` state (as ``w``)."""
+        return await self.page.evaluate(f"(() => {{ const w = window.watch; return {expression}; }})()")
+
+    async def transcript(self) -> str:
+        """The messages the page holds, serialised as the origin serves a JSON stream."""
+        return str(await self.watch("JSON.stringify(w.messages)"))
+
+    async def until(self, expression: str, timeout: float = 30.0) -> None:
+        await self.page.wait_for_function(
+            f"(() => {{ const w = window.watch; return {expression}; }})()", timeout=timeout * 1000
+        )
+
+    async def shown(self) -> str:
+        return str(await self.page.inner_text("#transcript"))
+
+
+async def open_page(browser: Browser, url: str) -> WatchPage:
+    """A page in a browser context of its own: another device."""
+    context = await browser.new_context(viewport={"width": 1000, "height": 720})
+    page = await context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    await page.goto(url)
+    await page.wait_for_function("window.watch !== undefined")
+    return WatchPage(page=page, errors=errors)

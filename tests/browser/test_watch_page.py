@@ -1,0 +1,264 @@
+"""The watch page in headless Chromium, reading and writing a shared run through the edge.
+
+What a person would check: every open page (late joiners too) ends with the transcript the
+origin holds, byte for byte; Stop on one device stops the agent and every page shows it; a
+human's messages appear on every page in order, once; the edge dying or the page going offline
+costs nothing. Figures (Stop click to acknowledgement, reconnects) are printed, not asserted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+from playwright.async_api import Browser, Route
+
+from devstack import session
+from devstack.agents import Run, create_session, start_run
+from devstack.demo import tokens
+from tests.browser.conftest import Stack, WatchPage, open_page
+
+REPO = Path(__file__).resolve().parents[2]
+SCREENSHOT = REPO / "docs" / "watch-page.png"
+_names = iter(range(1_000_000))
+
+
+def run_name(label: str) -> str:
+    return f"browser-{label}-{int(time.time() * 1000)}-{next(_names)}"
+
+
+async def start(
+    stack: Stack, http: aiohttp.ClientSession, name: str, count: int, rate: float
+) -> Run:
+    url = stack.stream_url(name)
+    await create_session(http, url)
+    return await start_run(http, url, tokens(count, seed=11), rate)
+
+
+async def origin_transcript(stack: Stack, http: aiohttp.ClientSession, name: str) -> bytes:
+    async with http.get(f"{stack.origin_stream_url(name)}?offset=-1") as response:
+        assert response.status == 200
+        return await response.read()
+
+
+async def assert_exact(
+    stack: Stack, http: aiohttp.ClientSession, name: str, run: Run, pages: list[WatchPage]
+) -> list[session.Message]:
+    """Every page holds the origin's transcript byte for byte, and each agent's messages in it
+    are exactly the ones it wrote, in order, once."""
+    stored = await origin_transcript(stack, http, name)
+    items: list[session.Message] = json.loads(stored)
+    for producer in run.producers:
+        assert [m for m in items if m["from"] == producer.producer_id] == producer.written
+    for page in pages:
+        assert (await page.transcript()).encode() == stored
+        assert page.errors == []
+    shown = {await page.shown() for page in pages}
+    assert len(shown) == 1, "every page shows the same transcript"
+    return items
+
+
+async def viewers_reach(stack: Stack, count: int) -> None:
+    for _ in range(100):
+        if f"edge_sse_viewers {count}.0" in stack.edge.metrics_text():
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"the edge never had {count} viewers")
+
+
+async def count_tokens(page: WatchPage) -> int:
+    return int(await page.watch("w.messages.filter((m) => m.type === 'token').length"))
+
+
+async def test_three_pages_one_late_end_with_the_origins_transcript(
+    stack: Stack, browser: Browser, agents_http: aiohttp.ClientSession
+) -> None:
+    name = run_name("three")
+    page_a = await open_page(browser, stack.page_url(name))
+    page_b = await open_page(browser, stack.page_url(name))
+    run = await start(stack, agents_http, name, count=80, rate=25)
+    await page_a.until("w.messages.filter((m) => m.type === 'token').length >= 35")
+    page_c = await open_page(browser, stack.page_url(name))  # joins mid-run: history, then live
+    await page_a.until("w.viewers !== null && w.viewers >= 3", timeout=10)
+    await page_a.page.screenshot(path=str(SCREENSHOT))
+    await run.wait(timeout=60)
+    for page in (page_a, page_b, page_c):
+        await page.until("w.ended")
+        assert await page.watch("w.state") == "ended"
+    items = await assert_exact(stack, agents_http, name, run, [page_a, page_b, page_c])
+    # Who wrote what is on the page.
+    for role in ("user", "worker", "reviewer"):
+        assert await page_c.page.locator(f".from-{role}").count() >= 1
+    assert await page_c.page.locator(".type-tool_call").count() == 1
+    assert await page_a.page.inner_text("#offset") == await page_a.watch("w.offset")
+    page_d = await open_page(browser, stack.page_url(name))  # after the end: same transcript
+    await page_d.until("w.ended")
+    await assert_exact(stack, agents_http, name, run, [page_a, page_d])
+    assert SCREENSHOT.stat().st_size > 10_000
+    stored = await origin_transcript(stack, agents_http, name)
+    print(f"\n[three pages] {len(items)} messages, {len(stored)} transcript bytes on 4 pages")
+
+
+async def test_stop_on_one_page_stops_the_agent_everywhere(
+    stack: Stack, browser: Browser, agents_http: aiohttp.ClientSession
+) -> None:
+    name = run_name("stop")
+    pages = [await open_page(browser, stack.page_url(name)) for _ in range(3)]
+    page_a, page_b, page_c = pages
+    run = await start(stack, agents_http, name, count=400, rate=20)
+    await page_b.until("w.messages.filter((m) => m.type === 'token').length >= 10")
+    clicked = time.monotonic()
+    await page_b.page.click("#stop")
+    await run.wait(timeout=30)
+    for page in pages:
+        await page.until("w.ended")
+    items = await assert_exact(stack, agents_http, name, run, pages)
+    me_b = await page_b.watch("w.me")
+    stop = next(m for m in items if m["type"] == "control" and m["action"] == "stop")
+    assert stop["from"] == me_b
+    # The agent's acknowledgement names the stop, and is the last thing it wrote.
+    assert run.worker.written[-1] == {
+        "type": "status",
+        "from": "worker",
+        "seq": run.worker.written[-1]["seq"],
+        "state": "stopped",
+        "ref": session.name(stop),
+    }
+    ack_index = items.index(run.worker.written[-1])
+    assert all(m["from"] != "worker" for m in items[ack_index + 1 :])
+    assert items.index(stop) < ack_index
+    worker_tokens = sum(1 for m in run.worker.written if m["type"] == "token")
+    assert worker_tokens < 400
+    for page in (page_a, page_c):
+        assert await page.page.locator(".state-stopped").count() == 1
+        assert await page.page.is_disabled("#stop")
+    page_ms = await page_b.watch("w.stopAckSeenAt - w.stopClickedAt")
+    assert run.report.stop_acked_at is not None
+    print(
+        f"\n[stop] click to agent's ack appended {1000 * (run.report.stop_acked_at - clicked):.0f}"
+        f" ms; click to ack shown on page B {page_ms} ms; tokens after the stop control "
+        f"{sum(1 for m in items[items.index(stop) :] if m['type'] == 'token')}"
+    )
+
+
+async def test_take_over_a_humans_messages_appear_everywhere_in_order_once(
+    stack: Stack, browser: Browser, agents_http: aiohttp.ClientSession
+) -> None:
+    name = run_name("human")
+    pages = [await open_page(browser, stack.page_url(name)) for _ in range(3)]
+    page_a, page_b, page_c = pages
+    run = await start(stack, agents_http, name, count=60, rate=20)
+    await page_a.until("w.messages.filter((m) => m.type === 'token').length >= 5")
+    await page_a.page.click("#take")
+    for page in pages:
+        await page.until("w.messages.some((m) => m.type === 'status' && m.state === 'yielded')")
+    # The second message's first answer is lost on the way back (the append landed): the page
+    # retries with the same Producer-Seq and the origin does not append it twice.
+    lost: list[str] = []
+
+    async def lose_first_answer(route: Route) -> None:
+        body = route.request.post_data or ""
+        if route.request.method == "POST" and "second" in body and not lost:
+            answer = await route.fetch()
+            lost.append(f"{answer.status}")
+            await route.abort("connectionreset")
+            return
+        await route.continue_()
+
+    await page_a.page.route("**/v1/stream/**", lose_first_answer)
+    said = ["first, from a human", " second: with a leading space", "third ✓ ünïcode"]
+    for text in said:
+        await page_a.page.fill("#say", text)
+        await page_a.page.click("#send")
+    await page_a.until("w.sent.filter((r) => r.type === 'human' && r.status === 204).length")
+    await page_a.page.unroute("**/v1/stream/**")
+    await page_a.page.click("#release")
+    await run.wait(timeout=30)
+    for page in pages:
+        await page.until("w.ended")
+    items = await assert_exact(stack, agents_http, name, run, pages)
+    me_a = await page_a.watch("w.me")
+    humans = [m for m in items if m["type"] == "human"]
+    assert [(m["from"], m["text"]) for m in humans] == [(me_a, text) for text in said]
+    assert lost == ["200"]
+    attempts = await page_a.watch("w.sent.filter((r) => r.type === 'human').map((r) => r.attempts)")
+    assert attempts[1] >= 2
+    # The agent wrote nothing while the human held the session.
+    kinds = [(m["from"], m["type"], m.get("state") or m.get("action")) for m in items]
+    yielded = kinds.index(("worker", "status", "yielded"))
+    resumed = kinds.index(("worker", "status", "resumed"))
+    assert kinds.index((me_a, "control", "take_over")) < yielded
+    assert all(items.index(h) in range(yielded, resumed) for h in humans)
+    assert kinds.index((me_a, "control", "release")) < resumed
+    assert all(m["from"] != "worker" for m in items[yielded + 1 : resumed])
+    assert kinds[-2:] in ([("worker", "status", "done"), ("reviewer", "status", "signed_off")],)
+    for page in (page_b, page_c):
+        assert await page.page.locator(".type-human").count() == len(said)
+
+
+async def test_pages_resume_after_the_edge_is_killed_and_restarted(
+    stack: Stack, browser: Browser, agents_http: aiohttp.ClientSession
+) -> None:
+    name = run_name("kill")
+    pages = [await open_page(browser, stack.page_url(name)) for _ in range(3)]
+    run = await start(stack, agents_http, name, count=120, rate=25)
+    await pages[0].until("w.messages.filter((m) => m.type === 'token').length >= 20")
+    stack.edge.process.kill()
+    for page in pages:
+        await page.until("w.state !== 'live'", timeout=10)
+    await asyncio.sleep(1.0)
+    stack.restart_edge()
+    await run.wait(timeout=60)
+    for page in pages:
+        await page.until("w.ended")
+    items = await assert_exact(stack, agents_http, name, run, pages)
+    connections = [await page.watch("w.connections + w.reopens") for page in pages]
+    print(
+        f"\n[edge SIGKILL] {len(items)} messages exact on {len(pages)} pages; page EventSource "
+        f"opens {connections}; agent append retries {[p.retries for p in run.producers]}"
+    )
+
+
+async def test_a_page_cut_off_offline_resumes_without_gap_or_duplicate(
+    stack: Stack, browser: Browser, agents_http: aiohttp.ClientSession
+) -> None:
+    name = run_name("offline")
+    pages = [await open_page(browser, stack.page_url(name)) for _ in range(3)]
+    run = await start(stack, agents_http, name, count=120, rate=25)
+    await pages[1].until("w.messages.filter((m) => m.type === 'token').length >= 20")
+    await pages[1].page.context.set_offline(True)
+    await pages[1].until("w.state !== 'live'", timeout=10)
+    before = await count_tokens(pages[1])
+    await asyncio.sleep(2.0)
+    assert await count_tokens(pages[1]) == before, "an offline page receives nothing"
+    await pages[1].page.context.set_offline(False)
+    await run.wait(timeout=60)
+    for page in pages:
+        await page.until("w.ended")
+    await assert_exact(stack, agents_http, name, run, pages)
+    print(f"\n[offline] page B: {await pages[1].watch('[w.connections, w.reopens, w.errors]')}")
+
+
+@pytest.mark.parametrize("edge_args", [("--max-viewers", "3")])
+async def test_an_error_answer_is_shown_and_retried_with_backoff(
+    stack: Stack, browser: Browser, agents_http: aiohttp.ClientSession
+) -> None:
+    name = run_name("full")
+    run = await start(stack, agents_http, name, count=60, rate=20)  # its two followers: 2 viewers
+    async with agents_http.get(f"{stack.stream_url(name)}?offset=-1&live=sse") as third:
+        assert third.status == 200
+        await viewers_reach(stack, 3)
+        page = await open_page(browser, stack.page_url(name))
+        await page.until("w.errors.length >= 1", timeout=15)
+        assert await page.page.is_visible("#error")
+        assert "HTTP 503" in await page.page.inner_text("#error")
+        assert await page.watch("w.messages.length") == 0
+    await page.until("w.state === 'live' || w.ended", timeout=20)
+    await run.wait(timeout=30)
+    await page.until("w.ended")
+    await assert_exact(stack, agents_http, name, run, [page])
+    assert await page.watch("w.reopens") >= 1
