@@ -26,7 +26,7 @@
   // Everything the page knows, for people (the DOM) and for tests (window.watch).
   const w = (window.watch = {
     me, messages: [], offset: "-1", state: "connecting", ended: false,
-    connections: 0, reopens: 0, errors: [], sent: [], viewers: null,
+    connections: 0, reopens: 0, errors: [], sent: [], viewers: null, states: ["connecting"],
     stopClickedAt: null, stopAckSeenAt: null,
   });
 
@@ -82,15 +82,38 @@
     };
   }
 
+  let timer = null;
   function reopenLater() {
     const delay = Math.min(8000, 500 * 2 ** failures) * (0.75 + Math.random() * 0.5);
     failures++;
-    setTimeout(probe, delay);
+    timer = setTimeout(probe, delay);
   }
+
+  // A device that knows it lost the network (the lift) drops its connection at once instead of
+  // waiting for a dead socket to time out, and resumes from its offset as soon as it is back.
+  window.addEventListener("offline", () => {
+    if (w.ended || source === null) return;
+    source.close();
+    source = null;
+    pending = [];
+    setConn("reconnecting");
+    showError("offline: waiting for the network");
+    reopenLater();
+  });
+  window.addEventListener("online", () => {
+    if (w.ended || source !== null) return;
+    clearTimeout(timer);
+    failures = 0;
+    probe();
+  });
 
   // EventSource hides the answer that made it give up: ask the same question once to show it,
   // and reopen only when the edge answers 200.
+  let probing = false;
   async function probe() {
+    timer = null;
+    if (w.ended || source !== null || probing) return;
+    probing = true;
     const abort = new AbortController();
     try {
       const response = await fetch(sseUrl(), { signal: abort.signal, cache: "no-store" });
@@ -104,7 +127,10 @@
       showError(`edge answered HTTP ${response.status}: ${text.trim()} (retrying)`);
     } catch (error) {
       showError(`network error: ${error.message} (retrying)`);
+    } finally {
+      probing = false;
     }
+    if (source !== null) return;
     setConn("reconnecting");
     reopenLater();
   }
@@ -165,6 +191,7 @@
   }
 
   function setConn(state) {
+    if (state !== w.state) w.states.push(state);
     w.state = state;
     $("conn").dataset.state = state;
     $("conn").textContent = state;

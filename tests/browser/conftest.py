@@ -42,7 +42,7 @@ class Stack:
     def page_url(self, name: str) -> str:
         return f"{self.watch_url}{watch_path(name)}"
 
-    def restart_edge(self) -> None:
+    def restart_edge(self, *extra_args: str) -> None:
         """Start the edge again on the ports it had (after a kill)."""
         listen = self.edge.url.removeprefix("http://")
         admin = self.edge.admin_url.removeprefix("http://")
@@ -50,6 +50,7 @@ class Stack:
             self.origin.url,
             self.logs_dir,
             *self.edge_args,
+            *extra_args,
             name="browser-edge",
             listen=listen,
             admin_listen=admin,
@@ -118,7 +119,15 @@ class WatchPage:
         )
 
     async def shown(self) -> str:
-        return str(await self.page.inner_text("#transcript"))
+        """What the transcript shows: each block's kind and text (not the "(you)" label, which
+        differs from page to page)."""
+        return str(
+            await self.page.evaluate(
+                """Array.from(document.querySelectorAll("#transcript .msg"))
+                  .map((b) => b.className + " | " + b.querySelector(".body").textContent)
+                  .join("\\n")"""
+            )
+        )
 
 
 async def open_page(browser: Browser, url: str) -> WatchPage:

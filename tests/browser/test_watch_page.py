@@ -34,9 +34,21 @@ def run_name(label: str) -> str:
 async def start(
     stack: Stack, http: aiohttp.ClientSession, name: str, count: int, rate: float
 ) -> Run:
+    """Start the agents on session ``name``, creating it unless it exists."""
     url = stack.stream_url(name)
-    await create_session(http, url)
+    async with http.head(url) as response:
+        exists = response.status == 200
+    if not exists:
+        await create_session(http, url)
     return await start_run(http, url, tokens(count, seed=11), rate)
+
+
+async def open_pages(
+    stack: Stack, browser: Browser, http: aiohttp.ClientSession, name: str, count: int
+) -> list[WatchPage]:
+    """``count`` pages on a session that exists already (they see no 404 first)."""
+    await create_session(http, stack.stream_url(name))
+    return [await open_page(browser, stack.page_url(name)) for _ in range(count)]
 
 
 async def origin_transcript(stack: Stack, http: aiohttp.ClientSession, name: str) -> bytes:
@@ -107,7 +119,7 @@ async def test_stop_on_one_page_stops_the_agent_everywhere(
     stack: Stack, browser: Browser, agents_http: aiohttp.ClientSession
 ) -> None:
     name = run_name("stop")
-    pages = [await open_page(browser, stack.page_url(name)) for _ in range(3)]
+    pages = await open_pages(stack, browser, agents_http, name, 3)
     page_a, page_b, page_c = pages
     run = await start(stack, agents_http, name, count=400, rate=20)
     await page_b.until("w.messages.filter((m) => m.type === 'token').length >= 10")
@@ -149,7 +161,7 @@ async def test_take_over_a_humans_messages_appear_everywhere_in_order_once(
     stack: Stack, browser: Browser, agents_http: aiohttp.ClientSession
 ) -> None:
     name = run_name("human")
-    pages = [await open_page(browser, stack.page_url(name)) for _ in range(3)]
+    pages = await open_pages(stack, browser, agents_http, name, 3)
     page_a, page_b, page_c = pages
     run = await start(stack, agents_http, name, count=60, rate=20)
     await page_a.until("w.messages.filter((m) => m.type === 'token').length >= 5")
@@ -204,22 +216,35 @@ async def test_pages_resume_after_the_edge_is_killed_and_restarted(
     stack: Stack, browser: Browser, agents_http: aiohttp.ClientSession
 ) -> None:
     name = run_name("kill")
-    pages = [await open_page(browser, stack.page_url(name)) for _ in range(3)]
-    run = await start(stack, agents_http, name, count=120, rate=25)
+    pages = await open_pages(stack, browser, agents_http, name, 3)
+    run = await start(stack, agents_http, name, count=200, rate=25)
     await pages[0].until("w.messages.filter((m) => m.type === 'token').length >= 20")
     stack.edge.process.kill()
     for page in pages:
         await page.until("w.state !== 'live'", timeout=10)
-    await asyncio.sleep(1.0)
+    await asyncio.sleep(0.5)
+    # It comes back full first (one viewer slot, which an agent's follower takes): the pages'
+    # EventSources meet a real 503 and give up; the pages reopen them themselves.
+    stack.restart_edge("--max-viewers", "1")
+    refused = "w.errors.some((e) => e.includes('HTTP 503'))"
+    for page in pages:
+        await page.until(f"w.state === 'live' || {refused}", timeout=15)
+    met_503 = [page for page in pages if await page.watch(refused)]
+    assert met_503, "a page met the full edge's 503"
+    stack.edge.process.kill()
     stack.restart_edge()
     await run.wait(timeout=60)
     for page in pages:
         await page.until("w.ended")
     items = await assert_exact(stack, agents_http, name, run, pages)
-    connections = [await page.watch("w.connections + w.reopens") for page in pages]
+    for page in met_503:
+        assert await page.watch("w.reopens") >= 1, "the page reopened its EventSource itself"
+    opens = [await page.watch("w.connections") for page in pages]
+    states = await met_503[0].watch("w.states")
     print(
-        f"\n[edge SIGKILL] {len(items)} messages exact on {len(pages)} pages; page EventSource "
-        f"opens {connections}; agent append retries {[p.retries for p in run.producers]}"
+        f"\n[edge SIGKILL x2] {len(items)} messages exact on {len(pages)} pages; "
+        f"{len(met_503)} met a 503; EventSources opened per page {opens}; states {states}; "
+        f"agent append retries {[p.retries for p in run.producers]}"
     )
 
 
@@ -227,7 +252,7 @@ async def test_a_page_cut_off_offline_resumes_without_gap_or_duplicate(
     stack: Stack, browser: Browser, agents_http: aiohttp.ClientSession
 ) -> None:
     name = run_name("offline")
-    pages = [await open_page(browser, stack.page_url(name)) for _ in range(3)]
+    pages = await open_pages(stack, browser, agents_http, name, 3)
     run = await start(stack, agents_http, name, count=120, rate=25)
     await pages[1].until("w.messages.filter((m) => m.type === 'token').length >= 20")
     await pages[1].page.context.set_offline(True)
@@ -239,8 +264,13 @@ async def test_a_page_cut_off_offline_resumes_without_gap_or_duplicate(
     await run.wait(timeout=60)
     for page in pages:
         await page.until("w.ended")
-    await assert_exact(stack, agents_http, name, run, pages)
-    print(f"\n[offline] page B: {await pages[1].watch('[w.connections, w.reopens, w.errors]')}")
+    items = await assert_exact(stack, agents_http, name, run, pages)
+    states = await pages[1].watch("w.states")
+    assert "reconnecting" in states or "error" in states
+    print(
+        f"\n[offline] {len(items)} messages exact on {len(pages)} pages; page B offline 2 s: "
+        f"states {states}, EventSources opened {await pages[1].watch('w.connections')}"
+    )
 
 
 @pytest.mark.parametrize("edge_args", [("--max-viewers", "3")])
