@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -102,13 +103,13 @@ class Follower:
         return session.fold(self.messages)
 
     async def wait_for(
-        self, predicate: Callable[[Follower], bool], timeout: float | None = None
+        self, predicate: Callable[[Follower], bool], within: float | None = None
     ) -> bool:
-        """Wait until ``predicate(self)`` holds (True) or ``timeout`` passes (False)."""
+        """Wait until ``predicate(self)`` holds (True) or ``within`` seconds pass (False)."""
         async with self._changed:
             try:
                 await asyncio.wait_for(
-                    self._changed.wait_for(lambda: predicate(self) or self.closed), timeout
+                    self._changed.wait_for(lambda: predicate(self) or self.closed), within
                 )
             except TimeoutError:
                 return False
@@ -118,10 +119,8 @@ class Follower:
         give_up = time.monotonic() + deadline_seconds
         while not self.closed and time.monotonic() < give_up:
             self.connections += 1
-            try:
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
                 await self._read_once()
-            except (aiohttp.ClientError, TimeoutError):
-                pass
             if not self.closed:
                 await asyncio.sleep(0.1)
 
@@ -199,11 +198,11 @@ async def worker(
         await producer.append(session.TOKEN, text=parts[index])
         index += 1
         # Woken early by a control message, so a stop takes effect within one token's time.
-        await follower.wait_for(lambda f: f.state().held or _stopped(f), timeout=interval)
+        await follower.wait_for(lambda f: f.state().held or _stopped(f), within=interval)
     else:
         await producer.append(session.STATUS, state=session.DONE)
     if reviewer_id is not None:
-        await follower.wait_for(lambda f: reviewer_id in f.state().finished, timeout=5.0)
+        await follower.wait_for(lambda f: reviewer_id in f.state().finished, within=5.0)
     await producer.close()
 
 
@@ -212,10 +211,7 @@ async def reviewer(producer: Producer, follower: Follower, worker_id: str) -> No
     reviewed = 0
     with contextlib.suppress(SessionClosed):
         while not follower.closed:
-            await follower.wait_for(
-                lambda f: _lines(f.messages, worker_id) > reviewed
-                or worker_id in f.state().finished
-            )
+            await follower.wait_for(functools.partial(_review_due, worker_id, reviewed))
             lines = _lines(follower.messages, worker_id)
             while reviewed < lines:
                 reviewed += 1
@@ -223,6 +219,10 @@ async def reviewer(producer: Producer, follower: Follower, worker_id: str) -> No
             if worker_id in follower.state().finished:
                 await producer.append(session.STATUS, state=session.SIGNED_OFF)
                 return
+
+
+def _review_due(worker_id: str, reviewed: int, follower: Follower) -> bool:
+    return _lines(follower.messages, worker_id) > reviewed or worker_id in follower.state().finished
 
 
 def _lines(messages: Sequence[Message], worker_id: str) -> int:
@@ -252,9 +252,9 @@ class Run:
     def producers(self) -> list[Producer]:
         return [p for p in (self.user, self.worker, self.reviewer) if p is not None]
 
-    async def wait(self, timeout: float) -> None:
+    async def wait(self, seconds: float) -> None:
         """Until every agent finished and every follower saw the stream close."""
-        await asyncio.wait_for(asyncio.gather(*self.tasks), timeout)
+        await asyncio.wait_for(asyncio.gather(*self.tasks), seconds)
 
     async def cancel(self) -> None:
         for task in self.tasks:
@@ -302,9 +302,7 @@ async def start_run(
         reviewer_follower = Follower(http, url)
         followers.append(reviewer_follower)
         tasks.append(asyncio.create_task(reviewer_follower.run()))
-        tasks.append(
-            asyncio.create_task(reviewer(reviewer_producer, reviewer_follower, "worker"))
-        )
+        tasks.append(asyncio.create_task(reviewer(reviewer_producer, reviewer_follower, "worker")))
     return Run(
         url=url,
         user=user,

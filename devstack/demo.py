@@ -71,7 +71,7 @@ async def run(args: argparse.Namespace) -> int:
             watchers = [asyncio.create_task(v.run()) for v in viewers]
             await asyncio.sleep(0.5)  # let viewers connect before the first message
             shared = await start_run(http, stream_url, tokens(args.tokens, args.seed), rate)
-            await shared.wait(timeout=args.tokens / rate + 3600)
+            await shared.wait(args.tokens / rate + 3600)
             await asyncio.wait_for(asyncio.gather(*watchers), timeout=60)
             elapsed = time.perf_counter() - started
             stored = await read_back(http, f"{origin.url}{STREAM_PREFIX}{name}")

@@ -23,6 +23,7 @@ from devstack.processes import Edge, Origin, start_edge
 from devstack.watch import STREAM_PREFIX, serve_watch, watch_path
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_FOUND = Path(CHROMIUM).exists()
 
 
 @dataclass
@@ -75,7 +76,9 @@ async def stack(
 ) -> AsyncIterator[Stack]:
     runner: web.AppRunner
     runner, url = await serve_watch(own_edge.url, own_edge.admin_url)
-    made = Stack(origin=origin, edge=own_edge, watch_url=url, logs_dir=logs_dir, edge_args=edge_args)
+    made = Stack(
+        origin=origin, edge=own_edge, watch_url=url, logs_dir=logs_dir, edge_args=edge_args
+    )
     yield made
     await runner.cleanup()
     if made.edge is not own_edge:
@@ -84,7 +87,7 @@ async def stack(
 
 @pytest.fixture
 async def browser() -> AsyncIterator[Browser]:
-    if not Path(CHROMIUM).exists():
+    if not CHROMIUM_FOUND:
         pytest.fail("chromium not found: `make bootstrap` installs Debian's chromium")
     async with async_playwright() as playwright:
         launched = await playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
@@ -107,15 +110,18 @@ class WatchPage:
 
     async def watch(self, expression: str) -> Any:
         """The value of ``expression`` over the page's ``window.watch`` state (as ``w``)."""
-        return await self.page.evaluate(f"(() => {{ const w = window.watch; return {expression}; }})()")
+        return await self.page.evaluate(
+            f"(() => {{ const w = window.watch; return {expression}; }})()"
+        )
 
     async def transcript(self) -> str:
         """The messages the page holds, serialised as the origin serves a JSON stream."""
         return str(await self.watch("JSON.stringify(w.messages)"))
 
-    async def until(self, expression: str, timeout: float = 30.0) -> None:
+    async def until(self, expression: str, within: float = 30.0) -> None:
+        """Wait until ``expression`` (over ``w``, the page's state) is true."""
         await self.page.wait_for_function(
-            f"(() => {{ const w = window.watch; return {expression}; }})()", timeout=timeout * 1000
+            f"(() => {{ const w = window.watch; return {expression}; }})()", timeout=within * 1000
         )
 
     async def shown(self) -> str:

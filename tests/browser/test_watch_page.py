@@ -95,9 +95,9 @@ async def test_three_pages_one_late_end_with_the_origins_transcript(
     run = await start(stack, agents_http, name, count=80, rate=25)
     await page_a.until("w.messages.filter((m) => m.type === 'token').length >= 35")
     page_c = await open_page(browser, stack.page_url(name))  # joins mid-run: history, then live
-    await page_a.until("w.viewers !== null && w.viewers >= 3", timeout=10)
+    await page_a.until("w.viewers !== null && w.viewers >= 3", within=10)
     await page_a.page.screenshot(path=str(SCREENSHOT))
-    await run.wait(timeout=60)
+    await run.wait(60)
     for page in (page_a, page_b, page_c):
         await page.until("w.ended")
         assert await page.watch("w.state") == "ended"
@@ -125,7 +125,7 @@ async def test_stop_on_one_page_stops_the_agent_everywhere(
     await page_b.until("w.messages.filter((m) => m.type === 'token').length >= 10")
     clicked = time.monotonic()
     await page_b.page.click("#stop")
-    await run.wait(timeout=30)
+    await run.wait(30)
     for page in pages:
         await page.until("w.ended")
     items = await assert_exact(stack, agents_http, name, run, pages)
@@ -189,7 +189,7 @@ async def test_take_over_a_humans_messages_appear_everywhere_in_order_once(
     await page_a.until("w.sent.filter((r) => r.type === 'human' && r.status === 204).length")
     await page_a.page.unroute("**/v1/stream/**")
     await page_a.page.click("#release")
-    await run.wait(timeout=30)
+    await run.wait(30)
     for page in pages:
         await page.until("w.ended")
     items = await assert_exact(stack, agents_http, name, run, pages)
@@ -221,19 +221,19 @@ async def test_pages_resume_after_the_edge_is_killed_and_restarted(
     await pages[0].until("w.messages.filter((m) => m.type === 'token').length >= 20")
     stack.edge.process.kill()
     for page in pages:
-        await page.until("w.state !== 'live'", timeout=10)
+        await page.until("w.state !== 'live'", within=10)
     await asyncio.sleep(0.5)
     # It comes back full first (one viewer slot, which an agent's follower takes): the pages'
     # EventSources meet a real 503 and give up; the pages reopen them themselves.
     stack.restart_edge("--max-viewers", "1")
     refused = "w.errors.some((e) => e.includes('HTTP 503'))"
     for page in pages:
-        await page.until(f"w.state === 'live' || {refused}", timeout=15)
+        await page.until(f"w.state === 'live' || {refused}", within=15)
     met_503 = [page for page in pages if await page.watch(refused)]
     assert met_503, "a page met the full edge's 503"
     stack.edge.process.kill()
     stack.restart_edge()
-    await run.wait(timeout=60)
+    await run.wait(60)
     for page in pages:
         await page.until("w.ended")
     items = await assert_exact(stack, agents_http, name, run, pages)
@@ -256,12 +256,12 @@ async def test_a_page_cut_off_offline_resumes_without_gap_or_duplicate(
     run = await start(stack, agents_http, name, count=120, rate=25)
     await pages[1].until("w.messages.filter((m) => m.type === 'token').length >= 20")
     await pages[1].page.context.set_offline(True)
-    await pages[1].until("w.state !== 'live'", timeout=10)
+    await pages[1].until("w.state !== 'live'", within=10)
     before = await count_tokens(pages[1])
     await asyncio.sleep(2.0)
     assert await count_tokens(pages[1]) == before, "an offline page receives nothing"
     await pages[1].page.context.set_offline(False)
-    await run.wait(timeout=60)
+    await run.wait(60)
     for page in pages:
         await page.until("w.ended")
     items = await assert_exact(stack, agents_http, name, run, pages)
@@ -283,12 +283,12 @@ async def test_an_error_answer_is_shown_and_retried_with_backoff(
         assert third.status == 200
         await viewers_reach(stack, 3)
         page = await open_page(browser, stack.page_url(name))
-        await page.until("w.errors.length >= 1", timeout=15)
+        await page.until("w.errors.length >= 1", within=15)
         assert await page.page.is_visible("#error")
         assert "HTTP 503" in await page.page.inner_text("#error")
         assert await page.watch("w.messages.length") == 0
-    await page.until("w.state === 'live' || w.ended", timeout=20)
-    await run.wait(timeout=30)
+    await page.until("w.state === 'live' || w.ended", within=20)
+    await run.wait(30)
     await page.until("w.ended")
     await assert_exact(stack, agents_http, name, run, [page])
     assert await page.watch("w.reopens") >= 1
