@@ -155,8 +155,10 @@ class Follower:
 
 @dataclass
 class WorkerReport:
-    stop_seen_at: float | None = None  # monotonic time the worker saw the stop
-    stop_acked_at: float | None = None  # ... and its ``stopped`` was appended
+    # Wall-clock seconds (comparable with a browser's Date.now() on the same machine) when the
+    # worker saw the stop, and when its ``stopped`` was appended.
+    stop_seen_at: float | None = None
+    stop_acked_at: float | None = None
 
 
 def _stopped(follower: Follower) -> bool:
@@ -185,9 +187,9 @@ async def worker(
             if state.stopped_by is None:
                 await producer.append(session.STATUS, state=session.RESUMED, ref=state.released_by)
         if state.stopped_by is not None:
-            report.stop_seen_at = time.monotonic()
+            report.stop_seen_at = time.time()
             await producer.append(session.STATUS, state=session.STOPPED, ref=state.stopped_by)
-            report.stop_acked_at = time.monotonic()
+            report.stop_acked_at = time.time()
             break
         if index == 3:
             call = f"call-{producer.seq}"

@@ -210,9 +210,12 @@
     $("holder").textContent = state.holder === me ? "you" : state.holder || "";
     const mine = state.holder === me;
     const over = w.ended || state.stoppedBy !== null;
-    $("stop").disabled = over;
+    // A control being sent disables its button: a double click is one control.
+    const sending = (action) => w.sent.some((r) => r.fields.action === action && !r.done);
+    $("stop").disabled = over || sending("stop");
     $("take").hidden = mine;
-    $("take").disabled = over;
+    $("take").disabled = over || sending("take_over");
+    $("release").disabled = sending("release");
     $("release").hidden = !mine || over;
     $("say-form").hidden = !mine || over;
     if (state.stoppedBy !== null && w.stopAckSeenAt === null && w.stopClickedAt !== null &&
@@ -226,9 +229,14 @@
   const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
   function send(type, fields) {
-    const record = { type, fields, seq: null, attempts: 0, status: null };
+    const record = { type, fields, seq: null, attempts: 0, status: null, done: false };
     w.sent.push(record);
-    queue = queue.then(() => post(record));
+    update();
+    queue = queue.then(() => post(record)).then((ok) => {
+      record.done = true;
+      update();
+      return ok;
+    });
     return queue;
   }
 

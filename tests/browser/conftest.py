@@ -1,9 +1,10 @@
 """Browser tests: Debian's chromium, headless, driven by Playwright (its Python package ships its
 own driver, so nothing is downloaded; ``playwright install`` is never needed).
 
-Each test gets its own edge (so it may kill it and restart it on the same ports), the watch
-page's server in the test's event loop, and pages in separate browser contexts: separate
-"devices", each with its own network (``set_offline``) and cookies.
+One browser serves every test (each test and its async fixtures run in the session's event
+loop, where the browser lives). Each test gets its own edge (so it may kill it and restart it
+on the same ports), the watch page's server, and pages in separate browser contexts: separate
+"devices", each with its own network (``set_offline``) and cookies, closed after the test.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+import pytest_asyncio
 from aiohttp import web
 from playwright.async_api import Browser, Page, async_playwright
 
@@ -70,7 +72,7 @@ def own_edge(origin: Origin, logs_dir: Path, edge_args: tuple[str, ...]) -> Iter
     started.stop()
 
 
-@pytest.fixture
+@pytest_asyncio.fixture(loop_scope="session")
 async def stack(
     origin: Origin, own_edge: Edge, logs_dir: Path, edge_args: tuple[str, ...]
 ) -> AsyncIterator[Stack]:
@@ -85,7 +87,7 @@ async def stack(
         made.edge.stop()
 
 
-@pytest.fixture
+@pytest_asyncio.fixture(loop_scope="session", scope="session")
 async def browser() -> AsyncIterator[Browser]:
     if not CHROMIUM_FOUND:
         pytest.fail("chromium not found: `make bootstrap` installs Debian's chromium")
@@ -95,7 +97,7 @@ async def browser() -> AsyncIterator[Browser]:
         await launched.close()
 
 
-@pytest.fixture
+@pytest_asyncio.fixture(loop_scope="session")
 async def agents_http() -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         yield session
@@ -134,6 +136,14 @@ class WatchPage:
                   .join("\\n")"""
             )
         )
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def pages_closed(browser: Browser) -> AsyncIterator[None]:
+    """Every page a test opened is closed after it, so none outlives its edge."""
+    yield
+    for context in browser.contexts:
+        await context.close()
 
 
 async def open_page(browser: Browser, url: str) -> WatchPage:

@@ -8,10 +8,13 @@ import os
 import signal
 import sys
 
+import pytest
 from playwright.async_api import Browser
 
 from devstack.processes import REPO
 from tests.browser.conftest import open_page
+
+pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.usefixtures("pages_closed")]
 
 
 async def start_demo(*args: str) -> asyncio.subprocess.Process:
