@@ -161,17 +161,26 @@ async def test_stop_on_one_page_stops_the_agent_everywhere(
     )
 
 
-async def test_take_over_a_humans_messages_appear_everywhere_in_order_once(
+async def say(page: WatchPage, text: str) -> None:
+    await page.page.fill("#say", text)
+    await page.page.click("#send")
+
+
+async def test_take_over_two_peoples_messages_appear_everywhere_in_order_once(
     stack: Stack, browser: Browser, agents_http: aiohttp.ClientSession
 ) -> None:
     name = run_name("human")
     pages = await open_pages(stack, browser, agents_http, name, 3)
     page_a, page_b, page_c = pages
+    me_a, me_b = await page_a.watch("w.me"), await page_b.watch("w.me")
     run = await start(stack, agents_http, name, count=60, rate=20)
     await page_a.until("w.messages.filter((m) => m.type === 'token').length >= 5")
     await page_a.page.click("#take")
     for page in pages:
         await page.until("w.messages.some((m) => m.type === 'status' && m.state === 'yielded')")
+    for page in (page_b, page_c):
+        assert await page.page.is_hidden("#say-form"), "only the holder types"
+        assert await page.page.inner_text("#holder") == me_a
     # The second message's first answer is lost on the way back (the append landed): the page
     # retries with the same Producer-Seq and the origin does not append it twice.
     lost: list[str] = []
@@ -186,34 +195,47 @@ async def test_take_over_a_humans_messages_appear_everywhere_in_order_once(
         await route.continue_()
 
     await page_a.page.route("**/v1/stream/**", lose_first_answer)
-    said = ["first, from a human", " second: with a leading space", "third ✓ ünïcode"]
-    for text in said:
-        await page_a.page.fill("#say", text)
-        await page_a.page.click("#send")
-    await page_a.until("w.sent.filter((r) => r.type === 'human' && r.status === 204).length")
+    said_a = ["first, from a human", " second: with a leading space", "third ✓ ünïcode"]
+    for text in said_a:
+        await say(page_a, text)
+    await page_a.until("w.sent.filter((r) => r.type === 'human' && r.done).length === 3")
     await page_a.page.unroute("**/v1/stream/**")
-    await page_a.page.click("#release")
+    # A second person takes it from the first, says one thing and hands it back to the agent.
+    await page_b.page.click("#take")
+    await page_a.until(f"w.messages.some((m) => m.from === '{me_b}' && m.type === 'control')")
+    assert await page_a.page.is_hidden("#say-form")
+    await page_b.until("!document.getElementById('say-form').hidden")
+    said_b = ["fourth, from a second person"]
+    await say(page_b, said_b[0])
+    await page_b.page.click("#release")
     await run.wait(30)
     for page in pages:
         await page.until("w.ended")
     items = await assert_exact(stack, agents_http, name, run, pages)
-    me_a = await page_a.watch("w.me")
     humans = [m for m in items if m["type"] == "human"]
-    assert [(m["from"], m["text"]) for m in humans] == [(me_a, text) for text in said]
+    assert [(m["from"], m["text"]) for m in humans] == [(me_a, t) for t in said_a] + [
+        (me_b, t) for t in said_b
+    ]
     assert lost == ["200"]
     attempts = await page_a.watch("w.sent.filter((r) => r.type === 'human').map((r) => r.attempts)")
     assert attempts[1] >= 2
-    # The agent wrote nothing while the human held the session.
+    assert await page_a.watch("w.sent.filter((r) => r.type === 'human').map((r) => r.status)") == [
+        200,
+        204,
+        200,
+    ]
+    # The agent wrote nothing while a human held the session, and resumed on the release.
     kinds = [(m["from"], m["type"], m.get("state") or m.get("action")) for m in items]
     yielded = kinds.index(("worker", "status", "yielded"))
     resumed = kinds.index(("worker", "status", "resumed"))
     assert kinds.index((me_a, "control", "take_over")) < yielded
     assert all(items.index(h) in range(yielded, resumed) for h in humans)
-    assert kinds.index((me_a, "control", "release")) < resumed
+    assert kinds.index((me_b, "control", "release")) < resumed
+    assert items[resumed]["ref"] == session.name(items[kinds.index((me_b, "control", "release"))])
     assert all(m["from"] != "worker" for m in items[yielded + 1 : resumed])
-    assert kinds[-2:] in ([("worker", "status", "done"), ("reviewer", "status", "signed_off")],)
-    for page in (page_b, page_c):
-        assert await page.page.locator(".type-human").count() == len(said)
+    assert kinds[-2:] == [("worker", "status", "done"), ("reviewer", "status", "signed_off")]
+    for page in pages:
+        assert await page.page.locator(".type-human").count() == len(humans)
 
 
 async def test_pages_resume_after_the_edge_is_killed_and_restarted(
