@@ -74,7 +74,7 @@ def own_edge(origin: Origin, logs_dir: Path, edge_args: tuple[str, ...]) -> Iter
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def stack(
-    origin: Origin, own_edge: Edge, logs_dir: Path, edge_args: tuple[str, ...]
+    origin: Origin, own_edge: Edge, logs_dir: Path, edge_args: tuple[str, ...], browser: Browser
 ) -> AsyncIterator[Stack]:
     runner: web.AppRunner
     runner, url = await serve_watch(own_edge.url, own_edge.admin_url)
@@ -82,6 +82,7 @@ async def stack(
         origin=origin, edge=own_edge, watch_url=url, logs_dir=logs_dir, edge_args=edge_args
     )
     yield made
+    await close_pages(browser)  # before the edge and the page's server go
     await runner.cleanup()
     if made.edge is not own_edge:
         made.edge.stop()
@@ -142,6 +143,10 @@ class WatchPage:
 async def pages_closed(browser: Browser) -> AsyncIterator[None]:
     """Every page a test opened is closed after it, so none outlives its edge."""
     yield
+    await close_pages(browser)
+
+
+async def close_pages(browser: Browser) -> None:
     for context in browser.contexts:
         await context.close()
 

@@ -22,7 +22,7 @@ from devstack.agents import Run, create_session, start_run
 from devstack.demo import tokens
 from tests.browser.conftest import Stack, WatchPage, open_page
 
-pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.usefixtures("pages_closed")]
+pytestmark = pytest.mark.asyncio(loop_scope="session")
 REPO = Path(__file__).resolve().parents[2]
 SCREENSHOT = REPO / "docs" / "watch-page.png"
 _names = iter(range(1_000_000))
