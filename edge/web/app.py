@@ -383,7 +383,13 @@ def create_app(settings: Settings, metrics: Metrics, origin: OriginClient) -> we
     hub = LiveHub(settings, cache, origin, metrics)
     app[CACHE] = cache
     app[HUB] = hub
-    app[RELAY] = Relay(origin=origin, metrics=metrics, cors=cors, observe=cache.observe)
+    app[RELAY] = Relay(
+        origin=origin,
+        metrics=metrics,
+        cors=cors,
+        observe=cache.observe,
+        ticket=cache.streams.ticket,
+    )
     gate = Gate(settings, metrics) if settings.auth_mode != "none" else None
     if gate is not None:
         app[GATE] = gate

@@ -44,9 +44,10 @@ log = logging.getLogger(__name__)
 
 LIVE_KINDS = frozenset({RequestKind.LONG_POLL, RequestKind.SSE})
 
-# (method, path, origin status, request headers, origin response headers) for every answer.
+# (method, path, origin status, request headers, origin response headers, the ticket taken
+# when the request started) for every answer.
 Observer = Callable[
-    [str, str, int, Sequence[tuple[str, str]], Sequence[tuple[str, str]]], Awaitable[None]
+    [str, str, int, Sequence[tuple[str, str]], Sequence[tuple[str, str]], int], Awaitable[None]
 ]
 
 
@@ -164,6 +165,9 @@ class Relay:
     metrics: Metrics
     cors: OriginCors
     observe: Observer | None = None
+    # Orders origin exchanges (``Streams.ticket``): what the edge knew before a request started
+    # is what its answer can contradict.
+    ticket: Callable[[], int] = lambda: 0
 
     async def forward(
         self, request: web.Request, kind: RequestKind, *, cache_status: str
@@ -182,6 +186,7 @@ class Relay:
             http_version=f"{request.version.major}.{request.version.minor}",
         )
         body = request.content if request.body_exists else None
+        started = self.ticket()
         try:
             upstream = await self.origin.open(
                 request.method, target.upstream, headers, body, live=kind in LIVE_KINDS
@@ -198,6 +203,7 @@ class Relay:
                 upstream.status,
                 client_headers,
                 list(upstream.headers.items()),
+                started,
             )
         try:
             return await self._relay(request, upstream, cache_status)
