@@ -36,7 +36,7 @@ $(STAMPS)/origin: $(ORIGIN_DIR)/package.json $(ORIGIN_DIR)/package-lock.json
 
 # Debian's redis-server, haproxy and prometheus (promtool) for the tests and `make cluster`;
 # installed only when missing.
-DEBIAN_TOOLS := redis-server:redis-server haproxy:haproxy promtool:prometheus
+DEBIAN_TOOLS := redis-server:redis-server haproxy:haproxy promtool:prometheus nginx:nginx wrk:wrk
 debian-tools:
 	@missing=""; for pair in $(DEBIAN_TOOLS); do \
 		command -v $${pair%%:*} >/dev/null || [ -x /usr/sbin/$${pair%%:*} ] || missing="$$missing $${pair#*:}"; \
