@@ -6,7 +6,11 @@ Rules this module owns:
   time the edge was busy.
 * A frame is named by function and file, line numbers dropped, so one function is one row.
   "self" counts samples where a frame is the innermost; "total" where it is anywhere on the
-  stack (once per sample, however deep the recursion).
+  stack (once per sample, however deep the recursion), leaving out the frames under every
+  sample (the interpreter's entry, the event loop's run): they say nothing.
+* "Where" sums self samples by package (``edge/web``, ``aiohttp``, ``prometheus_client``...):
+  the shape of the cost at a glance. Time in C (uvloop's socket writes, the parser) shows as
+  the Python frame that called it.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ class Frames:
     samples: int
     self_: list[tuple[str, int]]
     total: list[tuple[str, int]]
+    where: list[tuple[str, int]]
 
 
 def py_spy_binary() -> str | None:
@@ -65,7 +70,17 @@ def _name(frame: str) -> str:
     return f"{head} ({where.rsplit(':', 1)[0].rstrip(')')})"
 
 
+def _package(name: str) -> str:
+    """``handle (edge/web/app.py)`` → ``edge/web``; ``x (aiohttp/web.py)`` → ``aiohttp``."""
+    where = name.rpartition(" (")[2].rstrip(")")
+    parts = where.split("/")
+    if parts[0] == "edge" and len(parts) > 2:
+        return "/".join(parts[:2])
+    return parts[0] if len(parts) > 1 else where
+
+
 def top_frames(raw: str, limit: int = 15) -> Frames:
+    where: Counter[str] = Counter()
     self_counts: Counter[str] = Counter()
     total_counts: Counter[str] = Counter()
     samples = 0
@@ -81,19 +96,26 @@ def top_frames(raw: str, limit: int = 15) -> Frames:
         self_counts[frames[-1]] += count
         for name in set(frames):
             total_counts[name] += count
+    for name, count in self_counts.items():
+        where[_package(name)] += count
+    telling = Counter({k: v for k, v in total_counts.items() if v < samples})
     return Frames(
         samples=samples,
         self_=self_counts.most_common(limit),
-        total=total_counts.most_common(limit),
+        total=telling.most_common(limit),
+        where=where.most_common(),
     )
 
 
 def table(frames: Frames) -> str:
+    share = 100 / max(frames.samples, 1)
+    summary = ", ".join(f"{name} {count * share:.0f}%" for name, count in frames.where)
     lines = [
+        f"Self time by package: {summary}.",
+        "",
         "| self % | function (file) | | total % | function (file) |",
         "|---:|---|---|---:|---|",
     ]
-    share = 100 / max(frames.samples, 1)
     for index in range(max(len(frames.self_), len(frames.total))):
         left = frames.self_[index] if index < len(frames.self_) else ("", 0)
         right = frames.total[index] if index < len(frames.total) else ("", 0)
