@@ -8,8 +8,10 @@ Rules this module owns:
 * nginx does not compress once by itself: with ``gzip on`` it would compress on every hit, as
   the origin does. Here it caches the origin's own gzip answer (the origin compresses once, on
   the miss) and serves those stored bytes: the strongest nginx for a compress-once comparison.
-* Tuned to be fair to nginx, not to lose: one worker, ``access_log off``, ``sendfile``,
+* Tuned to be fair to nginx, not to lose: one worker, ``access_log off``, ``sendfile on``,
   keep-alive connections never closed by a request count (nginx's default closes every 1,000).
+  ``tcp_nopush`` stays off: with it (Debian's stock nginx.conf has it on) each 64 KB hit stalled
+  ~45 ms on loopback (1,600 req/s at 64 connections, 21 at one), against ~8,000 without it.
 * Everything lives in its own temporary prefix (config, pid file, cache, temp dirs, error log):
   started as ``nginx -p PREFIX -c CONF -e LOG -g 'daemon off;'`` and stopped by its own pid.
 """
@@ -38,7 +40,7 @@ events {{ worker_connections 8192; }}
 http {{
     access_log off;
     sendfile on;
-    tcp_nopush on;
+    tcp_nopush off;
     keepalive_requests 1000000000;
     keepalive_timeout 120s;
     client_body_temp_path {prefix}/body;
