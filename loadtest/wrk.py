@@ -1,8 +1,10 @@
 """Run Debian's ``wrk`` once and read its report, for ``loadtest.hits``.
 
 Rules this module owns:
-* One run is ``wrk -t1 -cC -dDs --latency [-H ...] URL`` on the load cores; its figures are
-  requests/s and the p50/p99 of its latency distribution, in milliseconds.
+* One run is ``wrk -t1 -cC -dDs --latency --timeout 10s [-H ...] URL`` on the load cores; its
+  figures are requests/s and the p50/p99 of its latency distribution, in milliseconds. The
+  timeout is 10 s, not wrk's 2 s: a request wrk gives up on is left out of its latency
+  distribution, so a short timeout would flatter a slow server's p99.
 * A run whose report shows non-2xx/3xx answers or socket errors says so (``errors``): the table
   flags it rather than pass off a fast stream of errors as speed.
 * A report that cannot be read is an error, never a zero.
@@ -73,7 +75,8 @@ def run(
     binary = wrk_binary()
     if binary is None:
         raise WrkFailed("wrk not found (make bootstrap installs Debian's wrk)")
-    argv = [binary, "-t1", f"-c{connections}", f"-d{max(1, round(duration_s))}s", "--latency"]
+    argv = [binary, "-t1", f"-c{connections}", f"-d{max(1, round(duration_s))}s"]
+    argv += ["--latency", "--timeout", "10s"]
     for name, value in headers.items():
         argv += ["-H", f"{name}: {value}"]
     argv.append(url)
