@@ -17,6 +17,14 @@ of docs/benchmarks.md (``--no-write``: print only).
 Servers run on core 0 and wrk on core 1 when this process may use two cores; an edge with
 ``--workers N`` (N > 1) gets every core, so it shares core 1 with wrk. ``--profile`` adds a run
 of the 100 B identity cell against the edge under ``py-spy record`` and prints its top frames.
+
+Rules this module owns:
+* No figure without checked bytes: a server that answers a cell wrongly (status, encoding,
+  bytes) before or after its timing, or not from its cache, fails the run (exit 1).
+* The edge is whatever ``python -m edge serve`` is installed, with ``--edge-args``: a flag it
+  does not know fails the run (exit 2) with the edge's own message, never a silent default.
+* Cells and servers are compared within one run only; a run's section names its command, its
+  date, the edge's revision, its pinning and the machine's load.
 """
 
 from __future__ import annotations

@@ -112,7 +112,7 @@ def run_target(
             time.sleep(0.2)  # the last waiters' requests past the counter and into their wait
             body = text_body(args.append_bytes, seed=number) + b"\n"
             writer = http.client.HTTPConnection(
-                origin_parts.hostname, origin_parts.port, timeout=30
+                origin_parts.hostname or "127.0.0.1", origin_parts.port, timeout=30
             )
             writer.connect()
             sent_at = time.monotonic()

@@ -147,6 +147,10 @@ class Waiter(asyncio.Protocol):
             self.answer.set_result(f"connection lost: {exc}")
 
 
+async def _connect(loop: asyncio.AbstractEventLoop, waiter: Waiter, host: str, port: int) -> None:
+    await loop.create_connection(lambda: waiter, host, port)
+
+
 async def _client_main(conn: Any, host: str, port: int, path: str, count: int) -> None:
     loop = asyncio.get_running_loop()
     waiters: list[Waiter] = []
@@ -162,9 +166,7 @@ async def _client_main(conn: Any, host: str, port: int, path: str, count: int) -
                     Waiter(f"{host}:{port}", path)
                     for _ in range(min(CONNECT_BATCH, count - len(waiters)))
                 ]
-                await asyncio.gather(
-                    *(loop.create_connection(lambda w=w: w, host, port) for w in batch)
-                )
+                await asyncio.gather(*(_connect(loop, w, host, port) for w in batch))
                 waiters += batch
             for waiter in waiters:
                 waiter.poll(offset)
