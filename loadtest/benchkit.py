@@ -36,11 +36,11 @@ class Cores:
     load: frozenset[int]  # wrk, the waiters' processes, py-spy
     every: frozenset[int]  # an edge with several workers
 
-    def describe(self, edge_cores: frozenset[int]) -> str:
+    def describe(self, edge_cores: frozenset[int], servers: str = "origin and nginx") -> str:
         if self.server == self.every:
             return f"not pinned (this process may use {len(self.every)} core(s) only)"
         return (
-            f"origin and nginx on core {_names(self.server)}, the edge on core "
+            f"{servers} on core {_names(self.server)}, the edge on core "
             f"{_names(edge_cores)}, the load generator on core {_names(self.load)} "
             "(taskset-style affinity set before each process starts)"
         )

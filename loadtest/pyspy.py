@@ -109,7 +109,9 @@ def top_frames(raw: str, limit: int = 15) -> Frames:
 
 def table(frames: Frames) -> str:
     share = 100 / max(frames.samples, 1)
-    summary = ", ".join(f"{name} {count * share:.0f}%" for name, count in frames.where)
+    summary = ", ".join(
+        f"{name} {count * share:.0f}%" for name, count in frames.where if count * share >= 0.5
+    )
     lines = [
         f"Self time by package: {summary}.",
         "",
