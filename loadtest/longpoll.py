@@ -258,9 +258,9 @@ def main(argv: list[str] | None = None) -> int:
             f"Latency: from the append's send to each waiter's complete answer; every answer "
             f"checked (200, exactly the appended bytes, the append's `Stream-Next-Offset`). "
             f"p50/p99/max are medians of {args.rounds} rounds after a warm-up round. Pinning: "
-            f"{cores.describe(edge_cores, 'the origin')}. Load average {load_before[0]:.2f} before, "
-            f"{load_after[0]:.2f} after: the machine is shared with other engineers' work, so "
-            f"the figures are noisy.\n\n{rendered}\n"
+            f"{cores.describe(edge_cores, 'the origin')}. Load average "
+            f"{load_before[0]:.2f} before, {load_after[0]:.2f} after: the machine is shared "
+            f"with other engineers' work, so the figures are noisy.\n\n{rendered}\n"
         )
         insert_section(args.output, heading, section)
         print(f"written to {args.output}")
