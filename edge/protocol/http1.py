@@ -153,7 +153,7 @@ def serialise(status: int, headers: Sequence[tuple[str, str]], body_length: int)
         lines.append(f"{name}: {value}")
     if status != HTTPStatus.NOT_MODIFIED:
         lines.append(f"Content-Length: {body_length}")
-    return ("\r\n".join(lines) + "\r\n").encode("latin-1")
+    return ("\r\n".join(lines) + "\r\n").encode("utf-8")  # as aiohttp encodes headers
 
 
 CLOSE_TRAILER = b"\r\nConnection: close\r\n\r\n"

@@ -192,6 +192,16 @@ class ConnectionTable(Generic[K]):
         self._wait(key, Phase.IDLE, now)
         self._idle_order[key] = None
 
+    def answered(self, key: K, now: float) -> None:
+        """A request the connection answered at once: ``request_started`` then
+        ``request_finished`` in one step (the fast path's, per hit)."""
+        phase = self._phase.get(key)
+        if phase is None or phase is Phase.BUSY:
+            return
+        del self._deadlines[phase][key]
+        self._wait(key, Phase.IDLE, now)
+        self._idle_order.move_to_end(key)
+
     def forget(self, key: K) -> bool:
         """The connection is closed (or being closed by us); False if it was not known."""
         phase = self._phase.pop(key, None)
@@ -281,8 +291,7 @@ class ConnectionTracker:
 
     def answered(self, transport: asyncio.Transport) -> None:
         """A request the connection answered itself, start to end."""
-        self.table.request_started(transport)
-        self.table.request_finished(transport, self.loop.time())
+        self.table.answered(transport, self.loop.time())
 
     def _make_middleware(self) -> Middleware:
         @web.middleware

@@ -240,3 +240,31 @@ def test_generated_event_sequences_keep_the_invariants(
             assert (t.phase(k) is Phase.BUSY) == bool(busy)
             if deadline is not None and op == "tick":
                 assert deadline > now
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from("abcd"), st.sampled_from(["bytes", "answered", "wait"])),
+        max_size=40,
+    )
+)
+def test_an_answer_at_once_is_a_request_started_and_finished(
+    events: list[tuple[str, str]],
+) -> None:
+    """The fast path's one-step bookkeeping leaves the table exactly as the two steps do."""
+    one, two = table(cap=3), table(cap=3)
+    now = 0.0
+    for key, what in events:
+        now += 1.0
+        if what == "bytes":
+            one.bytes_received(key, now)
+            two.bytes_received(key, now)
+        elif what == "answered":
+            one.answered(key, now)
+            two.request_started(key)
+            two.request_finished(key, now)
+        elif one.phase(key) is None:  # a transport connects once
+            assert one.admit(key, now) == two.admit(key, now)
+        assert [one.phase(k) for k in "abcd"] == [two.phase(k) for k in "abcd"]
+        assert [one.deadline(k) for k in "abcd"] == [two.deadline(k) for k in "abcd"]
+    assert one.expire(now + 100) == two.expire(now + 100)
