@@ -9,7 +9,7 @@ and has had ``--settle`` seconds to reach the server's wait, the parent appends 
 straight to the origin and each client notes when its answer's first byte arrives. A released
 client re-polls at once from the answer's ``Stream-Next-Offset`` with its ``Stream-Cursor`` (as
 the official clients do), so each round after the first also exercises the cursor jitter.
-Release latency = first byte at the client − the moment the append was sent; every round's N
+Release latency = first byte at the client minus the moment the append was sent; every round's N
 latencies are pooled per run, and the table shows each run's p50/p99 and their median.
 
 Everything shares this machine's cores (the clients with the server), and other work on the
@@ -29,7 +29,6 @@ import statistics
 import subprocess
 import sys
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -224,14 +223,16 @@ def run_once(
             procs.append(proc)
         for _ in procs:
             kind, count, _ = queue.get(timeout=120)
-            assert kind == "connected" and count > 0
+            assert kind == "connected"
+            assert count > 0
         results: list[Round] = []
         spy = None
         if profile is not None and edge is not None:
             # py-spy (pip install py-spy) samples the edge while it releases; collapsed stacks.
             spy = subprocess.Popen(
-                [str(Path(sys.executable).with_name("py-spy")), "record", "--pid", str(edge.process.pid),
-                 "--rate", "1000", "--format", "raw", "--output", str(profile), "--nonblocking"],
+                [str(Path(sys.executable).with_name("py-spy")), "record",
+                 "--pid", str(edge.process.pid), "--rate", "1000", "--format", "raw",
+                 "--output", str(profile), "--nonblocking"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )  # fmt: skip
         for number in range(1, rounds + 1):
@@ -249,7 +250,8 @@ def run_once(
             statuses: dict[int, int] = {}
             for _ in procs:
                 kind, got, answers = queue.get(timeout=60)
-                assert kind == "round" and got == number, (kind, got)
+                assert kind == "round"
+                assert got == number, (kind, got)
                 for code, arrived in answers:
                     latencies.append(arrived - sent)
                     statuses[code] = statuses.get(code, 0) + 1
