@@ -14,6 +14,7 @@ Rules this module owns:
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import socket
 import time
@@ -21,11 +22,11 @@ from collections.abc import AsyncIterator
 
 from aiohttp import HttpVersion11, web
 from aiohttp.typedefs import Handler
-from multidict import CIMultiDict
 
 from edge.catchup import Answer, CatchupCache, RelayInstead
 from edge.config import Settings
 from edge.live.hub import LiveHub, sse_encoding
+from edge.live.polls import Socket, Written
 from edge.live.viewers import Viewer
 from edge.log.stream_log import LogKey
 from edge.metrics import Metrics
@@ -44,6 +45,7 @@ from edge.web.proxy import (
     origin_error_response,
     request_target,
 )
+from edge.web.wire import WrittenResponse, client_headers, encode
 
 log = logging.getLogger(__name__)
 
@@ -70,11 +72,7 @@ def credentials_of(request: web.Request) -> list[tuple[str, str]]:
 
 
 def to_response(request: web.Request, answer: Answer) -> web.Response:
-    headers = CIMultiDict(answer.headers)
-    headers.add("Cache-Status", answer.cache_status)
-    headers.add("Via", f"1.1 {VIA_PSEUDONYM}")
-    # Answers built from origin answers have the CORS headers already; the edge's own do not.
-    request.app[CORS].add_missing(headers)
+    headers = client_headers(answer, request.app[CORS])
     request.app[METRICS].served_bytes.inc(len(answer.body))
     return EdgeResponse(status=answer.status, body=answer.body, headers=headers)
 
@@ -148,13 +146,27 @@ async def serve_long_poll(request: web.Request, classified: Classified) -> web.S
         offset = await start_offset(request, key, read.offset, None)
         if isinstance(offset, Answer):
             return to_response(request, offset)
-        answer = await hub.long_poll(key, offset, read.cursor, credentials_of(request))
+        transport = request.transport
+        socket = (
+            Socket(
+                transport=transport,
+                version=(request.version.major, request.version.minor),
+                keep_alive=request.keep_alive,
+            )
+            if transport is not None
+            else None
+        )
+        answer = await hub.long_poll(
+            key, offset, read.cursor, credentials_of(request), socket=socket
+        )
     except BodyTooLarge as uncacheable:
         # A backlog bigger than the edge keeps in one piece (or an answer that is not the
         # cache's to give): the origin answers it directly.
         return await relay_uncached(request, classified, uncacheable)
     except OriginError as error:
         return origin_failed(request, error)
+    if isinstance(answer, Written):
+        return WrittenResponse(answer)  # released with its group: on the wire already
     return to_response(request, answer)
 
 
@@ -344,6 +356,8 @@ def create_app(settings: Settings, metrics: Metrics, origin: OriginClient) -> we
     )
     cache = CatchupCache(settings, origin, metrics, shared=shared)
     hub = LiveHub(settings, cache, origin, metrics)
+    # Long-polls released together are written directly, framed as aiohttp would frame them.
+    hub.polls.encode = functools.partial(encode, cors=cors)
     app[CACHE] = cache
     app[HUB] = hub
     app[RELAY] = Relay(origin=origin, metrics=metrics, cors=cors, observe=cache.observe)
