@@ -58,6 +58,7 @@ class Poller(asyncio.Protocol):
         self.first_byte: float | None = None
         self.answers = 0
         self.lost = False
+        self.scheduled = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -76,6 +77,14 @@ class Poller(asyncio.Protocol):
         if self.first_byte is None:
             self.first_byte = time.monotonic()
         self.buffer += data
+        if not self.scheduled:
+            # Parse and re-poll after this loop pass: every socket readable now gets its
+            # arrival time first, so one client's own work does not count as the server's.
+            self.scheduled = True
+            asyncio.get_running_loop().call_soon(self._process)
+
+    def _process(self) -> None:
+        self.scheduled = False
         while self._answer_complete():
             pass
 
@@ -193,16 +202,17 @@ def run_once(
     logs: Path,
     edge_args: list[str],
     profile: Path | None = None,
+    repo: Path | None = None,
 ) -> list[Round]:
     origin: Origin = start_origin(logs, long_poll_timeout_ms=30_000, name=f"origin-{target}")
     edge: Edge | None = None
     procs: list[multiprocessing.Process] = []
     stop = multiprocessing.Event()
     try:
-        if target == "edge":
+        if target != "origin":
             edge = start_edge(
                 origin.url, logs, "--long-poll-timeout", "30", "--max-connections", "19000",
-                *edge_args, name="edge",
+                *edge_args, name=target, **({"repo": repo} if repo is not None else {}),
             )  # fmt: skip
         base = edge.url if edge is not None else origin.url
         host, port = base.removeprefix("http://").split(":")
@@ -281,16 +291,24 @@ def main() -> None:
     parser.add_argument("--targets", nargs="+", default=["origin", "edge"])
     parser.add_argument("--edge-arg", action="append", default=[], help="extra edge flag")
     parser.add_argument("--profile", type=Path, help="py-spy collapsed stacks of the edge here")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="another checkout (e.g. `git archive main | tar -x -C DIR`): its edge is measured "
+        "too, as target 'baseline'",
+    )
     args = parser.parse_args()
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     logs = new_logs_dir("longpoll-")
     table: dict[str, list[tuple[float, float]]] = {}
+    targets = [*args.targets, *(["baseline"] if args.baseline else [])]
     for run in range(1, args.runs + 1):
-        for target in args.targets:
+        for target in targets:
             rounds = run_once(
                 target, args.polls, args.rounds, args.clients, args.settle, logs, args.edge_arg,
-                args.profile if run == 1 else None,
+                args.profile.with_suffix(f".{target}.txt") if args.profile and run == 1 else None,
+                args.baseline if target == "baseline" else None,
             )  # fmt: skip
             # The first round's crowd had no cursor yet; every round counts.
             pooled = [value for r in rounds for value in r.latencies]
