@@ -19,7 +19,6 @@ upstreams, other replicas) is ``edge.streams``'s to keep; this module asks it.
 from __future__ import annotations
 
 import asyncio
-import gzip
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -29,6 +28,7 @@ from urllib.parse import quote
 import aiohttp
 
 from edge.coalesce import SingleFlight
+from edge.compress import Compressor
 from edge.config import Settings
 from edge.log.policy import (
     Coverage,
@@ -238,6 +238,7 @@ class CatchupCache:
         self.local = LocalTier(settings.cache_bytes, on_evict=metrics.cache_evictions.inc)
         self.streams = Streams(settings, self.local, origin, metrics, shared=shared, clock=clock)
         self.fill_budget = FillBudget(settings.fill_buffer_bytes)
+        self.compressor = Compressor(self.local)
         self._flights: SingleFlight[tuple[LogKey, str, StreamInstance], Fill] = SingleFlight()
         metrics.track_budget(self.local.usage, lambda: self.fill_budget.used)
 
@@ -347,7 +348,7 @@ class CatchupCache:
             log_ = self.local.log(key)
             assert log_ is not None
             status = "edge; hit; detail=shared" if resolved.shared_hit else "edge; hit"
-            return self._answer(
+            return await self._answer(
                 read, log_, offset, plan.coverage.segments, plan.coverage.end,
                 up_to_date=plan.up_to_date, closed=plan.closed,
                 if_none_match=if_none_match, accept_encoding=accept_encoding,
@@ -355,7 +356,7 @@ class CatchupCache:
             )  # fmt: skip
         assert fill is not None
         try:
-            answer = self._answer_fill(
+            answer = await self._answer_fill(
                 read, key, offset, resolved, fill, plan, if_none_match, accept_encoding
             )
         except BaseException:
@@ -364,7 +365,7 @@ class CatchupCache:
         # The answer's bytes keep the fill's budget share until the web layer has written them.
         return replace(answer, hold=fill.hold) if fill.hold is not None else answer
 
-    def _answer_fill(
+    async def _answer_fill(
         self,
         read: Read,
         key: LogKey,
@@ -397,7 +398,7 @@ class CatchupCache:
             log_.content_type = first_value(fill.headers, "content-type")
             log_.header_template = self.local.template(header_template(fill.headers))
         segments = self._joined(plan.prefix, fill.segment)
-        return self._answer(
+        return await self._answer(
             read, log_, offset, segments, fill.next_offset,
             up_to_date=fill.up_to_date, closed=fill.closed,
             if_none_match=if_none_match, accept_encoding=accept_encoding,
@@ -419,7 +420,7 @@ class CatchupCache:
             remaining_seconds=instance.remaining_seconds(now),
         )
 
-    def _answer(
+    async def _answer(
         self,
         read: Read,
         log_: StreamLog,
@@ -441,9 +442,10 @@ class CatchupCache:
         compress = COMPRESS_MIN_BYTES <= len(
             body
         ) <= self._settings.max_response_bytes and accepts_gzip(accept_encoding)
+        digest = content_digest(segments, log_.content_type)
         tag = etag(
-            read.stream, start, end, digest=content_digest(segments, log_.content_type),
-            closed=final, encoding="gzip" if compress else None,
+            read.stream, start, end, digest=digest, closed=final,
+            encoding="gzip" if compress else None,
         )  # fmt: skip
         control = self.cache_control_for(log_, immutable=final or not up_to_date)
         headers = answer_headers(
@@ -454,7 +456,7 @@ class CatchupCache:
                 status=304, headers=headers, body=b"", cache_status=cache_status, result=result
             )
         if compress:
-            body = gzip.compress(body, compresslevel=5)
+            body = await self.compressor.gzip(log_.key, (start, end, digest), body)
             headers.append(("Content-Encoding", "gzip"))
         return Answer(
             status=200, headers=headers, body=body, cache_status=cache_status, result=result

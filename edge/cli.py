@@ -49,6 +49,13 @@ def _log_level(text: str) -> str:
     return level
 
 
+def _on_off(text: str) -> bool:
+    value = text.strip().lower()
+    if value not in ("on", "off"):
+        raise ValueError("on or off")
+    return value == "on"
+
+
 def _optional_str(text: str) -> str | None:
     return text or None
 
@@ -268,6 +275,14 @@ SERVE_OPTIONS = (
         "the longest-idle connection, or gets 503 when all are busy. 0 = half the open-file "
         "limit (ulimit -n), leaving the rest for one origin connection each, Redis and the "
         "admin listener.",
+    ),
+    Option(
+        "--fast-path",
+        _on_off,
+        "on",
+        "on: immutable shared hits (closed or capped ranges) are answered from stored, "
+        "pre-serialised responses before the full HTTP stack sees the request; off: every "
+        "request takes the full path (same bytes, slower).",
     ),
     Option(
         "--origin-health-path",

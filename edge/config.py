@@ -124,6 +124,8 @@ class Settings:
     header_timeout_seconds: float = 10 * SECONDS
     keepalive_timeout_seconds: float = 60 * SECONDS
     max_connections: int = 0
+    # Immutable shared hits answered from stored, pre-serialised responses (edge.web.fastpath).
+    fast_path: bool = True
     # Readiness: None probes ``OPTIONS /`` (a Durable Streams origin answers CORS preflights on
     # any path), a path is probed with GET instead. Ready only on 2xx/3xx.
     origin_health_path: str | None = None

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Iterator
+from typing import Any, cast
 
 from prometheus_client import (
     CollectorRegistry,
@@ -216,6 +217,15 @@ class Metrics:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
             registry=self.registry,
         )
+        self.fast_path_answers = Counter(
+            "edge_fast_path_answers",
+            "Catch-up hits answered from stored, pre-serialised responses (also counted in "
+            "edge_requests_total and edge_cache_requests_total; folded in at scrape time).",
+            registry=self.registry,
+        )
+        # Label children bound once: a labels() lookup per request costs more than the count.
+        self._children: dict[tuple[str, ...], Any] = {}
+        self._folders: list[Callable[[Metrics], None]] = []
         for result in CACHE_RESULTS:
             self.cache_requests.labels(result=result)
         for kind in RequestKind:
@@ -232,5 +242,43 @@ class Metrics:
     def track_connections(self, stats: ConnectionStats) -> None:
         self._scrape_time.connections = stats
 
+    def _child(self, key: tuple[str, ...], make: Callable[[], Any]) -> Any:
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = make()
+        return child
+
+    def request_count(self, kind: RequestKind, code: int) -> Counter:
+        return cast(
+            Counter,
+            self._child(
+                ("requests", kind, str(code)),
+                lambda: self.requests.labels(kind=kind.value, code=str(code)),
+            ),
+        )
+
+    def duration(self, kind: RequestKind) -> Histogram:
+        return cast(
+            Histogram,
+            self._child(("duration", kind), lambda: self.request_duration.labels(kind=kind.value)),
+        )
+
+    def open_requests(self, kind: RequestKind) -> Gauge:
+        return cast(
+            Gauge,
+            self._child(("open", kind), lambda: self.open_connections.labels(kind=kind.value)),
+        )
+
+    def cache_result(self, result: str) -> Counter:
+        return cast(
+            Counter, self._child(("cache", result), lambda: self.cache_requests.labels(result))
+        )
+
+    def fold_at_scrape(self, folder: Callable[[Metrics], None]) -> None:
+        """``folder`` adds plain counts kept elsewhere to these metrics before each render."""
+        self._folders.append(folder)
+
     def render(self) -> bytes:
+        for folder in self._folders:
+            folder(self)
         return generate_latest(self.registry)

@@ -22,7 +22,7 @@ from redis.exceptions import RedisError
 from edge.config import Address, Settings
 from edge.metrics import Metrics
 from edge.origin import OriginClient
-from edge.web.app import HUB, create_admin_app, create_app
+from edge.web.app import FAST, HUB, create_admin_app, create_app
 from edge.web.connections import (
     CONNECTIONS,
     BoundedSite,
@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 
 # Viewers arrive in herds (a shared demo link); the default backlog of 128 would refuse them.
 LISTEN_BACKLOG = 4096
+# aiohttp's idle timer on the stream listener, where ConnectionTracker owns idle deadlines.
+AIOHTTP_KEEPALIVE_BACKSTOP_SECONDS = 24 * 3600.0
 # The start-up Redis check: long enough for a TLS handshake, short enough not to stall a start.
 REDIS_STARTUP_PING_SECONDS = 1.0
 
@@ -112,8 +114,13 @@ async def _start(
         handler_cancellation=True,
         access_log=log if log.isEnabledFor(logging.DEBUG) else None,
         shutdown_timeout=settings.drain_seconds,
-        # The tracker closes idle connections first; aiohttp's own timer stays behind it.
-        keepalive_timeout=settings.keepalive_timeout_seconds + settings.header_timeout_seconds,
+        # With a tracker, it alone closes idle connections: aiohttp's own timer cannot see the
+        # requests a connection answers itself (edge.web.fastpath), so it stays out of the way.
+        keepalive_timeout=(
+            settings.keepalive_timeout_seconds + settings.header_timeout_seconds
+            if tracker is None
+            else AIOHTTP_KEEPALIVE_BACKSTOP_SECONDS
+        ),
     )
     await runner.setup()
     site: web.BaseSite
@@ -168,6 +175,7 @@ async def serve(settings: Settings) -> None:
     stream_app = create_app(settings, metrics, origin)
     tracker = ConnectionTracker(connection_limits(settings))
     stream_app[CONNECTIONS] = tracker
+    tracker.fast = stream_app[FAST]
     metrics.track_connections(
         lambda: (
             tracker.open,

@@ -23,6 +23,7 @@ The percent-encode set is the one of the pinned origin's Node.js (20): ``^`` is 
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -86,6 +87,7 @@ def parse_target(raw: str, method: str) -> Target:
     return Target(upstream=path_qs, query=query, stream=normalise_path(path))
 
 
+@functools.lru_cache(maxsize=8192)  # a pure function of the path, asked on every request
 def normalise_path(raw_path: str) -> str:
     """The pathname of ``new URL(raw_path, "http://host")``: the stream the origin routes to.
 

@@ -13,12 +13,17 @@ Rules this module owns:
   that is no longer current (``current(instance)`` is False) must not store what it brings.
 * Entries are indexed by stream, so a purge or a write touches only that stream.
 * A segment larger than the whole budget is simply not kept.
+* Stored responses (``StoredHit``: a complete serialised answer, for the pre-serialised hit
+  path) are entries like any other: counted in the budget, LRU, indexed by stream and forgotten
+  with its instance. They are keyed by the target exactly as sent, which is only ever the
+  stream's normalised path (an alias is answered by the full path), so the index is right.
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Hashable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from cachetools import LRUCache
@@ -32,11 +37,31 @@ SEGMENT_OVERHEAD_BYTES = 640
 LOG_OVERHEAD_BYTES = 760
 INSTANCE_OVERHEAD_BYTES = 760
 DERIVED_OVERHEAD_BYTES = 700
+RESPONSE_OVERHEAD_BYTES = 900
 MAX_TEMPLATES = 1024
 
-SEGMENT, LOG, INSTANCE, DERIVED = "segment", "log", "instance", "derived"
-STRUCTURES = (SEGMENT, LOG, INSTANCE, DERIVED)
+SEGMENT, LOG, INSTANCE, DERIVED, RESPONSE = "segment", "log", "instance", "derived", "response"
+STRUCTURES = (SEGMENT, LOG, INSTANCE, DERIVED, RESPONSE)
 EntryKey = tuple[Any, ...]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StoredHit:
+    """One representation of an immutable shared answer, serialised once: ``ok`` and
+    ``not_modified`` are heads up to their ``Date`` line (``edge.protocol.http1``)."""
+
+    instance: StreamInstance
+    etag: str
+    ok: bytes
+    not_modified: bytes
+    body: bytes
+    # The CORS headers (``OriginCors.headers``) the answer was built with: another set means
+    # the full path would answer differently now.
+    cors: tuple[tuple[str, str], ...]
+
+    @property
+    def size(self) -> int:
+        return len(self.ok) + len(self.not_modified) + len(self.body) + len(self.etag)
 
 
 def entry_cost(value: object) -> int:
@@ -48,6 +73,8 @@ def entry_cost(value: object) -> int:
         return LOG_OVERHEAD_BYTES + len(value.key.stream) + len(value.key.scope)
     if isinstance(value, StreamInstance):
         return INSTANCE_OVERHEAD_BYTES + len(value.stream)
+    if isinstance(value, StoredHit):
+        return value.size + RESPONSE_OVERHEAD_BYTES
     return sys.getsizeof(value)
 
 
@@ -168,6 +195,20 @@ class LocalTier:
         if len(value) + DERIVED_OVERHEAD_BYTES <= self._entries.maxsize // 4:
             self.instance_for(key.stream)
             self._put((DERIVED, key, name), value)
+
+    # --- stored responses (the pre-serialised hit path) ---
+
+    def response(self, path: str, query: str, gzip: bool) -> StoredHit | None:
+        found = self._entries.get((RESPONSE, path, query, gzip))
+        return found if isinstance(found, StoredHit) else None
+
+    def put_response(self, path: str, query: str, gzip: bool, hit: StoredHit) -> bool:
+        """Keep ``hit`` for requests of exactly ``path?query``; ``path`` must be the stream."""
+        if hit.instance.stream != path or not self.current(hit.instance):
+            return False
+        if hit.size + RESPONSE_OVERHEAD_BYTES > self._entries.maxsize // 4:
+            return False
+        return self._put((RESPONSE, path, query, gzip), hit)
 
     # --- stream logs ---
 

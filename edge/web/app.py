@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import HttpVersion11, web
 from aiohttp.typedefs import Handler
+from multidict import CIMultiDict
 
 from edge.catchup import Answer, CatchupCache, RelayInstead
 from edge.config import Settings
@@ -31,11 +32,11 @@ from edge.live.viewers import Viewer
 from edge.log.stream_log import LogKey
 from edge.metrics import Metrics
 from edge.origin import BodyTooLarge, OriginClient, OriginError
-from edge.protocol.headers import VIA_PSEUDONYM
 from edge.protocol.paths import BadTarget
 from edge.protocol.reads import Classified, RequestKind, classify, scope_credentials
 from edge.store.shared import SharedTier
 from edge.web.admin import ReadinessProbe, add_admin_routes
+from edge.web.fastpath import FastPath
 from edge.web.proxy import (
     ClientGone,
     EdgeResponse,
@@ -45,7 +46,7 @@ from edge.web.proxy import (
     origin_error_response,
     request_target,
 )
-from edge.web.wire import WrittenResponse, client_headers, encode
+from edge.web.wire import VIA, WrittenResponse, client_headers, encode
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,8 @@ RELAY = web.AppKey("relay", Relay)
 CACHE = web.AppKey("cache", CatchupCache)
 HUB = web.AppKey("hub", LiveHub)
 CORS = web.AppKey("cors", OriginCors)
+FAST = web.AppKey("fast", FastPath)
+
 
 # Status recorded for a request whose client went away before it was answered (nginx's 499).
 CLIENT_CLOSED = 499
@@ -71,8 +74,13 @@ def credentials_of(request: web.Request) -> list[tuple[str, str]]:
     )
 
 
+def answer_headers_for(request: web.Request, answer: Answer) -> CIMultiDict[str]:
+    """Every header of the edge's answer but those aiohttp adds (Content-Length, Date)."""
+    return client_headers(answer, request.app[CORS])
+
+
 def to_response(request: web.Request, answer: Answer) -> web.Response:
-    headers = client_headers(answer, request.app[CORS])
+    headers = answer_headers_for(request, answer)
     request.app[METRICS].served_bytes.inc(len(answer.body))
     return EdgeResponse(status=answer.status, body=answer.body, headers=headers)
 
@@ -99,13 +107,16 @@ async def serve_catchup(request: web.Request, classified: Classified) -> web.Str
         )
     except BodyTooLarge as uncacheable:
         log.info("relaying without caching: %s", uncacheable)
-        metrics.cache_requests.labels(result="bypass").inc()
+        metrics.cache_result("bypass").inc()
         return await relay_uncached(request, classified, uncacheable)
     except OriginError as error:
         return origin_failed(request, error)
-    metrics.cache_requests.labels(result=answer.result).inc()
+    metrics.cache_result(answer.result).inc()
     response = to_response(request, answer)
     if answer.hold is None:
+        request.app[FAST].register(
+            request, request_target(request), read, answer, list(response.headers.items())
+        )
         return response
     # Bytes fresh from the origin count in --fill-buffer-bytes until they are written.
     try:
@@ -221,7 +232,7 @@ async def _serve_sse_viewer(request: web.Request, classified: Classified) -> web
     if sse_encoding(log_.content_type) == "base64":
         response.headers["stream-sse-data-encoding"] = "base64"
     response.headers["Cache-Status"] = "edge; hit; detail=live"
-    response.headers["Via"] = f"1.1 {VIA_PSEUDONYM}"
+    response.headers["Via"] = VIA
     try:
         await response.prepare(request)
     except ConnectionResetError as gone:
@@ -278,7 +289,7 @@ async def dispatch(request: web.Request, classified: Classified) -> web.StreamRe
     if kind is RequestKind.CATCHUP and read is not None:
         if read.plain and read.offset != "now":
             return await serve_catchup(request, classified)
-        request.app[METRICS].cache_requests.labels(result="bypass").inc()
+        request.app[METRICS].cache_result("bypass").inc()
     forward = "method" if classified.kind is RequestKind.WRITE else "bypass"
     return await request.app[RELAY].forward(
         request, classified.kind, cache_status=f"edge; fwd={forward}"
@@ -291,11 +302,11 @@ async def handle_stream_request(request: web.Request) -> web.StreamResponse:
     try:
         target = request_target(request)
     except BadTarget as bad:
-        metrics.requests.labels(kind=RequestKind.OTHER.value, code="400").inc()
+        metrics.request_count(RequestKind.OTHER, 400).inc()
         return edge_answer(400, str(bad), request.app[CORS])
     if target.asterisk:
         # OPTIONS * asks about the server, not a stream: the origin's own answer to any OPTIONS.
-        metrics.requests.labels(kind=RequestKind.OTHER.value, code="204").inc()
+        metrics.request_count(RequestKind.OTHER, 204).inc()
         server_options = EdgeResponse(status=204)
         request.app[CORS].add_missing(server_options.headers)
         return server_options
@@ -308,7 +319,7 @@ async def handle_stream_request(request: web.Request) -> web.StreamResponse:
         scope_cookies=settings.scope_cookies,
     )
     kind = classified.kind
-    open_gauge = metrics.open_connections.labels(kind=kind.value)
+    open_gauge = metrics.open_requests(kind)
     open_gauge.inc()
     started = time.perf_counter()
     code = CLIENT_CLOSED
@@ -324,8 +335,8 @@ async def handle_stream_request(request: web.Request) -> web.StreamResponse:
         return web.Response(status=CLIENT_CLOSED)
     finally:
         open_gauge.dec()
-        metrics.request_duration.labels(kind=kind.value).observe(time.perf_counter() - started)
-        metrics.requests.labels(kind=kind.value, code=str(code)).inc()
+        metrics.duration(kind).observe(time.perf_counter() - started)
+        metrics.request_count(kind, code).inc()
 
 
 @web.middleware
@@ -361,6 +372,9 @@ def create_app(settings: Settings, metrics: Metrics, origin: OriginClient) -> we
     app[CACHE] = cache
     app[HUB] = hub
     app[RELAY] = Relay(origin=origin, metrics=metrics, cors=cors, observe=cache.observe)
+    fast = FastPath(settings, cache.local, lambda: cors.headers)
+    app[FAST] = fast
+    metrics.fold_at_scrape(fast.fold_into)
 
     async def lifetime(_: web.Application) -> AsyncIterator[None]:
         await origin.start()

@@ -32,6 +32,7 @@ subclasses (``_runner``, ``_backlog``, ``_server``; tests/integration/test_bound
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
@@ -41,6 +42,9 @@ from typing import Generic, TypeVar, cast
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
+
+from edge.protocol.http1 import MAX_HEAD_BYTES, Handoff, HeadParser
+from edge.web.fastpath import FastPath
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +69,9 @@ REFUSAL = (
     b"Connection: close\r\n"
     b"\r\n" + REFUSAL_BODY
 )
+# Bytes a connection may send while aiohttp answers its previous request; past it, aiohttp
+# takes the connection for good (it queues pipelined requests itself).
+MAX_WAITING_BYTES = 64 * 1024
 # How often an operator is told the cap is being hit.
 CAP_WARNING_INTERVAL_SECONDS = 60.0
 
@@ -233,6 +240,9 @@ class ConnectionTracker:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self._warned_at: dict[str, float] = {}
+        # Set by edge.server: the stored hits the connections answer themselves.
+        self.fast: FastPath | None = None
+        self._connections: dict[asyncio.Transport, _Connection] = {}
         self.middleware: Middleware = self._make_middleware()
 
     @property
@@ -251,6 +261,8 @@ class ConnectionTracker:
         self._sweeper = self.loop.create_task(self._sweep(min(max(tick, 0.05), 1.0)))
 
     async def stop(self) -> None:
+        for connection in list(self._connections.values()):
+            connection.close_if_idle()
         if self._sweeper is not None:
             self._sweeper.cancel()
             await asyncio.gather(self._sweeper, return_exceptions=True)
@@ -267,6 +279,11 @@ class ConnectionTracker:
     def request_finished(self, transport: asyncio.BaseTransport) -> None:
         self.table.request_finished(cast(asyncio.Transport, transport), self.loop.time())
 
+    def answered(self, transport: asyncio.Transport) -> None:
+        """A request the connection answered itself, start to end."""
+        self.table.request_started(transport)
+        self.table.request_finished(transport, self.loop.time())
+
     def _make_middleware(self) -> Middleware:
         @web.middleware
         async def track_requests(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -274,17 +291,31 @@ class ConnectionTracker:
             if transport is None:  # the client already left
                 return await handler(request)
             self.request_started(transport)
+            completed = False
             try:
-                return await handler(request)
+                response = await handler(request)
+                if self.fast is not None and self.fast.enabled:
+                    # Written here rather than after the middleware (aiohttp then finds it
+                    # done), so the connection knows when the next head may be answered.
+                    with contextlib.suppress(ConnectionError):
+                        await response.prepare(request)
+                        await response.write_eof()
+                        completed = True
+                return response
             finally:
                 self.request_finished(transport)
+                connection = self._connections.get(transport)
+                if connection is not None:
+                    connection.request_done(completed=completed)
 
         return track_requests
 
     # -- called by _Connection ---------------------------------------------------------------
 
-    def connected(self, transport: asyncio.Transport) -> bool:
+    def connected(self, transport: asyncio.Transport, connection: _Connection) -> bool:
         admission = self.table.admit(transport, self.loop.time(), flushing=_flushing)
+        if admission.admitted:
+            self._connections[transport] = connection
         if admission.evict is not None:
             self.evicted += 1
             self._warn_at_cap("evicting the longest-idle connection")
@@ -298,6 +329,7 @@ class ConnectionTracker:
 
     def closed(self, transport: asyncio.Transport) -> None:
         self.table.forget(transport)
+        self._connections.pop(transport, None)
 
     def refuse(self, transport: asyncio.Transport) -> asyncio.TimerHandle | None:
         self.refused += 1
@@ -342,10 +374,37 @@ class ConnectionTracker:
 CONNECTIONS = web.AppKey("connections", ConnectionTracker)
 
 
-class _Connection(asyncio.Protocol):
-    """Delegates to aiohttp's protocol for the connection, telling the tracker what happens."""
+class _Mode(Enum):
+    FAST = "fast"  # the next head is read here; stored hits are answered here
+    WAITING = "waiting"  # aiohttp answers one request; later bytes wait here until it is done
+    DELEGATED = "delegated"  # every byte is aiohttp's, for the rest of the connection
+    CLOSED = "closed"  # answered with Connection: close; nothing more is read
+    REFUSED = "refused"  # at --max-connections: what it sends is discarded
 
-    __slots__ = ("_handler_factory", "_inner", "_linger", "_tracker", "_transport")
+
+class _Connection(asyncio.Protocol):
+    """Delegates to aiohttp's protocol for the connection, telling the tracker what happens, and
+    answers stored hits itself (``edge.web.fastpath``) while aiohttp has nothing in hand.
+
+    Order is kept by construction: a head the fast path cannot answer goes to aiohttp alone
+    (``WAITING``), and nothing after it is read until aiohttp's answer is written
+    (``request_done``, from the tracker's middleware). A head with a body, one llhttp refuses,
+    or a backlog past ``MAX_WAITING_BYTES`` hands the connection to aiohttp for good. aiohttp's
+    protocol is only made when the first request needs it.
+    """
+
+    __slots__ = (
+        "_buffer",
+        "_fast",
+        "_handler_factory",
+        "_inner",
+        "_linger",
+        "_mode",
+        "_parser",
+        "_paused",
+        "_tracker",
+        "_transport",
+    )
 
     def __init__(self, tracker: ConnectionTracker, handler_factory: web.Server) -> None:
         self._tracker = tracker
@@ -353,40 +412,153 @@ class _Connection(asyncio.Protocol):
         self._inner: asyncio.Protocol | None = None
         self._transport: asyncio.Transport | None = None
         self._linger: asyncio.TimerHandle | None = None
+        fast = tracker.fast
+        self._fast = fast if fast is not None and fast.enabled else None
+        self._mode = _Mode.FAST if self._fast is not None else _Mode.DELEGATED
+        self._parser: HeadParser | None = None
+        self._buffer = bytearray()
+        self._paused = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)
-        if not self._tracker.connected(self._transport):
+        if not self._tracker.connected(self._transport, self):
+            self._mode = _Mode.REFUSED
             self._linger = self._tracker.refuse(self._transport)
             return
-        self._inner = self._handler_factory()
-        self._inner.connection_made(transport)
+        if self._mode is _Mode.DELEGATED:
+            self._ensure_inner()
+
+    def _ensure_inner(self) -> asyncio.Protocol:
+        if self._inner is None:
+            self._inner = self._handler_factory()
+            self._inner.connection_made(self._transport)  # type: ignore[arg-type]
+        return self._inner
 
     def data_received(self, data: bytes) -> None:
-        if self._inner is None:
-            return  # a refused connection: what it sent is discarded
+        mode = self._mode
+        if mode is _Mode.REFUSED or mode is _Mode.CLOSED:
+            return
         assert self._transport is not None
         self._tracker.bytes_received(self._transport)
-        self._inner.data_received(data)
+        if mode is _Mode.DELEGATED:
+            self._ensure_inner().data_received(data)
+            return
+        self._buffer += data
+        if mode is _Mode.WAITING:
+            if len(self._buffer) > MAX_WAITING_BYTES:
+                self._delegate()
+            return
+        self._serve_safely()
+
+    def _serve_safely(self) -> None:
+        try:
+            self._serve()
+        except Exception:
+            # A fault of the fast path must not cost the client its answer: the head it was
+            # reading is still buffered, and aiohttp answers it and everything after.
+            log.exception("fast path failed; the connection takes the full path")
+            self._delegate()
+
+    def _serve(self) -> None:
+        """Answer the complete heads in the buffer, in order, until one is aiohttp's."""
+        fast, buffer, transport = self._fast, self._buffer, self._transport
+        assert fast is not None
+        assert transport is not None
+        while self._mode is _Mode.FAST and buffer and not self._paused:
+            end = buffer.find(b"\r\n\r\n")
+            if end < 0:
+                if len(buffer) > MAX_HEAD_BYTES:
+                    self._delegate()  # aiohttp refuses it (431) as it always has
+                return
+            head = bytes(buffer[: end + 4])
+            if self._parser is None:
+                self._parser = fast.parser()
+            parsed = self._parser.parse(head)
+            if isinstance(parsed, Handoff):
+                if not parsed.once:
+                    self._delegate()
+                    return
+                del buffer[: end + 4]
+                self._mode = _Mode.WAITING
+                self._ensure_inner().data_received(head)
+                return
+            answer = fast.answer(parsed)
+            if answer is None:
+                del buffer[: end + 4]
+                self._mode = _Mode.WAITING
+                self._ensure_inner().data_received(head)
+                return
+            del buffer[: end + 4]
+            self._tracker.answered(transport)
+            if len(answer) == 1:
+                transport.write(answer[0])
+            else:
+                transport.writelines(answer)
+            if not parsed.keep_alive:
+                self._mode = _Mode.CLOSED  # the close flushes the answer first
+                buffer.clear()
+                transport.close()
+                return
+
+    def _delegate(self) -> None:
+        """Everything from here on is aiohttp's, starting with what is buffered."""
+        self._mode = _Mode.DELEGATED
+        pending, self._buffer = bytes(self._buffer), bytearray()
+        inner = self._ensure_inner()
+        if pending:
+            inner.data_received(pending)
+
+    def request_done(self, *, completed: bool) -> None:
+        """aiohttp has written its answer to the request it was given (``completed``), or its
+        handler failed and aiohttp writes an answer of its own after this: then it keeps the
+        connection, so that answer and every later one stay in order."""
+        if self._mode is not _Mode.WAITING:
+            return
+        if not completed:
+            self._delegate()
+            return
+        self._mode = _Mode.FAST
+        if self._buffer:
+            self._tracker.loop.call_soon(self._resume)
+
+    def _resume(self) -> None:
+        transport = self._transport
+        if self._mode is _Mode.FAST and transport is not None and not transport.is_closing():
+            self._serve_safely()
+
+    def close_if_idle(self) -> None:
+        """At shutdown: a connection aiohttp never saw is closed here (its buffer flushes)."""
+        if self._inner is None and self._transport is not None:
+            self._transport.close()
 
     def eof_received(self) -> bool | None:
         if self._inner is None:
-            return None  # a refused connection: close it now
+            return None  # nothing in hand: close it now (its answers are flushed first)
         return self._inner.eof_received()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._inner is None:
+        assert self._transport is not None
+        if self._mode is _Mode.REFUSED:
             self._tracker.refusal_ended(self._linger)
             return
-        assert self._transport is not None
         self._tracker.closed(self._transport)
-        self._inner.connection_lost(exc)
+        if self._inner is not None:
+            self._inner.connection_lost(exc)
 
     def pause_writing(self) -> None:
+        if self._mode is _Mode.FAST and self._transport is not None:
+            # A client that pipelines faster than it reads waits here, not in our memory.
+            self._paused = True
+            self._transport.pause_reading()
         if self._inner is not None:
             self._inner.pause_writing()
 
     def resume_writing(self) -> None:
+        if self._paused and self._transport is not None:
+            self._paused = False
+            self._transport.resume_reading()
+            if self._buffer:
+                self._tracker.loop.call_soon(self._resume)
         if self._inner is not None:
             self._inner.resume_writing()
 

@@ -91,7 +91,8 @@ class OriginCors:
 
     def remember(self, headers: Iterable[tuple[str, str]]) -> None:
         found = cors_headers(headers)
-        if found:
+        if found and found != self._headers:
+            # Replaced only when it changes: stored answers compare it by identity.
             self._headers = found
 
     @property

@@ -34,13 +34,14 @@ from edge.web.proxy import OriginCors
 
 # What aiohttp refuses in a header (http_writer._FORBIDDEN_HEADER_CHARS_RE): every control
 # character but tab.
+VIA = f"1.1 {VIA_PSEUDONYM}"
 _FORBIDDEN = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
 
 def client_headers(answer: Answer, cors: OriginCors) -> CIMultiDict[str]:
     headers = CIMultiDict(answer.headers)
     headers.add("Cache-Status", answer.cache_status)
-    headers.add("Via", f"1.1 {VIA_PSEUDONYM}")
+    headers.add("Via", VIA)
     # Answers built from origin answers have the CORS headers already; the edge's own do not.
     cors.add_missing(headers)
     return headers

@@ -15,7 +15,7 @@ import pytest
 
 from edge.log.segment import Segment
 from edge.log.stream_log import LogKey
-from edge.store.local import LocalTier
+from edge.store.local import LocalTier, StoredHit
 
 ENTRIES = 5000
 KEY = LogKey(stream="/v1/stream/budget", scope="public")
@@ -46,7 +46,18 @@ def frames(local: LocalTier, n: int) -> None:
         local.put_derived(KEY, name, b"x")
 
 
-@pytest.mark.parametrize("fill", [segments, scopes, streams, frames])
+def responses(local: LocalTier, n: int) -> None:
+    for i in range(n):
+        stream = f"/v1/stream/{i:024d}"
+        instance = local.instance_for(stream)
+        hit = StoredHit(
+            instance=instance, etag=f'"{i}"', ok=b"HTTP/1.1 200 OK\r\n" + b"h" * 60,
+            not_modified=b"HTTP/1.1 304 Not Modified\r\n" + b"h" * 60, body=b"x", cors=(),
+        )  # fmt: skip
+        assert local.put_response(stream, "offset=-1", i % 2 == 0, hit)
+
+
+@pytest.mark.parametrize("fill", [segments, scopes, streams, frames, responses])
 def test_the_budget_counts_at_least_what_entries_really_cost(
     fill: Callable[[LocalTier, int], None],
 ) -> None:
@@ -86,3 +97,35 @@ def test_usage_reports_every_structure_and_purge_empties_it() -> None:
     local.purge(KEY.stream)
     assert all(usage == (0, 0) for usage in local.usage().values())
     assert local.bytes_used == 0
+
+
+def stored(local: LocalTier, stream: str) -> StoredHit:
+    return StoredHit(
+        instance=local.instance_for(stream), etag='"t"', ok=b"ok", not_modified=b"nm",
+        body=b"body" * 100, cors=(),
+    )  # fmt: skip
+
+
+def test_stored_responses_live_and_die_with_their_stream_instance() -> None:
+    local = LocalTier(1 << 30)
+    hit = stored(local, KEY.stream)
+    assert local.put_response(KEY.stream, "offset=-1", True, hit)
+    assert local.response(KEY.stream, "offset=-1", True) is hit
+    assert local.response(KEY.stream, "offset=-1", False) is None  # another representation
+    assert local.usage()["response"][1] == 1
+    # An alias path is never a key: the index would not find it when the stream is purged.
+    assert not local.put_response(KEY.stream + "/./", "offset=-1", True, hit)
+    local.purge(KEY.stream)
+    assert local.response(KEY.stream, "offset=-1", True) is None
+    assert local.usage()["response"] == (0, 0)
+    # Made under the purged instance: refused, so nothing of it is answered again.
+    assert not local.put_response(KEY.stream, "offset=-1", True, hit)
+
+
+def test_stored_responses_are_evicted_like_any_entry() -> None:
+    local = LocalTier(64 * 1024)
+    for i in range(200):
+        stream = f"/v1/stream/evict-{i}"
+        local.put_response(stream, "", False, stored(local, stream))
+    assert local.bytes_used <= 64 * 1024
+    assert 0 < local.usage()["response"][1] < 200

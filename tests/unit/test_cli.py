@@ -54,6 +54,7 @@ def test_every_flag_reads_its_env_and_the_flag_wins() -> None:
         "EDGE_HEADER_TIMEOUT": "4",
         "EDGE_KEEPALIVE_TIMEOUT": "20",
         "EDGE_MAX_CONNECTIONS": "500",
+        "EDGE_FAST_PATH": "off",
         "EDGE_ORIGIN_HEALTH_PATH": "/healthz",
         "EDGE_PURGE_TOKEN": "s3cret",
     }
@@ -73,6 +74,7 @@ def test_every_flag_reads_its_env_and_the_flag_wins() -> None:
     assert settings.max_segment_bytes == 1024 * 1024
     assert settings.tail_freshness_seconds == 0.5
     assert settings.redis_url == "redis://127.0.0.1:6390/2"
+    assert settings.fast_path is False
     assert settings.redis_ttl_seconds == 60
     assert settings.redis_timeout_seconds == 0.1
     assert settings.long_poll_timeout_seconds == 12

@@ -1,0 +1,165 @@
+"""HTTP/1.1 for the pre-serialised hit path: request heads parsed strictly, answers serialised
+exactly as the full (aiohttp) path serialises them.
+
+Rules this module owns:
+
+* A head is parsed by llhttp (through ``httptools``, the binding uvicorn uses), the same C
+  parser family aiohttp's own parser is built on, so a head the fast path accepts is one the
+  full path would accept too. Anything llhttp refuses, or that is not a plain HTTP/1.1 ``GET``
+  without a body, is not the fast path's: ``parse_head`` says so and the full path decides.
+* Headers that change what the full path answers are named here (``CONSULTED``) and read once;
+  a head that repeats one of them, or carries one that makes the request not a plain shared
+  read (``HANDOFF``, plus the configured credential headers), is not the fast path's.
+* ``serialise`` writes the status line and the answer's headers in order, then
+  ``Content-Length`` (never on a 304), then ``Date`` and, when the client asked to close,
+  ``Connection: close``: aiohttp's order for the edge's own answers
+  (``tests/integration/test_fast_path.py`` compares both paths byte for byte).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from email.utils import formatdate
+from http import HTTPStatus
+
+import httptools
+
+# Longer heads are aiohttp's to judge (its limits are 8190 bytes a line, and it answers 431).
+MAX_HEAD_BYTES = 8192
+
+IF_NONE_MATCH = b"if-none-match"
+ACCEPT_ENCODING = b"accept-encoding"
+CONSULTED = frozenset({IF_NONE_MATCH, ACCEPT_ENCODING, b"connection"})
+# Their presence means a body, an upgrade, a resumption or a negotiation the full path handles.
+HANDOFF = frozenset(
+    {
+        b"content-length",
+        b"transfer-encoding",
+        b"expect",
+        b"upgrade",
+        b"last-event-id",
+        b"range",
+        b"if-match",
+        b"if-modified-since",
+        b"if-unmodified-since",
+        b"if-range",
+    }
+)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RequestHead:
+    """A plain HTTP/1.1 GET head: the target as sent and the headers the answer depends on."""
+
+    path: str
+    query: str
+    if_none_match: str | None
+    accept_encoding: str | None
+    keep_alive: bool
+
+
+class _Collector:
+    """httptools callbacks; one parser per connection, reset by llhttp between messages."""
+
+    __slots__ = ("complete", "headers", "url")
+
+    def __init__(self) -> None:
+        self.url = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.complete = False
+
+    def on_message_begin(self) -> None:
+        self.url = b""
+        self.headers = []
+        self.complete = False
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name.lower(), value))
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Handoff:
+    """The head is the full path's. ``once``: it is one complete request without a body, so the
+    full path can answer it alone and the connection's next head is the fast path's again;
+    otherwise every byte from here on is the full path's."""
+
+    once: bool
+
+
+ONE_REQUEST = Handoff(once=True)
+FOR_GOOD = Handoff(once=False)
+
+
+class HeadParser:
+    """Parses one complete request head at a time (the caller found its end). After a
+    ``FOR_GOOD`` hand-off the parser must not be used again."""
+
+    __slots__ = ("_collector", "_handoff", "_parser")
+
+    def __init__(self, credential_headers: Collection[str]) -> None:
+        self._collector = _Collector()
+        self._parser = httptools.HttpRequestParser(self._collector)
+        self._handoff = HANDOFF | {name.lower().encode("latin-1") for name in credential_headers}
+
+    def parse(self, head: bytes) -> RequestHead | Handoff:
+        collector = self._collector
+        try:
+            self._parser.feed_data(head)
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade):
+            return FOR_GOOD
+        if not collector.complete:
+            return FOR_GOOD  # a body follows: its framing is the full path's
+        if self._parser.get_method() != b"GET" or self._parser.get_http_version() != "1.1":
+            return ONE_REQUEST
+        consulted: dict[bytes, bytes] = {}
+        for name, value in collector.headers:
+            if name in self._handoff:
+                return ONE_REQUEST
+            if name in CONSULTED:
+                if name in consulted:
+                    return ONE_REQUEST  # repeated: which one counts is the full path's call
+                consulted[name] = value
+        connection = consulted.get(b"connection", b"keep-alive").lower()
+        if connection not in (b"close", b"keep-alive"):
+            return ONE_REQUEST
+        url = collector.url
+        if not url.startswith(b"/") or b"#" in url or not url.isascii():
+            return ONE_REQUEST
+        path, _, query = url.decode("ascii").partition("?")
+        inm = consulted.get(IF_NONE_MATCH)
+        ae = consulted.get(ACCEPT_ENCODING)
+        return RequestHead(
+            path=path,
+            query=query,
+            if_none_match=inm.decode("latin-1") if inm is not None else None,
+            accept_encoding=ae.decode("latin-1") if ae is not None else None,
+            keep_alive=connection == b"keep-alive",
+        )
+
+
+def serialise(status: int, headers: Sequence[tuple[str, str]], body_length: int) -> bytes:
+    """The head of an answer up to (not including) its ``Date`` line; ``finish`` completes it."""
+    lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}"]
+    for name, value in headers:
+        if "\r" in name or "\n" in name or "\r" in value or "\n" in value:
+            raise ValueError("a header name or value holds a line break")
+        lines.append(f"{name}: {value}")
+    if status != HTTPStatus.NOT_MODIFIED:
+        lines.append(f"Content-Length: {body_length}")
+    return ("\r\n".join(lines) + "\r\n").encode("latin-1")
+
+
+CLOSE_TRAILER = b"\r\nConnection: close\r\n\r\n"
+KEEP_ALIVE_TRAILER = b"\r\n\r\n"
+
+
+def date_line(epoch_seconds: int) -> bytes:
+    """``Date: <IMF-fixdate>`` without its line end, as aiohttp formats it."""
+    return b"Date: " + formatdate(epoch_seconds, usegmt=True).encode("ascii")

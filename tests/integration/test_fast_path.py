@@ -1,0 +1,325 @@
+"""The pre-serialised hit path against the real origin: the same bytes as the full path, HTTP/1.1
+done right (keep-alive, pipelining, Connection: close, HEAD, 304), purged with its stream.
+
+The full path is an edge started with ``--fast-path off`` in front of the same origin; every
+answer is compared byte for byte (status line, headers in order, body) but for ``Date``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from devstack.processes import Edge, Origin, start_edge
+from tests.integration.test_passthrough import call, metric_value
+
+IMMUTABLE = b"Cache-Control: public, max-age=31536000, immutable"
+
+
+@pytest.fixture(scope="module")
+def full_path_edge(origin: Origin, logs_dir: Path) -> Iterator[Edge]:
+    started = start_edge(origin.url, logs_dir, "--fast-path", "off", name="full-path")
+    yield started
+    started.stop()
+
+
+@pytest.fixture(scope="module")
+def capped_edges(origin: Origin, logs_dir: Path) -> Iterator[tuple[Edge, Edge]]:
+    """Edges that cap answers at 1 KiB, so that ranges of open streams are immutable too."""
+    small = ("--max-response-bytes", "1KiB")
+    fast = start_edge(origin.url, logs_dir, *small, name="capped-fast")
+    try:
+        full = start_edge(origin.url, logs_dir, *small, "--fast-path", "off", name="capped-full")
+    except BaseException:
+        fast.stop()
+        raise
+    yield fast, full
+    full.stop()
+    fast.stop()
+
+
+@dataclass
+class Raw:
+    status_line: bytes
+    headers: list[tuple[bytes, bytes]]
+    body: bytes
+
+    def header(self, name: bytes) -> bytes | None:
+        return next((v for n, v in self.headers if n.lower() == name.lower()), None)
+
+    def comparable(self) -> tuple[bytes, list[tuple[bytes, bytes]], bytes]:
+        return self.status_line, [(n, v) for n, v in self.headers if n != b"Date"], self.body
+
+
+def host_port(url: str) -> tuple[str, int]:
+    host, port = url.split("//", 1)[1].rsplit(":", 1)
+    return host, int(port)
+
+
+async def read_answers(
+    reader: asyncio.StreamReader, methods: list[str]
+) -> list[Raw]:  # one answer per request, in order
+    answers = []
+    for method in methods:
+        status_line = (await reader.readuntil(b"\r\n"))[:-2]
+        headers = []
+        while (line := (await reader.readuntil(b"\r\n"))[:-2]) != b"":
+            name, _, value = line.partition(b": ")
+            headers.append((name, value))
+        length = next((int(v) for n, v in headers if n.lower() == b"content-length"), 0)
+        chunked = any(n.lower() == b"transfer-encoding" for n, _ in headers)
+        status = int(status_line.split()[1])
+        body = b""
+        if method == "HEAD" or status in (204, 304):
+            pass
+        elif chunked:
+            while size := int((await reader.readuntil(b"\r\n"))[:-2], 16):
+                body += (await reader.readexactly(size + 2))[:-2]
+            await reader.readuntil(b"\r\n")
+        elif length:
+            body = await reader.readexactly(length)
+        answers.append(Raw(status_line, headers, body))
+    return answers
+
+
+async def exchange(url: str, payload: bytes, methods: list[str]) -> list[Raw]:
+    """Send ``payload`` (one or more requests) on one connection; read one answer each."""
+    reader, writer = await asyncio.open_connection(*host_port(url))
+    try:
+        writer.write(payload)
+        await writer.drain()
+        return await asyncio.wait_for(read_answers(reader, methods), 10)
+    finally:
+        writer.close()
+
+
+def request(target: str, *headers: str, method: str = "GET") -> bytes:
+    lines = [f"{method} {target} HTTP/1.1", "Host: edge.test", *headers, "", ""]
+    return "\r\n".join(lines).encode()
+
+
+async def get(url: str, target: str, *headers: str) -> Raw:
+    return (await exchange(url, request(target, *headers), ["GET"]))[0]
+
+
+async def warm(url: str, target: str, *headers: str) -> Raw:
+    """Read until the edge knows the stream's lifetime (it asks HEAD once) and answers
+    ``immutable``, then once more: that answer is stored."""
+    for _ in range(50):
+        answer = await get(url, target, *headers)
+        if answer.header(b"Cache-Control") == IMMUTABLE[len(b"Cache-Control: ") :]:
+            return await get(url, target, *headers)
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{target} never became immutable")
+
+
+def fast_answers(edge: Edge) -> float:
+    return metric_value(edge.metrics_text(), "edge_fast_path_answers_total")
+
+
+async def make_stream(
+    http: aiohttp.ClientSession, url: str, content_type: str, *parts: bytes, close: bool
+) -> None:
+    status, _, _ = await call(http, "PUT", url, headers={"Content-Type": content_type})
+    assert status == 201
+    for part in parts:
+        status, _, _ = await call(
+            http, "POST", url, headers={"Content-Type": content_type}, data=part
+        )
+        assert status == 204
+    if close:
+        status, _, _ = await call(http, "POST", url, headers={"Stream-Closed": "true"})
+        assert status == 204
+
+
+KINDS = {
+    "json": ("application/json", [b'{"i":1}', b'{"text":"' + b"a" * 3000 + b'"}']),
+    "text": ("text/plain", [b"hello ", b" world" * 400]),
+    "binary": ("application/octet-stream", [bytes(range(256)) * 8, b"\x00\xff" * 600]),
+    "tiny": ("text/plain", [b"100 bytes " * 10]),
+}
+REPRESENTATIONS = {
+    "identity": (),
+    "gzip": ("Accept-Encoding: gzip, deflate",),
+    "gzip-refused": ("Accept-Encoding: gzip;q=0, identity",),
+}
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+async def test_every_stored_answer_is_the_full_paths_answer_byte_for_byte(
+    http: aiohttp.ClientSession,
+    origin: Origin,
+    edge: Edge,
+    full_path_edge: Edge,
+    stream_path: str,
+    kind: str,
+) -> None:
+    content_type, parts = KINDS[kind]
+    await make_stream(http, origin.url + stream_path, content_type, *parts, close=True)
+    targets = [f"{stream_path}?offset=-1", stream_path]
+    for target in targets:
+        for name, headers in REPRESENTATIONS.items():
+            full = await warm(full_path_edge.url, target, *headers)
+            await warm(edge.url, target, *headers)
+            before = fast_answers(edge)
+            fast = await get(edge.url, target, *headers)
+            assert fast_answers(edge) == before + 1, f"{target} {name} was not a stored hit"
+            assert fast.comparable() == full.comparable(), (target, name)
+            assert fast.status_line == b"HTTP/1.1 200 OK"
+            tag = fast.header(b"ETag")
+            assert tag is not None
+            for condition in (f"If-None-Match: {tag.decode()}", "If-None-Match: *"):
+                full_304 = await get(full_path_edge.url, target, *headers, condition)
+                fast_304 = await get(edge.url, target, *headers, condition)
+                assert fast_304.status_line == b"HTTP/1.1 304 Not Modified"
+                assert fast_304.comparable() == full_304.comparable(), (target, name, condition)
+            # A tag of another representation or instance is a 200, from the same entry.
+            other = await get(edge.url, target, *headers, 'If-None-Match: "other"')
+            assert other.comparable() == full.comparable()
+    if kind != "tiny":
+        gzipped = await get(edge.url, targets[0], *REPRESENTATIONS["gzip"])
+        assert gzipped.header(b"Content-Encoding") == b"gzip"
+        assert fast_answers(edge) > 0
+
+
+async def test_capped_ranges_of_an_open_stream_are_stored_and_exact(
+    http: aiohttp.ClientSession,
+    origin: Origin,
+    capped_edges: tuple[Edge, Edge],
+    stream_path: str,
+) -> None:
+    fast, full = capped_edges
+    url = origin.url + stream_path
+    await make_stream(http, url, "text/plain", close=False)
+    target = f"{stream_path}?offset=-1"
+    for part in (b"a" * 800, b"b" * 800):
+        status, _, _ = await call(
+            http, "POST", url, headers={"Content-Type": "text/plain"}, data=part
+        )
+        assert status == 204
+        for edge in capped_edges:  # each edge learns the stream as two segments
+            assert (await get(edge.url, target)).status_line == b"HTTP/1.1 200 OK"
+    want = await warm(full.url, target)
+    assert want.header(b"Stream-Up-To-Date") is None  # capped: more follows
+    await warm(fast.url, target)
+    before = fast_answers(fast)
+    got = await get(fast.url, target)
+    assert fast_answers(fast) == before + 1
+    assert got.comparable() == want.comparable()
+    assert got.body == b"a" * 800
+
+
+async def test_pipelined_requests_are_answered_in_order_whichever_path_answers_them(
+    http: aiohttp.ClientSession,
+    origin: Origin,
+    edge: Edge,
+    full_path_edge: Edge,
+    stream_path: str,
+) -> None:
+    closed, open_ = stream_path + "-closed", stream_path + "-open"
+    await make_stream(http, origin.url + closed, "text/plain", b"x" * 2000, close=True)
+    await make_stream(http, origin.url + open_, "text/plain", b"tail", close=False)
+    hit = f"{closed}?offset=-1"
+    for server in (edge, full_path_edge):
+        await warm(server.url, hit)
+        await warm(server.url, hit, "Accept-Encoding: gzip")
+    batch = [
+        (request(hit), "GET"),
+        (request(closed, method="HEAD"), "HEAD"),  # relayed by the full path
+        (request(hit, "Accept-Encoding: gzip"), "GET"),
+        (request(f"{open_}?offset=-1"), "GET"),  # at the tail of an open stream: full path
+        (request(hit, 'If-None-Match: "nope"', "Accept-Encoding: gzip"), "GET"),
+        (request(f"{closed}?offset=-1&x=1"), "GET"),  # an unknown parameter: relayed
+        (request(hit), "GET"),
+        (request(hit, "Connection: close"), "GET"),
+    ]
+    payload = b"".join(raw for raw, _ in batch)
+    methods = [method for _, method in batch]
+    before = fast_answers(edge)
+    answers = await exchange(edge.url, payload, methods)
+    # Each answer is what the request alone gets (from the full path, on its own connection).
+    for (raw, method), answer in zip(batch, answers, strict=True):
+        alone = (await exchange(full_path_edge.url, raw, [method]))[0]
+        if b"open" in raw.split(b"\r\n")[0]:
+            assert answer.body == alone.body == b"tail"
+            continue
+        if method == "HEAD":
+            assert answer.status_line == alone.status_line
+            assert answer.header(b"Stream-Next-Offset") == alone.header(b"Stream-Next-Offset")
+            continue
+        if b"x=1" in raw:
+            assert answer.body == alone.body == b"x" * 2000
+            continue
+        assert answer.comparable() == alone.comparable(), raw
+    assert answers[-1].header(b"Connection") == b"close"
+    assert fast_answers(edge) - before == 5  # the stored hits answered in between the rest
+
+
+async def test_a_head_sent_byte_by_byte_and_a_slow_request_in_between_keep_the_connection(
+    http: aiohttp.ClientSession, origin: Origin, edge: Edge, stream_path: str
+) -> None:
+    await make_stream(http, origin.url + stream_path, "text/plain", b"slow " * 50, close=True)
+    hit = f"{stream_path}?offset=-1"
+    want = await warm(edge.url, hit)
+    reader, writer = await asyncio.open_connection(*host_port(edge.url))
+    try:
+        before = fast_answers(edge)
+        for byte in request(hit):
+            writer.write(bytes([byte]))
+            await writer.drain()
+        [first] = await read_answers(reader, ["GET"])
+        # A request only aiohttp answers, then stored hits again on the same connection.
+        writer.write(request(stream_path, method="HEAD"))
+        [head] = await read_answers(reader, ["HEAD"])
+        writer.write(request(hit) + request(hit))
+        again = await read_answers(reader, ["GET", "GET"])
+        assert fast_answers(edge) - before == 3
+    finally:
+        writer.close()
+    assert first.comparable() == want.comparable()
+    assert head.status_line == b"HTTP/1.1 200 OK"
+    assert [a.comparable() for a in again] == [want.comparable()] * 2
+
+
+async def test_stored_answers_are_forgotten_with_their_stream(
+    http: aiohttp.ClientSession, origin: Origin, edge: Edge, stream_path: str
+) -> None:
+    await make_stream(http, origin.url + stream_path, "text/plain", b"old " * 300, close=True)
+    hit = f"{stream_path}?offset=-1"
+    await warm(edge.url, hit)
+    await warm(edge.url, hit, "Accept-Encoding: gzip")
+    text = edge.metrics_text()
+    assert metric_value(text, "edge_budget_entries", structure="response") >= 2
+    assert metric_value(text, "edge_budget_bytes", structure="response") > 2 * 1200
+    # Deleted and recreated through the edge: the old bytes are never answered again.
+    status, _, _ = await call(http, "DELETE", edge.url + stream_path)
+    assert status == 204
+    assert (await get(edge.url, hit)).status_line == b"HTTP/1.1 404 Not Found"
+    await make_stream(http, edge.url + stream_path, "text/plain", b"new " * 300, close=True)
+    fresh = await warm(edge.url, hit)
+    assert fresh.body == b"new " * 300
+    # Deleted behind the edge's back and purged by the operator: the origin decides again.
+    status, _, _ = await call(http, "DELETE", origin.url + stream_path)
+    assert status == 204
+    assert (await get(edge.url, hit)).body == b"new " * 300  # still stored, as it should be
+    status, _, _ = await call(http, "POST", f"{edge.admin_url}/purge?path={stream_path}")
+    assert status == 200
+    assert (await get(edge.url, hit)).status_line == b"HTTP/1.1 404 Not Found"
+
+
+def test_fast_hits_are_counted_where_every_hit_is(edge: Edge) -> None:
+    text = edge.metrics_text()
+    fast = metric_value(text, "edge_fast_path_answers_total")
+    assert fast > 0
+    hits = metric_value(text, "edge_cache_requests_total", result="hit")
+    assert hits >= fast
+    served = metric_value(text, "edge_requests_total", code="200", kind="catchup")
+    not_modified = metric_value(text, "edge_requests_total", code="304", kind="catchup")
+    assert served + not_modified >= fast
+    assert re.search(r'^edge_budget_bytes\{structure="response"\} ', text, re.M)

@@ -1,0 +1,132 @@
+"""The fast path's HTTP/1.1 core: which heads it may answer, and the bytes it writes."""
+
+from __future__ import annotations
+
+import hypothesis.strategies as st
+from hypothesis import given, settings
+
+from edge.protocol.http1 import (
+    CONSULTED,
+    FOR_GOOD,
+    HANDOFF,
+    ONE_REQUEST,
+    HeadParser,
+    RequestHead,
+    date_line,
+    serialise,
+)
+
+CREDENTIALS = ("authorization", "cookie")
+TOKEN = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-_.~", min_size=1, max_size=12)
+VALUE = st.text(alphabet='abcdefghijklmnopqrstuvwxyzABC0123456789 ,;=*"/-', max_size=20).map(
+    str.strip
+)
+NAMES = st.sampled_from(
+    [
+        "Host",
+        "User-Agent",
+        "Accept",
+        "If-None-Match",
+        "Accept-Encoding",
+        "Connection",
+        "Authorization",
+        "Cookie",
+        "Last-Event-ID",
+        "Range",
+        "X-Other",
+    ]
+)
+
+
+@st.composite
+def heads(draw: st.DrawFn) -> tuple[bytes, str, str, str, list[tuple[str, str]]]:
+    method = draw(st.sampled_from(["GET", "GET", "GET", "HEAD", "OPTIONS", "DELETE"]))
+    version = draw(st.sampled_from(["1.1", "1.1", "1.1", "1.0"]))
+    path = "/" + "/".join(draw(st.lists(TOKEN, min_size=1, max_size=3)))
+    query = draw(st.sampled_from(["", "offset=-1", "offset=0000_0010", "offset=now&live=sse"]))
+    headers = draw(st.lists(st.tuples(NAMES, VALUE), max_size=6))
+    connection = [(n, v) for n, v in headers if n.lower() == "connection"]
+    if connection and draw(st.booleans()):
+        headers = [(n, v) for n, v in headers if n.lower() != "connection"]
+        headers.append(("Connection", draw(st.sampled_from(["close", "keep-alive", "Close"]))))
+    target = path + (f"?{query}" if query else "")
+    lines = [f"{method} {target} HTTP/{version}", *(f"{n}: {v}" for n, v in headers), "", ""]
+    return "\r\n".join(lines).encode(), method, version, target, headers
+
+
+def expected(method: str, version: str, headers: list[tuple[str, str]]) -> bool:
+    """Is this a head the fast path may answer (by the module's rules, restated)?"""
+    if method != "GET" or version != "1.1":
+        return False
+    names = [n.lower().encode() for n, _ in headers]
+    if any(n in HANDOFF or n.decode() in CREDENTIALS for n in names):
+        return False
+    if any(names.count(n) > 1 for n in CONSULTED):
+        return False
+    connection = next((v for n, v in headers if n.lower() == "connection"), "keep-alive")
+    return connection.lower() in ("close", "keep-alive")
+
+
+@settings(max_examples=200)
+@given(st.lists(heads(), min_size=1, max_size=6))
+def test_a_head_is_answered_only_when_nothing_in_it_is_the_full_paths(
+    sequence: list[tuple[bytes, str, str, str, list[tuple[str, str]]]],
+) -> None:
+    parser = HeadParser(CREDENTIALS)  # one per connection, heads in order
+    for raw, method, version, target, headers in sequence:
+        parsed = parser.parse(raw)
+        if not expected(method, version, headers):
+            assert parsed in (ONE_REQUEST, FOR_GOOD)
+            closes = any(n.lower() == "connection" and v.lower() == "close" for n, v in headers)
+            if parsed is FOR_GOOD or version == "1.0" or closes:
+                return  # the connection is the full path's from here, or ends
+            continue
+        assert isinstance(parsed, RequestHead)
+        path, _, query = target.partition("?")
+        assert (parsed.path, parsed.query) == (path, query)
+        by_name = {n.lower(): v for n, v in headers}
+        assert parsed.if_none_match == by_name.get("if-none-match")
+        assert parsed.accept_encoding == by_name.get("accept-encoding")
+        assert parsed.keep_alive == (by_name.get("connection", "keep-alive").lower() != "close")
+        if not parsed.keep_alive:
+            return
+
+
+@given(st.binary(max_size=300))
+def test_arbitrary_bytes_never_raise(junk: bytes) -> None:
+    result = HeadParser(CREDENTIALS).parse(junk + b"\r\n\r\n")
+    assert result is FOR_GOOD or result is ONE_REQUEST or isinstance(result, RequestHead)
+
+
+def test_a_head_with_a_body_hands_the_connection_over_for_good() -> None:
+    parser = HeadParser(CREDENTIALS)
+    assert parser.parse(b"POST /s HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\n") is FOR_GOOD
+    chunked = b"GET /s HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+    assert HeadParser(CREDENTIALS).parse(chunked) is FOR_GOOD
+    smuggled = b"GET /s HTTP/1.1\r\nContent-Length: 0\r\nContent-Length: 5\r\n\r\n"
+    assert HeadParser(CREDENTIALS).parse(smuggled) is FOR_GOOD
+
+
+def test_configured_credential_headers_are_the_full_paths() -> None:
+    parser = HeadParser(("x-api-key",))
+    assert parser.parse(b"GET /s HTTP/1.1\r\nX-Api-Key: k\r\n\r\n") is ONE_REQUEST
+    assert isinstance(parser.parse(b"GET /s HTTP/1.1\r\nAuthorization: a\r\n\r\n"), RequestHead)
+
+
+def test_serialise_writes_aiohttps_order_and_refuses_line_breaks() -> None:
+    head = serialise(200, [("Content-Type", "text/plain"), ("ETag", '"t"')], 5)
+    assert head == (
+        b'HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nETag: "t"\r\nContent-Length: 5\r\n'
+    )
+    assert serialise(304, [("ETag", '"t"')], 0) == b'HTTP/1.1 304 Not Modified\r\nETag: "t"\r\n'
+    for bad in ("a\r\nSet-Cookie: x", "a\nb", "a\rb"):
+        try:
+            serialise(200, [("X", bad)], 0)
+        except ValueError:
+            continue
+        raise AssertionError(f"{bad!r} was serialised")
+
+
+def test_date_line_is_an_imf_fixdate() -> None:
+    assert date_line(0) == b"Date: Thu, 01 Jan 1970 00:00:00 GMT"
+    assert date_line(1796100000) == b"Date: Tue, 01 Dec 2026 04:40:00 GMT"
