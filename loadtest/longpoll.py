@@ -5,15 +5,20 @@ them. Straight from the origin vs through the edge, in one invocation, on the sa
 
 Each run starts a fresh origin (and, for the edge, a fresh edge in front of it). Client worker
 processes (raw sockets, uvloop, HTTP/1.1 keep-alive) open the long-polls; once every one is in
-and has had ``--settle`` seconds to reach the server's wait, the parent appends one item
-straight to the origin and each client notes when its answer's first byte arrives. A released
-client re-polls at once from the answer's ``Stream-Next-Offset`` with its ``Stream-Cursor`` (as
-the official clients do), so each round after the first also exercises the cursor jitter.
-Release latency = first byte at the client minus the moment the append was sent; every round's N
-latencies are pooled per run, and the table shows each run's p50/p99 and their median.
+and has had ``--settle`` seconds to reach the server's wait (at the edge: once its
+``edge_long_polls_waiting`` says so), the parent appends one item straight to the origin and
+each client notes when its answer's first byte arrives. A released client re-polls at once from
+the answer's ``Stream-Next-Offset`` with its ``Stream-Cursor`` (as the official clients do). The
+first release is a warm-up and not counted (the crowd's first requests also wait for the server
+to accept its connections). Release latency = first byte at the client minus the moment the
+append was sent; the ``--rounds`` releases' latencies are pooled per run, and the table shows
+each run's p50/p99 and their median.
+
+``--baseline NAME=DIR`` measures another checkout's edge in the same invocation (before/after
+comparisons on the same noisy machine); ``--profile FILE`` records the edge with py-spy.
 
 Everything shares this machine's cores (the clients with the server), and other work on the
-machine makes the figures noisy: compare the two targets of the same invocation.
+machine makes the figures noisy: compare targets of the same invocation.
 """
 
 from __future__ import annotations
@@ -188,6 +193,14 @@ def waiting_at_edge(edge: Edge) -> float:
     return 0.0
 
 
+def start_profile(edge: Edge, output: Path) -> subprocess.Popen[bytes]:
+    """py-spy (``pip install py-spy``) sampling the edge, as collapsed stacks."""
+    command = [str(Path(sys.executable).with_name("py-spy")), "record", "--pid"]
+    command += [str(edge.process.pid), "--rate", "1000", "--format", "raw"]
+    command += ["--output", str(output), "--nonblocking"]
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def percentile(values: list[float], p: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
@@ -236,19 +249,15 @@ def run_once(
             assert kind == "connected"
             assert count > 0
         results: list[Round] = []
-        spy = None
-        if profile is not None and edge is not None:
-            # py-spy (pip install py-spy) samples the edge while it releases; collapsed stacks.
-            spy = subprocess.Popen(
-                [str(Path(sys.executable).with_name("py-spy")), "record",
-                 "--pid", str(edge.process.pid), "--rate", "1000", "--format", "raw",
-                 "--output", str(profile), "--nonblocking"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            )  # fmt: skip
-        for number in range(1, rounds + 1):
+        spy: subprocess.Popen[bytes] | None = None
+        # Round 0 is a warm-up, not counted: the crowd's first requests also wait for the
+        # server to accept 2,000 connections (a full accept queue delays some by seconds).
+        for number in range(rounds + 1):
             time.sleep(settle)
             if edge is not None:
-                waiting = waiting_at_edge(edge)
+                give_up = time.monotonic() + 20
+                while (waiting := waiting_at_edge(edge)) < polls and time.monotonic() < give_up:
+                    time.sleep(0.2)
                 if waiting < polls:
                     print(
                         f"  warning: only {waiting:.0f} of {polls} long-polls waiting at the edge"
@@ -261,10 +270,14 @@ def run_once(
             for _ in procs:
                 kind, got, answers = queue.get(timeout=60)
                 assert kind == "round"
-                assert got == number, (kind, got)
+                assert got == number + 1, (kind, got)
                 for code, arrived in answers:
                     latencies.append(arrived - sent)
                     statuses[code] = statuses.get(code, 0) + 1
+            if number == 0:
+                if spy is None and profile is not None and edge is not None:
+                    spy = start_profile(edge, profile)
+                continue
             results.append(Round(latencies=latencies, statuses=statuses))
         if spy is not None:
             spy.send_signal(signal.SIGINT)
@@ -293,22 +306,28 @@ def main() -> None:
     parser.add_argument("--profile", type=Path, help="py-spy collapsed stacks of the edge here")
     parser.add_argument(
         "--baseline",
-        type=Path,
-        help="another checkout (e.g. `git archive main | tar -x -C DIR`): its edge is measured "
-        "too, as target 'baseline'",
+        action="append",
+        default=[],
+        metavar="[NAME=]DIR",
+        help="another checkout (e.g. `git archive main | tar -x -C DIR`) whose edge is measured "
+        "too, as target NAME (default 'baseline'); repeatable",
     )
     args = parser.parse_args()
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     logs = new_logs_dir("longpoll-")
     table: dict[str, list[tuple[float, float]]] = {}
-    targets = [*args.targets, *(["baseline"] if args.baseline else [])]
+    checkouts = dict(
+        (b.split("=", 1)[0], Path(b.split("=", 1)[1])) if "=" in b else ("baseline", Path(b))
+        for b in args.baseline
+    )
+    targets = [*args.targets, *checkouts]
     for run in range(1, args.runs + 1):
         for target in targets:
             rounds = run_once(
                 target, args.polls, args.rounds, args.clients, args.settle, logs, args.edge_arg,
                 args.profile.with_suffix(f".{target}.txt") if args.profile and run == 1 else None,
-                args.baseline if target == "baseline" else None,
+                checkouts.get(target),
             )  # fmt: skip
             # The first round's crowd had no cursor yet; every round counts.
             pooled = [value for r in rounds for value in r.latencies]
@@ -317,22 +336,25 @@ def main() -> None:
                 for code, n in r.statuses.items():
                     statuses[code] = statuses.get(code, 0) + n
             p50, p99 = percentile(pooled, 50) * 1000, percentile(pooled, 99) * 1000
-            per_round = " ".join(f"{percentile(r.latencies, 99) * 1000:.0f}" for r in rounds)
+            per_round = " ".join(
+                f"{percentile(r.latencies, 99) * 1000:.0f}/{max(r.latencies) * 1000:.0f}"
+                for r in rounds
+            )
             print(
-                f"run {run} {target:6} p50 {p50:6.1f} ms  p99 {p99:6.1f} ms  "
-                f"statuses {statuses}  per-round p99 [{per_round}]",
+                f"run {run} {target:8} p50 {p50:6.1f} ms  p99 {p99:6.1f} ms  "
+                f"statuses {statuses}  per-round p99/max [{per_round}]",
                 flush=True,
             )
             table.setdefault(target, []).append((p50, p99))
     print(
         f"\n{args.polls} long-polls released by one append, {args.rounds} rounds x {args.runs} runs"
     )
-    print(f"{'target':8} {'p50 ms (median)':>16} {'p99 ms (median)':>16}   runs (p50/p99)")
+    print(f"{'target':10} {'p50 ms (median)':>16} {'p99 ms (median)':>16}   runs (p50/p99)")
     for target, runs in table.items():
         p50 = statistics.median(r[0] for r in runs)
         p99 = statistics.median(r[1] for r in runs)
         detail = ", ".join(f"{a:.0f}/{b:.0f}" for a, b in runs)
-        print(f"{target:8} {p50:16.1f} {p99:16.1f}   {detail}")
+        print(f"{target:10} {p50:16.1f} {p99:16.1f}   {detail}")
     print(f"logs: {logs}")
 
 
