@@ -193,7 +193,8 @@ class LongPollFanout:
             future.set_result(outcome)
 
     def _deliver(self, waiters: list[Waiter[Ticket]], answer: Answer) -> None:
-        frames: dict[tuple[tuple[int, int], bool], bytes | None] = {}
+        # Per framing: the bytes (None: not encodable) and what each handler is told.
+        frames: dict[tuple[tuple[int, int], bool], tuple[bytes | None, Written]] = {}
         written = 0
         for waiter in waiters:
             self._board.leave(waiter)
@@ -201,18 +202,21 @@ class LongPollFanout:
             if future.done():  # cancelled: its client left
                 continue
             socket = waiter.ticket.socket
-            frame = None
-            if socket is not None and self.encode is not None:
-                framing = (socket.version, socket.keep_alive)
-                if framing not in frames:
-                    frames[framing] = self._encoded(answer, framing)
-                frame = frames[framing]
-            if frame is None or socket is None or socket.transport.is_closing():
+            if socket is None or self.encode is None or socket.transport.is_closing():
                 future.set_result(answer)  # its handler answers it the usual way
+                continue
+            framing = (socket.version, socket.keep_alive)
+            known = frames.get(framing)
+            if known is None:
+                written_as = Written(status=answer.status, keep_alive=socket.keep_alive)
+                known = frames[framing] = (self._encoded(answer, framing), written_as)
+            frame, written_as = known
+            if frame is None:
+                future.set_result(answer)
                 continue
             socket.transport.write(frame)
             written += 1
-            future.set_result(Written(status=answer.status, keep_alive=socket.keep_alive))
+            future.set_result(written_as)
         if written:
             self._hub.metrics.served_bytes.inc(written * len(answer.body))
 
