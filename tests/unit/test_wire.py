@@ -9,6 +9,8 @@ differently fails here rather than on a client.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 from collections.abc import AsyncIterator
 
 import pytest
@@ -87,19 +89,27 @@ async def handler(request: web.Request) -> web.StreamResponse:
     )
 
 
+@contextlib.asynccontextmanager
+async def serving(app: web.Application) -> AsyncIterator[tuple[str, int]]:
+    """``app`` on a real loopback socket (a port the kernel picks)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.SockSite(runner, sock).start()
+    try:
+        yield sock.getsockname()[:2]
+    finally:
+        await runner.cleanup()
+        sock.close()
+
+
 @pytest.fixture
 async def server() -> AsyncIterator[tuple[str, int]]:
     app = web.Application()
     app.router.add_get("/{name}", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    server = site._server  # the listening socket's port: TCPSite does not expose it otherwise
-    assert isinstance(server, asyncio.Server)
-    host, port = server.sockets[0].getsockname()[:2]
-    yield host, port
-    await runner.cleanup()
+    async with serving(app) as address:
+        yield address
 
 
 async def raw_exchange(host: str, port: int, request: bytes) -> tuple[bytes, bool]:
@@ -182,13 +192,7 @@ async def test_a_written_response_writes_nothing_and_keeps_the_connection_as_wri
     app = web.Application()
     app.router.add_get("/direct", direct)
     app.router.add_get("/{name}", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        assert isinstance(site._server, asyncio.Server)
-        host, port = site._server.sockets[0].getsockname()[:2]
+    async with serving(app) as (host, port):
         reader, writer = await asyncio.open_connection(host, port)
         # Two pipelined requests: the direct answer first, then aiohttp's own, in order.
         writer.write(
@@ -206,5 +210,3 @@ async def test_a_written_response_writes_nothing_and_keeps_the_connection_as_wri
         rest = await asyncio.wait_for(reader.read(), 5)  # until the server closes
         assert rest == frame
         writer.close()
-    finally:
-        await runner.cleanup()
