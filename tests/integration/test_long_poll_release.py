@@ -303,6 +303,6 @@ async def test_each_long_poll_times_out_at_its_own_deadline(
         assert got.header("stream-up-to-date") == "true"
         assert got.header("cache-control") == "no-store"
         assert got.header("stream-cursor") is not None
-        # Never before its own timeout (the later ones were not released with the first), and
-        # late by little more than the shared timer's granularity (a busy machine adds some).
-        assert 2.0 <= elapsed < 3.0, elapsed
+        # Never before its own timeout: a later one released with the first would show ~1 s.
+        # Late by the shared timer's 50 ms and whatever a busy machine adds (bounded loosely).
+        assert 2.0 <= elapsed < 4.0, elapsed
