@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 ORIGIN_DIR := deploy/origin
 STAMPS := .stamps
 
-.PHONY: debian-tools help bootstrap cluster loadtest demo serve test test-fast check fmt conformance clean
+.PHONY: debian-tools help bootstrap cluster loadtest demo serve test test-fast check fmt conformance clean image
 
 help:
 	@echo "make demo       run the origin, the edge, an agent and 200 SSE viewers; print a summary"
@@ -19,6 +19,7 @@ help:
 	@echo "make conformance  the public conformance suite through the edge (part of make test)"
 	@echo "make cluster    origin + redis + 2 edges + HAProxy on loopback; prints the URLs"
 	@echo "make loadtest   the cluster + locust headless (USERS=, SPAWN_RATE=, DURATION=)"
+	@echo "make image      the container image (EDGE_IMAGE in deploy/.env, edge:dev), Docker or podman"
 
 # --- bootstrap: virtualenv + pinned Python deps, pinned Node origin -----------------------------
 
@@ -34,16 +35,18 @@ $(STAMPS)/origin: $(ORIGIN_DIR)/package.json $(ORIGIN_DIR)/package-lock.json
 	cd $(ORIGIN_DIR) && npm ci --no-audit --no-fund --loglevel=error
 	@touch $@
 
-# Debian's redis-server, haproxy and prometheus (promtool) for the tests and `make cluster`;
+# Debian's redis-server, haproxy, prometheus (promtool), nginx and wrk (benchmarks) for the tests and `make cluster`, and
+# chromium for the browser tests (Playwright drives it; it downloads no browser of its own);
 # installed only when missing.
-DEBIAN_TOOLS := redis-server:redis-server haproxy:haproxy promtool:prometheus
+DEBIAN_TOOLS := redis-server:redis-server haproxy:haproxy promtool:prometheus nginx:nginx wrk:wrk
+DEBIAN_TOOLS += chromium:chromium
 debian-tools:
 	@missing=""; for pair in $(DEBIAN_TOOLS); do \
 		command -v $${pair%%:*} >/dev/null || [ -x /usr/sbin/$${pair%%:*} ] || missing="$$missing $${pair#*:}"; \
 	done; \
 	if [ -n "$$missing" ]; then \
 		echo "installing$$missing (apt-get)"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+		apt-get -o DPkg::Lock::Timeout=600 update -qq && DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq $$missing; \
 	fi
 
 bootstrap: $(STAMPS)/venv $(STAMPS)/origin debian-tools
@@ -61,6 +64,13 @@ SPAWN_RATE ?= 50
 DURATION ?= 60s
 loadtest: bootstrap
 	$(PY) -m loadtest.run --users $(USERS) --spawn-rate $(SPAWN_RATE) --duration $(DURATION) $(ARGS)
+
+# --- the container image: Docker if its daemon answers, else Debian's podman + runc, installed
+# and set up on first use, on a locally made base when python:3.11-slim cannot be pulled
+# (devstack/image.py says how). The container tests (part of `make test`) build it the same way.
+
+image: $(STAMPS)/venv
+	$(PY) -m devstack.image $(ARGS)
 
 # --- quality -----------------------------------------------------------------------------------
 

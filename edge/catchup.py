@@ -257,10 +257,13 @@ class CatchupCache:
         status: int,
         request_headers: Sequence[tuple[str, str]],
         response_headers: Sequence[tuple[str, str]],
+        started: int,
     ) -> None:
         """What a relayed answer tells; a DELETE or a creating PUT is answered once its purge is
         durable (or after ``PURGE_WAIT_SECONDS``: the purge keeps being retried)."""
-        if self.streams.observe(method, stream, status, request_headers, response_headers):
+        if self.streams.observe(
+            method, stream, status, request_headers, response_headers, started=started
+        ):
             await self.streams.purged(stream)
 
     def purge(self, stream: str) -> int:

@@ -28,6 +28,10 @@ class Option:
     help: str
     # The Settings field it fills, when that is not ``dest`` (units in names: ``..._seconds``).
     field: str | None = None
+    # Other names of the same flag (each with its own EDGE_ variable): older spellings kept.
+    aliases: tuple[str, ...] = ()
+    # May be given several times; its environment variable holds one value per line.
+    repeatable: bool = False
 
     @property
     def setting(self) -> str:
@@ -40,6 +44,12 @@ class Option:
     @property
     def env(self) -> str:
         return "EDGE_" + self.dest.upper()
+
+    @property
+    def envs(self) -> tuple[str, ...]:
+        """The variables it is read from, in order of precedence."""
+        aliases = (alias.removeprefix("--").replace("-", "_").upper() for alias in self.aliases)
+        return (self.env, *("EDGE_" + name for name in aliases))
 
 
 def _log_level(text: str) -> str:
@@ -93,6 +103,31 @@ def _name_list(text: str) -> tuple[str, ...]:
 
 def _header_names(text: str) -> tuple[str, ...]:
     return tuple(name.lower() for name in _name_list(text))
+
+
+def _choice(*choices: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in choices:
+            raise ValueError(f"one of {', '.join(choices)}")
+        return text
+
+    return parse
+
+
+def _header_lines(text: str) -> tuple[tuple[str, str], ...]:
+    """``Name: value`` headers, one per line (each use of a repeatable flag is one line)."""
+    headers: list[tuple[str, str]] = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        name, sep, value = line.partition(":")
+        name, value = name.strip(), value.strip()
+        if not sep or not name or not all(c.isalnum() or c in "-_.!#$%&'*+^`|~" for c in name):
+            raise ValueError("expected 'Name: value'")
+        if not value.isascii() or not value.isprintable():
+            raise ValueError(f"the value of {name} must be printable ASCII")
+        headers.append((name, value))
+    return tuple(headers)
 
 
 SERVE_OPTIONS = (
@@ -295,12 +330,78 @@ SERVE_OPTIONS = (
         "--purge-token",
         _optional_str,
         "",
-        "Bearer token POST /purge on the admin listener requires. Empty: /purge is open on a "
-        "loopback admin listener and refused (403) on any other.",
+        "Bearer token the admin listener requires for POST /purge (and, with --admin-protect "
+        "all, for every path). Empty: /purge is open on a loopback admin listener and refused "
+        "(403) on any other. --admin-token is the same flag.",
+        aliases=("--admin-token",),
+    ),
+    Option(
+        "--admin-protect",
+        _choice("purge", "all"),
+        "purge",
+        "What --admin-token guards on the admin listener: purge (POST /purge only; /metrics, "
+        "/healthz and /readyz stay open, as Prometheus and probes expect) or all.",
+    ),
+    Option(
+        "--auth",
+        _choice("none", "jwt", "forward"),
+        "none",
+        "Reader authorization at the edge: none (credentials split cache scopes), jwt (verify "
+        "a bearer token against --jwt-jwks) or forward (ask --auth-url). In jwt and forward "
+        "mode authorized reads share one cache scope and the origin sees --origin-header.",
+        field="auth_mode",
+    ),
+    Option(
+        "--jwt-jwks",
+        _optional_str,
+        "",
+        "JWKS (a file or an http(s) URL) with the keys tokens are signed with, chosen by kid.",
+    ),
+    Option("--jwt-audience", _optional_str, "", "When set, tokens must name it in aud."),
+    Option("--jwt-issuer", _optional_str, "", "When set, tokens must carry it as iss."),
+    Option(
+        "--jwt-leeway",
+        float,
+        "30",
+        "Seconds of clock skew allowed on exp and nbf.",
+        field="jwt_leeway_seconds",
+    ),
+    Option(
+        "--jwt-jwks-min-refresh",
+        float,
+        "10",
+        "Least seconds between two JWKS URL fetches caused by unknown kids.",
+        field="jwks_min_refresh_seconds",
+    ),
+    Option("--auth-url", _optional_str, "", "Forward mode: the auth service each verdict asks."),
+    Option(
+        "--auth-timeout",
+        float,
+        "2",
+        "Forward mode: seconds the auth service may take; then 503 (fail closed).",
+        field="auth_timeout_seconds",
+    ),
+    Option(
+        "--auth-cache-seconds",
+        float,
+        "10",
+        "Forward mode: seconds a verdict is reused when the auth answer has no Cache-Control "
+        "max-age (no-store, no-cache or max-age=0: not reused).",
+    ),
+    Option(
+        "--origin-header",
+        _header_lines,
+        "",
+        "'Name: value' the edge sends to the origin on the authorized reads it makes for its "
+        "shared scope (jwt and forward modes), instead of any client's credentials. Repeatable; "
+        "the environment variable takes one per line.",
+        field="origin_headers",
+        repeatable=True,
     ),
 )
 
 FLAG_OF_SETTING = {option.setting: option.flag for option in SERVE_OPTIONS}
+SECRET_FLAGS = frozenset({"--purge-token", "--origin-header"})
 
 
 def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
@@ -316,14 +417,18 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         "(e.g. EDGE_ORIGIN, EDGE_LISTEN); a flag on the command line wins.",
     )
     for option in SERVE_OPTIONS:
-        default = env.get(option.env, option.default)
+        default = next((env[name] for name in option.envs if name in env), option.default)
         serve.add_argument(
             option.flag,
+            *option.aliases,
             dest=option.dest,
-            default=default,
+            default=None if option.repeatable else default,
+            action="append" if option.repeatable else "store",
             metavar=option.dest.upper(),
             help=f"{option.help} [env {option.env}; default {option.default or 'none'}]",
         )
+        if option.repeatable:
+            serve.set_defaults(**{option.dest + "_env": default})
     return parser
 
 
@@ -334,13 +439,15 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
     values: dict[str, Any] = {}
     for option in SERVE_OPTIONS:
         raw = getattr(args, option.dest)
+        if option.repeatable:
+            raw = "\n".join(raw) if raw is not None else getattr(args, option.dest + "_env")
         if raw is None:
             raise ConfigError(f"{option.flag} (or {option.env}) is required")
         try:
             values[option.setting] = option.parse(raw)
         except ValueError as error:
             # Never echo a secret back, not even into a terminal.
-            shown = "..." if option.flag == "--purge-token" else repr(raw)
+            shown = "..." if option.flag in SECRET_FLAGS else repr(raw)
             raise ConfigError(option.flag, f"={shown}: {error}") from None
     try:
         return Settings(**values)

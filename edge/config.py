@@ -129,8 +129,26 @@ class Settings:
     # Readiness: None probes ``OPTIONS /`` (a Durable Streams origin answers CORS preflights on
     # any path), a path is probed with GET instead. Ready only on 2xx/3xx.
     origin_health_path: str | None = None
-    # When set, POST /purge on the admin listener needs ``Authorization: Bearer <token>``.
+    # When set, POST /purge on the admin listener needs ``Authorization: Bearer <token>``
+    # (``--admin-token``, alias ``--purge-token``); with ``admin_protect="all"`` every admin
+    # path does.
     purge_token: str | None = field(default=None, repr=False)
+    admin_protect: str = "purge"  # purge | all
+    # Reader authorization at the edge (edge.auth): none (credentials split scopes), jwt or
+    # forward. In jwt/forward mode an authorized read is served from the stream's one shared
+    # scope, and the origin is reached with ``origin_headers`` instead of the client's.
+    auth_mode: str = "none"
+    jwt_jwks: str | None = None  # a JWKS file path or an http(s) URL
+    jwt_audience: str | None = None
+    jwt_issuer: str | None = None
+    jwt_leeway_seconds: float = 30 * SECONDS
+    # An unknown ``kid`` refreshes a JWKS URL at most this often.
+    jwks_min_refresh_seconds: float = 10 * SECONDS
+    auth_url: str | None = None
+    auth_timeout_seconds: float = 2 * SECONDS
+    # How long a forward-auth verdict is reused when its answer gives no Cache-Control max-age.
+    auth_cache_seconds: float = 10 * SECONDS
+    origin_headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.origin)
@@ -201,6 +219,28 @@ class Settings:
             not self.purge_token.isascii() or not self.purge_token.isprintable()
         ):
             raise ConfigError("{purge_token} must be printable ASCII")
+        if self.admin_protect not in ("purge", "all"):
+            raise ConfigError("{admin_protect} must be purge or all")
+        if self.admin_protect == "all" and self.purge_token is None:
+            raise ConfigError("{admin_protect}=all needs {purge_token}")
+        self._check_auth()
+
+    def _check_auth(self) -> None:
+        if self.auth_mode not in ("none", "jwt", "forward"):
+            raise ConfigError("{auth_mode} must be none, jwt or forward")
+        if self.auth_mode == "jwt" and not self.jwt_jwks:
+            raise ConfigError("{auth_mode}=jwt needs {jwt_jwks} (a JWKS file or URL)")
+        if self.auth_mode == "forward":
+            parts = urlsplit(self.auth_url or "")
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ConfigError("{auth_mode}=forward needs {auth_url}, an http(s) URL")
+        if self.auth_mode == "none" and self.origin_headers:
+            raise ConfigError("{origin_headers} is for {auth_mode} jwt or forward")
+        for name in ("jwt_leeway_seconds", "jwks_min_refresh_seconds", "auth_cache_seconds"):
+            if getattr(self, name) < 0:
+                raise ConfigError("{" + name + "} must be >= 0")
+        if self.auth_timeout_seconds <= 0:
+            raise ConfigError("{auth_timeout_seconds} must be positive")
 
     @property
     def admin_on_loopback(self) -> bool:

@@ -217,6 +217,35 @@ class Metrics:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
             registry=self.registry,
         )
+        self.auth_decisions = Counter(
+            "edge_auth_decisions",
+            "Authorization decisions in --auth jwt/forward mode, by mode and result (allowed, "
+            "missing, malformed, invalid, expired, not_yet_valid, forbidden, denied by the "
+            "auth service, unavailable: 503, the edge could not judge).",
+            ["mode", "result"],
+            registry=self.registry,
+        )
+        self.auth_upstream_requests = Counter(
+            "edge_auth_upstream_requests",
+            "Requests to the JWKS document (kind=jwks) and the auth service (kind=forward), by "
+            "result (ok, denied: a 401/403 verdict, error, timeout).",
+            ["kind", "result"],
+            registry=self.registry,
+        )
+        self.auth_upstream_duration = Histogram(
+            "edge_auth_upstream_duration_seconds",
+            "Time the JWKS document or the auth service took to answer, by kind.",
+            ["kind"],
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+            registry=self.registry,
+        )
+        self.auth_keys = Gauge(
+            "edge_auth_keys",
+            "Signing keys in the JWKS the edge verifies tokens with (--auth jwt).",
+            registry=self.registry,
+        )
+        for kind in ("jwks", "forward"):
+            self.auth_upstream_duration.labels(kind=kind)
         self.fast_path_answers = Counter(
             "edge_fast_path_answers",
             "Catch-up hits answered from stored, pre-serialised responses (also counted in "

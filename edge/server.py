@@ -30,6 +30,7 @@ from edge.web.connections import (
     Limits,
     default_max_connections,
 )
+from edge.web.gatekeeper import TokenFreeAccessLog
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +114,7 @@ async def _start(
         # A client that disconnects cancels its handler, and so its upstream request.
         handler_cancellation=True,
         access_log=log if log.isEnabledFor(logging.DEBUG) else None,
+        access_log_class=TokenFreeAccessLog,
         shutdown_timeout=settings.drain_seconds,
         # With a tracker, it alone closes idle connections: aiohttp's own timer cannot see the
         # requests a connection answers itself (edge.web.fastpath), so it stays out of the way.

@@ -276,10 +276,12 @@ class Streams:
         status: int,
         request_headers: Sequence[tuple[str, str]],
         response_headers: Sequence[tuple[str, str]],
+        *,
+        started: int,
     ) -> bool:
-        """Called for every answer the origin gave to a request the cache did not serve;
-        True when it deleted or created the stream (the caller may wait for the purge to be
-        durable)."""
+        """Called for every answer the origin gave to a request the cache did not serve (whose
+        ticket was ``started``); True when it deleted or created the stream (the caller may
+        wait for the purge to be durable)."""
         method = method.upper()
         if status == 404 and method in ("GET", "HEAD"):
             self.stream_gone(LogKey(stream=stream, scope=self.scope_of(request_headers)))
@@ -290,7 +292,7 @@ class Streams:
             created = method == "PUT" and status == 201
             if created:
                 self.purge(stream)  # created: whatever the edge knew of this path is another's
-            self._written(stream, method, status, request_headers, response_headers)
+            self._written(stream, method, status, request_headers, response_headers, started)
             return created  # like a DELETE, answered once other replicas will not serve the old
         elif method == "HEAD" and status == 200:
             self.learn_lifetime(self.local.instance_for(stream), response_headers, complete=True)
@@ -303,9 +305,12 @@ class Streams:
         status: int,
         request_headers: Sequence[tuple[str, str]],
         response_headers: Sequence[tuple[str, str]],
+        started: int,
     ) -> None:
         """A write reached the origin. Any write may have moved the tail (even a failed one may
-        have raced one that did); a successful one says how far (its ``Stream-Next-Offset``)."""
+        have raced one that did); a successful one says how far (its ``Stream-Next-Offset``).
+        A successful write that started after the edge knew the stream had reached further
+        than it says went to another instance (deleted and recreated behind the edge)."""
         ok = status < 300
         floor = first_value(response_headers, STREAM_NEXT_OFFSET) if ok else None
         if not is_offset_token(floor):
@@ -317,6 +322,10 @@ class Streams:
             # changes nothing: a write that succeeds went to another stream at the path, or did
             # nothing at all. Forgetting is always safe; serving the old instance is not.
             log.info("%s written after its closure: a new instance", stream)
+            self.purge(stream)
+            instance = self.local.instance_for(stream)
+        if floor is not None and instance.contradicts(floor, closed=False, started=started):
+            log.info("%s written below the tail it had reached: a new instance", stream)
             self.purge(stream)
             instance = self.local.instance_for(stream)
         ticket = self.ticket()

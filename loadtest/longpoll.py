@@ -1,362 +1,272 @@
-"""Long-poll release benchmark: N long-polls wait at the tail of one stream; one append releases
-them. Straight from the origin vs through the edge, in one invocation, on the same cores.
+"""Long-poll release: N long-polls at the tail of one stream, released by one append.
 
-    .venv/bin/python -m loadtest.longpoll --polls 2000 --rounds 5 --runs 3
+    .venv/bin/python -m loadtest.longpoll [--waiters 2000] [--rounds 3] [--edge-args "..."]
+        [--targets origin edge] [--processes 2] [--no-write]
 
-Each run starts a fresh origin (and, for the edge, a fresh edge in front of it). Client worker
-processes (raw sockets, uvloop, HTTP/1.1 keep-alive) open the long-polls; once every one is in
-and has had ``--settle`` seconds to reach the server's wait (at the edge: once its
-``edge_long_polls_waiting`` says so), the parent appends one item straight to the origin and
-each client notes when its answer's first byte arrives. A released client re-polls at once from
-the answer's ``Stream-Next-Offset`` with its ``Stream-Cursor`` (as the official clients do). The
-first release is a warm-up and not counted (the crowd's first requests also wait for the server
-to accept its connections). Release latency = first byte at the client minus the moment the
-append was sent; the ``--rounds`` releases' latencies are pooled per run, and the table shows
-each run's p50/p99 and their median.
-
-``--baseline NAME=DIR`` measures another checkout's edge in the same invocation (before/after
-comparisons on the same noisy machine); ``--profile FILE`` records the edge with py-spy.
-
-Everything shares this machine's cores (the clients with the server), and other work on the
-machine makes the figures noisy: compare targets of the same invocation.
+For each target (straight at the origin, then through the edge; one origin, a fresh open
+``text/plain`` stream each), ``--processes`` client processes (raw asyncio sockets on uvloop,
+HTTP/1.1 keep-alive, one connection per waiter) hold ``--waiters`` long-polls
+``GET <stream>?offset=<tail>&live=long-poll[&cursor=<Stream-Cursor>]`` at the tail. Once the
+server reports them all waiting (the origin's per-stream counter of open long-polls, the edge's
+``edge_long_polls_waiting``), the parent sends one append straight to the origin (the same
+writer for both targets) and each waiter's latency is from that append's send to its complete
+answer (clocks: ``time.monotonic``, one clock for every process of this machine). Every answer
+must be a 200 with exactly the appended bytes and ``Stream-Next-Offset`` the append's; a 204
+(timeout) before the append is answered by polling again with its ``Stream-Cursor``, as the
+protocol's clients do. One unreported warm-up round, then ``--rounds``; p50/p99/max are the
+medians over the rounds. Servers on core 0, clients on the other core (see ``benchkit``).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import http.client
 import json
 import multiprocessing
-import resource
-import signal
+import os
 import statistics
-import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import urlsplit
 
-from devstack.processes import Edge, Origin, new_logs_dir, start_edge, start_origin
+from devstack.processes import (
+    REPO,
+    Edge,
+    Origin,
+    ProcessFailed,
+    new_logs_dir,
+    start_edge,
+    start_origin,
+)
+from loadtest.benchkit import (
+    append,
+    create_stream,
+    edge_workers,
+    insert_section,
+    pinned,
+    plan_cores,
+    raise_nofile,
+    split_edge_args,
+    text_body,
+)
+from loadtest.hits import git_revision
+from loadtest.longpoll_clients import client
 
-CONNECT_BATCH = 250
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Round:
-    latencies: list[float]  # first byte at the client, seconds after the append was sent
-    statuses: dict[int, int]
-
-
-class Poller(asyncio.Protocol):
-    """One keep-alive connection that long-polls, re-polling from each answer."""
-
-    def __init__(self, worker: Worker, index: int, offset: str) -> None:
-        self.worker = worker
-        self.index = index
-        self.offset = offset
-        self.cursor: str | None = None
-        self.transport: asyncio.Transport | None = None
-        self.buffer = b""
-        self.first_byte: float | None = None
-        self.answers = 0
-        self.lost = False
-        self.scheduled = False
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        self.poll()
-
-    def poll(self) -> None:
-        assert self.transport is not None
-        target = f"{self.worker.path}?offset={quote(self.offset, safe='')}&live=long-poll"
-        if self.cursor is not None:
-            target += f"&cursor={quote(self.cursor, safe='')}"
-        self.transport.write(
-            f"GET {target} HTTP/1.1\r\nHost: {self.worker.host}\r\n\r\n".encode("latin-1")
-        )
-
-    def data_received(self, data: bytes) -> None:
-        if self.first_byte is None:
-            self.first_byte = time.monotonic()
-        self.buffer += data
-        if not self.scheduled:
-            # Parse and re-poll after this loop pass: every socket readable now gets its
-            # arrival time first, so one client's own work does not count as the server's.
-            self.scheduled = True
-            asyncio.get_running_loop().call_soon(self._process)
-
-    def _process(self) -> None:
-        self.scheduled = False
-        while self._answer_complete():
-            pass
-
-    def _answer_complete(self) -> bool:
-        head, sep, rest = self.buffer.partition(b"\r\n\r\n")
-        if not sep:
-            return False
-        lines = head.decode("latin-1").split("\r\n")
-        status = int(lines[0].split()[1])
-        headers = {}
-        for line in lines[1:]:
-            name, _, value = line.partition(":")
-            headers[name.strip().lower()] = value.strip()
-        if "content-length" in headers:
-            length = int(headers["content-length"])
-            if len(rest) < length:
-                return False
-            self.buffer = rest[length:]
-        elif headers.get("transfer-encoding", "").lower() == "chunked":
-            end = rest.find(b"\r\n0\r\n\r\n")
-            if rest.startswith(b"0\r\n\r\n"):
-                end, skip = 0, 5
-            elif end < 0:
-                return False
-            else:
-                skip = end + 7
-            self.buffer = rest[skip:]
-        else:
-            self.buffer = rest  # 204: no body
-        assert self.first_byte is not None
-        arrived, self.first_byte = self.first_byte, None if not self.buffer else time.monotonic()
-        self.offset = headers.get("stream-next-offset", self.offset)
-        self.cursor = headers.get("stream-cursor", self.cursor)
-        self.answers += 1
-        self.worker.answered(self, status, arrived)
-        self.poll()
-        return bool(self.buffer)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.lost = True
+CONTENT_TYPE = "text/plain"
+WAITING_TIMEOUT_S = 20.0
 
 
-class Worker:
-    def __init__(self, host: str, port: int, path: str, count: int, queue: Any) -> None:
-        self.host = f"{host}:{port}"
-        self.address = (host, port)
-        self.path = path
-        self.count = count
-        self.queue = queue
-        self.rounds: dict[int, list[tuple[int, float]]] = {}
-
-    def answered(self, poller: Poller, status: int, arrived: float) -> None:
-        got = self.rounds.setdefault(poller.answers, [])
-        got.append((status, arrived))
-        if len(got) == self.count:
-            self.queue.put(("round", poller.answers, self.rounds.pop(poller.answers)))
-
-    async def main(self, offset: str, stop: Any) -> None:
-        loop = asyncio.get_running_loop()
-        pollers: list[Poller] = []
-        for start in range(0, self.count, CONNECT_BATCH):
-            batch = []
-            for index in range(start, min(self.count, start + CONNECT_BATCH)):
-                poller = Poller(self, index, offset)
-                pollers.append(poller)
-                batch.append(loop.create_connection(lambda p=poller: p, *self.address))
-            await asyncio.gather(*batch)
-        self.queue.put(("connected", len(pollers), None))
-        await loop.run_in_executor(None, stop.wait)
-        for poller in pollers:
-            if poller.transport is not None:
-                poller.transport.close()
-
-
-def _worker(
-    host: str, port: int, path: str, count: int, offset: str, queue: Any, stop: Any
-) -> None:
-    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    import uvloop
-
-    uvloop.run(Worker(host, port, path, count, queue).main(offset, stop))
-
-
-def request(base: str, method: str, path: str, body: bytes = b"") -> tuple[int, dict[str, str]]:
-    host, port = base.removeprefix("http://").split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=30)
-    try:
-        conn.request(method, path, body=body, headers={"Content-Type": "application/json"})
-        response = conn.getresponse()
-        response.read()
-        return response.status, {k.lower(): v for k, v in response.getheaders()}
-    finally:
-        conn.close()
-
-
-def waiting_at_edge(edge: Edge) -> float:
+def waiting_now(target: str, origin: Origin, edge: Edge | None, path: str) -> int:
+    if target == "origin":
+        return int(origin.counts(path)["open"]["long-poll"])
+    assert edge is not None
+    total = 0.0
     for line in edge.metrics_text().splitlines():
-        if line.startswith("edge_long_polls_waiting "):
-            return float(line.split()[1])
-    return 0.0
+        if line.startswith("edge_long_polls_waiting"):
+            total += float(line.rsplit(" ", 1)[1])
+    return int(total)
 
 
-def start_profile(edge: Edge, output: Path) -> subprocess.Popen[bytes]:
-    """py-spy (``pip install py-spy``) sampling the edge, as collapsed stacks."""
-    command = [str(Path(sys.executable).with_name("py-spy")), "record", "--pid"]
-    command += [str(edge.process.pid), "--rate", "1000", "--format", "raw"]
-    command += ["--output", str(output), "--nonblocking"]
-    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def percentile(sorted_values: list[float], share: float) -> float:
+    return sorted_values[min(len(sorted_values) - 1, max(0, int(len(sorted_values) * share) - 1))]
 
 
-def percentile(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
-
-
-def run_once(
-    target: str,
-    polls: int,
-    rounds: int,
-    clients: int,
-    settle: float,
-    logs: Path,
-    edge_args: list[str],
-    profile: Path | None = None,
-    repo: Path | None = None,
-) -> list[Round]:
-    origin: Origin = start_origin(logs, long_poll_timeout_ms=30_000, name=f"origin-{target}")
-    edge: Edge | None = None
-    procs: list[multiprocessing.Process] = []
-    stop = multiprocessing.Event()
-    try:
-        if target != "origin":
-            edge = start_edge(
-                origin.url, logs, "--long-poll-timeout", "30", "--max-connections", "19000",
-                *edge_args, name=target, **({"repo": repo} if repo is not None else {}),
-            )  # fmt: skip
-        base = edge.url if edge is not None else origin.url
-        host, port = base.removeprefix("http://").split(":")
-        path = f"/v1/stream/longpoll-{int(time.time() * 1000)}"
-        status, headers = request(origin.url, "PUT", path)
-        assert status in (200, 201), status
-        offset = headers["stream-next-offset"]
-        if edge is not None:
-            # The first live read starts the edge's tail; the crowd then joins a running one.
-            request(edge.url, "GET", f"{path}?offset={quote(offset, safe='')}")
-        queue: Any = multiprocessing.Queue()
-        shares = [polls // clients + (1 if i < polls % clients else 0) for i in range(clients)]
+def run_target(
+    target: str, origin: Origin, edge: Edge | None, args: argparse.Namespace, load: frozenset[int]
+) -> dict[str, Any]:
+    base = edge.url if edge is not None else origin.url
+    parts = urlsplit(base)
+    host, port = parts.hostname or "127.0.0.1", int(parts.port or 80)
+    path = f"/v1/stream/longpoll-{target}-{int(time.time() * 1000)}"
+    create_stream(origin.url, path, CONTENT_TYPE)
+    tail = append(origin.url, path, b"start\n", CONTENT_TYPE)
+    context = multiprocessing.get_context("fork")
+    shares = [
+        args.waiters // args.processes + (i < args.waiters % args.processes)
+        for i in range(args.processes)
+    ]
+    pipes, procs = [], []
+    with pinned(load):
         for share in shares:
-            proc = multiprocessing.Process(
-                target=_worker, args=(host, int(port), path, share, offset, queue, stop)
-            )
+            mine, theirs = context.Pipe()
+            proc = context.Process(target=client, args=(theirs, host, port, path, share))
             proc.start()
+            pipes.append(mine)
             procs.append(proc)
-        for _ in procs:
-            kind, count, _ = queue.get(timeout=120)
-            assert kind == "connected"
-            assert count > 0
-        results: list[Round] = []
-        spy: subprocess.Popen[bytes] | None = None
-        # Round 0 is a warm-up, not counted: the crowd's first requests also wait for the
-        # server to accept 2,000 connections (a full accept queue delays some by seconds).
-        for number in range(rounds + 1):
-            time.sleep(settle)
-            if edge is not None:
-                give_up = time.monotonic() + 20
-                while (waiting := waiting_at_edge(edge)) < polls and time.monotonic() < give_up:
-                    time.sleep(0.2)
-                if waiting < polls:
-                    print(
-                        f"  warning: only {waiting:.0f} of {polls} long-polls waiting at the edge"
-                    )
-            sent = time.monotonic()
-            status, _ = request(origin.url, "POST", path, json.dumps([{"round": number}]).encode())
-            assert status in (200, 204), status
+    rounds: list[dict[str, Any]] = []
+    origin_parts = urlsplit(origin.url)
+    try:
+        for number in range(args.rounds + 1):  # round 0 warms up the edge's tail
+            for pipe in pipes:
+                pipe.send(("poll", tail))
+            sent = sum(pipe.recv()[1] for pipe in pipes)
+            deadline = time.monotonic() + WAITING_TIMEOUT_S
+            waiting = 0
+            while time.monotonic() < deadline:
+                waiting = waiting_now(target, origin, edge, path)
+                if waiting >= sent:
+                    break
+                time.sleep(0.05)
+            time.sleep(0.2)  # the last waiters' requests past the counter and into their wait
+            body = text_body(args.append_bytes, seed=number) + b"\n"
+            writer = http.client.HTTPConnection(
+                origin_parts.hostname or "127.0.0.1", origin_parts.port, timeout=30
+            )
+            writer.connect()
+            sent_at = time.monotonic()
+            writer.request("POST", path, body=body, headers={"Content-Type": CONTENT_TYPE})
+            reply = writer.getresponse()
+            reply.read()
+            writer.close()
+            assert reply.status in (200, 204), reply.status
+            tail = reply.headers["Stream-Next-Offset"]
+            for pipe in pipes:
+                pipe.send(("collect", body, tail))
             latencies: list[float] = []
-            statuses: dict[int, int] = {}
-            for _ in procs:
-                kind, got, answers = queue.get(timeout=60)
-                assert kind == "round"
-                assert got == number + 1, (kind, got)
-                for code, arrived in answers:
-                    latencies.append(arrived - sent)
-                    statuses[code] = statuses.get(code, 0) + 1
-            if number == 0:
-                if spy is None and profile is not None and edge is not None:
-                    spy = start_profile(edge, profile)
-                continue
-            results.append(Round(latencies=latencies, statuses=statuses))
-        if spy is not None:
-            spy.send_signal(signal.SIGINT)
-            spy.wait(timeout=30)
-        return results
+            errors: list[str] = []
+            failed = repolls = 0
+            for pipe in pipes:
+                _, times, some_errors, error_count, polls = pipe.recv()
+                latencies += [1000 * (t - sent_at) for t in times]
+                errors += some_errors
+                failed += error_count
+                repolls += polls
+            latencies.sort()
+            result = {
+                "target": target,
+                "round": number,
+                "waiters": sent,
+                "seen_waiting": waiting,
+                "exact": len(latencies),
+                "failed": failed,
+                "errors": errors,
+                "repolls": repolls,
+                "p50_ms": statistics.median(latencies) if latencies else float("nan"),
+                "p99_ms": percentile(latencies, 0.99) if latencies else float("nan"),
+                "max_ms": latencies[-1] if latencies else float("nan"),
+            }
+            print(json.dumps(result), flush=True)
+            if number > 0:
+                rounds.append(result)
     finally:
-        stop.set()
+        for pipe in pipes:
+            pipe.send(("stop",))
         for proc in procs:
-            proc.join(timeout=10)
+            proc.join(timeout=30)
             if proc.is_alive():
                 proc.kill()
+    return {
+        "target": target,
+        "waiters": args.waiters,
+        "exact": f"{min(r['exact'] for r in rounds)}/{args.waiters}",
+        "failed": sum(r["failed"] for r in rounds),
+        "seen_waiting": min(r["seen_waiting"] for r in rounds),
+        "p50_ms": statistics.median(r["p50_ms"] for r in rounds),
+        "p99_ms": statistics.median(r["p99_ms"] for r in rounds),
+        "max_ms": statistics.median(r["max_ms"] for r in rounds),
+        "p99_rounds": [round(r["p99_ms"], 1) for r in rounds],
+    }
+
+
+def render(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| target | waiters | exact answers (worst round) | seen waiting (worst round) "
+        "| p50 ms | p99 ms | max ms | p99 per round |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['target']} | {r['waiters']} | {r['exact']} | {r['seen_waiting']} "
+            f"| {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['max_ms']:.1f} "
+            f"| {', '.join(str(x) for x in r['p99_rounds'])} |"
+        )
+    by_target = {r["target"]: r for r in rows}
+    if "origin" in by_target and "edge" in by_target:
+        ratio = by_target["edge"]["p99_ms"] / by_target["origin"]["p99_ms"]
+        lines.append(f"\nedge p99 / origin p99: {ratio:.2f}")
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtest.longpoll",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--waiters", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=3, help="measured rounds (after a warm-up)")
+    parser.add_argument("--processes", type=int, default=2, help="client processes")
+    parser.add_argument("--append-bytes", type=int, default=100)
+    parser.add_argument("--edge-args", default="", help="passed to `edge serve` (shell words)")
+    parser.add_argument(
+        "--targets", nargs="+", default=["origin", "edge"], choices=["origin", "edge"]
+    )
+    parser.add_argument("--no-pin", action="store_true", help="run everything on every core")
+    parser.add_argument("--no-write", action="store_true", help="print only")
+    parser.add_argument("--output", type=Path, default=REPO / "docs" / "benchmarks.md")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    edge_args = split_edge_args(args.edge_args)
+    raise_nofile()
+    cores = plan_cores(not args.no_pin)
+    edge_cores = cores.every if edge_workers(edge_args) > 1 else cores.server
+    logs = new_logs_dir("edge-longpoll-")
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    load_before = os.getloadavg()
+    with pinned(cores.server):
+        origin = start_origin(logs, name="longpoll-origin")
+    edge = None
+    rows = []
+    try:
+        if "edge" in args.targets:
+            try:
+                with pinned(edge_cores):
+                    edge = start_edge(origin.url, logs, *edge_args, name="longpoll-edge")
+            except ProcessFailed as failure:
+                print(
+                    f"the edge did not start with --edge-args {args.edge_args!r}:", file=sys.stderr
+                )
+                print(str(failure)[-3000:], file=sys.stderr)
+                return 2
+        for target in args.targets:
+            rows.append(
+                run_target(target, origin, edge if target == "edge" else None, args, cores.load)
+            )
+    finally:
         if edge is not None:
             edge.stop()
         origin.stop()
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--polls", type=int, default=2000)
-    parser.add_argument("--rounds", type=int, default=5, help="appends per run")
-    parser.add_argument("--runs", type=int, default=3, help="fresh processes per target")
-    parser.add_argument("--clients", type=int, default=2, help="client worker processes")
-    parser.add_argument("--settle", type=float, default=1.5, help="seconds before each append")
-    parser.add_argument("--targets", nargs="+", default=["origin", "edge"])
-    parser.add_argument("--edge-arg", action="append", default=[], help="extra edge flag")
-    parser.add_argument("--profile", type=Path, help="py-spy collapsed stacks of the edge here")
-    parser.add_argument(
-        "--baseline",
-        action="append",
-        default=[],
-        metavar="[NAME=]DIR",
-        help="another checkout (e.g. `git archive main | tar -x -C DIR`) whose edge is measured "
-        "too, as target NAME (default 'baseline'); repeatable",
-    )
-    args = parser.parse_args()
-    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    logs = new_logs_dir("longpoll-")
-    table: dict[str, list[tuple[float, float]]] = {}
-    checkouts = dict(
-        (b.split("=", 1)[0], Path(b.split("=", 1)[1])) if "=" in b else ("baseline", Path(b))
-        for b in args.baseline
-    )
-    targets = [*args.targets, *checkouts]
-    for run in range(1, args.runs + 1):
-        for target in targets:
-            rounds = run_once(
-                target, args.polls, args.rounds, args.clients, args.settle, logs, args.edge_arg,
-                args.profile.with_suffix(f".{target}.txt") if args.profile and run == 1 else None,
-                checkouts.get(target),
-            )  # fmt: skip
-            # The first round's crowd had no cursor yet; every round counts.
-            pooled = [value for r in rounds for value in r.latencies]
-            statuses: dict[int, int] = {}
-            for r in rounds:
-                for code, n in r.statuses.items():
-                    statuses[code] = statuses.get(code, 0) + n
-            p50, p99 = percentile(pooled, 50) * 1000, percentile(pooled, 99) * 1000
-            per_round = " ".join(
-                f"{percentile(r.latencies, 99) * 1000:.0f}/{max(r.latencies) * 1000:.0f}"
-                for r in rounds
-            )
-            print(
-                f"run {run} {target:8} p50 {p50:6.1f} ms  p99 {p99:6.1f} ms  "
-                f"statuses {statuses}  per-round p99/max [{per_round}]",
-                flush=True,
-            )
-            table.setdefault(target, []).append((p50, p99))
-    print(
-        f"\n{args.polls} long-polls released by one append, {args.rounds} rounds x {args.runs} runs"
-    )
-    print(f"{'target':10} {'p50 ms (median)':>16} {'p99 ms (median)':>16}   runs (p50/p99)")
-    for target, runs in table.items():
-        p50 = statistics.median(r[0] for r in runs)
-        p99 = statistics.median(r[1] for r in runs)
-        detail = ", ".join(f"{a:.0f}/{b:.0f}" for a, b in runs)
-        print(f"{target:10} {p50:16.1f} {p99:16.1f}   {detail}")
-    print(f"logs: {logs}")
+    rendered = render(rows)
+    print(rendered)
+    if not args.no_write:
+        date = time.strftime("%Y-%m-%d")
+        shown = f"`{args.edge_args}`" if args.edge_args else "none"
+        heading = f"## Long-poll release ({date}, edge args {shown})"
+        load_after = os.getloadavg()
+        section = (
+            f"{heading}\n\n"
+            f"`{' '.join(['python -m loadtest.longpoll', *sys.argv[1:]])}` at {started}, edge at "
+            f"`{git_revision()}`. {args.waiters} long-polls (HTTP/1.1, one connection each, from "
+            f"{args.processes} client processes on raw sockets) wait at the tail of one open "
+            f"`text/plain` stream, straight at the origin, then through the edge; one "
+            f"{args.append_bytes + 1}-byte append, sent straight to the origin, releases them. "
+            f"Latency: from the append's send to each waiter's complete answer; every answer "
+            f"checked (200, exactly the appended bytes, the append's `Stream-Next-Offset`). "
+            f"p50/p99/max are medians of {args.rounds} rounds after a warm-up round. Pinning: "
+            f"{cores.describe(edge_cores, 'the origin')}. Load average "
+            f"{load_before[0]:.2f} before, {load_after[0]:.2f} after: the machine is shared "
+            f"with other engineers' work, so the figures are noisy.\n\n{rendered}\n"
+        )
+        insert_section(args.output, heading, section)
+        print(f"written to {args.output}")
+    failed = sum(r["failed"] for r in rows)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -9,7 +9,9 @@
 // Prints exactly one JSON line on stdout once both ports listen:
 //   {"url":"http://127.0.0.1:PORT","stats":"http://127.0.0.1:STATSPORT","pid":PID}
 // Stats port: GET /counts[?path=/stream] (the path filters requests, total, open and
-// peak_open_live to that stream) and POST /reset (204).
+// peak_open_live to that stream) and POST /reset (204). `credentials` lists, per method,
+// the distinct Authorization and Cookie values (and any `token` query parameter) that
+// reached the origin, so tests can prove whose credentials travel upstream.
 import { createServer } from "node:http";
 import { Console } from "node:console";
 import { parseArgs } from "node:util";
@@ -57,6 +59,7 @@ let peakOpenLive = 0;
 // The same, per stream path, so a test can look at its own stream while others run.
 const openByPath = new Map(); // path -> { sse, long-poll, catchup, other }
 const peakByPath = new Map(); // path -> peak open live (sse + long-poll)
+const credentialsByPath = new Map(); // path -> Set of "METHOD name: value"
 
 function kindOf(method, live) {
   if (live === "sse" || live === "long-poll") return live;
@@ -75,6 +78,12 @@ server.handleRequest = (req, res) => {
   const live = url.searchParams.get("live");
 
   total += 1;
+  const seen = credentialsByPath.get(url.pathname) ?? new Set();
+  credentialsByPath.set(url.pathname, seen);
+  for (const name of ["authorization", "cookie"]) {
+    if (req.headers[name] !== undefined) seen.add(`${method} ${name}: ${req.headers[name]}`);
+  }
+  for (const value of url.searchParams.getAll("token")) seen.add(`${method} token=${value}`);
   const key = JSON.stringify([method, url.pathname, offset, live]);
   counts.set(key, (counts.get(key) ?? 0) + 1);
 
@@ -100,6 +109,11 @@ server.handleRequest = (req, res) => {
 
 function snapshot(pathFilter) {
   const requests = [];
+  const credentials = new Set();
+  for (const [path, values] of credentialsByPath) {
+    if (pathFilter !== null && path !== pathFilter) continue;
+    for (const value of values) credentials.add(value);
+  }
   let filteredTotal = 0;
   for (const [key, count] of counts) {
     const [method, path, offset, live] = JSON.parse(key);
@@ -115,6 +129,7 @@ function snapshot(pathFilter) {
       ? { ...open }
       : { ...(openByPath.get(pathFilter) ?? { sse: 0, "long-poll": 0, catchup: 0, other: 0 }) },
     peak_open_live: pathFilter === null ? peakOpenLive : (peakByPath.get(pathFilter) ?? 0),
+    credentials: [...credentials].sort(),
   };
 }
 
@@ -130,6 +145,7 @@ const stats = createServer((req, res) => {
     counts.clear();
     peakOpenLive = 0;
     peakByPath.clear();
+    credentialsByPath.clear();
     res.writeHead(204);
     res.end();
   } else {

@@ -184,16 +184,21 @@ class LiveHub:
         client_cursor: str | None,
         credentials: Sequence[tuple[str, str]],
         *,
+        max_seconds: float | None = None,
         socket: Socket | None = None,
     ) -> Answer | Written:
         """Answer a long-poll from the log, or wait at the tail with every other long-poll there
-        (``edge.live.polls``); with ``socket``, a released answer may be written directly."""
+        (``edge.live.polls``); with ``socket``, a released answer may be written directly.
+        ``max_seconds``: the wait ends sooner (a reader's credential expires then)."""
         refused = await self.known_from(key, offset, credentials)
         if refused is not None:
             return refused
         start = self.tail_offset(key) or offset
+        wait = self.settings.long_poll_timeout_seconds
+        if max_seconds is not None:
+            wait = min(wait, max_seconds)
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.settings.long_poll_timeout_seconds
+        deadline = loop.time() + wait
         cursor = cursor_class(client_cursor)
         waited = False
         fetched = False

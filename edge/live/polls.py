@@ -8,7 +8,8 @@ Rules this module owns:
   code a single long-poll runs), one cursor is drawn per cursor class, and every waiter of the
   class gets that same answer.
 * Direct write, as the SSE fan-out does: for a waiter whose request gave its socket, the answer
-  is encoded once per HTTP framing (version, keep-alive) by the web layer's ``encode`` and the
+  is encoded once per ``Framing`` (HTTP version, keep-alive, a reader's private copy) by the
+  web layer's ``encode`` and the
   same bytes are written to every such socket in one pass; its handler then only completes
   the request (``Written``). A waiter whose socket is closing, or whose answer cannot be encoded,
   gets the ``Answer`` itself and is answered by its handler as before.
@@ -43,12 +44,21 @@ TIMEOUT_GRANULARITY_SECONDS = 0.05
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class Framing:
+    """What, besides the answer, decides a request's response bytes: waiters with equal
+    framings get the same bytes for the same answer."""
+
+    version: tuple[int, int]
+    keep_alive: bool
+    reader_only: bool = False  # an authorized reader's copy of a shared answer: private
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Socket:
     """Where a released long-poll's answer may be written directly, and how it is framed."""
 
     transport: asyncio.WriteTransport
-    version: tuple[int, int]
-    keep_alive: bool
+    framing: Framing
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -59,8 +69,8 @@ class Written:
     keep_alive: bool
 
 
-# The web layer's serialisation of an answer: (answer, HTTP version, keep-alive) -> bytes.
-Encode = Callable[[Answer, tuple[int, int], bool], bytes]
+# The web layer's serialisation of an answer for a framing; ValueError when it cannot be.
+Encode = Callable[[Answer, Framing], bytes]
 Outcome = Answer | Written | None
 
 
@@ -194,7 +204,7 @@ class LongPollFanout:
 
     def _deliver(self, waiters: list[Waiter[Ticket]], answer: Answer) -> None:
         # Per framing: the bytes (None: not encodable) and what each handler is told.
-        frames: dict[tuple[tuple[int, int], bool], tuple[bytes | None, Written]] = {}
+        frames: dict[Framing, tuple[bytes | None, Written]] = {}
         written = 0
         for waiter in waiters:
             self._board.leave(waiter)
@@ -205,10 +215,10 @@ class LongPollFanout:
             if socket is None or self.encode is None or socket.transport.is_closing():
                 future.set_result(answer)  # its handler answers it the usual way
                 continue
-            framing = (socket.version, socket.keep_alive)
+            framing = socket.framing
             known = frames.get(framing)
             if known is None:
-                written_as = Written(status=answer.status, keep_alive=socket.keep_alive)
+                written_as = Written(status=answer.status, keep_alive=framing.keep_alive)
                 known = frames[framing] = (self._encoded(answer, framing), written_as)
             frame, written_as = known
             if frame is None:
@@ -220,10 +230,10 @@ class LongPollFanout:
         if written:
             self._hub.metrics.served_bytes.inc(written * len(answer.body))
 
-    def _encoded(self, answer: Answer, framing: tuple[tuple[int, int], bool]) -> bytes | None:
+    def _encoded(self, answer: Answer, framing: Framing) -> bytes | None:
         assert self.encode is not None
         try:
-            return self.encode(answer, framing[0], framing[1])
+            return self.encode(answer, framing)
         except ValueError:
             # A header value aiohttp would refuse (a control character): each handler answers
             # the usual way and aiohttp turns it into the error it always did.

@@ -9,7 +9,8 @@ Rules this module owns:
   every viewer at that offset: no task wakes, no per-viewer queue. A viewer whose socket already
   holds ``--sse-buffer-bytes`` is skipped and woken instead: it lags, and catches up from the log.
 * One ticker for all viewers sends comment heartbeats to idle ones and wakes the ones due to
-  rotate, so no viewer carries a timer of its own.
+  rotate, so no viewer carries a timer of its own. A viewer past its ``rotate_at`` (rotation, or
+  its credential's expiry) is written nothing more: it ends at the next batch boundary.
 """
 
 from __future__ import annotations
@@ -96,6 +97,10 @@ class SseFanout:
             transport = viewer.transport
             if transport.is_closing():
                 viewers.discard(viewer)
+                viewer.woken.set()
+                continue
+            if viewer.rotate_at is not None and now >= viewer.rotate_at:
+                viewers.discard(viewer)  # due to end (rotation, an expiring credential)
                 viewer.woken.set()
                 continue
             if viewer.offset != start or transport.get_write_buffer_size() >= limit:
@@ -190,6 +195,8 @@ class SseFanout:
                     fact = log_.tail
                     at_tail = fact is not None and fact.offset == coverage.end
                     closed = at_tail and fact is not None and fact.closed
+                    if viewer.rotate_at is not None and loop.time() >= viewer.rotate_at:
+                        return  # at a batch boundary; the client resumes by offset
                     if coverage.segments or closed:
                         if (not at_tail or coverage.capped) and not lagging:
                             hub.metrics.viewers_lagging.inc()

@@ -136,9 +136,11 @@ def classify(
     *,
     scope_headers: Collection[str] = DEFAULT_SCOPE_HEADERS,
     scope_cookies: Collection[str] = DEFAULT_SCOPE_COOKIES,
+    scope: str | None = None,
 ) -> Classified:
     """What to do with a request; ``path`` is the stream's normalised path
-    (``edge.protocol.paths``)."""
+    (``edge.protocol.paths``). ``scope``, when given, is the read's scope whatever its
+    credentials (a read the edge authorized itself is the shared scope's)."""
     method = method.upper()
     if method == "HEAD":
         return Classified(kind=RequestKind.HEAD, read=None)
@@ -166,7 +168,9 @@ def classify(
         live=live,
         cursor=params.get("cursor"),
         last_event_id=last_event_id,
-        scope=auth_scope(header_list, scope_headers=scope_headers, scope_cookies=scope_cookies),
+        scope=scope
+        if scope is not None
+        else auth_scope(header_list, scope_headers=scope_headers, scope_cookies=scope_cookies),
         plain=only_protocol_params(query_string),
     )
     return Classified(kind=kind, read=read)

@@ -7,8 +7,10 @@ It never shares a port with stream traffic, so a scrape or a probe cannot queue 
   default (a Durable Streams origin answers CORS preflights on any path; the reference origin
   answers 404 to ``HEAD /``), or ``GET --origin-health-path``.
 * ``/purge`` makes the edge forget a stream everywhere, so it is guarded: with
-  ``--purge-token`` it needs ``Authorization: Bearer <token>`` (401 otherwise); without one it
-  is open only on a loopback admin listener and refused (403) on any other.
+  ``--admin-token`` (alias ``--purge-token``) it needs ``Authorization: Bearer <token>`` (401
+  otherwise); without one it is open only on a loopback admin listener and refused (403) on any
+  other. ``/metrics``, ``/healthz`` and ``/readyz`` stay open, as Prometheus and probes expect,
+  unless ``--admin-protect all`` asks for the token there too.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from edge.catchup import CatchupCache
@@ -110,6 +113,26 @@ def add_admin_routes(
     cache: CatchupCache,
     draining: asyncio.Event,
 ) -> None:
+    settings = probe.settings
+
+    @web.middleware
+    async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if settings.admin_protect == "all" and request.path != "/purge":
+            refusal = purge_refusal(
+                token=settings.purge_token,
+                admin_on_loopback=settings.admin_on_loopback,
+                authorization=request.headers.get("Authorization"),
+            )
+            if refusal is not None:
+                return web.Response(
+                    status=401,
+                    text="the admin listener needs Authorization: Bearer <--admin-token>\n",
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
+        return await handler(request)
+
+    app.middlewares.append(guard)
+
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok\n")
 
@@ -134,8 +157,6 @@ def add_admin_routes(
         response = web.Response(body=metrics.render())
         response.headers["Content-Type"] = CONTENT_TYPE_LATEST
         return response
-
-    settings = probe.settings
 
     async def purge(request: web.Request) -> web.Response:
         refusal = purge_refusal(

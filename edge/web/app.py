@@ -7,6 +7,9 @@ Rules this module owns:
 * Reads are classified and cached by the stream's normalised path and the credential scope the
   configured ``--scope-headers``/``--scope-cookies`` give; the cache's own origin requests carry
   exactly those credentials (``credentials_of``), pass-through requests every client header.
+* With ``--auth jwt|forward``, one decision (``edge.web.gatekeeper.admit``) comes before all of
+  that: a refusal never reaches the origin, and an authorized read is classified into the shared
+  scope with the edge's own credential upstream.
 * A client that leaves before its answer is written is counted with code 499 and logged at DEBUG:
   leaving is what viewers do.
 """
@@ -24,10 +27,11 @@ from aiohttp import HttpVersion11, web
 from aiohttp.typedefs import Handler
 from multidict import CIMultiDict
 
+from edge.auth.gate import Gate
 from edge.catchup import Answer, CatchupCache, RelayInstead
 from edge.config import Settings
 from edge.live.hub import LiveHub, sse_encoding
-from edge.live.polls import Socket, Written
+from edge.live.polls import Framing, Socket, Written
 from edge.live.viewers import Viewer
 from edge.log.stream_log import LogKey
 from edge.metrics import Metrics
@@ -37,6 +41,7 @@ from edge.protocol.reads import Classified, RequestKind, classify, scope_credent
 from edge.store.shared import SharedTier
 from edge.web.admin import ReadinessProbe, add_admin_routes
 from edge.web.fastpath import FastPath
+from edge.web.gatekeeper import GATE, admit, reader_scope, seconds_left, shared_credentials
 from edge.web.proxy import (
     ClientGone,
     EdgeResponse,
@@ -44,6 +49,7 @@ from edge.web.proxy import (
     Relay,
     edge_answer,
     origin_error_response,
+    reader_only,
     request_target,
 )
 from edge.web.wire import VIA, WrittenResponse, client_headers, encode
@@ -65,7 +71,11 @@ CLIENT_CLOSED = 499
 
 def credentials_of(request: web.Request) -> list[tuple[str, str]]:
     """The client's headers a cache fill or a live tail sends upstream for this request's scope:
-    the configured credential headers, the Cookie cut down to the configured cookies."""
+    the configured credential headers, the Cookie cut down to the configured cookies; for a
+    read the edge authorized, the edge's own ``--origin-header`` instead."""
+    shared = shared_credentials(request)
+    if shared is not None:
+        return shared
     settings = request.app[SETTINGS]
     return scope_credentials(
         request.headers.items(),
@@ -76,7 +86,7 @@ def credentials_of(request: web.Request) -> list[tuple[str, str]]:
 
 def answer_headers_for(request: web.Request, answer: Answer) -> CIMultiDict[str]:
     """Every header of the edge's answer but those aiohttp adds (Content-Length, Date)."""
-    return client_headers(answer, request.app[CORS])
+    return client_headers(answer, request.app[CORS], reader_only=reader_only(request))
 
 
 def to_response(request: web.Request, answer: Answer) -> web.Response:
@@ -161,14 +171,22 @@ async def serve_long_poll(request: web.Request, classified: Classified) -> web.S
         socket = (
             Socket(
                 transport=transport,
-                version=(request.version.major, request.version.minor),
-                keep_alive=request.keep_alive,
+                framing=Framing(
+                    version=(request.version.major, request.version.minor),
+                    keep_alive=request.keep_alive,
+                    reader_only=reader_only(request),
+                ),
             )
             if transport is not None
             else None
         )
         answer = await hub.long_poll(
-            key, offset, read.cursor, credentials_of(request), socket=socket
+            key,
+            offset,
+            read.cursor,
+            credentials_of(request),
+            max_seconds=seconds_left(request),
+            socket=socket,
         )
     except BodyTooLarge as uncacheable:
         # A backlog bigger than the edge keeps in one piece (or an answer that is not the
@@ -251,6 +269,10 @@ async def _serve_sse_viewer(request: web.Request, classified: Classified) -> web
 
     loop = asyncio.get_running_loop()
     assert request.transport is not None
+    ends = [loop.time() + settings.sse_max_seconds] if settings.sse_max_seconds else []
+    credential_left = seconds_left(request)
+    if credential_left is not None:
+        ends.append(loop.time() + credential_left)  # ended cleanly when its token expires
     viewer = Viewer(
         key=key,
         offset=offset,
@@ -259,7 +281,7 @@ async def _serve_sse_viewer(request: web.Request, classified: Classified) -> web
         chunked=request.version >= HttpVersion11,
         client_cursor=read.cursor,
         fixed_cursor=hub.fixed_cursor(read.cursor),
-        rotate_at=loop.time() + settings.sse_max_seconds if settings.sse_max_seconds else None,
+        rotate_at=min(ends) if ends else None,
         last_write=loop.time(),
     )
     metrics.sse_viewers.inc()
@@ -310,6 +332,12 @@ async def handle_stream_request(request: web.Request) -> web.StreamResponse:
         server_options = EdgeResponse(status=204)
         request.app[CORS].add_missing(server_options.headers)
         return server_options
+    refused = await admit(request, request.app[CORS])
+    if refused is not None:
+        kind = classify(request.method, target.stream, target.query, ()).kind
+        metrics.request_count(kind, refused.status).inc()
+        return refused
+    target = request_target(request)  # without token parameters
     classified = classify(
         request.method,
         target.stream,
@@ -317,6 +345,7 @@ async def handle_stream_request(request: web.Request) -> web.StreamResponse:
         request.headers.items(),
         scope_headers=settings.scope_headers,
         scope_cookies=settings.scope_cookies,
+        scope=reader_scope(request),
     )
     kind = classified.kind
     open_gauge = metrics.open_requests(kind)
@@ -371,17 +400,30 @@ def create_app(settings: Settings, metrics: Metrics, origin: OriginClient) -> we
     hub.polls.encode = functools.partial(encode, cors=cors)
     app[CACHE] = cache
     app[HUB] = hub
-    app[RELAY] = Relay(origin=origin, metrics=metrics, cors=cors, observe=cache.observe)
+    app[RELAY] = Relay(
+        origin=origin,
+        metrics=metrics,
+        cors=cors,
+        observe=cache.observe,
+        ticket=cache.streams.ticket,
+    )
+    gate = Gate(settings, metrics) if settings.auth_mode != "none" else None
+    if gate is not None:
+        app[GATE] = gate
     fast = FastPath(settings, cache.local, lambda: cors.headers)
     app[FAST] = fast
     metrics.fold_at_scrape(fast.fold_into)
 
     async def lifetime(_: web.Application) -> AsyncIterator[None]:
         await origin.start()
+        if gate is not None:
+            await gate.start()
         if shared is not None:
             shared.listen_for_purges(cache.streams.purged_elsewhere, cache.streams.resync)
         yield
         await hub.close()
+        if gate is not None:
+            await gate.close()
         await cache.close()
         if shared is not None:
             await shared.close()

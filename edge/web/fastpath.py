@@ -15,6 +15,8 @@ Rules this module owns:
   it still has no known end of life, the origin has not since forbidden storing it
   (``no-store``), and the origin's CORS headers are the ones it was built
   with. Otherwise the request takes the full path, which re-checks and stores it again.
+* With ``--auth jwt|forward`` it is off: a read must be authorized before it is answered, and
+  that decision is the full path's (``edge.web.gatekeeper``).
 * Counting is plain integers here; ``fold_into`` adds them to the Prometheus counters when
   ``/metrics`` is scraped, so a hit costs no ``labels()`` call.
 """
@@ -63,7 +65,8 @@ class FastPath:
         *,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.enabled = settings.fast_path
+        # With --auth jwt|forward every read is authorized first, by the full path.
+        self.enabled = settings.fast_path and settings.auth_mode == "none"
         self._scope_headers = settings.scope_headers
         self._local = local
         self._cors = cors

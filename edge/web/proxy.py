@@ -28,6 +28,7 @@ import aiohttp
 from aiohttp import hdrs, web
 from multidict import CIMultiDict
 
+from edge.auth.gate import Admission
 from edge.memory import TRIMMER
 from edge.metrics import Metrics
 from edge.origin import OriginClient, OriginError
@@ -43,13 +44,41 @@ log = logging.getLogger(__name__)
 
 LIVE_KINDS = frozenset({RequestKind.LONG_POLL, RequestKind.SSE})
 
-# (method, path, origin status, request headers, origin response headers) for every answer.
+# (method, path, origin status, request headers, origin response headers, the ticket taken
+# when the request started) for every answer.
 Observer = Callable[
-    [str, str, int, Sequence[tuple[str, str]], Sequence[tuple[str, str]]], Awaitable[None]
+    [str, str, int, Sequence[tuple[str, str]], Sequence[tuple[str, str]], int], Awaitable[None]
 ]
 
 
 TARGET = web.RequestKey("target", Target)
+# What the authorization gate allowed (edge.web.gatekeeper); absent with --auth none.
+ADMISSION = web.RequestKey("admission", Admission)
+
+
+def reader_only(request: web.Request) -> bool:
+    """Whether this request's answer is its reader's alone (``for_the_reader_only``)."""
+    admitted = request.get(ADMISSION)
+    return admitted is not None and admitted.shared
+
+
+def for_the_reader_only(request: web.Request, headers: CIMultiDict[str]) -> None:
+    """An authorized read's answer was served from the shared scope, but it is this reader's:
+    a cache downstream (a CDN, a browser's shared cache) must not give it to anyone else."""
+    if reader_only(request):
+        make_private(headers)
+
+
+def make_private(headers: CIMultiDict[str]) -> None:
+    value = headers.get(hdrs.CACHE_CONTROL)
+    if value is None:
+        return
+    directives = [part.strip() for part in value.split(",") if part.strip()]
+    lowered = {part.lower() for part in directives}
+    if "no-store" in lowered or "private" in lowered:
+        return
+    kept = [part for part in directives if part.lower() != "public"]
+    headers[hdrs.CACHE_CONTROL] = ", ".join(["private", *kept])
 
 
 class ClientGone(Exception):
@@ -144,12 +173,19 @@ class Relay:
     metrics: Metrics
     cors: OriginCors
     observe: Observer | None = None
+    # Orders origin exchanges (``Streams.ticket``): what the edge knew before a request started
+    # is what its answer can contradict.
+    ticket: Callable[[], int] = lambda: 0
 
     async def forward(
         self, request: web.Request, kind: RequestKind, *, cache_status: str
     ) -> web.StreamResponse:
         target = request_target(request)
         client_headers = list(request.headers.items())
+        admitted = request.get(ADMISSION)
+        if admitted is not None:
+            # An authorized read goes with the edge's credential, a write with the client's.
+            client_headers = admitted.relay_headers(client_headers)
         headers = upstream_request_headers(
             client_headers,
             client_address=request.remote,
@@ -158,6 +194,7 @@ class Relay:
             http_version=f"{request.version.major}.{request.version.minor}",
         )
         body = request.content if request.body_exists else None
+        started = self.ticket()
         try:
             upstream = await self.origin.open(
                 request.method, target.upstream, headers, body, live=kind in LIVE_KINDS
@@ -174,6 +211,7 @@ class Relay:
                 upstream.status,
                 client_headers,
                 list(upstream.headers.items()),
+                started,
             )
         try:
             return await self._relay(request, upstream, cache_status)
@@ -204,6 +242,7 @@ class Relay:
         )
         for name, value in relayed:
             response.headers.add(name, value)
+        for_the_reader_only(request, response.headers)
         response.headers.add("Cache-Status", cache_status)
         try:
             await response.prepare(request)

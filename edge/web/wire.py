@@ -28,9 +28,9 @@ from aiohttp.abc import AbstractStreamWriter
 from multidict import CIMultiDict
 
 from edge.catchup import Answer
-from edge.live.polls import Written
+from edge.live.polls import Framing, Written
 from edge.protocol.headers import VIA_PSEUDONYM
-from edge.web.proxy import OriginCors
+from edge.web.proxy import OriginCors, make_private
 
 # What aiohttp refuses in a header (http_writer._FORBIDDEN_HEADER_CHARS_RE): every control
 # character but tab.
@@ -38,10 +38,16 @@ VIA = f"1.1 {VIA_PSEUDONYM}"
 _FORBIDDEN = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
 
-def client_headers(answer: Answer, cors: OriginCors) -> CIMultiDict[str]:
+def client_headers(
+    answer: Answer, cors: OriginCors, *, reader_only: bool = False
+) -> CIMultiDict[str]:
+    """``reader_only``: an authorized reader's answer from the shared scope, made ``private``
+    (``edge.web.proxy.for_the_reader_only``)."""
     headers = CIMultiDict(answer.headers)
     headers.add("Cache-Status", answer.cache_status)
     headers.add("Via", VIA)
+    if reader_only:
+        make_private(headers)
     # Answers built from origin answers have the CORS headers already; the edge's own do not.
     cors.add_missing(headers)
     return headers
@@ -51,11 +57,10 @@ def _empty_body(status: int) -> bool:
     return status in (204, 304) or 100 <= status < 200
 
 
-def encode(
-    answer: Answer, version: tuple[int, int], keep_alive: bool, *, cors: OriginCors
-) -> bytes:
+def encode(answer: Answer, framing: Framing, *, cors: OriginCors) -> bytes:
     """The whole HTTP response to a GET answered with ``answer``."""
-    headers = client_headers(answer, cors)
+    version, keep_alive = framing.version, framing.keep_alive
+    headers = client_headers(answer, cors, reader_only=framing.reader_only)
     body = answer.body
     if _empty_body(answer.status):
         headers.popall("Content-Length", None)

@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
+from devstack.image import default_tag
+
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 DOCKERFILE = ROOT / "Dockerfile"
@@ -101,7 +103,10 @@ def test_dockerfile_installs_with_the_ci_constraints() -> None:
 
 def test_dockerfile_runs_edge_as_non_root_with_a_healthcheck() -> None:
     instructions = dockerfile_instructions()
-    assert instructions[0] == ("FROM", "python:3.11-slim")
+    # python:3.11-slim unless the build names another (make image's stand-in; devstack/image.py).
+    assert instructions[0] == ("ARG", "BASE_IMAGE=python:3.11-slim")
+    stages = [args for instruction, args in instructions if instruction == "FROM"]
+    assert stages == ["${BASE_IMAGE} AS build", "${BASE_IMAGE}"]
     users = [args for instruction, args in instructions if instruction == "USER"]
     assert users, "no USER instruction"
     user = users[-1].split(":")[0]
@@ -138,7 +143,8 @@ def test_dockerignore_keeps_what_the_image_copies() -> None:
     }
     assert {".venv", ".git", "**/node_modules", "results"} <= ignored
     for instruction, args in dockerfile_instructions():
-        if instruction == "COPY":
+        # COPY --from copies from an earlier stage, not from the build context.
+        if instruction == "COPY" and not args.startswith("--from="):
             for source in args.split()[:-1]:
                 assert source not in ignored, f"{source} is copied but excluded by .dockerignore"
                 assert (ROOT / source).exists(), source
@@ -197,6 +203,17 @@ def test_compose_has_the_stack() -> None:
     } <= mounts
     for mount in mounts:
         assert (COMPOSE.parent / mount).exists(), mount
+
+
+def test_compose_and_kubernetes_run_the_image_make_image_builds() -> None:
+    tag = default_tag()
+    assert tag == "edge:dev"
+    compose = yaml.safe_load(COMPOSE.read_text())
+    for name in ("edge-1", "edge-2"):
+        # compose fills ${EDGE_IMAGE} from deploy/.env, the file make image reads its tag from.
+        assert compose["services"][name]["image"].startswith("${EDGE_IMAGE")
+    (container,) = k8s_object("Deployment")["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == tag
 
 
 # --- HAProxy ---------------------------------------------------------------------------------

@@ -40,10 +40,12 @@ async def view_sse(
     read_size: int = 65536,
     resume: bool = True,
     deadline: float = 60.0,
+    query: str = "",
 ) -> View:
     """Read ``url`` by SSE from ``offset`` until the stream closes. Bytes count only once their
     control event names the offset after them, as the official clients do; a connection that
-    ends early is resumed from the last ``streamNextOffset`` when ``resume``."""
+    ends early is resumed from the last ``streamNextOffset`` when ``resume``. ``query`` is
+    appended to each request's query (``&token=...``)."""
     view = view or View()
     give_up = time.monotonic() + deadline
     controls = 0
@@ -53,7 +55,9 @@ async def view_sse(
         pending: list[str] = []
         binary = False
         try:
-            async with session.get(f"{url}?offset={offset}&live=sse", headers=headers) as response:
+            async with session.get(
+                f"{url}?offset={offset}&live=sse{query}", headers=headers
+            ) as response:
                 assert response.status == 200, response.status
                 binary = response.headers.get("stream-sse-data-encoding") == "base64"
                 json_stream = False
@@ -105,12 +109,15 @@ async def append_all(
     rate_per_second: float = 50.0,
     close: bool = True,
     producer: str = "writer",
+    headers: dict[str, str] | None = None,
 ) -> None:
     """Append ``parts`` at a steady rate with an idempotent producer, retrying through outages
     (a retry of an append that landed is answered 204 and not applied twice), then close."""
     started = time.monotonic()
+    extra = headers or {}
     for seq, part in enumerate(parts):
-        headers = {
+        request_headers = {
+            **extra,
             "Content-Type": content_type,
             "Producer-Id": producer,
             "Producer-Epoch": "0",
@@ -118,7 +125,7 @@ async def append_all(
         }
         for _ in range(200):
             try:
-                async with session.post(url, data=part, headers=headers) as response:
+                async with session.post(url, data=part, headers=request_headers) as response:
                     if response.status in (200, 204):
                         break
             except aiohttp.ClientError:
@@ -130,7 +137,9 @@ async def append_all(
     if close:
         for _ in range(200):
             try:
-                async with session.post(url, headers={"Stream-Closed": "true"}) as response:
+                async with session.post(
+                    url, headers={**extra, "Stream-Closed": "true"}
+                ) as response:
                     if response.status in (200, 204, 409):
                         return
             except aiohttp.ClientError:

@@ -1,4 +1,5 @@
-"""A short `make loadtest`: locust against the loopback cluster, with no failure."""
+"""A short `make loadtest` (locust against the loopback cluster, with no failure), and smoke runs
+of the speed benchmarks: they print checked figures; how fast is for docs/benchmarks.md."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import csv
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from devstack.processes import REPO
 
@@ -35,3 +38,71 @@ def test_a_short_locust_run_has_no_failures(tmp_path: Path) -> None:
         assert int(rows[name]["Request Count"]) > 0, name
         assert int(rows[name]["Failure Count"]) == 0, name
     assert int(rows[("", "Aggregated")]["Failure Count"]) == 0
+
+
+def _need_wrk_and_nginx() -> None:
+    from loadtest.nginx import nginx_binary
+    from loadtest.wrk import wrk_binary
+
+    if wrk_binary() is None or nginx_binary() is None:
+        pytest.skip(
+            "wrk or nginx is not installed (make bootstrap installs Debian's wrk and nginx)"
+        )
+
+
+def _row(text: str, first_cell: str) -> list[str]:
+    (line,) = [x for x in text.splitlines() if x.startswith(f"| {first_cell} |")]
+    return [cell.strip() for cell in line.strip().strip("|").split("|")]
+
+
+def test_the_hits_benchmark_prints_a_table_of_checked_figures(tmp_path: Path) -> None:
+    """A smoke test of the script, not of speed: one cell, one short run per server."""
+    _need_wrk_and_nginx()
+    output = tmp_path / "benchmarks.md"
+    command = [sys.executable, "-m", "loadtest.hits", "--duration", "1", "--runs", "1"]
+    command += ["--cells", "100B", "--connections", "8", "--output", str(output)]
+    result = subprocess.run(
+        command, cwd=REPO, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    cells = _row(result.stdout, "100 B")
+    # cell, served as, then req/s and p99 for origin, edge, nginx, two ratios and the spread
+    assert cells[1] == "identity/identity/identity"
+    rps = [float(cells[i].replace(",", "")) for i in (2, 4, 6)]
+    p99 = [float(cells[i]) for i in (3, 5, 7)]
+    assert all(x > 0 for x in rps + p99), cells
+    assert float(cells[8].rstrip("\u00d7")) == pytest.approx(rps[1] / rps[0], rel=0.02, abs=0.01)
+    assert float(cells[9].rstrip("\u00d7")) == pytest.approx(rps[1] / rps[2], rel=0.02, abs=0.01)
+    written = output.read_text()
+    assert written.startswith("# Benchmarks")
+    assert "## Cached hits: origin, edge, nginx (" in written
+    assert _row(written, "100 B") == cells
+
+
+def test_the_hits_benchmark_fails_clearly_on_an_edge_flag_it_does_not_know(
+    tmp_path: Path,
+) -> None:
+    _need_wrk_and_nginx()
+    command = [sys.executable, "-m", "loadtest.hits", "--edge-args", "--no-such-flag 3"]
+    command += ["--no-write"]
+    result = subprocess.run(
+        command, cwd=REPO, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 2
+    assert "the edge did not start with --edge-args '--no-such-flag 3'" in result.stderr
+    assert "--no-such-flag" in result.stderr.split("\n", 1)[1]
+
+
+def test_the_long_poll_benchmark_checks_every_waiter(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "loadtest.longpoll", "--waiters", "40", "--rounds", "1"]
+    command += ["--output", str(tmp_path / "benchmarks.md")]
+    result = subprocess.run(
+        command, cwd=REPO, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for target in ("origin", "edge"):
+        cells = _row(result.stdout, target)
+        assert cells[1:4] == ["40", "40/40", "40"], cells
+        p50, p99, peak = (float(x) for x in cells[4:7])
+        assert 0 < p50 <= p99 <= peak, cells
+    assert "## Long-poll release (" in (tmp_path / "benchmarks.md").read_text()

@@ -723,3 +723,24 @@ async def test_malformed_redis_values_are_misses_never_errors(
     finally:
         a.stop()
         redis_server.stop()
+
+
+async def test_a_write_through_the_edge_below_the_known_tail_starts_a_new_instance(
+    http: aiohttp.ClientSession, origin: Origin, edge: Edge, stream_path: str
+) -> None:
+    """The edge knows a JSON stream far along; behind its back the stream is deleted and
+    recreated shorter, as text. The first append through the edge reports a tail before the
+    one the edge knew, for a request that started after it knew it: another instance. Found
+    by the property machine (tests/unit/test_properties.py): the edge kept serving the old
+    JSON bytes."""
+    base = edge.url + stream_path
+    await write(http, origin.url + stream_path, [b'[{"v":"old, and long: ' + b"x" * 200 + b'"}]'],
+                headers=JSON, close=True)  # fmt: skip
+    first = await fetch(http, "GET", f"{base}?offset=-1")
+    assert first.status == 200
+    assert (await fetch(http, "DELETE", origin.url + stream_path)).status == 204
+    await write(http, origin.url + stream_path, [], headers=TEXT)
+    assert (await fetch(http, "POST", base, headers=TEXT, data=b"new")).status == 204
+    answer = await fetch(http, "GET", f"{base}?offset=-1")
+    assert (answer.status, answer.body) == (200, b"new")
+    assert answer.header("Content-Type") == "text/plain"

@@ -1,4 +1,5 @@
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -57,6 +58,17 @@ def test_every_flag_reads_its_env_and_the_flag_wins() -> None:
         "EDGE_FAST_PATH": "off",
         "EDGE_ORIGIN_HEALTH_PATH": "/healthz",
         "EDGE_PURGE_TOKEN": "s3cret",
+        "EDGE_ADMIN_PROTECT": "all",
+        "EDGE_AUTH": "forward",
+        "EDGE_JWT_JWKS": "/etc/edge/jwks.json",
+        "EDGE_JWT_AUDIENCE": "viewers",
+        "EDGE_JWT_ISSUER": "https://issuer",
+        "EDGE_JWT_LEEWAY": "5",
+        "EDGE_JWT_JWKS_MIN_REFRESH": "3",
+        "EDGE_AUTH_URL": "http://auth:9000/check",
+        "EDGE_AUTH_TIMEOUT": "0.5",
+        "EDGE_AUTH_CACHE_SECONDS": "20",
+        "EDGE_ORIGIN_HEADER": "Authorization: Bearer edge-secret\nX-Edge: one",
     }
     assert {option.env for option in SERVE_OPTIONS} == set(env)
     settings = parse_settings(["serve", "--listen", "0.0.0.0:82"], env)
@@ -92,6 +104,47 @@ def test_every_flag_reads_its_env_and_the_flag_wins() -> None:
     assert settings.max_connections == 500
     assert settings.origin_health_path == "/healthz"
     assert settings.purge_token == "s3cret"
+    assert settings.admin_protect == "all"
+    assert settings.auth_mode == "forward"
+    assert settings.jwt_jwks == "/etc/edge/jwks.json"
+    assert settings.jwt_audience == "viewers"
+    assert settings.jwt_issuer == "https://issuer"
+    assert settings.jwt_leeway_seconds == 5
+    assert settings.jwks_min_refresh_seconds == 3
+    assert settings.auth_url == "http://auth:9000/check"
+    assert settings.auth_timeout_seconds == 0.5
+    assert settings.auth_cache_seconds == 20
+    assert settings.origin_headers == (("Authorization", "Bearer edge-secret"), ("X-Edge", "one"))
+    flagged = parse_settings(
+        ["serve", "--origin-header", "X-A: 1", "--origin-header", "X-B: 2"], env
+    )
+    assert flagged.origin_headers == (("X-A", "1"), ("X-B", "2"))
+
+
+def test_admin_token_is_the_purge_token() -> None:
+    """``--admin-token`` and ``--purge-token`` are one flag (and one setting)."""
+    base = ["serve", "--origin", "http://o"]
+    assert parse_settings([*base, "--admin-token", "t1"], {}).purge_token == "t1"
+    assert parse_settings(base, {"EDGE_ADMIN_TOKEN": "t2"}).purge_token == "t2"
+    assert parse_settings(base, {"EDGE_PURGE_TOKEN": "t3"}).purge_token == "t3"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--auth", "magic"], "--auth"),
+        (["--auth", "jwt"], "--auth=jwt needs --jwt-jwks"),
+        (["--auth", "forward"], "--auth=forward needs --auth-url"),
+        (["--auth", "forward", "--auth-url", "ftp://a"], "--auth-url, an http(s) URL"),
+        (["--origin-header", "X-A: 1"], "--origin-header is for --auth jwt or forward"),
+        (["--auth", "jwt", "--jwt-jwks", "k", "--origin-header", "nocolon"], "Name: value"),
+        (["--admin-protect", "all"], "--admin-protect=all needs --purge-token"),
+        (["--auth", "jwt", "--jwt-jwks", "k", "--auth-timeout", "0"], "--auth-timeout must be"),
+    ],
+)
+def test_auth_settings_are_checked(args: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        parse_settings(["serve", "--origin", "http://o", *args], {})
 
 
 def test_redis_is_off_unless_asked_for() -> None:

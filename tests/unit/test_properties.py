@@ -253,7 +253,12 @@ class EdgeUnderTest:
     ) -> Awaitable[object] | None:
         """A request the edge relayed to the origin (a write, a HEAD) and the origin's answer."""
         observe: Callable[..., object] = self.cache.observe
-        result = observe(method, path, status, list(request_headers), list(response_headers))
+        # The machine runs one step at a time: nothing arrives between this request's start
+        # and its answer, so its ticket is taken here.
+        started = self.cache.streams.ticket()
+        result = observe(
+            method, path, status, list(request_headers), list(response_headers), started
+        )
         return result if inspect.isawaitable(result) else None
 
     def deleted_through_edge(self, path: str, status: int = 204) -> Awaitable[object] | None:

@@ -17,7 +17,7 @@ import pytest
 from aiohttp import web
 
 from edge.catchup import Answer
-from edge.live.polls import Written
+from edge.live.polls import Framing, Written
 from edge.web.proxy import EdgeResponse, OriginCors
 from edge.web.wire import WrittenResponse, client_headers, encode
 
@@ -74,6 +74,8 @@ ANSWERS = {
     ),
 }
 
+KEEP_ALIVE = Framing(version=(1, 1), keep_alive=True)
+
 FRAMINGS = {
     "1.1": (b"HTTP/1.1", b"", (1, 1), True),
     "1.1-close": (b"HTTP/1.1", b"Connection: close\r\n", (1, 1), False),
@@ -84,9 +86,9 @@ FRAMINGS = {
 
 async def handler(request: web.Request) -> web.StreamResponse:
     answer = ANSWERS[request.match_info["name"]]
-    return EdgeResponse(
-        status=answer.status, body=answer.body, headers=client_headers(answer, CORS)
-    )
+    private = request.query.get("private") == "1"  # an authorized reader's copy
+    headers = client_headers(answer, CORS, reader_only=private)
+    return EdgeResponse(status=answer.status, body=answer.body, headers=headers)
 
 
 @contextlib.asynccontextmanager
@@ -151,18 +153,26 @@ def without_date(response: bytes) -> bytes:
     return b"\r\n".join(lines) + b"\r\n\r\n" + body
 
 
+@pytest.mark.parametrize("private", [False, True])
 @pytest.mark.parametrize("framing", FRAMINGS)
 @pytest.mark.parametrize("name", ANSWERS)
 async def test_encode_is_what_aiohttp_writes(
-    server: tuple[str, int], name: str, framing: str
+    server: tuple[str, int], name: str, framing: str, private: bool
 ) -> None:
     host, port = server
     version, extra, parsed, keep_alive = FRAMINGS[framing]
-    request = b"GET /" + name.encode() + b" " + version + b"\r\nHost: x\r\n" + extra + b"\r\n"
+    target = b"/" + name.encode() + (b"?private=1" if private else b"")
+    request = b"GET " + target + b" " + version + b"\r\nHost: x\r\n" + extra + b"\r\n"
     from_aiohttp, closed = await raw_exchange(host, port, request)
-    direct = encode(ANSWERS[name], parsed, keep_alive, cors=CORS)
+    direct = encode(
+        ANSWERS[name],
+        Framing(version=parsed, keep_alive=keep_alive, reader_only=private),
+        cors=CORS,
+    )
     assert without_date(direct) == without_date(from_aiohttp)
     assert closed == (not keep_alive)
+    if private and name == "data":
+        assert b"Cache-Control: private, max-age=1\r\n" in direct
 
 
 def test_header_injection_is_refused() -> None:
@@ -174,7 +184,7 @@ def test_header_injection_is_refused() -> None:
         result="live",
     )
     with pytest.raises(ValueError, match="control character"):
-        encode(bad, (1, 1), True, cors=CORS)
+        encode(bad, KEEP_ALIVE, cors=CORS)
 
 
 async def test_a_written_response_writes_nothing_and_keeps_the_connection_as_written(
@@ -182,7 +192,7 @@ async def test_a_written_response_writes_nothing_and_keeps_the_connection_as_wri
 ) -> None:
     """A handler returning WrittenResponse after writing the answer itself: the client sees
     exactly those bytes, then the next pipelined request's answer (keep-alive), or the end."""
-    frame = encode(ANSWERS["data"], (1, 1), True, cors=CORS)
+    frame = encode(ANSWERS["data"], KEEP_ALIVE, cors=CORS)
 
     async def direct(request: web.Request) -> web.StreamResponse:
         assert request.transport is not None
@@ -198,7 +208,7 @@ async def test_a_written_response_writes_nothing_and_keeps_the_connection_as_wri
         writer.write(
             b"GET /direct HTTP/1.1\r\nHost: x\r\n\r\nGET /empty-200 HTTP/1.1\r\nHost: x\r\n\r\n"
         )
-        expected_second = encode(ANSWERS["empty-200"], (1, 1), True, cors=CORS)
+        expected_second = encode(ANSWERS["empty-200"], KEEP_ALIVE, cors=CORS)
         data = b""
         while len(data) < len(frame) + len(expected_second) - 40:
             data += await asyncio.wait_for(reader.read(65536), 5)

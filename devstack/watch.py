@@ -1,0 +1,109 @@
+"""The watch page's own little server, run by the demo (the edge stays a proxy).
+
+Rules this module owns:
+
+* It serves only the page (``/run/<stream name>``), its two static files and ``/api/viewers``;
+  the page reads and writes the session itself, cross-origin, through the edge.
+* The page learns where the edge is from a JSON config embedded in the HTML, never from its own
+  URL, so the page and the edge can be on different hosts and ports.
+* ``/api/viewers`` is the edge's ``edge_sse_viewers`` gauge (viewers on that edge, every stream),
+  read from its admin listener, which a browser should not reach directly.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import aiohttp
+from aiohttp import web
+
+PAGE_DIR = Path(__file__).resolve().parent / "watch_page"
+STREAM_PREFIX = "/v1/stream/"
+NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
+EDGE_URL = web.AppKey("edge_url", str)
+# With --auth jwt: makes a read-write token for each page a person opens.
+TOKENS = web.AppKey("tokens", Callable[[str], str])
+ADMIN_URL = web.AppKey("admin_url", str)
+HTTP = web.AppKey("http", aiohttp.ClientSession)
+
+
+def watch_path(stream_name: str) -> str:
+    return f"/run/{stream_name}"
+
+
+async def page(request: web.Request) -> web.Response:
+    stream = request.match_info["name"]
+    if not NAME.match(stream):
+        raise web.HTTPNotFound(text="no such run")
+    config = {
+        "edge": request.app[EDGE_URL],
+        "path": STREAM_PREFIX + stream,
+        "stream": stream,
+        "viewers": "/api/viewers",
+    }
+    mint = request.app.get(TOKENS)
+    if mint is not None:
+        config["token"] = mint(f"page-{secrets.token_hex(4)}")
+    # "</" cannot end the script element from inside a JSON string.
+    embedded = json.dumps(config).replace("</", "<\\/")
+    html = (PAGE_DIR / "watch.html").read_text().replace("{{CONFIG}}", embedded)
+    return web.Response(text=html, content_type="text/html", headers={"Cache-Control": "no-store"})
+
+
+async def viewers(request: web.Request) -> web.Response:
+    try:
+        timeout = aiohttp.ClientTimeout(total=2)
+        async with request.app[HTTP].get(
+            f"{request.app[ADMIN_URL]}/metrics", timeout=timeout
+        ) as response:
+            text = await response.text()
+    except (aiohttp.ClientError, TimeoutError):
+        return web.json_response({"viewers": None}, status=502)
+    for line in text.splitlines():
+        if line.startswith("edge_sse_viewers "):
+            return web.json_response({"viewers": int(float(line.split()[1]))})
+    return web.json_response({"viewers": None}, status=502)
+
+
+async def _http(app: web.Application) -> AsyncIterator[None]:
+    async with aiohttp.ClientSession() as http:
+        app[HTTP] = http
+        yield
+
+
+def create_watch_app(
+    edge_url: str, admin_url: str, tokens: Callable[[str], str] | None = None
+) -> web.Application:
+    app = web.Application()
+    app[EDGE_URL] = edge_url
+    if tokens is not None:
+        app[TOKENS] = tokens
+    app[ADMIN_URL] = admin_url
+    app.cleanup_ctx.append(_http)
+    app.router.add_get("/run/{name}", page)
+    app.router.add_get("/api/viewers", viewers)
+    app.router.add_static("/static/", PAGE_DIR, show_index=False)
+    return app
+
+
+async def serve_watch(
+    edge_url: str,
+    admin_url: str,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    tokens: Callable[[str], str] | None = None,
+) -> tuple[web.AppRunner, str]:
+    """Start the watch server; returns its runner and base URL."""
+    runner = web.AppRunner(create_watch_app(edge_url, admin_url, tokens), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    server = site._server
+    assert server is not None
+    sockets = getattr(server, "sockets", None) or []
+    bound_port = sockets[0].getsockname()[1]
+    return runner, f"http://{host}:{bound_port}"

@@ -1,0 +1,306 @@
+// The watch page: reads a shared run through the edge by SSE and writes controls into it.
+//
+// Rules this file owns:
+// * The transcript is the stream, in stream order, each message once. A message counts when an
+//   event names the offset after it: the edge's data events carry `id:` (the browser resumes
+//   from there on its own reconnects, so their messages count at once); otherwise at the
+//   control event's `streamNextOffset`. Anything not yet counted when a connection drops is
+//   dropped with it and read again from the offset.
+// * EventSource retries network errors itself (sending Last-Event-ID), but gives up for good on
+//   a non-200 answer. Then the page shows the edge's answer and reopens a new EventSource
+//   itself, with backoff, carrying its offset in the URL (a new EventSource sends no
+//   Last-Event-ID).
+// * Writes are idempotent producer appends (Producer-Id = this page, epoch 0, seq per accepted
+//   append), one at a time, retried with the same seq until the origin answers, so a retried
+//   click never appends twice.
+// * Who holds the session and whether it was stopped is `fold(messages)`, the same fold as
+//   devstack/session.py.
+"use strict";
+(() => {
+  const cfg = JSON.parse(document.getElementById("config").textContent);
+  const streamUrl = cfg.edge + cfg.path;
+  const me = "page-" + Array.from(crypto.getRandomValues(new Uint8Array(4)))
+    .map((b) => b.toString(16).padStart(2, "0")).join("");
+  const $ = (id) => document.getElementById(id);
+
+  // Everything the page knows, for people (the DOM) and for tests (window.watch).
+  const w = (window.watch = {
+    me, messages: [], offset: "-1", state: "connecting", ended: false,
+    connections: 0, reopens: 0, errors: [], sent: [], viewers: null, states: ["connecting"],
+    stopClickedAt: null, stopAckSeenAt: null,
+  });
+
+  // --- the session's shared state -------------------------------------------------------
+  function name(m) { return `${m.from}:${m.seq}`; }
+  function fold(messages) {
+    let holder = null, heldBy = null, releasedBy = null, stoppedBy = null;
+    const finished = new Set();
+    for (const m of messages) {
+      if (m.type === "control") {
+        if (m.action === "stop" && stoppedBy === null) stoppedBy = name(m);
+        else if (m.action === "take_over" && stoppedBy === null) { holder = m.from; heldBy = name(m); }
+        else if (m.action === "release" && holder !== null && m.from === holder) {
+          holder = null; releasedBy = name(m);
+        }
+      } else if (m.type === "status" && ["done", "stopped", "signed_off"].includes(m.state)) {
+        finished.add(m.from);
+      }
+    }
+    return { holder, heldBy, releasedBy, stoppedBy, finished };
+  }
+
+  // --- reading ------------------------------------------------------------------------------
+  let source = null, pending = [], failures = 0;
+  // With `make demo ARGS='--auth jwt'` the page carries a token of its own: in the URL for
+  // EventSource (which cannot set headers), as a bearer header for its writes.
+  const tokenParam = cfg.token ? `&token=${encodeURIComponent(cfg.token)}` : "";
+  const sseUrl = () =>
+    `${streamUrl}?offset=${encodeURIComponent(w.offset)}&live=sse${tokenParam}`;
+
+  function connect() {
+    w.connections++;
+    pending = [];
+    const es = (source = new EventSource(sseUrl()));
+    es.onopen = () => { failures = 0; setConn("live"); showError(null); };
+    es.addEventListener("data", (e) => {
+      if (source !== es) return;
+      pending.push(e.data);
+      if (e.lastEventId && e.lastEventId !== w.offset) commit(e.lastEventId, false);
+    });
+    es.addEventListener("control", (e) => {
+      if (source !== es) return;
+      const control = JSON.parse(e.data);
+      commit(control.streamNextOffset, Boolean(control.streamClosed));
+    });
+    es.onerror = () => {
+      if (source !== es || w.ended) return;
+      pending = [];
+      if (es.readyState === EventSource.CLOSED) {
+        es.close();
+        source = null;
+        setConn("error");
+        reopenLater();
+      } else {
+        setConn("reconnecting");
+      }
+    };
+  }
+
+  let timer = null;
+  function reopenLater() {
+    const delay = Math.min(8000, 500 * 2 ** failures) * (0.75 + Math.random() * 0.5);
+    failures++;
+    timer = setTimeout(probe, delay);
+  }
+
+  // A device that knows it lost the network (the lift) drops its connection at once instead of
+  // waiting for a dead socket to time out, and resumes from its offset as soon as it is back.
+  window.addEventListener("offline", () => {
+    if (w.ended || source === null) return;
+    source.close();
+    source = null;
+    pending = [];
+    setConn("reconnecting");
+    showError("offline: waiting for the network");
+    reopenLater();
+  });
+  window.addEventListener("online", () => {
+    if (w.ended || source !== null) return;
+    clearTimeout(timer);
+    failures = 0;
+    probe();
+  });
+
+  // EventSource hides the answer that made it give up: ask the same question once to show it,
+  // and reopen only when the edge answers 200.
+  let probing = false;
+  async function probe() {
+    timer = null;
+    if (w.ended || source !== null || probing) return;
+    probing = true;
+    const abort = new AbortController();
+    try {
+      const response = await fetch(sseUrl(), { signal: abort.signal, cache: "no-store" });
+      if (response.ok) {
+        abort.abort();
+        w.reopens++;
+        connect();
+        return;
+      }
+      const text = (await response.text()).slice(0, 200);
+      showError(`edge answered HTTP ${response.status}: ${text.trim()} (retrying)`);
+    } catch (error) {
+      showError(`network error: ${error.message} (retrying)`);
+    } finally {
+      probing = false;
+    }
+    if (source !== null) return;
+    setConn("reconnecting");
+    reopenLater();
+  }
+
+  function commit(offset, closed) {
+    const fresh = [];
+    for (const data of pending) fresh.push(...JSON.parse(data));
+    pending = [];
+    w.offset = offset;
+    for (const m of fresh) { w.messages.push(m); render(m); }
+    if (closed) {
+      w.ended = true;
+      if (source) source.close();
+      source = null;
+      setConn("ended");
+    }
+    update();
+  }
+
+  // --- showing ------------------------------------------------------------------------------
+  const transcript = $("transcript");
+  let last = null;
+  const cls = (value) => String(value).replace(/[^A-Za-z0-9_-]/g, "_");
+  const actions = { stop: "pressed Stop", take_over: "took over", release: "released" };
+
+  function describe(m) {
+    switch (m.type) {
+      case "tool_call": return `${m.name}(${JSON.stringify(m.args)})`;
+      case "tool_result": return `→ ${typeof m.result === "string" ? m.result : JSON.stringify(m.result)}`;
+      case "control": return actions[m.action] || String(m.action);
+      case "status": return `${m.state}${m.ref ? ` (after ${m.ref})` : ""}`;
+      default: return typeof m.text === "string" ? m.text : JSON.stringify(m);
+    }
+  }
+
+  function render(m) {
+    // Follow the run while the reader is at the bottom; leave them be when they scrolled up.
+    const follow = transcript.scrollTop + transcript.clientHeight >= transcript.scrollHeight - 80;
+    const key = `${m.type}:${m.from}`;
+    if (m.type === "token" && last && last.key === key) {
+      last.body.textContent += m.text;
+    } else {
+      const block = document.createElement("div");
+      block.className = `msg type-${cls(m.type)} from-${cls(m.from)}`;
+      if (m.type === "status") block.classList.add(`state-${cls(m.state)}`);
+      const who = document.createElement("span");
+      who.className = "who";
+      const role = m.type === "human" ? "human " : "";
+      who.textContent = `${role}${m.from}${m.from === me ? " (you)" : ""} · ${m.type}`;
+      const body = document.createElement("span");
+      body.className = "body";
+      body.textContent = describe(m);
+      block.append(who, body);
+      transcript.append(block);
+      last = { key, body };
+    }
+    if (follow) transcript.scrollTop = transcript.scrollHeight;
+  }
+
+  function setConn(state) {
+    if (state !== w.state) w.states.push(state);
+    w.state = state;
+    $("conn").dataset.state = state;
+    $("conn").textContent = state;
+  }
+
+  function showError(text) {
+    $("error").hidden = text === null;
+    $("error").textContent = text || "";
+    if (text !== null) w.errors.push(text);
+  }
+
+  function update() {
+    const state = fold(w.messages);
+    $("offset").textContent = w.offset;
+    $("holder-line").hidden = state.holder === null;
+    $("holder").textContent = state.holder === me ? "you" : state.holder || "";
+    const mine = state.holder === me;
+    const over = w.ended || state.stoppedBy !== null;
+    // A control being sent disables its button: a double click is one control.
+    const sending = (action) => w.sent.some((r) => r.fields.action === action && !r.done);
+    $("stop").disabled = over || sending("stop");
+    $("take").hidden = mine;
+    $("take").disabled = over || sending("take_over");
+    $("release").disabled = sending("release");
+    $("release").hidden = !mine || over;
+    $("say-form").hidden = !mine || over;
+    if (state.stoppedBy !== null && w.stopAckSeenAt === null && w.stopClickedAt !== null &&
+        w.messages.some((m) => m.type === "status" && m.state === "stopped")) {
+      w.stopAckSeenAt = Date.now();
+    }
+  }
+
+  // --- writing ------------------------------------------------------------------------------
+  let nextSeq = 0, queue = Promise.resolve();
+  const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+  function send(type, fields) {
+    const record = { type, fields, seq: null, attempts: 0, status: null, done: false };
+    w.sent.push(record);
+    update();
+    queue = queue.then(() => post(record)).then((ok) => {
+      record.done = true;
+      update();
+      return ok;
+    });
+    return queue;
+  }
+
+  async function post(record) {
+    const seq = nextSeq;
+    record.seq = seq;
+    const body = JSON.stringify({ type: record.type, from: me, seq, ...record.fields });
+    const headers = {
+      "Content-Type": "application/json",
+      "Producer-Id": me, "Producer-Epoch": "0", "Producer-Seq": String(seq),
+    };
+    if (cfg.token) headers.Authorization = `Bearer ${cfg.token}`;
+    for (let attempt = 0; !w.ended || attempt === 0; attempt++) {
+      record.attempts++;
+      try {
+        const response = await fetch(streamUrl, { method: "POST", body, headers });
+        record.status = response.status;
+        if (response.ok) { nextSeq = seq + 1; return true; }
+        if (response.status === 409 && response.headers.get("Stream-Closed")) {
+          showError("the run has ended");
+          return false;
+        }
+        if (response.status < 500) {
+          showError(`write refused: HTTP ${response.status} ${(await response.text()).trim()}`);
+          return false;
+        }
+      } catch (error) {
+        record.status = "network error";
+      }
+      await sleep(Math.min(4000, 250 * 2 ** attempt));
+    }
+    return false;
+  }
+
+  $("stop").onclick = () => { w.stopClickedAt = Date.now(); send("control", { action: "stop" }); };
+  $("take").onclick = () => send("control", { action: "take_over" });
+  $("release").onclick = () => send("control", { action: "release" });
+  $("say-form").onsubmit = (event) => {
+    event.preventDefault();
+    const text = $("say").value;
+    if (text.trim() === "") return;
+    $("say").value = "";
+    send("human", { text });
+  };
+
+  // --- viewers ------------------------------------------------------------------------------
+  async function pollViewers() {
+    try {
+      const answer = await (await fetch(cfg.viewers, { cache: "no-store" })).json();
+      w.viewers = answer.viewers;
+      $("viewers").textContent = answer.viewers === null ? "?" : String(answer.viewers);
+    } catch (error) {
+      $("viewers").textContent = "?";
+    }
+  }
+
+  $("stream").textContent = cfg.stream;
+  $("me").textContent = me;
+  update();
+  connect();
+  pollViewers();
+  setInterval(pollViewers, 2000);
+})();

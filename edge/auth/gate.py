@@ -1,0 +1,202 @@
+"""The one authorization decision per request: a refusal, or how the request goes on.
+
+Rules this module owns:
+
+* ``--auth none``: no gate; requests go on exactly as before.
+* In ``jwt`` and ``forward`` mode every request but a CORS preflight needs the edge's yes
+  first; a refusal costs the origin nothing.
+* An allowed read is the stream's, not the reader's: it is served from the one shared
+  (public) scope, and every origin request made for it, cache fill, live tail or relayed read,
+  carries ``--origin-header`` and none of the client's credential headers.
+* An allowed write carries the client's own credentials to the origin (a ``token`` parameter
+  as ``Authorization: Bearer``): the origin stays the authority for writes.
+* ``token`` query parameters never go further than this decision (``edge.auth.credentials``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from edge.auth.credentials import present
+from edge.auth.forward import ForwardAuth, Question
+from edge.auth.jwks import JwksSource
+from edge.auth.keys import UNKNOWN_KEY, KeyRing, UnknownKid, token_header
+from edge.auth.policy import (
+    MALFORMED,
+    MISSING,
+    TWICE,
+    UNAVAILABLE,
+    Access,
+    ClaimRules,
+    Grant,
+    Refusal,
+    access_of,
+    check_claims,
+)
+from edge.config import Settings
+from edge.metrics import Metrics
+from edge.protocol.headers import AUTHORIZATION, COOKIE
+from edge.protocol.paths import Target
+from edge.protocol.reads import scope_credentials
+
+Headers = Sequence[tuple[str, str]]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Admission:
+    """How an allowed request goes on."""
+
+    target: Target  # without token parameters
+    shared: bool  # an authorized read: the public scope, the edge's own credential upstream
+    # Shared: the edge's --origin-header. A write: the query token as Authorization.
+    upstream: tuple[tuple[str, str], ...] = ()
+    drop: frozenset[str] = frozenset()  # client headers (lower-case) never sent upstream
+    expires_at: float | None = None  # wall clock: live reads end by then
+
+    def relay_headers(self, client_headers: Headers) -> list[tuple[str, str]]:
+        """The client's headers as a pass-through sends them upstream."""
+        kept = [(name, value) for name, value in client_headers if name.lower() not in self.drop]
+        return [*kept, *self.upstream]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Client:
+    method: str
+    target: Target
+    headers: Headers
+    host: str | None
+    scheme: str
+    address: str | None
+
+
+class Gate:
+    def __init__(
+        self,
+        settings: Settings,
+        metrics: Metrics,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.mode = settings.auth_mode
+        self._settings = settings
+        self._metrics = metrics
+        self._clock = clock
+        self._rules = ClaimRules(
+            audience=settings.jwt_audience,
+            issuer=settings.jwt_issuer,
+            leeway_seconds=settings.jwt_leeway_seconds,
+        )
+        self.jwks: JwksSource | None = None
+        self.forward: ForwardAuth | None = None
+        if self.mode == "jwt":
+            assert settings.jwt_jwks is not None
+            self.jwks = JwksSource(
+                settings.jwt_jwks,
+                metrics,
+                timeout_seconds=settings.auth_timeout_seconds,
+                min_refresh_seconds=settings.jwks_min_refresh_seconds,
+            )
+        else:
+            assert settings.auth_url is not None
+            self.forward = ForwardAuth(
+                settings.auth_url,
+                metrics,
+                timeout_seconds=settings.auth_timeout_seconds,
+                cache_seconds=settings.auth_cache_seconds,
+            )
+        # Never relayed on a shared read: whatever names a reader, the bearer token included
+        # even when --scope-headers does not list it.
+        self._credential_headers = frozenset({AUTHORIZATION, COOKIE, *settings.scope_headers})
+
+    async def start(self) -> None:
+        if self.jwks is not None:
+            await self.jwks.start()
+        if self.forward is not None:
+            await self.forward.start()
+
+    async def close(self) -> None:
+        if self.jwks is not None:
+            await self.jwks.close()
+        if self.forward is not None:
+            await self.forward.close()
+
+    async def admit(self, client: Client) -> Admission | Refusal:
+        decision = await self._decide(client)
+        result = decision.result if isinstance(decision, Refusal) else "allowed"
+        self._metrics.auth_decisions.labels(mode=self.mode, result=result).inc()
+        return decision
+
+    async def _decide(self, client: Client) -> Admission | Refusal:
+        target = client.target
+        presented = present(target.query, client.headers)
+        path = target.upstream.partition("?")[0]
+        stripped = Target(
+            upstream=path + ("?" + presented.query if presented.query else ""),
+            query=presented.query,
+            stream=target.stream,
+        )
+        access = access_of(client.method)
+        if access is None:
+            return Admission(target=stripped, shared=False)
+        if presented.twice:
+            return TWICE
+        if self.mode == "jwt":
+            if presented.token is None:
+                return MISSING
+            verdict = await self._verify(presented.token, target.stream, access)
+            credentials: list[tuple[str, str]] = []
+        else:
+            credentials = scope_credentials(
+                client.headers,
+                scope_headers=self._settings.scope_headers,
+                scope_cookies=self._settings.scope_cookies,
+            )
+            if presented.from_query and presented.token is not None:
+                credentials.append(("Authorization", f"Bearer {presented.token}"))
+            assert self.forward is not None
+            verdict = await self.forward.verdict(
+                Question(
+                    method=client.method.upper(),
+                    uri=stripped.upstream,
+                    stream=target.stream,
+                    access=access,
+                    credentials=tuple(credentials),
+                    host=client.host,
+                    scheme=client.scheme,
+                    client=client.address,
+                )
+            )
+        if isinstance(verdict, Refusal):
+            return verdict
+        if access is Access.READ:
+            return Admission(
+                target=stripped,
+                shared=True,
+                upstream=self._settings.origin_headers,
+                drop=self._credential_headers,
+                expires_at=verdict.expires_at,
+            )
+        upstream: tuple[tuple[str, str], ...] = ()
+        if presented.from_query and presented.token is not None:
+            upstream = (("Authorization", f"Bearer {presented.token}"),)
+        return Admission(target=stripped, shared=False, upstream=upstream)
+
+    async def _verify(self, token: str, stream: str, access: Access) -> Grant | Refusal:
+        assert self.jwks is not None
+        header = token_header(token)
+        if header is None:
+            return MALFORMED
+        kid = header.get("kid")
+        ring: KeyRing | None = await self.jwks.ring_for(kid if isinstance(kid, str) else None)
+        if ring is None:
+            return UNAVAILABLE  # no key set loaded yet: the edge cannot judge any token
+        claims = ring.verify(token)
+        if isinstance(claims, UnknownKid):
+            return UNKNOWN_KEY
+        if isinstance(claims, Refusal):
+            return claims
+        return check_claims(
+            claims, stream=stream, access=access, rules=self._rules, now=self._clock()
+        )

@@ -1,0 +1,192 @@
+"""What the speed benchmarks (``loadtest.hits``, ``loadtest.longpoll``) share.
+
+Rules this module owns:
+* Pinning is set before a process starts, so every thread it ever makes inherits it: a server
+  spawned inside ``pinned(cores)`` runs on those cores only; the helper threads this process
+  made meanwhile are put back on every core.
+* The servers get core 0, the load generators the other core(s), when this process may use at
+  least two; with fewer, nothing is pinned, and the report says so.
+* A section of ``docs/benchmarks.md`` is inserted at the top (newest first); a run with the
+  same heading (same benchmark, date and edge arguments) replaces its earlier section in place.
+* Streams are set up at the origin with the protocol's own requests (PUT with a content type,
+  POST the bytes, POST ``Stream-Closed: true``), each answer checked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import os
+import resource
+import shlex
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+BENCHMARKS_INTRO = (
+    "# Benchmarks\n\nFigures printed by the scripts in `loadtest/`, newest run first.\n"
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cores:
+    server: frozenset[int]  # origin, nginx, a one-worker edge
+    load: frozenset[int]  # wrk, the waiters' processes, py-spy
+    every: frozenset[int]  # an edge with several workers
+
+    def describe(self, edge_cores: frozenset[int], servers: str = "origin and nginx") -> str:
+        if self.server == self.every:
+            return f"not pinned (this process may use {len(self.every)} core(s) only)"
+        return (
+            f"{servers} on core {_names(self.server)}, the edge on core "
+            f"{_names(edge_cores)}, the load generator on core {_names(self.load)} "
+            "(taskset-style affinity set before each process starts)"
+        )
+
+
+def _names(cores: frozenset[int]) -> str:
+    return ",".join(str(c) for c in sorted(cores))
+
+
+def plan_cores(pin: bool) -> Cores:
+    every = frozenset(os.sched_getaffinity(0))
+    if not pin or len(every) < 2:
+        return Cores(server=every, load=every, every=every)
+    first = min(every)
+    return Cores(server=frozenset({first}), load=every - {first}, every=every)
+
+
+def edge_workers(edge_args: list[str]) -> int:
+    """The ``--workers`` value among the edge's arguments (1 when absent)."""
+    for index, arg in enumerate(edge_args):
+        if arg == "--workers" and index + 1 < len(edge_args):
+            return int(edge_args[index + 1])
+        if arg.startswith("--workers="):
+            return int(arg.split("=", 1)[1])
+    return 1
+
+
+def split_edge_args(text: str) -> list[str]:
+    return shlex.split(text)
+
+
+@contextlib.contextmanager
+def pinned(cores: frozenset[int]) -> Iterator[None]:
+    """Processes started inside run on ``cores``; threads started inside are unpinned after."""
+    before = os.sched_getaffinity(0)
+    threads_before = set(threading.enumerate())
+    os.sched_setaffinity(0, cores)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+        for thread in set(threading.enumerate()) - threads_before:
+            if thread.native_id is not None:
+                with contextlib.suppress(OSError):
+                    os.sched_setaffinity(thread.native_id, before)
+
+
+def affinity_of(pid: int) -> str:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Cpus_allowed_list:"):
+            return line.split(":", 1)[1].strip()
+    return "?"
+
+
+def raise_nofile() -> int:
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return hard
+
+
+# --- streams at the origin ---------------------------------------------------------------------
+
+
+class SetupFailed(RuntimeError):
+    pass
+
+
+def request(
+    base: str,
+    method: str,
+    target: str,
+    *,
+    body: bytes = b"",
+    headers: dict[str, str] | None = None,
+) -> tuple[int, dict[str, str], bytes]:
+    """One request on its own connection; header names lower-cased; the body as sent."""
+    parts = urlsplit(base)
+    connection = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=30)
+    try:
+        connection.request(method, target, body=body, headers=headers or {})
+        response = connection.getresponse()
+        data = response.read()
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, data
+    finally:
+        connection.close()
+
+
+def _expect(status: int, allowed: tuple[int, ...], what: str, data: bytes) -> None:
+    if status not in allowed:
+        raise SetupFailed(f"{what}: HTTP {status} {data[:200]!r}")
+
+
+def create_stream(base: str, path: str, content_type: str) -> str:
+    """PUT the stream; returns its tail offset."""
+    status, headers, data = request(base, "PUT", path, headers={"Content-Type": content_type})
+    _expect(status, (200, 201), f"PUT {path}", data)
+    return headers.get("stream-next-offset", "-1")
+
+
+def append(base: str, path: str, body: bytes, content_type: str) -> str:
+    """POST ``body``; returns the new tail offset."""
+    status, headers, data = request(
+        base, "POST", path, body=body, headers={"Content-Type": content_type}
+    )
+    _expect(status, (200, 204), f"POST {path}", data)
+    return headers["stream-next-offset"]
+
+
+def close_stream(base: str, path: str, content_type: str) -> None:
+    status, _, data = request(
+        base, "POST", path, headers={"Content-Type": content_type, "Stream-Closed": "true"}
+    )
+    _expect(status, (200, 204), f"close {path}", data)
+
+
+def text_body(size: int, seed: int) -> bytes:
+    """``size`` bytes of word-like text: compressible the way tokens and logs are."""
+    import random
+
+    rng = random.Random(seed)
+    words = [
+        "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 9)))
+        for _ in range(500)
+    ]
+    out = bytearray()
+    while len(out) < size:
+        out += rng.choice(words).encode() + (b"\n" if rng.random() < 0.08 else b" ")
+    return bytes(out[:size])
+
+
+# --- docs/benchmarks.md ------------------------------------------------------------------------
+
+
+def insert_section(path: Path, heading: str, section: str) -> None:
+    """Put ``section`` (starting with ``heading``) first under the intro, or where it was."""
+    text = path.read_text() if path.exists() else BENCHMARKS_INTRO
+    section = section.rstrip("\n") + "\n\n"
+    start = text.find(heading + "\n")
+    if start != -1:
+        end = text.find("\n## ", start + len(heading))
+        text = text[:start] + section + (text[end + 1 :] if end != -1 else "")
+    else:
+        first = text.find("\n## ")
+        if first == -1:
+            text = text.rstrip("\n") + "\n\n" + section
+        else:
+            text = text[: first + 1] + section + text[first + 1 :]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text.rstrip("\n") + "\n")
