@@ -119,22 +119,13 @@ class Process:
 
 
 def _spawn(
-    name: str,
-    argv: list[str],
-    logs_dir: Path,
-    env: dict[str, str] | None = None,
-    cwd: Path | None = None,
+    name: str, argv: list[str], logs_dir: Path, env: dict[str, str] | None = None
 ) -> Process:
     logs_dir.mkdir(parents=True, exist_ok=True)
     log = logs_dir / f"{name}.log"
     with log.open("ab") as stderr:
         proc = subprocess.Popen(
-            argv,
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            cwd=cwd,
+            argv, stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL, env=env
         )
     ready, drainer = _read_ready_line(proc, log, START_TIMEOUT_SECONDS)
     return Process(name=name, proc=proc, ready=ready, log=log, drainer=drainer)
@@ -222,9 +213,7 @@ def start_edge(
     name: str = "edge",
     listen: str = "127.0.0.1:0",
     admin_listen: str = "127.0.0.1:0",
-    repo: Path = REPO,
 ) -> Edge:
-    """``repo``: the checkout whose ``edge`` runs (a benchmark may compare two)."""
     argv = [
         sys.executable,
         "-m",
@@ -239,9 +228,8 @@ def start_edge(
         *extra_args,
     ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("EDGE_")}
-    env["PYTHONPATH"] = str(repo) + os.pathsep + env.get("PYTHONPATH", "")
-    cwd = None if repo == REPO else repo  # so that ``-m edge`` finds that checkout's first
-    return Edge(process=_spawn(name, argv, logs_dir, env, cwd=cwd), args=list(extra_args))
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    return Edge(process=_spawn(name, argv, logs_dir, env), args=list(extra_args))
 
 
 def new_logs_dir(prefix: str = "edge-") -> Path:
