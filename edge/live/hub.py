@@ -16,7 +16,8 @@ Rules this module owns (PROTOCOL.md §5.7, §5.8, §10; DESIGN.md):
   its viewers and waiting long-polls end: none of them may carry one instance's bytes into
   another. Clients resume by offset against whatever the stream is now.
 * Long-polls at the tail wait on the tail and end in 200 with the new bytes, or 204 at the
-  timeout; a closed stream at its tail answers 204 with ``Stream-Closed`` at once.
+  timeout; a closed stream at its tail answers 204 with ``Stream-Closed`` at once. Those
+  waiting together are answered together (``edge.live.polls``): one ``settle`` per group.
 """
 
 from __future__ import annotations
@@ -27,17 +28,19 @@ import json
 import random
 import time
 from collections.abc import Callable, Sequence
+from enum import Enum
 
 from edge.catchup import Answer, CatchupCache, RelayInstead, relayable
 from edge.config import Settings
-from edge.live.tail import TailRegistry
+from edge.live.polls import LongPollFanout, Socket, Written
+from edge.live.tail import Tail, TailRegistry
 from edge.live.viewers import SseFanout, chunk
 from edge.log.policy import Coverage, answer_headers, cover, etag
-from edge.log.segment import content_digest, media_type, stitch
+from edge.log.segment import Segment, content_digest, media_type, stitch
 from edge.log.stream_log import LogKey, StreamLog
 from edge.metrics import Metrics
 from edge.origin import OriginClient
-from edge.protocol.cursor import current_interval, response_cursor
+from edge.protocol.cursor import current_interval, cursor_class, response_cursor
 from edge.protocol.offsets import is_offset_token
 from edge.protocol.sse import encode_event
 
@@ -46,6 +49,19 @@ def sse_encoding(content_type: str | None) -> str:
     """How data events carry bytes: ``text`` for text/* and JSON, else ``base64`` (§5.8)."""
     ct = media_type(content_type)
     return "text" if ct.startswith("text/") or ct == "application/json" else "base64"
+
+
+class Pending(Enum):
+    """Why a long-poll has no answer yet: it waits (WAIT), must fetch the gap to the tail
+    (GAP), or its stream is gone (GONE). The last two wake a group's waiters to do it each."""
+
+    WAIT = "wait"
+    GAP = "gap"
+    GONE = "gone"
+
+    @property
+    def wakes(self) -> bool:
+        return self is not Pending.WAIT
 
 
 class LiveHub:
@@ -63,10 +79,11 @@ class LiveHub:
         self.cache = cache
         self.metrics = metrics
         self.fanout = SseFanout(self)
-        self.tails = TailRegistry(cache, origin, settings, metrics, listener=self.fanout)
+        self.polls = LongPollFanout(self)
+        self.tails = TailRegistry(cache, origin, settings, metrics, listener=self)
         self.draining = asyncio.Event()
         self.clock = clock
-        self._rng = rng or random.Random()
+        self.rng = rng or random.Random()
         self.viewers = 0
         cache.streams.forgotten.append(self._stream_forgotten)
 
@@ -77,6 +94,7 @@ class LiveHub:
     def start_draining(self) -> None:
         self.draining.set()
         self.fanout.wake_all()
+        self.polls.wake_all()
         for tail in self.tails.all():
             tail.wake()
 
@@ -86,7 +104,20 @@ class LiveHub:
             if tail.key.stream == stream:
                 tail.gone = True
                 self.fanout.ended(tail.key)
+                self.polls.ended(tail.key)
                 tail.wake()
+
+    # --- the tails' listener: SSE viewers first, then long-polls ---
+
+    def batch(
+        self, key: LogKey, segment: Segment | None, end: str, *, up_to_date: bool, closed: bool
+    ) -> None:
+        self.fanout.batch(key, segment, end, up_to_date=up_to_date, closed=closed)
+        self.polls.batch(key)
+
+    def ended(self, key: LogKey) -> None:
+        self.fanout.ended(key)
+        self.polls.ended(key)
 
     # --- shared steps ---
 
@@ -138,7 +169,7 @@ class LiveHub:
         return answer if answer != str(current_interval(self.clock())) else None
 
     def _cursor(self, client_cursor: str | None) -> str:
-        return response_cursor(client_cursor, now=self.clock(), rng=self._rng)
+        return response_cursor(client_cursor, now=self.clock(), rng=self.rng)
 
     def tail_offset(self, key: LogKey) -> str | None:
         log_ = self.cache.local.log(key)
@@ -154,8 +185,11 @@ class LiveHub:
         credentials: Sequence[tuple[str, str]],
         *,
         max_seconds: float | None = None,
-    ) -> Answer:
-        """``max_seconds``: the wait ends sooner (a reader's credential expires then)."""
+        socket: Socket | None = None,
+    ) -> Answer | Written:
+        """Answer a long-poll from the log, or wait at the tail with every other long-poll there
+        (``edge.live.polls``); with ``socket``, a released answer may be written directly.
+        ``max_seconds``: the wait ends sooner (a reader's credential expires then)."""
         refused = await self.known_from(key, offset, credentials)
         if refused is not None:
             return refused
@@ -163,51 +197,76 @@ class LiveHub:
         wait = self.settings.long_poll_timeout_seconds
         if max_seconds is not None:
             wait = min(wait, max_seconds)
-        deadline = asyncio.get_running_loop().time() + wait
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        cursor = cursor_class(client_cursor)
         waited = False
+        fetched = False
         async with self.tails.watching(key, start, credentials) as tail:
             while True:
-                changed = tail.changed
-                coverage = cover(
-                    self.cache.local.get, key, offset, max_bytes=self.settings.max_response_bytes
-                )
-                log_ = self.cache.local.log(key)
-                if coverage.segments and log_ is not None:
-                    return self._long_poll_data(key, log_, offset, coverage, client_cursor, waited)
-                if tail.gone or log_ is None:
+                outcome = self.settle(
+                    key, tail, offset, cursor=self._cursor(client_cursor), waited=waited,
+                    expired=loop.time() >= deadline, fetched=fetched,
+                )  # fmt: skip
+                fetched = False
+                if isinstance(outcome, Answer):
+                    return outcome
+                if outcome is Pending.GONE:
                     # Deleted or replaced while waiting: the origin says what the stream is now.
                     raise RelayInstead("the stream this long-poll waited on is gone")
-                at_tail = log_.tail is not None and log_.tail.offset == offset
-                if at_tail and log_.tail is not None and log_.tail.closed:
-                    return self._long_poll_empty(log_, offset, client_cursor, closed=True)
-                if not at_tail:
+                if outcome is Pending.GAP:
                     # The offset is not where the edge's chain ends: fetch the gap, collapsed.
                     refused = await self.known_from(key, offset, credentials)
                     if refused is not None:
                         return refused
-                    if cover(self.cache.local.get, key, offset, max_bytes=1).segments:
-                        continue
-                remaining = deadline - asyncio.get_running_loop().time()
-                if remaining <= 0 or self.draining.is_set():
-                    if tail.failing and not self.draining.is_set():
-                        # "Nothing new" would be a guess: the edge cannot reach the origin.
-                        return Answer(
-                            status=502,
-                            headers=[("Content-Type", "text/plain")],
-                            body=b"origin unavailable: the live upstream is failing\n",
-                            cache_status="edge; fwd=request; detail=upstream-failing",
-                            result="live",
-                        )
-                    return self._long_poll_empty(log_, offset, client_cursor, closed=False)
-                self.metrics.long_polls_waiting.inc()
-                try:
-                    async with asyncio.timeout(remaining):
-                        await changed.wait()
-                except TimeoutError:
-                    pass
-                finally:
-                    self.metrics.long_polls_waiting.dec()
+                    fetched = not cover(self.cache.local.get, key, offset, max_bytes=1).segments
+                    continue
+                released = await self.polls.wait(key, tail, offset, cursor, deadline, socket)
                 waited = True
+                if released is not None:
+                    return released
+
+    def settle(
+        self,
+        key: LogKey,
+        tail: Tail,
+        offset: str,
+        *,
+        cursor: str,
+        waited: bool,
+        expired: bool,
+        fetched: bool = False,
+    ) -> Answer | Pending:
+        """What a long-poll at ``offset`` gets now: its answer, or what it must do first. The
+        one decision for a single long-poll and for a group released together (whose members
+        then differ only by ``cursor``). ``fetched``: the gap before the tail was just fetched
+        and did not reach ``offset``, so wait for the tail rather than fetch again."""
+        coverage = cover(
+            self.cache.local.get, key, offset, max_bytes=self.settings.max_response_bytes
+        )
+        log_ = self.cache.local.log(key)
+        if coverage.segments and log_ is not None:
+            return self._long_poll_data(key, log_, offset, coverage, cursor, waited)
+        if tail.gone or log_ is None:
+            return Pending.GONE
+        fact = log_.tail
+        at_tail = fact is not None and fact.offset == offset
+        if at_tail and fact is not None and fact.closed:
+            return self._long_poll_empty(log_, offset, cursor, closed=True)
+        if not at_tail and not fetched:
+            return Pending.GAP
+        if expired or self.draining.is_set():
+            if tail.failing and not self.draining.is_set():
+                # "Nothing new" would be a guess: the edge cannot reach the origin.
+                return Answer(
+                    status=502,
+                    headers=[("Content-Type", "text/plain")],
+                    body=b"origin unavailable: the live upstream is failing\n",
+                    cache_status="edge; fwd=request; detail=upstream-failing",
+                    result="live",
+                )
+            return self._long_poll_empty(log_, offset, cursor, closed=False)
+        return Pending.WAIT
 
     def _long_poll_data(
         self,
@@ -215,7 +274,7 @@ class LiveHub:
         log_: StreamLog,
         offset: str,
         coverage: Coverage,
-        client_cursor: str | None,
+        cursor: str,
         waited: bool,
     ) -> Answer:
         end = coverage.end
@@ -235,7 +294,7 @@ class LiveHub:
                 encoding=None,
             ),
             control=self.cache.cache_control_for(log_, immutable=closed or not at_tail),
-            cursor=None if closed else self._cursor(client_cursor),
+            cursor=None if closed else cursor,
             varies_by_encoding=False,  # long-poll answers are never compressed here
         )
         return Answer(
@@ -247,14 +306,14 @@ class LiveHub:
         )
 
     def _long_poll_empty(
-        self, log_: StreamLog, offset: str, client_cursor: str | None, *, closed: bool
+        self, log_: StreamLog, offset: str, cursor: str, *, closed: bool
     ) -> Answer:
         headers = list(log_.header_template)
         headers += [("Stream-Next-Offset", offset), ("Stream-Up-To-Date", "true")]
         if closed:
             headers.append(("Stream-Closed", "true"))
         else:
-            headers.append(("Stream-Cursor", self._cursor(client_cursor)))
+            headers.append(("Stream-Cursor", cursor))
         # Never store "nothing new" (PROTOCOL-NOTES trap 1).
         headers.append(("Cache-Control", "no-store"))
         return Answer(
@@ -305,4 +364,4 @@ class LiveHub:
         return frame
 
 
-__all__ = ["LiveHub", "OriginClient", "sse_encoding"]
+__all__ = ["LiveHub", "OriginClient", "Pending", "Socket", "Written", "sse_encoding"]

@@ -17,6 +17,7 @@ Rules this module owns:
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import socket
 import time
@@ -30,11 +31,11 @@ from edge.auth.gate import Gate
 from edge.catchup import Answer, CatchupCache, RelayInstead
 from edge.config import Settings
 from edge.live.hub import LiveHub, sse_encoding
+from edge.live.polls import Framing, Socket, Written
 from edge.live.viewers import Viewer
 from edge.log.stream_log import LogKey
 from edge.metrics import Metrics
 from edge.origin import BodyTooLarge, OriginClient, OriginError
-from edge.protocol.headers import VIA_PSEUDONYM
 from edge.protocol.paths import BadTarget
 from edge.protocol.reads import Classified, RequestKind, classify, scope_credentials
 from edge.store.shared import SharedTier
@@ -47,10 +48,11 @@ from edge.web.proxy import (
     OriginCors,
     Relay,
     edge_answer,
-    for_the_reader_only,
     origin_error_response,
+    reader_only,
     request_target,
 )
+from edge.web.wire import VIA, WrittenResponse, client_headers, encode
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +64,6 @@ HUB = web.AppKey("hub", LiveHub)
 CORS = web.AppKey("cors", OriginCors)
 FAST = web.AppKey("fast", FastPath)
 
-VIA = f"1.1 {VIA_PSEUDONYM}"
 
 # Status recorded for a request whose client went away before it was answered (nginx's 499).
 CLIENT_CLOSED = 499
@@ -85,13 +86,7 @@ def credentials_of(request: web.Request) -> list[tuple[str, str]]:
 
 def answer_headers_for(request: web.Request, answer: Answer) -> CIMultiDict[str]:
     """Every header of the edge's answer but those aiohttp adds (Content-Length, Date)."""
-    headers = CIMultiDict(answer.headers)
-    headers.add("Cache-Status", answer.cache_status)
-    headers.add("Via", VIA)
-    for_the_reader_only(request, headers)
-    # Answers built from origin answers have the CORS headers already; the edge's own do not.
-    request.app[CORS].add_missing(headers)
-    return headers
+    return client_headers(answer, request.app[CORS], reader_only=reader_only(request))
 
 
 def to_response(request: web.Request, answer: Answer) -> web.Response:
@@ -172,8 +167,26 @@ async def serve_long_poll(request: web.Request, classified: Classified) -> web.S
         offset = await start_offset(request, key, read.offset, None)
         if isinstance(offset, Answer):
             return to_response(request, offset)
+        transport = request.transport
+        socket = (
+            Socket(
+                transport=transport,
+                framing=Framing(
+                    version=(request.version.major, request.version.minor),
+                    keep_alive=request.keep_alive,
+                    reader_only=reader_only(request),
+                ),
+            )
+            if transport is not None
+            else None
+        )
         answer = await hub.long_poll(
-            key, offset, read.cursor, credentials_of(request), max_seconds=seconds_left(request)
+            key,
+            offset,
+            read.cursor,
+            credentials_of(request),
+            max_seconds=seconds_left(request),
+            socket=socket,
         )
     except BodyTooLarge as uncacheable:
         # A backlog bigger than the edge keeps in one piece (or an answer that is not the
@@ -181,6 +194,8 @@ async def serve_long_poll(request: web.Request, classified: Classified) -> web.S
         return await relay_uncached(request, classified, uncacheable)
     except OriginError as error:
         return origin_failed(request, error)
+    if isinstance(answer, Written):
+        return WrittenResponse(answer)  # released with its group: on the wire already
     return to_response(request, answer)
 
 
@@ -381,6 +396,8 @@ def create_app(settings: Settings, metrics: Metrics, origin: OriginClient) -> we
     )
     cache = CatchupCache(settings, origin, metrics, shared=shared)
     hub = LiveHub(settings, cache, origin, metrics)
+    # Long-polls released together are written directly, framed as aiohttp would frame them.
+    hub.polls.encode = functools.partial(encode, cors=cors)
     app[CACHE] = cache
     app[HUB] = hub
     app[RELAY] = Relay(

@@ -56,12 +56,20 @@ TARGET = web.RequestKey("target", Target)
 ADMISSION = web.RequestKey("admission", Admission)
 
 
+def reader_only(request: web.Request) -> bool:
+    """Whether this request's answer is its reader's alone (``for_the_reader_only``)."""
+    admitted = request.get(ADMISSION)
+    return admitted is not None and admitted.shared
+
+
 def for_the_reader_only(request: web.Request, headers: CIMultiDict[str]) -> None:
     """An authorized read's answer was served from the shared scope, but it is this reader's:
     a cache downstream (a CDN, a browser's shared cache) must not give it to anyone else."""
-    admitted = request.get(ADMISSION)
-    if admitted is None or not admitted.shared:
-        return
+    if reader_only(request):
+        make_private(headers)
+
+
+def make_private(headers: CIMultiDict[str]) -> None:
     value = headers.get(hdrs.CACHE_CONTROL)
     if value is None:
         return

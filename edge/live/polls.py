@@ -1,0 +1,241 @@
+"""Long-polls at the tail, released together: one answer built per group, written to every socket.
+
+Rules this module owns:
+
+* A long-poll that has caught up waits on the board (``edge.live.board``), not on a task timer
+  of its own. When its tail records a batch (or closes, ends, or the edge drains), each group of
+  that stream is settled once by the hub's own long-poll rules (``LiveHub.settle``, the same
+  code a single long-poll runs), one cursor is drawn per cursor class, and every waiter of the
+  class gets that same answer.
+* Direct write, as the SSE fan-out does: for a waiter whose request gave its socket, the answer
+  is encoded once per ``Framing`` (HTTP version, keep-alive, a reader's private copy) by the
+  web layer's ``encode`` and the
+  same bytes are written to every such socket in one pass; its handler then only completes
+  the request (``Written``). A waiter whose socket is closing, or whose answer cannot be encoded,
+  gets the ``Answer`` itself and is answered by its handler as before.
+* When settling says the waiters cannot be answered from here (the stream is gone, or their
+  offset is not at the tail any more), they are woken without an answer and each runs its own
+  long-poll loop again, as before.
+* One timer for all: deadlines are looked at ``TIMEOUT_GRANULARITY_SECONDS`` after the earliest
+  one passes, so a crowd that arrived together times out together (late by at most that, never
+  early).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+from edge.catchup import Answer
+from edge.live.board import Board, Waiter, by_answer_class
+from edge.log.stream_log import LogKey
+from edge.protocol.cursor import current_interval, next_cursor
+
+if TYPE_CHECKING:
+    from edge.live.hub import LiveHub
+    from edge.live.tail import Tail
+
+log = logging.getLogger(__name__)
+
+TIMEOUT_GRANULARITY_SECONDS = 0.05
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Framing:
+    """What, besides the answer, decides a request's response bytes: waiters with equal
+    framings get the same bytes for the same answer."""
+
+    version: tuple[int, int]
+    keep_alive: bool
+    reader_only: bool = False  # an authorized reader's copy of a shared answer: private
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Socket:
+    """Where a released long-poll's answer may be written directly, and how it is framed."""
+
+    transport: asyncio.WriteTransport
+    framing: Framing
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Written:
+    """The answer was written to the socket already: the handler only completes the request."""
+
+    status: int
+    keep_alive: bool
+
+
+# The web layer's serialisation of an answer for a framing; ValueError when it cannot be.
+Encode = Callable[[Answer, Framing], bytes]
+Outcome = Answer | Written | None
+
+
+@dataclass(eq=False, kw_only=True, slots=True)
+class Ticket:
+    tail: Tail
+    socket: Socket | None
+    future: asyncio.Future[Outcome] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+
+def with_cursor(answer: Answer, cursor: str) -> Answer:
+    """The same answer with another ``Stream-Cursor`` (answers without one stay as they are)."""
+    if not any(name == "Stream-Cursor" for name, _ in answer.headers):
+        return answer
+    headers = [(n, cursor if n == "Stream-Cursor" else v) for n, v in answer.headers]
+    return replace(answer, headers=headers)
+
+
+class LongPollFanout:
+    def __init__(self, hub: LiveHub) -> None:
+        self._hub = hub
+        self._board: Board[Ticket] = Board()
+        self._timer: asyncio.TimerHandle | None = None
+        self.encode: Encode | None = None  # set by the web layer; None: no direct writes
+
+    async def wait(
+        self,
+        key: LogKey,
+        tail: Tail,
+        offset: str,
+        cursor: int | None,
+        deadline: float,
+        socket: Socket | None,
+    ) -> Outcome:
+        """Wait at the tail until released: an answer, ``Written``, or None (look again)."""
+        ticket = Ticket(tail=tail, socket=socket)
+        waiter = Waiter(
+            key=key, source=id(tail), offset=offset, cursor=cursor, deadline=deadline,
+            ticket=ticket,
+        )  # fmt: skip
+        self._board.join(waiter)
+        self._arm()
+        metrics = self._hub.metrics
+        metrics.long_polls_waiting.inc()
+        try:
+            return await ticket.future
+        finally:
+            self._board.leave(waiter)
+            metrics.long_polls_waiting.dec()
+
+    # --- what releases them (the tail's listener calls, draining, the timer) ---
+
+    def batch(self, key: LogKey) -> None:
+        self._release_key(key)
+
+    def ended(self, key: LogKey) -> None:
+        self._release_key(key)
+
+    def wake_all(self) -> None:
+        for key in self._board.streams():
+            assert isinstance(key, LogKey)
+            self._release_key(key)
+
+    def _release_key(self, key: LogKey) -> None:
+        for members in self._board.groups(key):
+            self._release_safely(key, members, expired=False)
+
+    def _arm(self) -> None:
+        deadline = self._board.next_deadline()
+        if deadline is None:
+            return
+        when = deadline + TIMEOUT_GRANULARITY_SECONDS
+        if self._timer is not None and self._timer.when() <= when:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = asyncio.get_running_loop().call_at(when, self._expire)
+
+    def _expire(self) -> None:
+        self._timer = None
+        now = asyncio.get_running_loop().time()
+        try:
+            for members in self._board.due(now):
+                first = members[0]
+                assert isinstance(first.key, LogKey)
+                self._release_safely(first.key, members, expired=True)
+        finally:
+            self._arm()
+
+    # --- one release ---
+
+    def _release_safely(self, key: LogKey, members: list[Waiter[Ticket]], *, expired: bool) -> None:
+        """A release that fails (a bug) must not strand its waiters, nor stop the tail or the
+        timer that called it: whoever it did not answer runs its own loop, and fails there."""
+        try:
+            self._release(key, members, expired=expired)
+        except Exception:
+            log.exception("releasing long-polls of %s failed", key)
+            for waiter in members:
+                self._resolve(waiter, None)
+
+    # --- one release ---
+
+    def _release(self, key: LogKey, members: list[Waiter[Ticket]], *, expired: bool) -> None:
+        hub = self._hub
+        first = members[0]
+        tail, offset = first.ticket.tail, first.offset
+        current = current_interval(hub.clock())
+        template: Answer | None = None
+        for cursor_class, waiters in by_answer_class(members, current=current).items():
+            cursor = next_cursor(cursor_class, current=current, rng=hub.rng)
+            if template is None:
+                outcome = hub.settle(key, tail, offset, cursor=cursor, waited=True, expired=expired)
+                if not isinstance(outcome, Answer):
+                    if outcome.wakes:
+                        for waiter in members:
+                            self._resolve(waiter, None)
+                    return
+                template = answer = outcome
+            else:
+                answer = with_cursor(template, cursor)
+            self._deliver(waiters, answer)
+
+    def _resolve(self, waiter: Waiter[Ticket], outcome: Outcome) -> None:
+        self._board.leave(waiter)
+        future = waiter.ticket.future
+        if not future.done():
+            future.set_result(outcome)
+
+    def _deliver(self, waiters: list[Waiter[Ticket]], answer: Answer) -> None:
+        # Per framing: the bytes (None: not encodable) and what each handler is told.
+        frames: dict[Framing, tuple[bytes | None, Written]] = {}
+        written = 0
+        for waiter in waiters:
+            self._board.leave(waiter)
+            future = waiter.ticket.future
+            if future.done():  # cancelled: its client left
+                continue
+            socket = waiter.ticket.socket
+            if socket is None or self.encode is None or socket.transport.is_closing():
+                future.set_result(answer)  # its handler answers it the usual way
+                continue
+            framing = socket.framing
+            known = frames.get(framing)
+            if known is None:
+                written_as = Written(status=answer.status, keep_alive=framing.keep_alive)
+                known = frames[framing] = (self._encoded(answer, framing), written_as)
+            frame, written_as = known
+            if frame is None:
+                future.set_result(answer)
+                continue
+            socket.transport.write(frame)
+            written += 1
+            future.set_result(written_as)
+        if written:
+            self._hub.metrics.served_bytes.inc(written * len(answer.body))
+
+    def _encoded(self, answer: Answer, framing: Framing) -> bytes | None:
+        assert self.encode is not None
+        try:
+            return self.encode(answer, framing)
+        except ValueError:
+            # A header value aiohttp would refuse (a control character): each handler answers
+            # the usual way and aiohttp turns it into the error it always did.
+            log.warning("long-poll answer could not be encoded for a direct write", exc_info=True)
+            return None

@@ -1,0 +1,102 @@
+"""An edge answer as HTTP/1.1 bytes, for direct writes (long-polls released together), and the
+response a handler returns once its answer is written.
+
+Rules this module owns:
+
+* ``client_headers`` is the one place an ``Answer`` gets the headers every client sees
+  (``Cache-Status``, ``Via``, the origin's CORS headers): ``to_response`` and ``encode`` both
+  use it, so a written answer and a returned one cannot drift apart.
+* ``encode`` writes exactly what aiohttp writes for ``EdgeResponse(answer)`` to a GET (the test
+  ``tests/unit/test_wire.py`` compares the two byte for byte on a real aiohttp server, so an
+  aiohttp upgrade that changes its framing fails there): after the answer's headers,
+  ``Content-Length`` (none on 204/304 and 1xx), a default ``Content-Type`` for a body without
+  one, ``Date``, no ``Server``, and ``Connection`` as the request's version and keep-alive ask.
+  Header values with control characters are refused (``ValueError``), as aiohttp refuses them.
+* ``WrittenResponse`` completes a request whose answer is on the wire already, through
+  aiohttp's public response interface (``prepare``, ``write_eof``, ``keep_alive``): it writes
+  nothing, and keeps the connection open exactly when the written bytes said so.
+"""
+
+from __future__ import annotations
+
+import re
+from email.utils import formatdate
+from http import HTTPStatus
+
+from aiohttp import web
+from aiohttp.abc import AbstractStreamWriter
+from multidict import CIMultiDict
+
+from edge.catchup import Answer
+from edge.live.polls import Framing, Written
+from edge.protocol.headers import VIA_PSEUDONYM
+from edge.web.proxy import OriginCors, make_private
+
+# What aiohttp refuses in a header (http_writer._FORBIDDEN_HEADER_CHARS_RE): every control
+# character but tab.
+VIA = f"1.1 {VIA_PSEUDONYM}"
+_FORBIDDEN = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+
+
+def client_headers(
+    answer: Answer, cors: OriginCors, *, reader_only: bool = False
+) -> CIMultiDict[str]:
+    """``reader_only``: an authorized reader's answer from the shared scope, made ``private``
+    (``edge.web.proxy.for_the_reader_only``)."""
+    headers = CIMultiDict(answer.headers)
+    headers.add("Cache-Status", answer.cache_status)
+    headers.add("Via", VIA)
+    if reader_only:
+        make_private(headers)
+    # Answers built from origin answers have the CORS headers already; the edge's own do not.
+    cors.add_missing(headers)
+    return headers
+
+
+def _empty_body(status: int) -> bool:
+    return status in (204, 304) or 100 <= status < 200
+
+
+def encode(answer: Answer, framing: Framing, *, cors: OriginCors) -> bytes:
+    """The whole HTTP response to a GET answered with ``answer``."""
+    version, keep_alive = framing.version, framing.keep_alive
+    headers = client_headers(answer, cors, reader_only=framing.reader_only)
+    body = answer.body
+    if _empty_body(answer.status):
+        headers.popall("Content-Length", None)
+        body = b""
+    else:
+        headers.setdefault("Content-Length", str(len(body)))
+        if body:
+            headers.setdefault("Content-Type", "application/octet-stream")
+    headers.setdefault("Date", formatdate(usegmt=True))
+    headers.popall("Server", None)
+    if "Connection" not in headers:
+        if keep_alive and version == (1, 0):
+            headers["Connection"] = "keep-alive"
+        elif not keep_alive and version == (1, 1):
+            headers["Connection"] = "close"
+    lines = [f"HTTP/{version[0]}.{version[1]} {answer.status} {HTTPStatus(answer.status).phrase}"]
+    for name, value in headers.items():
+        if _FORBIDDEN.search(name) or _FORBIDDEN.search(value):
+            raise ValueError(f"a control character in the {name!r} header")
+        lines.append(f"{name}: {value}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+class WrittenResponse(web.StreamResponse):
+    """The response of a request whose answer was written to its socket directly."""
+
+    def __init__(self, written: Written) -> None:
+        super().__init__(status=written.status)
+        self._written_keep_alive = written.keep_alive
+
+    @property
+    def keep_alive(self) -> bool:
+        return self._written_keep_alive
+
+    async def prepare(self, request: web.BaseRequest) -> AbstractStreamWriter | None:
+        return None  # the status line, headers and body are on the wire already
+
+    async def write_eof(self, data: bytes = b"") -> None:
+        assert not data
