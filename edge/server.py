@@ -13,6 +13,8 @@ import logging
 import resource
 import signal
 import socket
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import redis.asyncio as redis
@@ -32,6 +34,8 @@ from edge.web.connections import (
 )
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 # Viewers arrive in herds (a shared demo link); the default backlog of 128 would refuse them.
 LISTEN_BACKLOG = 4096
@@ -105,6 +109,7 @@ async def _start(
     *,
     flag: str,
     tracker: ConnectionTracker | None = None,
+    reuse_port: bool = False,
 ) -> web.AppRunner:
     runner = web.AppRunner(
         app,
@@ -120,7 +125,14 @@ async def _start(
     if tracker is None:
         site = web.TCPSite(runner, address.host, address.port, backlog=LISTEN_BACKLOG)
     else:
-        site = BoundedSite(runner, address.host, address.port, tracker, backlog=LISTEN_BACKLOG)
+        site = BoundedSite(
+            runner,
+            address.host,
+            address.port,
+            tracker,
+            backlog=LISTEN_BACKLOG,
+            reuse_port=reuse_port,
+        )
     try:
         await site.start()
     except OSError as error:
@@ -162,7 +174,10 @@ async def check_redis(url: str) -> bool:
     return True
 
 
-async def serve(settings: Settings) -> None:
+async def serve(settings: Settings, *, worker: bool = False) -> None:
+    """Run one edge until SIGTERM or SIGINT. A ``worker`` (edge.workers) shares the stream port
+    with its siblings and copies its scrape-time metrics into the multiprocess files when its
+    supervisor asks (``POST /metrics/refresh`` on its private admin listener)."""
     metrics = Metrics()
     origin = OriginClient(settings)
     stream_app = create_app(settings, metrics, origin)
@@ -183,9 +198,13 @@ async def serve(settings: Settings) -> None:
     # Outermost, so it sees every request the application handles.
     stream_app.middlewares.insert(0, tracker.middleware)
     stream_runner = await _start(
-        stream_app, settings.listen, settings, flag="--listen", tracker=tracker
+        stream_app, settings.listen, settings, flag="--listen", tracker=tracker, reuse_port=worker
     )
     admin_app = create_admin_app(settings, metrics, stream_app)
+    if worker:
+        from edge.workers.mirror import add_refresh_route
+
+        add_refresh_route(admin_app, metrics)
     try:
         admin_runner = await _start(
             admin_app, settings.admin_listen, settings, flag="--admin-listen"
@@ -233,10 +252,24 @@ async def serve(settings: Settings) -> None:
     await admin_runner.cleanup()
 
 
-def run(settings: Settings) -> None:
+def run(settings: Settings) -> int:
+    """Serve until stopped; the exit code. ``--workers`` above 1 runs the supervisor."""
+    if settings.workers > 1:
+        from edge.workers.supervisor import supervise
+
+        return _run_loop(supervise(settings))
+    _run_loop(serve(settings))
+    return 0
+
+
+def run_worker(settings: Settings) -> None:
+    """One worker of ``--workers N`` (edge.workers.child)."""
+    _run_loop(serve(settings, worker=True))
+
+
+def _run_loop(main: Coroutine[Any, Any, T]) -> T:
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency everywhere but Windows
-        asyncio.run(serve(settings))
-    else:
-        uvloop.run(serve(settings))
+        return asyncio.run(main)
+    return uvloop.run(main)
