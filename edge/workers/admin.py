@@ -108,7 +108,13 @@ class Fleet:
 def _readiness(fleet: Fleet, reports: list[tuple[int, dict[str, Any] | None]]) -> dict[str, Any]:
     listening = [(w, r) for w, r in zip(fleet.workers, reports, strict=True) if w.admin is not None]
     each = [
-        {"worker": w.index, "ready": status == 200, **(body or {"origin": "no answer"})}
+        {
+            **(body or {"origin": "no answer"}),
+            "worker": w.index,
+            "pid": w.proc.pid if w.proc is not None else None,
+            "admin": w.admin,  # private, loopback: its /metrics is this worker alone
+            "ready": status == 200,
+        }
         for w, (status, body) in listening
     ]
     ready = bool(each) and all(e["ready"] for e in each) and not fleet.draining.is_set()
