@@ -2,11 +2,6 @@
 
 Each ``Metrics`` owns its own registry, so several edges (tests, one process) never collide.
 Label values are closed sets: ``kind`` is a ``RequestKind``, ``reason`` one of ``ORIGIN_ERRORS``.
-
-With ``--workers N`` each worker writes its metrics to prometheus-client's multiprocess files and
-the supervisor renders them all (``edge.workers``): every gauge names how workers combine
-(``multiprocess_mode``), and what is computed at scrape time (``scrape_time_collectors``) is copied
-into those files by each worker when the supervisor asks (``edge.workers.mirror``).
 """
 
 from __future__ import annotations
@@ -63,18 +58,9 @@ class ScrapeTimeCollector(Collector):
             labels=["structure"],
         )
         if self.usage is not None:
-            usage = self.usage()
-            for structure, (used, count) in usage.items():
+            for structure, (used, count) in self.usage().items():
                 size.add_metric([structure], used)
                 entries.add_metric([structure], count)
-            yield GaugeMetricFamily(
-                "edge_cache_bytes",
-                "Bytes held by the local tier: everything within --cache-bytes.",
-                value=sum(used for used, _ in usage.values()),
-            )
-            yield GaugeMetricFamily(
-                "edge_cache_segments", "Segments held by the local tier.", value=usage["segment"][1]
-            )
         if self.fill_bytes is not None:
             size.add_metric(["fill"], self.fill_bytes())
         yield size
@@ -112,7 +98,7 @@ class ScrapeTimeCollector(Collector):
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self._process = ProcessCollector(registry=self.registry)
+        ProcessCollector(registry=self.registry)
         self._scrape_time = ScrapeTimeCollector()
         self.registry.register(self._scrape_time)
         self.requests = Counter(
@@ -145,7 +131,6 @@ class Metrics:
             "Client requests in progress, by kind.",
             ["kind"],
             registry=self.registry,
-            multiprocess_mode="livesum",
         )
         self.cache_requests = Counter(
             "edge_cache_requests",
@@ -159,6 +144,14 @@ class Metrics:
             "Requests that shared an origin request already in flight, by kind.",
             ["kind"],
             registry=self.registry,
+        )
+        self.cache_bytes = Gauge(
+            "edge_cache_bytes",
+            "Bytes held by the local tier: everything within --cache-bytes.",
+            registry=self.registry,
+        )
+        self.cache_segments = Gauge(
+            "edge_cache_segments", "Segments held by the local tier.", registry=self.registry
         )
         self.cache_evictions = Counter(
             "edge_cache_evictions",
@@ -179,7 +172,6 @@ class Metrics:
             "edge_redis_up",
             "1 while the shared tier is in use, 0 while its circuit breaker is open.",
             registry=self.registry,
-            multiprocess_mode="livemin",
         )
         self.redis_operations = Counter(
             "edge_redis_operations",
@@ -189,22 +181,17 @@ class Metrics:
             registry=self.registry,
         )
         self.sse_viewers = Gauge(
-            "edge_sse_viewers",
-            "SSE viewers connected.",
-            registry=self.registry,
-            multiprocess_mode="livesum",
+            "edge_sse_viewers", "SSE viewers connected.", registry=self.registry
         )
         self.long_polls_waiting = Gauge(
             "edge_long_polls_waiting",
             "Long-polls waiting at the tail for new data.",
             registry=self.registry,
-            multiprocess_mode="livesum",
         )
         self.live_tails = Gauge(
             "edge_live_tails",
             "Streams followed live by one upstream reader each.",
             registry=self.registry,
-            multiprocess_mode="livesum",
         )
         self.tail_reconnects = Counter(
             "edge_tail_reconnects",
@@ -217,7 +204,6 @@ class Metrics:
             "edge_viewers_lagging",
             "SSE viewers behind the tail (catching up from the log at their own pace).",
             registry=self.registry,
-            multiprocess_mode="livesum",
         )
         self.sse_events_sent = Counter(
             "edge_sse_events_sent",
@@ -240,13 +226,11 @@ class Metrics:
 
     def track_budget(self, usage: Usage, fill_bytes: Callable[[], int]) -> None:
         self._scrape_time.usage, self._scrape_time.fill_bytes = usage, fill_bytes
+        self.cache_bytes.set_function(lambda: sum(used for used, _ in usage().values()))
+        self.cache_segments.set_function(lambda: usage()["segment"][1])
 
     def track_connections(self, stats: ConnectionStats) -> None:
         self._scrape_time.connections = stats
-
-    def scrape_time_collectors(self) -> tuple[Collector, ...]:
-        """What this process computes only when scraped (edge.workers.mirror copies it)."""
-        return (self._process, self._scrape_time)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

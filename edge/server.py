@@ -174,10 +174,12 @@ async def check_redis(url: str) -> bool:
     return True
 
 
-async def serve(settings: Settings, *, worker: bool = False) -> None:
-    """Run one edge until SIGTERM or SIGINT. A ``worker`` (edge.workers) shares the stream port
-    with its siblings and copies its scrape-time metrics into the multiprocess files when its
-    supervisor asks (``POST /metrics/refresh`` on its private admin listener)."""
+async def serve(settings: Settings, *, metrics_dir: str | None = None) -> None:
+    """Run one edge until SIGTERM or SIGINT. A worker of ``--workers N`` (edge.workers) gets
+    its supervisor's ``metrics_dir``: it shares the stream port with its siblings and writes its
+    metrics into that directory when the supervisor asks (``POST /metrics/refresh`` on its
+    private admin listener)."""
+    worker = metrics_dir is not None
     metrics = Metrics()
     origin = OriginClient(settings)
     stream_app = create_app(settings, metrics, origin)
@@ -201,10 +203,10 @@ async def serve(settings: Settings, *, worker: bool = False) -> None:
         stream_app, settings.listen, settings, flag="--listen", tracker=tracker, reuse_port=worker
     )
     admin_app = create_admin_app(settings, metrics, stream_app)
-    if worker:
+    if metrics_dir is not None:
         from edge.workers.mirror import add_refresh_route
 
-        add_refresh_route(admin_app, metrics)
+        add_refresh_route(admin_app, metrics, metrics_dir)
     try:
         admin_runner = await _start(
             admin_app, settings.admin_listen, settings, flag="--admin-listen"
@@ -262,9 +264,9 @@ def run(settings: Settings) -> int:
     return 0
 
 
-def run_worker(settings: Settings) -> None:
+def run_worker(settings: Settings, metrics_dir: str) -> None:
     """One worker of ``--workers N`` (edge.workers.child)."""
-    _run_loop(serve(settings, worker=True))
+    _run_loop(serve(settings, metrics_dir=metrics_dir))
 
 
 def _run_loop(main: Coroutine[Any, Any, T]) -> T:

@@ -2,11 +2,12 @@
 
 Rules this module owns:
 
-* ``/metrics``: every worker first copies its scrape-time values into the multiprocess files
+* ``/metrics``: every worker first writes a snapshot of its metrics into the multiprocess files
   (``POST /metrics/refresh`` on its private admin listener, all at once, each given
-  ``WORKER_CALL_SECONDS``), then the files are rendered together with the supervisor's own
-  ``edge_workers`` and ``edge_worker_restarts_total``. A worker that does not answer in time
-  is rendered with what it wrote last.
+  ``WORKER_CALL_SECONDS``; ``edge.workers.mirror``), then prometheus-client's
+  ``MultiProcessCollector`` renders the files, with the supervisor's own ``edge_workers`` and
+  ``edge_worker_restarts_total``. A worker that does not answer in time is rendered with its
+  last snapshot.
 * ``/readyz`` is 200 when the edge is not draining, at least one worker listens, and every
   listening worker is ready (each probes the origin itself). A worker being restarted does not
   make the edge unready: the kernel gives its connections to the others. The body says how many

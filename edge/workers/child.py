@@ -5,8 +5,8 @@ Rules this module owns:
 * The supervisor writes one ``Bootstrap`` to the worker's stdin (length-prefixed pickle: the
   pipe is private to the two processes, and the settings, purge token included, never appear
   on a command line) and keeps the pipe open for the worker's lifetime.
-* ``PROMETHEUS_MULTIPROC_DIR`` is set before anything imports prometheus_client, which picks its
-  value storage at import: so this module imports nothing of the edge at its top but the config.
+* The worker's metrics stay in-process (``PROMETHEUS_MULTIPROC_DIR`` is never set: it would
+  make every update a write to a file); the directory goes to ``edge.workers.mirror``.
 * When the pipe closes, the supervisor is gone (killed, even with SIGKILL): the worker exits at
   once rather than keep serving a port nobody supervises, or keep a restarted edge's port busy.
 """
@@ -69,7 +69,6 @@ def main() -> None:
     # Unbuffered: nothing past the bootstrap is read ahead.
     stdin = open(0, "rb", buffering=0, closefd=False)  # noqa: SIM115 - lives as long as we do
     bootstrap = read_bootstrap(stdin)
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = bootstrap.metrics_dir
     settings = bootstrap.settings
     logging.basicConfig(
         level=settings.log_level,
@@ -83,7 +82,7 @@ def main() -> None:
     from edge.server import StartupError, run_worker
 
     try:
-        run_worker(settings)
+        run_worker(settings, bootstrap.metrics_dir)
     except StartupError as error:
         print(f"edge: error: worker {bootstrap.index}: {error}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None

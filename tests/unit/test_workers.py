@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
 from edge.config import Address, Settings, per_worker
 from edge.workers.child import Bootstrap, encode, read_bootstrap
+from edge.workers.mirror import Mirror
 from edge.workers.supervisor import MAX_RESTART_DELAY_SECONDS, restart_delay
 
 MiB = 1024 * 1024
@@ -74,3 +79,56 @@ def test_the_bootstrap_round_trips_with_the_secret() -> None:
     stream = io.BytesIO(encode(bootstrap) + b"left for the orphan watch")
     assert read_bootstrap(stream) == bootstrap
     assert stream.read() == b"left for the orphan watch"
+
+
+def _two_workers_rendered(tmp_path: Path) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    """Two workers' registries snapshotted into one directory, read back by prometheus-client's
+    own MultiProcessCollector: what the supervisor renders."""
+    for pid, (requests, viewers, redis_up, durations) in enumerate(
+        [(3, 5, 1, [0.002, 0.2]), (4, 7, 0, [0.002])], start=100
+    ):
+        registry = CollectorRegistry()
+        Counter("edge_requests", "r", ["kind"], registry=registry).labels(kind="catchup").inc(
+            requests
+        )
+        Gauge("edge_sse_viewers", "v", registry=registry).set(viewers)
+        Gauge("edge_redis_up", "u", registry=registry).set(redis_up)
+        histogram = Histogram("edge_d_seconds", "d", buckets=(0.01, 1.0), registry=registry)
+        for value in durations:
+            histogram.observe(value)
+        mirror = Mirror(str(tmp_path), pid)
+        mirror.write(registry.collect())
+        mirror.close()
+    rendered: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    collector = MultiProcessCollector(None, path=str(tmp_path))  # type: ignore[no-untyped-call]
+    for family in collector.collect():
+        for sample in family.samples:
+            series = rendered.setdefault(sample.name, {})
+            series[tuple(sorted(sample.labels.items()))] = sample.value
+    return rendered
+
+
+def test_worker_snapshots_combine_as_one_edge(tmp_path: Path) -> None:
+    rendered = _two_workers_rendered(tmp_path)
+    assert rendered["edge_requests_total"] == {(("kind", "catchup"),): 7}
+    assert rendered["edge_sse_viewers"] == {(): 12}  # livesum
+    assert rendered["edge_redis_up"] == {(): 0}  # livemin: one worker without Redis shows
+    buckets = rendered["edge_d_seconds_bucket"]
+    assert buckets[(("le", "0.01"),)] == 2  # cumulative again, over both workers
+    assert buckets[(("le", "1.0"),)] == 3
+    assert buckets[(("le", "+Inf"),)] == 3
+    assert rendered["edge_d_seconds_count"] == {(): 3}
+    assert abs(rendered["edge_d_seconds_sum"][()] - 0.204) < 1e-9
+    assert "edge_requests_created" not in rendered
+
+
+def test_a_dead_workers_counts_stay_and_its_gauges_go(tmp_path: Path) -> None:
+    _two_workers_rendered(tmp_path)
+    mark_process_dead(101, str(tmp_path))  # type: ignore[no-untyped-call]
+    collector = MultiProcessCollector(None, path=str(tmp_path))  # type: ignore[no-untyped-call]
+    values = {s.name: s.value for f in collector.collect() for s in f.samples if not s.labels}
+    assert values["edge_sse_viewers"] == 5
+    counters = {
+        s.name: s.value for f in collector.collect() for s in f.samples if f.type == "counter"
+    }
+    assert counters["edge_requests_total"] == 7
