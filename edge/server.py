@@ -14,7 +14,7 @@ import resource
 import signal
 import socket
 from collections.abc import Coroutine
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
 import redis.asyncio as redis
@@ -32,6 +32,9 @@ from edge.web.connections import (
     Limits,
     default_max_connections,
 )
+
+if TYPE_CHECKING:
+    from edge.workers.child import Bootstrap
 
 log = logging.getLogger(__name__)
 
@@ -174,12 +177,11 @@ async def check_redis(url: str) -> bool:
     return True
 
 
-async def serve(settings: Settings, *, metrics_dir: str | None = None) -> None:
-    """Run one edge until SIGTERM or SIGINT. A worker of ``--workers N`` (edge.workers) gets
-    its supervisor's ``metrics_dir``: it shares the stream port with its siblings and writes its
-    metrics into that directory when the supervisor asks (``POST /metrics/refresh`` on its
-    private admin listener)."""
-    worker = metrics_dir is not None
+async def serve(settings: Settings, *, worker: Bootstrap | None = None) -> None:
+    """Run one edge until SIGTERM or SIGINT. A ``worker`` of ``--workers N`` (edge.workers)
+    shares the stream port with its siblings, tells them what its relayed writes changed
+    (edge.workers.siblings), and writes its metrics into the supervisor's directory when asked
+    (edge.workers.mirror); its supervisor checks Redis at start-up, once for all."""
     metrics = Metrics()
     origin = OriginClient(settings)
     stream_app = create_app(settings, metrics, origin)
@@ -199,14 +201,28 @@ async def serve(settings: Settings, *, metrics_dir: str | None = None) -> None:
     )
     # Outermost, so it sees every request the application handles.
     stream_app.middlewares.insert(0, tracker.middleware)
-    stream_runner = await _start(
-        stream_app, settings.listen, settings, flag="--listen", tracker=tracker, reuse_port=worker
-    )
     admin_app = create_admin_app(settings, metrics, stream_app)
-    if metrics_dir is not None:
+    if worker is not None:
         from edge.workers.mirror import add_refresh_route
+        from edge.workers.siblings import share_observations
 
-        add_refresh_route(admin_app, metrics, metrics_dir)
+        add_refresh_route(admin_app, metrics, worker.metrics_dir)
+        assert settings.purge_token is not None  # the supervisor's private token
+        share_observations(
+            stream_app,
+            admin_app,
+            supervisor=worker.supervisor,
+            token=settings.purge_token,
+            index=worker.index,
+        )
+    stream_runner = await _start(
+        stream_app,
+        settings.listen,
+        settings,
+        flag="--listen",
+        tracker=tracker,
+        reuse_port=worker is not None,
+    )
     try:
         admin_runner = await _start(
             admin_app, settings.admin_listen, settings, flag="--admin-listen"
@@ -214,7 +230,7 @@ async def serve(settings: Settings, *, metrics_dir: str | None = None) -> None:
     except StartupError:
         await stream_runner.cleanup()
         raise
-    if settings.redis_url:
+    if settings.redis_url and worker is None:
         await check_redis(settings.redis_url)
 
     ready = {
@@ -264,9 +280,9 @@ def run(settings: Settings) -> int:
     return 0
 
 
-def run_worker(settings: Settings, metrics_dir: str) -> None:
+def run_worker(worker: Bootstrap) -> None:
     """One worker of ``--workers N`` (edge.workers.child)."""
-    _run_loop(serve(settings, metrics_dir=metrics_dir))
+    _run_loop(serve(worker.settings, worker=worker))
 
 
 def _run_loop(main: Coroutine[Any, Any, T]) -> T:

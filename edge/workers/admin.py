@@ -20,12 +20,16 @@ Rules this module owns:
   new one starts empty); one starting up is waited for, since it may accept stream
   connections before its admin listener is known.
 * ``/healthz``: the supervisor is alive (it restarts workers itself).
+* Workers reach the supervisor on a second, private loopback listener (``start_internal``),
+  never on ``--admin-listen``: ``POST /observed`` relays a write one worker saw to the others
+  (edge.workers.siblings).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -41,13 +45,15 @@ from prometheus_client import (
 )
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from edge.config import Settings
+from edge.config import Address, Settings
 from edge.protocol.paths import BadTarget, normalise_path
 from edge.server import StartupError, _bound_url, _why
 from edge.web.admin import purge_refusal
 
 if TYPE_CHECKING:
     from edge.workers.supervisor import Worker
+
+log = logging.getLogger(__name__)
 
 WORKER_CALL_SECONDS = 3.0  # above a worker's own origin probe timeout (2 s)
 STARTING_WORKER_WAIT_SECONDS = 5.0
@@ -84,7 +90,7 @@ class Fleet:
         return {"Authorization": f"Bearer {self.token}"}
 
     async def call(
-        self, worker: Worker, method: str, path: str
+        self, worker: Worker, method: str, path: str, data: bytes | None = None
     ) -> tuple[int, dict[str, Any] | None]:
         """One request to a worker's private admin listener: (status, JSON body or None);
         status 0 when it did not answer."""
@@ -94,7 +100,9 @@ class Fleet:
         try:
             async with (
                 asyncio.timeout(WORKER_CALL_SECONDS),
-                self.session.request(method, admin + path, headers=self.authorization) as response,
+                self.session.request(
+                    method, admin + path, headers=self.authorization, data=data
+                ) as response,
             ):
                 body = await response.read()
                 try:
@@ -217,6 +225,36 @@ def add_routes(app: web.Application, fleet: Fleet) -> None:
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_page)
     app.router.add_post("/purge", purge)
+
+
+def add_internal_routes(app: web.Application, fleet: Fleet) -> None:
+    """The supervisor's private loopback listener: what workers ask of it."""
+
+    async def observed(request: web.Request) -> web.Response:
+        # One worker relayed a write (edge.workers.siblings): every other listening worker
+        # replays it before that worker answers its client.
+        if request.headers.get("Authorization") != fleet.authorization["Authorization"]:
+            return web.Response(status=401)
+        sender = request.query.get("worker", "")
+        body = await request.read()
+        others = [w for w in fleet.workers if str(w.index) != sender and w.admin is not None]
+        told = await asyncio.gather(*(fleet.call(w, "POST", "/observe", body) for w in others))
+        missed = [w.index for w, (status, _) in zip(others, told, strict=True) if status != 204]
+        if missed:
+            log.warning("workers %s were not told of a write", missed)
+            return web.Response(status=502, text=f"workers {missed} did not confirm\n")
+        return web.Response(status=204)
+
+    app.router.add_post("/observed", observed)
+
+
+async def start_internal(fleet: Fleet) -> tuple[web.AppRunner, str]:
+    app = web.Application()
+    add_internal_routes(app, fleet)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    return runner, _bound_url(runner, Address(host="127.0.0.1", port=0))
 
 
 async def start_admin(fleet: Fleet) -> tuple[web.AppRunner, str]:

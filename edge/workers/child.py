@@ -33,7 +33,8 @@ ORPHANED = 75
 class Bootstrap:
     index: int
     settings: Settings
-    metrics_dir: str
+    metrics_dir: str  # the supervisor's multiprocess directory (edge.workers.mirror)
+    supervisor: str  # its private loopback listener (edge.workers.siblings)
 
 
 def encode(bootstrap: Bootstrap) -> bytes:
@@ -82,7 +83,7 @@ def main() -> None:
     from edge.server import StartupError, run_worker
 
     try:
-        run_worker(settings, bootstrap.metrics_dir)
+        run_worker(bootstrap)
     except StartupError as error:
         print(f"edge: error: worker {bootstrap.index}: {error}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None

@@ -47,8 +47,8 @@ from dataclasses import dataclass, field, replace
 from prometheus_client import multiprocess
 
 from edge.config import Address, Settings, per_worker
-from edge.server import StartupError, _why
-from edge.workers.admin import Fleet, start_admin
+from edge.server import StartupError, _why, check_redis
+from edge.workers.admin import Fleet, start_admin, start_internal
 from edge.workers.child import Bootstrap, encode
 
 log = logging.getLogger(__name__)
@@ -132,6 +132,7 @@ class Supervisor:
     def __init__(self, settings: Settings, port: int, metrics_dir: str) -> None:
         self.settings = settings
         self.metrics_dir = metrics_dir
+        self.internal = ""  # the private listener workers reach (start_internal)
         token = secrets.token_urlsafe(32)
         # Each worker: its share of the bounds, the reserved port, a private loopback admin
         # listener whose /purge needs a token only this supervisor knows.
@@ -174,7 +175,10 @@ class Supervisor:
         assert proc.stdin is not None
         assert proc.stdout is not None
         bootstrap = Bootstrap(
-            index=worker.index, settings=self.worker_settings, metrics_dir=self.metrics_dir
+            index=worker.index,
+            settings=self.worker_settings,
+            metrics_dir=self.metrics_dir,
+            supervisor=self.internal,
         )
         # The pipe stays open: the worker exits when it closes (this process is gone).
         proc.stdin.write(encode(bootstrap))
@@ -273,7 +277,10 @@ async def supervise(settings: Settings) -> int:
     try:
         supervisor = Supervisor(settings, port, metrics_dir)
         admin_runner, admin_url = await start_admin(supervisor.fleet)
+        internal_runner, supervisor.internal = await start_internal(supervisor.fleet)
         try:
+            if settings.redis_url:
+                await check_redis(settings.redis_url)  # once for the edge, not once per worker
             await supervisor.start()
             host = settings.listen.host
             shown = f"[{host}]" if ":" in host else host
@@ -299,6 +306,7 @@ async def supervise(settings: Settings) -> int:
             log.info("stopping: draining %d workers", settings.workers)
             clean = await supervisor.drain()
         finally:
+            await internal_runner.cleanup()
             await admin_runner.cleanup()
         return 0 if clean else 1
     finally:

@@ -197,6 +197,32 @@ async def test_purge_reaches_every_worker_without_redis(
     assert (await call(http, "POST", f"{workers_edge.admin_url}/purge"))[0] == 400
 
 
+async def test_read_after_write_is_exact_on_every_worker(
+    http: aiohttp.ClientSession, fresh: aiohttp.ClientSession, workers_edge: Edge, stream_path: str
+) -> None:
+    """A write through one worker is known to every worker before its answer: the next read,
+    on any connection, sees it (not up to --tail-freshness later, as on another replica)."""
+    url = workers_edge.url + stream_path
+    await create(http, url, b"a")
+    written = b"a"
+    for part in (b"b", b"c", b"d"):
+        # Every worker now holds the tail as fresh as can be...
+        for _ in range(CONNECTIONS // 2):
+            assert (await call(fresh, "GET", url + "?offset=-1"))[2] == written
+        # ...and a write through whichever worker this connection reaches reaches them all.
+        status, _, _ = await call(
+            fresh, "POST", url, headers={"Content-Type": "text/plain"}, data=part
+        )
+        assert status == 204
+        written += part
+        for _ in range(CONNECTIONS // 2):
+            assert (await call(fresh, "GET", url + "?offset=-1"))[2] == written
+    # A DELETE through one worker: no worker serves the stream after its answer.
+    assert (await call(fresh, "DELETE", url))[0] == 204
+    for _ in range(CONNECTIONS // 2):
+        assert (await call(fresh, "GET", url + "?offset=-1"))[0] == 404
+
+
 async def test_purge_keeps_its_token_with_workers(
     http: aiohttp.ClientSession, origin: Origin, logs_dir: Path
 ) -> None:

@@ -75,7 +75,9 @@ def test_restarts_back_off_up_to_a_cap() -> None:
 def test_the_bootstrap_round_trips_with_the_secret() -> None:
     import io
 
-    bootstrap = Bootstrap(index=1, settings=replace(BASE, workers=1), metrics_dir="/tmp/x")
+    bootstrap = Bootstrap(
+        index=1, settings=replace(BASE, workers=1), metrics_dir="/tmp/x", supervisor="http://x"
+    )
     stream = io.BytesIO(encode(bootstrap) + b"left for the orphan watch")
     assert read_bootstrap(stream) == bootstrap
     assert stream.read() == b"left for the orphan watch"
