@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -43,9 +43,12 @@ from prometheus_client import (
     Gauge,
     generate_latest,
 )
+from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
 
 from edge.config import Address, Settings
+from edge.metrics import Metrics
 from edge.protocol.paths import BadTarget, normalise_path
 from edge.server import StartupError, _bound_url, _why
 from edge.web.admin import purge_refusal
@@ -57,6 +60,29 @@ log = logging.getLogger(__name__)
 
 WORKER_CALL_SECONDS = 3.0  # above a worker's own origin probe timeout (2 s)
 STARTING_WORKER_WAIT_SECONDS = 5.0
+
+
+class EdgeFamilies(Collector):
+    """The workers' multiprocess files, plus every family the edge defines that no worker has a
+    sample of yet (a labelled counter nothing touched): a single-process edge exports those as
+    HELP and TYPE lines, and dashboards and alerts may name them before they count anything."""
+
+    def __init__(self, metrics_dir: str) -> None:
+        self._files = MultiProcessCollector(None, path=metrics_dir)  # type: ignore[no-untyped-call]
+        # The edge's metric set, defined once in edge.metrics; never updated here.
+        self._schema = [
+            Metric(family.name, family.documentation, family.type)
+            for family in Metrics().registry.collect()
+        ]
+
+    def collect(self) -> Iterator[Metric]:
+        seen = set()
+        for family in self._files.collect():  # type: ignore[no-untyped-call]
+            seen.add(family.name)
+            yield family
+        for family in self._schema:
+            if family.name not in seen:
+                yield family
 
 
 @dataclass
@@ -72,7 +98,7 @@ class Fleet:
     session: aiohttp.ClientSession | None = None
 
     def __post_init__(self) -> None:
-        MultiProcessCollector(self.registry, path=self.metrics_dir)  # type: ignore[no-untyped-call]
+        self.registry.register(EdgeFamilies(self.metrics_dir))
         self.restarts = Counter(
             "edge_worker_restarts",
             "Worker processes the supervisor restarted after they exited (--workers).",
