@@ -206,7 +206,7 @@ class Edge:
         return self.process.stop()
 
 
-def test_workers() -> str:
+def workers_under_test() -> str:
     """How many worker processes launched edges run: ``EDGE_TEST_WORKERS`` (``make
     test-workers2`` sets 2), else 1, so tests see one process unless asked. Explicit, never the
     edge's own default (one per CPU), which would vary with the machine."""
@@ -221,9 +221,9 @@ def start_edge(
     listen: str = "127.0.0.1:0",
     admin_listen: str = "127.0.0.1:0",
 ) -> Edge:
-    """``edge serve`` as a process; ``--workers`` is ``test_workers()`` unless ``extra_args``
+    """``edge serve`` as a process; ``--workers`` is ``workers_under_test()`` unless ``extra_args``
     name it (a test that depends on one process's state pins ``--workers 1``)."""
-    workers = [] if "--workers" in extra_args else ["--workers", test_workers()]
+    workers = [] if "--workers" in extra_args else ["--workers", workers_under_test()]
     argv = [
         sys.executable,
         "-m",

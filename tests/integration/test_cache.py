@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 from multidict import CIMultiDict
 
-from devstack.processes import Edge, Origin, Redis, start_edge, start_redis, test_workers
+from devstack.processes import Edge, Origin, Redis, start_edge, start_redis, workers_under_test
 from tests.integration.test_passthrough import call, metric_value
 
 TEXT = {"Content-Type": "text/plain"}
@@ -69,7 +69,7 @@ async def test_a_herd_costs_the_origin_one_read(
     # One read per worker process at most (each has its own cache; one process by default).
     reads = origin_reads(origin, stream_path)
     assert reads == ["-1"] * len(reads)
-    assert 1 <= len(reads) <= int(test_workers())
+    assert 1 <= len(reads) <= int(workers_under_test())
     statuses = [CIMultiDict(headers)["Cache-Status"] for _, headers, _ in cold]
     assert sum("collapsed" in s for s in statuses) + sum("hit" in s for s in statuses) == 500 - len(
         reads

@@ -14,7 +14,14 @@ import aiohttp
 import pytest
 from multidict import CIMultiDict
 
-from devstack.processes import ORIGIN_DIR, Edge, Origin, start_edge, start_origin, test_workers
+from devstack.processes import (
+    ORIGIN_DIR,
+    Edge,
+    Origin,
+    start_edge,
+    start_origin,
+    workers_under_test,
+)
 from edge.protocol.sse import SseDecoder
 from tests.integration.live_support import View, append_all, slow_phone, view_sse
 from tests.integration.test_passthrough import call, metric_value
@@ -71,7 +78,7 @@ async def test_two_thousand_viewers_get_every_byte_once(
         written = b"".join(parts)
         assert all(bytes(v.body) == written and v.closed for v in views)
     # One upstream tail per stream per worker process (one process by default).
-    workers = int(test_workers())
+    workers = int(workers_under_test())
     counts = origin.counts(stream_path)
     assert counts["peak_open_live"] <= workers
     if max_live_requests is not None:
@@ -101,7 +108,9 @@ async def test_long_polls_at_one_offset_cost_one_live_request(
     assert {(status, body) for status, _, body in answers} == {(200, b'[{"news":1}]')}
     cursors = {CIMultiDict(h)["Stream-Cursor"] for _, h, _ in answers}
     assert cursor not in cursors  # never the client's own cursor back (§10.1)
-    assert live_requests(origin, stream_path) - before <= int(test_workers())  # one per worker
+    assert live_requests(origin, stream_path) - before <= int(
+        workers_under_test()
+    )  # one per worker
 
 
 async def test_long_poll_at_a_closed_tail_answers_at_once(
