@@ -277,3 +277,25 @@ def test_a_port_another_edge_serves_is_refused(origin: Origin, logs_dir: Path) -
         assert result.stderr == f"edge: error: --listen 127.0.0.1:{port}: address already in use\n"
     finally:
         first.stop()
+
+
+async def test_workers_exit_when_their_supervisor_is_killed(
+    http: aiohttp.ClientSession, workers_edge: Edge
+) -> None:
+    """SIGKILL leaves no orphan serving the port: each worker's pipe from the supervisor closes
+    and the worker exits at once (a restarted edge would otherwise share the port with it)."""
+    _, report = await readiness(http, workers_edge)
+    pids = [worker["pid"] for worker in report["per_worker"]]
+    workers_edge.process.kill()
+    deadline = time.monotonic() + 10
+    alive = set(pids)
+    while alive and time.monotonic() < deadline:
+        for pid in list(alive):
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                alive.discard(pid)
+        await asyncio.sleep(0.1)
+    assert not alive, f"workers {alive} outlived their supervisor"
+    with pytest.raises(aiohttp.ClientError):
+        await call(http, "GET", workers_edge.url + "/v1/stream/anything?offset=-1")
