@@ -8,12 +8,13 @@ PY := $(VENV)/bin/python
 ORIGIN_DIR := deploy/origin
 STAMPS := .stamps
 
-.PHONY: debian-tools help bootstrap cluster loadtest demo serve test test-fast check fmt conformance clean image
+.PHONY: debian-tools help bootstrap cluster loadtest demo serve test test-fast test-workers2 check fmt conformance clean image
 
 help:
 	@echo "make demo       run the origin, the edge, an agent and 200 SSE viewers; print a summary"
 	@echo "make demo ARGS=--keep-running   ... and keep serving for your own clients"
 	@echo "make test       format/lint/type checks, then every test (unit, integration, conformance)"
+	@echo "make test-workers2  every test, each edge with --workers 2"
 	@echo "make check      ruff format --check, ruff check, mypy --strict edge/"
 	@echo "make fmt        apply ruff formatting and safe fixes"
 	@echo "make conformance  the public conformance suite through the edge (part of make test)"
@@ -85,6 +86,10 @@ fmt: $(STAMPS)/venv
 
 test: bootstrap check
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The whole suite with every launched edge running two worker processes (edge serve --workers 2).
+test-workers2: bootstrap
+	EDGE_TEST_WORKERS=2 $(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: bootstrap
 	$(PY) -m pytest -m "not conformance" $(PYTEST_ARGS)

@@ -206,6 +206,13 @@ class Edge:
         return self.process.stop()
 
 
+def workers_under_test() -> str:
+    """How many worker processes launched edges run: ``EDGE_TEST_WORKERS`` (``make
+    test-workers2`` sets 2), else 1, so tests see one process unless asked. Explicit, never the
+    edge's own default (one per CPU), which would vary with the machine."""
+    return os.environ.get("EDGE_TEST_WORKERS", "1")
+
+
 def start_edge(
     origin_url: str,
     logs_dir: Path,
@@ -214,6 +221,9 @@ def start_edge(
     listen: str = "127.0.0.1:0",
     admin_listen: str = "127.0.0.1:0",
 ) -> Edge:
+    """``edge serve`` as a process; ``--workers`` is ``workers_under_test()`` unless ``extra_args``
+    name it (a test that depends on one process's state pins ``--workers 1``)."""
+    workers = [] if "--workers" in extra_args else ["--workers", workers_under_test()]
     argv = [
         sys.executable,
         "-m",
@@ -225,6 +235,7 @@ def start_edge(
         listen,
         "--admin-listen",
         admin_listen,
+        *workers,
         *extra_args,
     ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("EDGE_")}

@@ -101,6 +101,18 @@ def _name_list(text: str) -> tuple[str, ...]:
     return names
 
 
+def _workers(text: str) -> int:
+    """``auto``: one per CPU this process may run on (its affinity mask, not the machine's
+    count, so ``taskset`` and cpusets are honoured; a container's CPU quota is not visible
+    here: set it explicitly there)."""
+    if text.strip().lower() == "auto":
+        return len(os.sched_getaffinity(0))
+    value = int(text)
+    if value < 1:
+        raise ValueError("must be at least 1, or auto")
+    return value
+
+
 def _header_names(text: str) -> tuple[str, ...]:
     return tuple(name.lower() for name in _name_list(text))
 
@@ -327,6 +339,15 @@ SERVE_OPTIONS = (
         "preflight, which a Durable Streams origin answers). Ready only on 2xx or 3xx.",
     ),
     Option(
+        "--workers",
+        _workers,
+        "auto",
+        "Worker processes sharing the stream port (SO_REUSEPORT), supervised: each a complete "
+        "edge with its own share of --cache-bytes, --fill-buffer-bytes, --max-viewers, "
+        "--max-connections and --upstream-max-connections, and its own origin tails. auto: "
+        "the CPUs this process may use. 1: one process, no supervisor.",
+    ),
+    Option(
         "--purge-token",
         _optional_str,
         "",
@@ -470,8 +491,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from edge.server import StartupError, run
 
     try:
-        run(settings)
+        return run(settings)
     except StartupError as error:
         print(f"edge: error: {error}", file=sys.stderr)
         return 2
-    return 0

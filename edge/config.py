@@ -9,7 +9,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit
 
 SECONDS = 1.0
@@ -149,6 +149,9 @@ class Settings:
     # How long a forward-auth verdict is reused when its answer gives no Cache-Control max-age.
     auth_cache_seconds: float = 10 * SECONDS
     origin_headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    # Worker processes sharing the stream port (edge.workers); 1 is a single process, no
+    # supervisor. The bounds above are the edge's totals: ``per_worker`` divides them.
+    workers: int = 1
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.origin)
@@ -207,6 +210,8 @@ class Settings:
             raise ConfigError(
                 "{sse_max_seconds} must be 0 (never) or at least " + f"{MIN_SSE_SECONDS:g}"
             )
+        if self.workers < 1:
+            raise ConfigError("{workers} must be at least 1")
         if self.max_viewers < 1:
             raise ConfigError("{max_viewers} must be at least 1")
         if self.tail_mode not in ("auto", "sse", "long-poll"):
@@ -257,3 +262,28 @@ class Settings:
     def origin_base(self) -> str:
         """The origin URL without a trailing slash; request paths are appended to it."""
         return self.origin.rstrip("/")
+
+
+def per_worker(settings: Settings) -> Settings:
+    """One worker's share of the edge's bounds, so that N workers together keep the memory,
+    viewers, client and origin connections the operator configured (each rounded down, at
+    least 1). A bound of 0 (derived from the open-file limit, or unlimited) stays per process:
+    descriptors are per process. A segment no worker's cache can hold is not fetched to be
+    dropped: ``--max-segment-bytes`` is capped at one worker's cache."""
+    n = settings.workers
+    if n == 1:
+        return settings
+    cache_bytes = max(1, settings.cache_bytes // n)
+
+    def share(total: int) -> int:
+        return max(1, total // n) if total else 0
+
+    return replace(
+        settings,
+        cache_bytes=cache_bytes,
+        max_segment_bytes=min(settings.max_segment_bytes, cache_bytes),
+        fill_buffer_bytes=max(1, settings.fill_buffer_bytes // n),
+        max_viewers=max(1, settings.max_viewers // n),
+        max_connections=share(settings.max_connections),
+        upstream_max_connections=share(settings.upstream_max_connections),
+    )

@@ -307,7 +307,11 @@ class Metrics:
         """``folder`` adds plain counts kept elsewhere to these metrics before each render."""
         self._folders.append(folder)
 
-    def render(self) -> bytes:
+    def fold(self) -> None:
+        """Bring in what is counted elsewhere (``fold_at_scrape``): before any export."""
         for folder in self._folders:
             folder(self)
+
+    def render(self) -> bytes:
+        self.fold()
         return generate_latest(self.registry)

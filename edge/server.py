@@ -13,6 +13,8 @@ import logging
 import resource
 import signal
 import socket
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
 import redis.asyncio as redis
@@ -32,7 +34,12 @@ from edge.web.connections import (
 )
 from edge.web.gatekeeper import TokenFreeAccessLog
 
+if TYPE_CHECKING:
+    from edge.workers.child import Bootstrap
+
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 # Viewers arrive in herds (a shared demo link); the default backlog of 128 would refuse them.
 LISTEN_BACKLOG = 4096
@@ -108,6 +115,7 @@ async def _start(
     *,
     flag: str,
     tracker: ConnectionTracker | None = None,
+    reuse_port: bool = False,
 ) -> web.AppRunner:
     runner = web.AppRunner(
         app,
@@ -129,7 +137,14 @@ async def _start(
     if tracker is None:
         site = web.TCPSite(runner, address.host, address.port, backlog=LISTEN_BACKLOG)
     else:
-        site = BoundedSite(runner, address.host, address.port, tracker, backlog=LISTEN_BACKLOG)
+        site = BoundedSite(
+            runner,
+            address.host,
+            address.port,
+            tracker,
+            backlog=LISTEN_BACKLOG,
+            reuse_port=reuse_port,
+        )
     try:
         await site.start()
     except OSError as error:
@@ -171,7 +186,11 @@ async def check_redis(url: str) -> bool:
     return True
 
 
-async def serve(settings: Settings) -> None:
+async def serve(settings: Settings, *, worker: Bootstrap | None = None) -> None:
+    """Run one edge until SIGTERM or SIGINT. A ``worker`` of ``--workers N`` (edge.workers)
+    shares the stream port with its siblings, tells them what its relayed writes changed
+    (edge.workers.siblings), and writes its metrics into the supervisor's directory when asked
+    (edge.workers.mirror); its supervisor checks Redis at start-up, once for all."""
     metrics = Metrics()
     origin = OriginClient(settings)
     stream_app = create_app(settings, metrics, origin)
@@ -192,10 +211,28 @@ async def serve(settings: Settings) -> None:
     )
     # Outermost, so it sees every request the application handles.
     stream_app.middlewares.insert(0, tracker.middleware)
-    stream_runner = await _start(
-        stream_app, settings.listen, settings, flag="--listen", tracker=tracker
-    )
     admin_app = create_admin_app(settings, metrics, stream_app)
+    if worker is not None:
+        from edge.workers.mirror import add_refresh_route
+        from edge.workers.siblings import share_observations
+
+        add_refresh_route(admin_app, metrics, worker.metrics_dir)
+        assert settings.purge_token is not None  # the supervisor's private token
+        share_observations(
+            stream_app,
+            admin_app,
+            supervisor=worker.supervisor,
+            token=settings.purge_token,
+            index=worker.index,
+        )
+    stream_runner = await _start(
+        stream_app,
+        settings.listen,
+        settings,
+        flag="--listen",
+        tracker=tracker,
+        reuse_port=worker is not None,
+    )
     try:
         admin_runner = await _start(
             admin_app, settings.admin_listen, settings, flag="--admin-listen"
@@ -203,7 +240,7 @@ async def serve(settings: Settings) -> None:
     except StartupError:
         await stream_runner.cleanup()
         raise
-    if settings.redis_url:
+    if settings.redis_url and worker is None:
         await check_redis(settings.redis_url)
 
     ready = {
@@ -243,10 +280,24 @@ async def serve(settings: Settings) -> None:
     await admin_runner.cleanup()
 
 
-def run(settings: Settings) -> None:
+def run(settings: Settings) -> int:
+    """Serve until stopped; the exit code. ``--workers`` above 1 runs the supervisor."""
+    if settings.workers > 1:
+        from edge.workers.supervisor import supervise
+
+        return _run_loop(supervise(settings))
+    _run_loop(serve(settings))
+    return 0
+
+
+def run_worker(worker: Bootstrap) -> None:
+    """One worker of ``--workers N`` (edge.workers.child)."""
+    _run_loop(serve(worker.settings, worker=worker))
+
+
+def _run_loop(main: Coroutine[Any, Any, T]) -> T:
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency everywhere but Windows
-        asyncio.run(serve(settings))
-    else:
-        uvloop.run(serve(settings))
+        return asyncio.run(main)
+    return uvloop.run(main)

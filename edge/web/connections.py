@@ -583,10 +583,12 @@ class BoundedSite(web.BaseSite):
         tracker: ConnectionTracker,
         *,
         backlog: int,
+        reuse_port: bool = False,
     ) -> None:
         super().__init__(runner, backlog=backlog)
         self._host = host
         self._port = port
+        self._reuse_port = reuse_port  # edge.workers: every worker binds the same port
         self.tracker = tracker
 
     @property
@@ -602,7 +604,11 @@ class BoundedSite(web.BaseSite):
         # BaseSite.stop closes it and runner.addresses reads it (tests/integration/test_bounds.py
         # pins both).
         self._server = await loop.create_server(
-            self.tracker.protocol_factory(server), self._host, self._port, backlog=self._backlog
+            self.tracker.protocol_factory(server),
+            self._host,
+            self._port,
+            backlog=self._backlog,
+            reuse_port=self._reuse_port,
         )
         self.tracker.start()
 

@@ -303,7 +303,20 @@ def test_header_deadline_and_keepalive_timeout(bounded_edge: Edge, stream_path: 
 
 @pytest.mark.parametrize(
     "bounded_edge",
-    [["--max-connections", "20", "--header-timeout", "30", "--long-poll-timeout", "4"]],
+    # One process: the cap is one connection table's (with workers, each has its own share of
+    # the cap and the kernel picks which worker a connection reaches).
+    [
+        [
+            "--workers",
+            "1",
+            "--max-connections",
+            "20",
+            "--header-timeout",
+            "30",
+            "--long-poll-timeout",
+            "4",
+        ]
+    ],
     indirect=True,
 )
 def test_at_the_cap_the_longest_idle_makes_room_and_when_all_are_busy_503(
@@ -359,7 +372,8 @@ FLOOD_CAP = 2000
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize(
     "bounded_edge",
-    [["--header-timeout", "1", "--max-connections", str(FLOOD_CAP)]],
+    # One process, as above: what is counted against FLOOD_CAP is one connection table.
+    [["--workers", "1", "--header-timeout", "1", "--max-connections", str(FLOOD_CAP)]],
     indirect=True,
 )
 def test_a_flood_of_idle_and_half_sent_connections_leaves_the_edge_serving(

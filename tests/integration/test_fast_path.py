@@ -22,9 +22,21 @@ from tests.integration.test_passthrough import call, metric_value
 IMMUTABLE = b"Cache-Control: public, max-age=31536000, immutable"
 
 
+# One worker each: these tests read what one process stored, one connection at a time (with
+# --workers N a new connection may reach any worker; test_workers.py covers that).
+ONE = ("--workers", "1")
+
+
+@pytest.fixture(scope="module")
+def edge(origin: Origin, logs_dir: Path) -> Iterator[Edge]:
+    started = start_edge(origin.url, logs_dir, *ONE, name="fast-path")
+    yield started
+    started.stop()
+
+
 @pytest.fixture(scope="module")
 def full_path_edge(origin: Origin, logs_dir: Path) -> Iterator[Edge]:
-    started = start_edge(origin.url, logs_dir, "--fast-path", "off", name="full-path")
+    started = start_edge(origin.url, logs_dir, *ONE, "--fast-path", "off", name="full-path")
     yield started
     started.stop()
 
@@ -32,7 +44,7 @@ def full_path_edge(origin: Origin, logs_dir: Path) -> Iterator[Edge]:
 @pytest.fixture(scope="module")
 def capped_edges(origin: Origin, logs_dir: Path) -> Iterator[tuple[Edge, Edge]]:
     """Edges that cap answers at 1 KiB, so that ranges of open streams are immutable too."""
-    small = ("--max-response-bytes", "1KiB")
+    small = ("--max-response-bytes", "1KiB", *ONE)
     fast = start_edge(origin.url, logs_dir, *small, name="capped-fast")
     try:
         full = start_edge(origin.url, logs_dir, *small, "--fast-path", "off", name="capped-full")

@@ -69,6 +69,7 @@ def test_every_flag_reads_its_env_and_the_flag_wins() -> None:
         "EDGE_AUTH_TIMEOUT": "0.5",
         "EDGE_AUTH_CACHE_SECONDS": "20",
         "EDGE_ORIGIN_HEADER": "Authorization: Bearer edge-secret\nX-Edge: one",
+        "EDGE_WORKERS": "3",
     }
     assert {option.env for option in SERVE_OPTIONS} == set(env)
     settings = parse_settings(["serve", "--listen", "0.0.0.0:82"], env)
@@ -115,6 +116,7 @@ def test_every_flag_reads_its_env_and_the_flag_wins() -> None:
     assert settings.auth_timeout_seconds == 0.5
     assert settings.auth_cache_seconds == 20
     assert settings.origin_headers == (("Authorization", "Bearer edge-secret"), ("X-Edge", "one"))
+    assert settings.workers == 3
     flagged = parse_settings(
         ["serve", "--origin-header", "X-A: 1", "--origin-header", "X-B: 2"], env
     )
@@ -165,6 +167,8 @@ def test_redis_is_off_unless_asked_for() -> None:
         (["serve", "--origin", "http://x", "--redis-url", "http://r"], "redis://"),
         (["serve", "--origin", "http://x", "--sse-max-seconds", "1"], "at least"),
         (["serve", "--origin", "http://x", "--tail-mode", "carrier-pigeon"], "--tail-mode"),
+        (["serve", "--origin", "http://x", "--workers", "0"], "--workers"),
+        (["serve", "--origin", "http://x", "--workers", "many"], "--workers"),
     ],
 )
 def test_bad_settings_are_refused_with_a_reason(argv: list[str], message: str) -> None:
@@ -186,6 +190,8 @@ def test_new_defaults() -> None:
     assert settings.max_connections == 0  # derived from the open-file limit at start-up
     assert settings.origin_health_path is None
     assert settings.purge_token is None
+    assert settings.workers == len(os.sched_getaffinity(0))  # auto: the CPUs we may use
+    assert parse_settings(["serve", "--origin", "http://o", "--workers", "1"], {}).workers == 1
 
 
 def test_every_setting_has_exactly_one_flag() -> None:

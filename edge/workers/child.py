@@ -1,0 +1,89 @@
+"""A worker process's entry point: ``python -c 'from edge.workers.child import main; main()'``.
+
+Rules this module owns:
+
+* The supervisor writes one ``Bootstrap`` to the worker's stdin (length-prefixed pickle: the
+  pipe is private to the two processes, and the settings, purge token included, never appear
+  on a command line) and keeps the pipe open for the worker's lifetime.
+* The worker's metrics stay in-process (``PROMETHEUS_MULTIPROC_DIR`` is never set: it would
+  make every update a write to a file); the directory goes to ``edge.workers.mirror``.
+* When the pipe closes, the supervisor is gone (killed, even with SIGKILL): the worker exits at
+  once rather than keep serving a port nobody supervises, or keep a restarted edge's port busy.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import struct
+import sys
+import threading
+from dataclasses import dataclass
+from typing import BinaryIO
+
+from edge.config import Settings
+
+LENGTH = struct.Struct("!I")
+# The exit code of a worker whose supervisor disappeared (EX_SOFTWARE would suggest a bug).
+ORPHANED = 75
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Bootstrap:
+    index: int
+    settings: Settings
+    metrics_dir: str  # the supervisor's multiprocess directory (edge.workers.mirror)
+    supervisor: str  # its private loopback listener (edge.workers.siblings)
+
+
+def encode(bootstrap: Bootstrap) -> bytes:
+    body = pickle.dumps(bootstrap)
+    return LENGTH.pack(len(body)) + body
+
+
+def _read_exactly(stream: BinaryIO, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = stream.read(size - len(data))
+        if not chunk:
+            raise EOFError("the supervisor closed the pipe before the bootstrap")
+        data += chunk
+    return data
+
+
+def read_bootstrap(stream: BinaryIO) -> Bootstrap:
+    (size,) = LENGTH.unpack(_read_exactly(stream, LENGTH.size))
+    bootstrap = pickle.loads(_read_exactly(stream, size))
+    if not isinstance(bootstrap, Bootstrap):
+        raise TypeError("not a worker bootstrap")
+    return bootstrap
+
+
+def _exit_when_orphaned(stream: BinaryIO) -> None:
+    while stream.read(4096):
+        pass
+    os._exit(ORPHANED)
+
+
+def main() -> None:
+    # Unbuffered: nothing past the bootstrap is read ahead.
+    stdin = open(0, "rb", buffering=0, closefd=False)  # noqa: SIM115 - lives as long as we do
+    bootstrap = read_bootstrap(stdin)
+    settings = bootstrap.settings
+    logging.basicConfig(
+        level=settings.log_level,
+        format=f"%(asctime)s %(levelname)s worker-{bootstrap.index} %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    threading.Thread(
+        target=_exit_when_orphaned, args=(stdin,), name="orphan-watch", daemon=True
+    ).start()
+
+    from edge.server import StartupError, run_worker
+
+    try:
+        run_worker(bootstrap)
+    except StartupError as error:
+        print(f"edge: error: worker {bootstrap.index}: {error}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
