@@ -106,6 +106,26 @@ def purge_refusal(
     return PurgeRefusal(status=401, reason="purge needs Authorization: Bearer <--purge-token>")
 
 
+def purge_target(request: web.Request, settings: Settings) -> str | web.Response:
+    """The stream a ``POST /purge`` names (as the origin names it, aliases included), or the
+    refusal to send: no or a wrong token, no ``?path=``, a path the origin cannot name."""
+    refusal = purge_refusal(
+        token=settings.purge_token,
+        admin_on_loopback=settings.admin_on_loopback,
+        authorization=request.headers.get("Authorization"),
+    )
+    if refusal is not None:
+        headers = {"WWW-Authenticate": "Bearer"} if refusal.status == 401 else None
+        return web.Response(status=refusal.status, text=refusal.reason + "\n", headers=headers)
+    path = request.query.get("path", "")
+    if not path.startswith("/"):
+        return web.Response(status=400, text="purge needs ?path=/the/stream/path\n")
+    try:
+        return normalise_path(path)
+    except BadTarget:
+        return web.Response(status=400, text="purge needs a stream path the origin can name\n")
+
+
 def add_admin_routes(
     app: web.Application,
     metrics: Metrics,
@@ -159,21 +179,9 @@ def add_admin_routes(
         return response
 
     async def purge(request: web.Request) -> web.Response:
-        refusal = purge_refusal(
-            token=settings.purge_token,
-            admin_on_loopback=settings.admin_on_loopback,
-            authorization=request.headers.get("Authorization"),
-        )
-        if refusal is not None:
-            headers = {"WWW-Authenticate": "Bearer"} if refusal.status == 401 else None
-            return web.Response(status=refusal.status, text=refusal.reason + "\n", headers=headers)
-        path = request.query.get("path", "")
-        if not path.startswith("/"):
-            return web.Response(status=400, text="purge needs ?path=/the/stream/path\n")
-        try:
-            path = normalise_path(path)  # the stream as the origin names it, aliases included
-        except BadTarget:
-            return web.Response(status=400, text="purge needs a stream path the origin can name\n")
+        path = purge_target(request, settings)
+        if isinstance(path, web.Response):
+            return path
         dropped = cache.purge(path)
         # Durable: every replica, including ones partitioned now, stops serving it. If the shared
         # tier has not taken it yet, say so (it keeps being retried): 202, not 200.

@@ -49,9 +49,8 @@ from prometheus_client.registry import Collector
 
 from edge.config import Address, Settings
 from edge.metrics import Metrics
-from edge.protocol.paths import BadTarget, normalise_path
 from edge.server import StartupError, _bound_url, _why
-from edge.web.admin import purge_refusal
+from edge.web.admin import purge_target
 
 if TYPE_CHECKING:
     from edge.workers.supervisor import Worker
@@ -212,21 +211,9 @@ def add_routes(app: web.Application, fleet: Fleet) -> None:
         return response
 
     async def purge(request: web.Request) -> web.Response:
-        refusal = purge_refusal(
-            token=settings.purge_token,
-            admin_on_loopback=settings.admin_on_loopback,
-            authorization=request.headers.get("Authorization"),
-        )
-        if refusal is not None:
-            headers = {"WWW-Authenticate": "Bearer"} if refusal.status == 401 else None
-            return web.Response(status=refusal.status, text=refusal.reason + "\n", headers=headers)
-        path = request.query.get("path", "")
-        if not path.startswith("/"):
-            return web.Response(status=400, text="purge needs ?path=/the/stream/path\n")
-        try:
-            path = normalise_path(path)
-        except BadTarget:
-            return web.Response(status=400, text="purge needs a stream path the origin can name\n")
+        path = purge_target(request, settings)
+        if isinstance(path, web.Response):
+            return path
         query = request.rel_url.with_query({"path": path}).query_string
         results = await asyncio.gather(*(_purge_one(fleet, w, query) for w in fleet.workers))
         statuses = {r["status"] for r in results}
