@@ -143,21 +143,36 @@ def _worker(args: tuple[str, int, str, int, float, int], ready: Any, stop: Any, 
     queue.put(report)
 
 
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its live descendants (an edge with --workers N is a supervisor and N)."""
+    pids, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        pids.append(current)
+        for task in Path(f"/proc/{current}/task").glob("*/children"):
+            todo += [int(child) for child in task.read_text().split()]
+    return pids
+
+
 def proc_cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    total = 0
+    for member in process_tree(pid):
+        fields = Path(f"/proc/{member}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def proc_peak_rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
+    return sum(_status_mb(member, "VmHWM:") for member in process_tree(pid))
 
 
 def proc_rss_mb(pid: int) -> float:
+    return sum(_status_mb(member, "VmRSS:") for member in process_tree(pid))
+
+
+def _status_mb(pid: int, field: str) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(field):
             return int(line.split()[1]) / 1024
     return 0.0
 
@@ -183,11 +198,25 @@ async def create(base: str, path: str) -> None:
 
 
 def run_case(
-    target: str, viewers: int, seconds: float, rate: float, workers: int, logs: Path
+    target: str,
+    viewers: int,
+    seconds: float,
+    rate: float,
+    workers: int,
+    logs: Path,
+    edge_workers: int = 1,
 ) -> dict[str, Any]:
     origin = start_origin(logs, name=f"origin-{target}-{viewers}")
     edge = (
-        start_edge(origin.url, logs, "--max-connections", "15000", name=f"edge-{target}-{viewers}")
+        start_edge(
+            origin.url,
+            logs,
+            "--max-connections",
+            "15000",
+            "--workers",
+            str(edge_workers),
+            name=f"edge-{target}-{viewers}",
+        )
         if target == "edge"
         else None
     )
@@ -258,8 +287,11 @@ def table(rows: list[dict[str, Any]]) -> str:
         "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
+        target = r["target"]
+        if target == "edge" and r.get("edge_workers", 1) != 1:
+            target = f"edge --workers {r['edge_workers']}"
         lines.append(
-            f"| {r['viewers']} | {r['target']} | {r['connected']} "
+            f"| {r['viewers']} | {target} | {r['connected']} "
             f"| {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | "
             f"{r['complete']} | {r['origin_live_peak']} | "
             f"{r['cpu_cores']:.2f} | {r['rss_mb']:.0f} ({r['rss_peak_mb']:.0f}) |"
@@ -278,6 +310,9 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=15.0, help="how long the agent writes")
     parser.add_argument("--rate", type=float, default=20.0, help="events per second")
     parser.add_argument("--workers", type=int, default=2, help="viewer processes")
+    parser.add_argument(
+        "--edge-workers", type=int, nargs="+", default=[1], help="edge --workers values to run"
+    )
     parser.add_argument("--output", type=Path, default=REPO / "docs" / "benchmarks.md")
     args = parser.parse_args()
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -286,9 +321,13 @@ def main() -> int:
     rows = []
     for viewers in args.viewers:
         for target in args.targets:
-            row = run_case(target, viewers, args.seconds, args.rate, args.workers, logs)
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+            for edge_workers in args.edge_workers if target == "edge" else [0]:
+                row = run_case(
+                    target, viewers, args.seconds, args.rate, args.workers, logs, edge_workers
+                )
+                row["edge_workers"] = edge_workers
+                rows.append(row)
+                print(json.dumps(row), flush=True)
     rendered = table(rows)
     print(rendered)
     section = (
