@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
-from aiohttp.typedefs import Handler
+from aiohttp.typedefs import Handler, Middleware
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from edge.catchup import CatchupCache
@@ -126,14 +126,9 @@ def purge_target(request: web.Request, settings: Settings) -> str | web.Response
         return web.Response(status=400, text="purge needs a stream path the origin can name\n")
 
 
-def add_admin_routes(
-    app: web.Application,
-    metrics: Metrics,
-    probe: ReadinessProbe,
-    cache: CatchupCache,
-    draining: asyncio.Event,
-) -> None:
-    settings = probe.settings
+def admin_guard(settings: Settings) -> Middleware:
+    """With ``--admin-protect all``, every admin path but ``/purge`` (which checks the token
+    itself, with its own answers) needs the admin token too."""
 
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -151,7 +146,19 @@ def add_admin_routes(
                 )
         return await handler(request)
 
-    app.middlewares.append(guard)
+    return guard
+
+
+def add_admin_routes(
+    app: web.Application,
+    metrics: Metrics,
+    probe: ReadinessProbe,
+    cache: CatchupCache,
+    draining: asyncio.Event,
+) -> None:
+    settings = probe.settings
+
+    app.middlewares.append(admin_guard(settings))
 
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok\n")

@@ -50,7 +50,7 @@ from prometheus_client.registry import Collector
 from edge.config import Address, Settings
 from edge.metrics import Metrics
 from edge.server import StartupError, _bound_url, _why
-from edge.web.admin import purge_target
+from edge.web.admin import admin_guard, purge_target
 
 if TYPE_CHECKING:
     from edge.workers.supervisor import Worker
@@ -191,6 +191,7 @@ async def _purge_one(fleet: Fleet, worker: Worker, query: str) -> dict[str, Any]
 
 def add_routes(app: web.Application, fleet: Fleet) -> None:
     settings = fleet.settings
+    app.middlewares.append(admin_guard(settings))
 
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok\n")

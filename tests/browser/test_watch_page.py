@@ -299,7 +299,8 @@ async def test_a_page_cut_off_offline_resumes_without_gap_or_duplicate(
     )
 
 
-@pytest.mark.parametrize("edge_args", [("--max-viewers", "3")])
+# --max-viewers is the edge's total, split over its workers: one process makes "full" exact.
+@pytest.mark.parametrize("edge_args", [("--max-viewers", "3", "--workers", "1")])
 async def test_an_error_answer_is_shown_and_retried_with_backoff(
     stack: Stack, browser: Browser, agents_http: aiohttp.ClientSession
 ) -> None:

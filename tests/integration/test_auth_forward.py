@@ -12,7 +12,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from devstack.processes import Edge, Origin, start_edge
+from devstack.processes import Edge, Origin, start_edge, workers_under_test
 from tests.integration.auth_services import AuthService
 from tests.integration.live_support import append_all, view_sse
 
@@ -21,6 +21,9 @@ EDGE_SECRET = "Bearer edge-secret"
 # with a thousand clients, the edge and the origin: a herd takes it seconds, not milliseconds.
 HERD_AUTH_TIMEOUT = 10.0
 AUTH_TIMEOUT = 1.0
+
+# The edge processes each launched edge runs (make test-workers2: 2).
+WORKERS = int(workers_under_test())
 
 
 @pytest.fixture
@@ -86,7 +89,7 @@ async def test_a_thousand_signed_in_viewers_share_one_origin_tail(
     written = b"".join(parts)
     assert all(bytes(v.body) == written and v.closed for v in views)
     counts = origin.counts(stream_path)
-    assert counts["peak_open_live"] <= 1
+    assert counts["peak_open_live"] <= WORKERS  # one per edge process
     reads = {c for c in counts["credentials"] if c.startswith(("GET", "HEAD"))}
     assert reads == {f"GET authorization: {EDGE_SECRET}"}  # no viewer's cookie went upstream
     asked = [cookie for cookie, _, _ in auth.asked if cookie in set(names)]
@@ -127,13 +130,13 @@ async def test_cold_reads_with_distinct_sessions_cost_one_origin_read_and_verdic
     answers = await asyncio.gather(*(read(session(n)) for n in names))
     assert all(answer == body for answer in answers)
     gets = sum(r["count"] for r in origin.counts(stream_path)["requests"] if r["method"] == "GET")
-    assert gets == 1
+    assert 1 <= gets <= WORKERS  # one per edge process (collapsing is per worker)
     # 200 identical questions at once (one viewer's browser tabs) are asked once.
     auth.sessions["tabs"] = stream_path
     before = len(auth.asked)
     same = await asyncio.gather(*(read(session("tabs")) for _ in range(200)))
     assert all(answer == body for answer in same)
-    assert len(auth.asked) - before == 1
+    assert 1 <= len(auth.asked) - before <= WORKERS  # verdicts are per worker
     print(
         f"\nforward: {len(names)} cold catch-up reads, {len(names)} sessions, origin reads {gets}; "
         f"200 concurrent reads of one session: 1 auth question"

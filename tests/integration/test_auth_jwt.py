@@ -11,7 +11,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from devstack.processes import Edge, Origin, start_edge
+from devstack.processes import Edge, Origin, start_edge, workers_under_test
 from tests.auth_support import (
     claims_for,
     hs_key,
@@ -28,6 +28,9 @@ from tests.integration.live_support import View, append_all, view_sse
 EDGE_SECRET = "Bearer edge-secret"
 HS = hs_key("hs-1")
 RSA = rsa_key("rsa-1")
+
+# The edge processes each launched edge runs (make test-workers2: 2).
+WORKERS = int(workers_under_test())
 
 
 def writer_headers() -> dict[str, str]:
@@ -92,7 +95,7 @@ async def test_a_thousand_viewers_with_their_own_tokens_share_one_origin_tail(
     written = b"".join(parts)
     assert all(bytes(v.body) == written and v.closed for v in views)
     counts = origin.counts(stream_path)
-    assert counts["peak_open_live"] <= 1
+    assert counts["peak_open_live"] <= WORKERS  # one per edge process
     upstream = set(counts["credentials"])
     # Reads reached the origin with the edge's credential only; writes with the writer's.
     assert {c for c in upstream if c.startswith(("GET", "HEAD"))} == {
@@ -132,9 +135,9 @@ async def test_cold_reads_with_distinct_tokens_cost_one_origin_read(
     # The shared copy is the edge's to share, never a downstream cache's.
     assert all(cache_control.startswith("private") for _, cache_control in answers)
     reads = origin_reads(origin, stream_path) - before
-    assert reads == 1
+    assert 1 <= reads <= WORKERS  # one per edge process (collapsing is per worker)
     # The edge asks once, in the background, how long a stream it only read lives.
-    assert origin_reads(origin, stream_path, "HEAD") <= 1
+    assert origin_reads(origin, stream_path, "HEAD") <= WORKERS
     print(
         f"\njwt: {len(tokens)} cold catch-up reads, {len(set(tokens))} tokens, origin reads "
         f"{reads} (+{origin_reads(origin, stream_path, 'HEAD')} lifetime HEAD)"
@@ -296,7 +299,7 @@ async def test_keys_rotate_while_viewers_watch_and_unknown_kids_do_not_flood_the
         await writing
         views: list[View] = await asyncio.wait_for(asyncio.gather(*early, *late), timeout=60)
         assert all(bytes(v.body) == b"".join(parts) and v.closed for v in views)
-        assert origin.counts(stream_path)["peak_open_live"] <= 1
+        assert origin.counts(stream_path)["peak_open_live"] <= WORKERS
 
         before = endpoint.hits
         flood = [token(hs_key(f"made-up-{i}"), stream_path) for i in range(300)]
@@ -308,7 +311,9 @@ async def test_keys_rotate_while_viewers_watch_and_unknown_kids_do_not_flood_the
         statuses = await asyncio.gather(*(refused(t) for t in flood))
         assert set(statuses) == {401}
         fetched = endpoint.hits - before
-        assert fetched <= 2  # one per --jwt-jwks-min-refresh (2 s), not one per kid
+        assert (
+            fetched <= 2 * WORKERS
+        )  # one per --jwt-jwks-min-refresh (2 s) per worker, not per kid
         print(f"\njwks: 300 unknown kids cost the JWKS endpoint {fetched} fetch(es)")
     finally:
         edge.stop()

@@ -31,7 +31,11 @@ MAX_JUMP = 180  # intervals: the protocol's 3600 s jitter at 20 s each
 @pytest.fixture
 def patient_edge(origin: Origin, logs_dir: Path) -> Iterator[Edge]:
     """An edge whose long-polls wait long enough for hundreds of raw clients to gather."""
-    started = start_edge(origin.url, logs_dir, "--long-poll-timeout", "30", name="patient-edge")
+    # One process: the waiters released together are one process's, and each answer is compared
+    # with the same request answered alone, which must reach the same process.
+    started = start_edge(
+        origin.url, logs_dir, "--long-poll-timeout", "30", "--workers", "1", name="patient-edge"
+    )
     yield started
     started.stop()
 
