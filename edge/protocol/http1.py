@@ -10,14 +10,17 @@ Rules this module owns:
 * Headers that change what the full path answers are named here (``CONSULTED``) and read once;
   a head that repeats one of them, or carries one that makes the request not a plain shared
   read (``HANDOFF``, plus the configured credential headers), is not the fast path's.
-* ``serialise`` writes the status line and the answer's headers in order, then
-  ``Content-Length`` (never on a 304), then ``Date`` and, when the client asked to close,
-  ``Connection: close``: aiohttp's order for the edge's own answers
-  (``tests/integration/test_fast_path.py`` compares both paths byte for byte).
+* ``serialise`` + ``date_line`` + ``trailer`` write an answer the way aiohttp writes the edge's
+  own answers: the status line and the answer's headers in order, ``Content-Length`` (never
+  on a bodiless status), a default ``Content-Type``, ``Date``, and ``Connection`` where the
+  version's default is not what happens. The one set of these rules serves the fast path and
+  the long-polls released together (``tests/integration/test_fast_path.py`` compares with
+  the full path byte for byte, ``tests/unit/test_wire.py`` with a real aiohttp server).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from email.utils import formatdate
@@ -144,19 +147,60 @@ class HeadParser:
         )
 
 
-def serialise(status: int, headers: Sequence[tuple[str, str]], body_length: int) -> bytes:
-    """The head of an answer up to (not including) its ``Date`` line; ``finish`` completes it."""
-    lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}"]
+# What aiohttp refuses in a header (http_writer._FORBIDDEN_HEADER_CHARS_RE): every control
+# character but tab.
+_FORBIDDEN = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+
+
+def bodiless(status: int) -> bool:
+    """Statuses whose answers carry no body and no ``Content-Length`` (RFC 9110 §8.6)."""
+    return status in (204, 304) or 100 <= status < 200
+
+
+def serialise(
+    status: int,
+    headers: Sequence[tuple[str, str]],
+    body_length: int,
+    *,
+    version: tuple[int, int] = (1, 1),
+) -> bytes:
+    """The head of an answer up to (not including) its ``Date`` line, as aiohttp writes an
+    ``EdgeResponse``: the headers in order, then ``Content-Length`` (none on a bodiless
+    status) and a default ``Content-Type`` for a body without one. ``trailer`` ends it. The
+    headers are the edge's own answer headers: a ``Server`` is dropped, a ``Date`` or
+    ``Connection`` refused (``ValueError``), as a header with a control character is."""
+    lines = [f"HTTP/{version[0]}.{version[1]} {status} {HTTPStatus(status).phrase}"]
+    names = set()
     for name, value in headers:
-        if "\r" in name or "\n" in name or "\r" in value or "\n" in value:
-            raise ValueError("a header name or value holds a line break")
+        if _FORBIDDEN.search(name) or _FORBIDDEN.search(value):
+            raise ValueError(f"a control character in the {name!r} header")
+        lowered = name.lower()
+        if lowered in ("date", "connection"):
+            raise ValueError(f"{name} is the serialiser's to write")
+        if lowered == "server" or (lowered == "content-length" and bodiless(status)):
+            continue  # the edge's answers name no server (``EdgeResponse``)
+        names.add(lowered)
         lines.append(f"{name}: {value}")
-    if status != HTTPStatus.NOT_MODIFIED:
-        lines.append(f"Content-Length: {body_length}")
+    if not bodiless(status):
+        if "content-length" not in names:
+            lines.append(f"Content-Length: {body_length}")
+        if body_length and "content-type" not in names:
+            lines.append("Content-Type: application/octet-stream")
     return ("\r\n".join(lines) + "\r\n").encode("utf-8")  # as aiohttp encodes headers
 
 
+def trailer(version: tuple[int, int], keep_alive: bool) -> bytes:
+    """What follows the ``Date`` line: ``Connection`` where the version's default is not what
+    happens, then the blank line."""
+    if keep_alive and version == (1, 0):
+        return KEEP_ALIVE_1_0_TRAILER
+    if not keep_alive and version == (1, 1):
+        return CLOSE_TRAILER
+    return KEEP_ALIVE_TRAILER
+
+
 CLOSE_TRAILER = b"\r\nConnection: close\r\n\r\n"
+KEEP_ALIVE_1_0_TRAILER = b"\r\nConnection: keep-alive\r\n\r\n"
 KEEP_ALIVE_TRAILER = b"\r\n\r\n"
 
 

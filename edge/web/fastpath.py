@@ -140,11 +140,18 @@ class FastPath:
         if instance is None or tag is None:
             return
         unencoded = [(n, v) for n, v in headers if n.lower() != "content-encoding"]
+        try:
+            ok, not_modified = (
+                serialise(200, headers, len(answer.body)),
+                serialise(304, unencoded, 0),
+            )
+        except ValueError:
+            return  # a header aiohttp refuses too: the full path answers this one as it can
         stored = StoredHit(
             instance=instance,
             etag=tag,
-            ok=serialise(200, headers, len(answer.body)),
-            not_modified=serialise(304, unencoded, 0),
+            ok=ok,
+            not_modified=not_modified,
             body=answer.body,
             cors=self._cors(),
         )

@@ -19,9 +19,7 @@ Rules this module owns:
 
 from __future__ import annotations
 
-import re
-from email.utils import formatdate
-from http import HTTPStatus
+import time
 
 from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
@@ -30,12 +28,10 @@ from multidict import CIMultiDict
 from edge.catchup import Answer
 from edge.live.polls import Framing, Written
 from edge.protocol.headers import VIA_PSEUDONYM
+from edge.protocol.http1 import bodiless, date_line, serialise, trailer
 from edge.web.proxy import OriginCors, make_private
 
-# What aiohttp refuses in a header (http_writer._FORBIDDEN_HEADER_CHARS_RE): every control
-# character but tab.
 VIA = f"1.1 {VIA_PSEUDONYM}"
-_FORBIDDEN = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
 
 def client_headers(
@@ -53,35 +49,14 @@ def client_headers(
     return headers
 
 
-def _empty_body(status: int) -> bool:
-    return status in (204, 304) or 100 <= status < 200
-
-
 def encode(answer: Answer, framing: Framing, *, cors: OriginCors) -> bytes:
     """The whole HTTP response to a GET answered with ``answer``."""
-    version, keep_alive = framing.version, framing.keep_alive
     headers = client_headers(answer, cors, reader_only=framing.reader_only)
-    body = answer.body
-    if _empty_body(answer.status):
-        headers.popall("Content-Length", None)
-        body = b""
-    else:
-        headers.setdefault("Content-Length", str(len(body)))
-        if body:
-            headers.setdefault("Content-Type", "application/octet-stream")
-    headers.setdefault("Date", formatdate(usegmt=True))
-    headers.popall("Server", None)
-    if "Connection" not in headers:
-        if keep_alive and version == (1, 0):
-            headers["Connection"] = "keep-alive"
-        elif not keep_alive and version == (1, 1):
-            headers["Connection"] = "close"
-    lines = [f"HTTP/{version[0]}.{version[1]} {answer.status} {HTTPStatus(answer.status).phrase}"]
-    for name, value in headers.items():
-        if _FORBIDDEN.search(name) or _FORBIDDEN.search(value):
-            raise ValueError(f"a control character in the {name!r} header")
-        lines.append(f"{name}: {value}")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+    body = b"" if bodiless(answer.status) else answer.body
+    head = serialise(answer.status, list(headers.items()), len(body), version=framing.version)
+    return b"".join(
+        (head, date_line(int(time.time())), trailer(framing.version, framing.keep_alive), body)
+    )
 
 
 class WrittenResponse(web.StreamResponse):
