@@ -483,21 +483,16 @@ class _Connection(asyncio.Protocol):
             if self._parser is None:
                 self._parser = fast.parser()
             parsed = self._parser.parse(head)
-            if isinstance(parsed, Handoff):
-                if not parsed.once:
-                    self._delegate()
-                    return
-                del buffer[: end + 4]
-                self._mode = _Mode.WAITING
-                self._ensure_inner().data_received(head)
+            if isinstance(parsed, Handoff) and not parsed.once:
+                self._delegate()
                 return
-            answer = fast.answer(parsed)
-            if answer is None:
-                del buffer[: end + 4]
-                self._mode = _Mode.WAITING
-                self._ensure_inner().data_received(head)
-                return
+            answer = None if isinstance(parsed, Handoff) else fast.answer(parsed)
             del buffer[: end + 4]
+            if answer is None or isinstance(parsed, Handoff):
+                # This one request is aiohttp's; the next head waits for its answer.
+                self._mode = _Mode.WAITING
+                self._ensure_inner().data_received(head)
+                return
             self._tracker.answered(transport)
             if len(answer) == 1:
                 transport.write(answer[0])
