@@ -95,8 +95,6 @@ class LiveHub:
         self.draining.set()
         self.fanout.wake_all()
         self.polls.wake_all()
-        for tail in self.tails.all():
-            tail.wake()
 
     def _stream_forgotten(self, stream: str) -> None:
         """Every tail, viewer and long-poll of ``stream`` ends (see the module rules)."""
@@ -105,7 +103,6 @@ class LiveHub:
                 tail.gone = True
                 self.fanout.ended(tail.key)
                 self.polls.ended(tail.key)
-                tail.wake()
 
     # --- the tails' listener: SSE viewers first, then long-polls ---
 

@@ -70,7 +70,6 @@ class Tail:
     cursor: str | None = None
     closed: bool = False
     gone: bool = False
-    _changed: asyncio.Event = field(default_factory=asyncio.Event)
     _task: asyncio.Task[None] | None = None
     _use_sse: bool = True
     _sse_refused: bool = False
@@ -83,21 +82,8 @@ class Tail:
     # --- what readers use ---
 
     @property
-    def changed(self) -> asyncio.Event:
-        """Set at the next change. Take it *before* looking at the log, then wait on it."""
-        return self._changed
-
-    @property
     def finished(self) -> bool:
         return self.closed or self.gone
-
-    def wake(self) -> None:
-        """Wake every reader without a change (the edge is draining)."""
-        self._notify()
-
-    def _notify(self) -> None:
-        event, self._changed = self._changed, asyncio.Event()
-        event.set()
 
     # --- lifecycle ---
 
@@ -127,7 +113,6 @@ class Tail:
             self._task = None
             self.metrics.live_tails.dec()
         self.cache.streams.live_ended(self.key)
-        self._notify()
 
     async def _run(self) -> None:
         backoff = BACKOFF_FIRST_SECONDS
@@ -175,7 +160,6 @@ class Tail:
                     backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
         finally:
             self.cache.streams.live_ended(self.key)
-            self._notify()
 
     async def _open(self, live: str, kind: str, *extra: tuple[str, str]) -> aiohttp.ClientResponse:
         """One live request from the tail's offset (and cursor), counted by ``kind``."""
@@ -221,7 +205,6 @@ class Tail:
         self.failing = False
         if self.listener is not None and (segment is not None or closed):
             self.listener.batch(self.key, segment, end, up_to_date=up_to_date, closed=closed)
-        self._notify()
 
     # --- upstream modes ---
 
