@@ -28,12 +28,12 @@ import time
 from collections.abc import Callable
 
 from aiohttp import web
+from multidict import CIMultiDict
 
 from edge.catchup import Answer
 from edge.config import Settings
 from edge.log.policy import IMMUTABLE_MAX_AGE_SECONDS, accepts_gzip, if_none_match_hits
 from edge.metrics import Metrics
-from edge.protocol.headers import first_value
 from edge.protocol.http1 import (
     CLOSE_TRAILER,
     KEEP_ALIVE_TRAILER,
@@ -118,9 +118,9 @@ class FastPath:
         target: Target,
         read: Read,
         answer: Answer,
-        headers: list[tuple[str, str]],
+        response_headers: CIMultiDict[str],
     ) -> None:
-        """Store the full path's ``answer`` (its final ``headers``) if it can never change."""
+        """Store the full path's ``answer`` (its final headers) if it can never change."""
         if not (
             self.enabled
             and answer.status == 200
@@ -132,11 +132,12 @@ class FastPath:
             and target.upstream == target.stream + (f"?{target.query}" if target.query else "")
             and target.stream.isascii()
             and target.query.isascii()
-            and first_value(headers, "cache-control") == IMMUTABLE
+            and response_headers.get("Cache-Control") == IMMUTABLE
         ):
             return
         instance = self._local.instance(read.stream)
-        tag = first_value(headers, "etag")
+        tag = response_headers.get("ETag")
+        headers = list(response_headers.items())
         if instance is None or tag is None:
             return
         unencoded = [(n, v) for n, v in headers if n.lower() != "content-encoding"]
