@@ -124,7 +124,14 @@ async def serve_catchup(request: web.Request, classified: Classified) -> web.Str
     metrics.cache_result(answer.result).inc()
     response = to_response(request, answer)
     if answer.hold is None:
-        request.app[FAST].register(request, request_target(request), read, answer, response.headers)
+        request.app[FAST].register(
+            request_target(request),
+            read,
+            answer,
+            response.headers,
+            version=(request.version.major, request.version.minor),
+            accept_encoding=request.headers.get("Accept-Encoding"),
+        )
         return response
     # Bytes fresh from the origin count in --fill-buffer-bytes until they are written.
     try:

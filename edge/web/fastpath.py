@@ -27,7 +27,6 @@ import functools
 import time
 from collections.abc import Callable
 
-from aiohttp import web
 from multidict import CIMultiDict
 
 from edge.catchup import Answer
@@ -114,13 +113,16 @@ class FastPath:
 
     def register(
         self,
-        request: web.Request,
         target: Target,
         read: Read,
         answer: Answer,
         response_headers: CIMultiDict[str],
+        *,
+        version: tuple[int, int],
+        accept_encoding: str | None,
     ) -> None:
-        """Store the full path's ``answer`` (its final headers) if it can never change."""
+        """Store the full path's ``answer`` (its final headers) to a request of ``version``
+        that sent ``accept_encoding``, if it can never change."""
         if not (
             self.enabled
             and answer.status == 200
@@ -128,7 +130,7 @@ class FastPath:
             and answer.hold is None
             and read.scope == PUBLIC_SCOPE
             and read.plain
-            and request.version == (1, 1)
+            and version == (1, 1)
             and target.upstream == target.stream + (f"?{target.query}" if target.query else "")
             and target.stream.isascii()
             and target.query.isascii()
@@ -156,7 +158,7 @@ class FastPath:
             body=answer.body,
             cors=self._cors(),
         )
-        gzip = _accepts_gzip(request.headers.get("Accept-Encoding"))
+        gzip = _accepts_gzip(accept_encoding)
         self._local.put_response(target.stream, target.query, gzip, stored)
 
     def fold_into(self, metrics: Metrics) -> None:

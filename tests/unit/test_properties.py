@@ -59,12 +59,17 @@ from hypothesis import note as _note
 from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
+from multidict import CIMultiDict
 
 from edge.catchup import CatchupCache
 from edge.config import Address, Settings
 from edge.metrics import Metrics
 from edge.origin import BodyTooLarge
-from edge.protocol.reads import Read, auth_scope
+from edge.protocol.http1 import RequestHead
+from edge.protocol.paths import Target
+from edge.protocol.reads import PUBLIC_SCOPE, Read, auth_scope
+from edge.web.fastpath import FastPath
+from edge.web.wire import VIA
 from tests.model.fake_origin import FakeOrigin, Served
 from tests.model.origin_model import (
     JSON_TYPE,
@@ -155,6 +160,16 @@ def _short(body: bytes, limit: int = 160) -> str:
     return repr(body[:limit]) + (f"... ({len(body)} bytes)" if len(body) > limit else "")
 
 
+def seen_on_the_wire(response: bytes) -> Seen:
+    """What a client reads from a stored, pre-serialised answer."""
+    head, _, body = response.partition(b"\r\n\r\n")
+    status_line, *lines = head.decode().split("\r\n")
+    headers = [tuple(line.split(": ", 1)) for line in lines]
+    length = next((int(v) for n, v in headers if n.lower() == "content-length"), 0)
+    assert len(body) == length, (len(body), length)
+    return seen_from(int(status_line.split()[1]), headers, body)  # type: ignore[arg-type]
+
+
 def seen_from(status: int, headers: Sequence[tuple[str, str]], body: bytes, **kw: bool) -> Seen:
     def value(name: str) -> str | None:
         return next((v for n, v in headers if n.lower() == name.lower()), None)
@@ -204,6 +219,9 @@ class EdgeUnderTest:
     def __init__(self, settings: Settings, origin: FakeOrigin, clock: Callable[[], float]) -> None:
         self.origin = origin
         self.cache = CatchupCache(settings, origin, Metrics(), shared=None, clock=clock)  # type: ignore[arg-type]
+        # The pre-serialised hit path, as the web layer uses it: asked first, fed every answer.
+        self.fast = FastPath(settings, self.cache.local, lambda: (), clock=clock)
+        self.fast_answers = 0
 
     async def read(
         self,
@@ -222,6 +240,16 @@ class EdgeUnderTest:
             last_event_id=None,
             scope=auth_scope(credentials),
         )
+        query = "" if offset is None else f"offset={offset}"
+        if read.scope == PUBLIC_SCOPE:
+            head = RequestHead(
+                path=path, query=query, if_none_match=if_none_match,
+                accept_encoding=accept_encoding, keep_alive=True,
+            )  # fmt: skip
+            stored = self.fast.answer(head)
+            if stored is not None:
+                self.fast_answers += 1
+                return seen_on_the_wire(b"".join(stored))
         try:
             answer = await self.cache.read(
                 read,
@@ -238,6 +266,13 @@ class EdgeUnderTest:
             if observing is not None:
                 await observing
             return seen
+        headers = CIMultiDict(answer.headers)
+        headers.add("Cache-Status", answer.cache_status)
+        headers.add("Via", VIA)
+        target = Target(upstream=path + (f"?{query}" if query else ""), query=query, stream=path)
+        self.fast.register(
+            target, read, answer, headers, version=(1, 1), accept_encoding=accept_encoding
+        )
         return seen_from(answer.status, answer.headers, answer.body)
 
     # The cache's observers may be plain functions or coroutines: each returns what the caller
@@ -596,6 +631,8 @@ class CatchupMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         try:
             if self.edge is not None:
+                fast = getattr(self.edge, "fast_answers", 0)
+                event("reads answered by the pre-serialised hit path" if fast else "none stored")
                 self.loop.run_until_complete(self.edge.close())
         finally:
             self.loop.close()
