@@ -34,12 +34,13 @@ from edge.log.policy import (
     Coverage,
     Fetch,
     Hit,
+    Reuse,
     accepts_gzip,
     answer_headers,
-    cache_control,
     etag,
     if_none_match_hits,
     plan_catchup,
+    reuse,
 )
 from edge.log.segment import (
     Segment,
@@ -54,7 +55,13 @@ from edge.log.stream_log import LogKey, StreamInstance, StreamLog, TailVerdict
 from edge.memory import TRIMMER
 from edge.metrics import Metrics
 from edge.origin import BodyTooLarge, OriginClient, OriginError
-from edge.protocol.headers import HOP_BY_HOP, first_value, flag, own_request_headers
+from edge.protocol.headers import (
+    HOP_BY_HOP,
+    cors_headers,
+    first_value,
+    flag,
+    own_request_headers,
+)
 from edge.protocol.offsets import START, is_client_offset, is_offset_token
 from edge.protocol.reads import Read
 from edge.store.local import LocalTier
@@ -110,6 +117,21 @@ class RelayInstead(BodyTooLarge):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class Derivation:
+    """What an answer the edge built from its logs was derived from. Whatever is kept of it (a
+    stored response, a compressed body) is kept under this, and only while it still holds:
+    the instance is current (``LocalTier``), the scope and representation are the request's."""
+
+    instance: StreamInstance
+    scope: str
+    start: str
+    end: str
+    encoding: str | None  # the body's Content-Encoding (None: identity)
+    reuse: Reuse
+    kept: bool  # every segment of it is in the local tier: the next read is a local hit
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Answer:
     status: int
     headers: list[tuple[str, str]]
@@ -118,6 +140,8 @@ class Answer:
     result: str  # hit | delta | miss | bypass for edge_cache_requests_total; live for live answers
     # The fill budget share of the origin bytes in ``body``: release once the body is written.
     hold: Hold | None = None
+    # None for an answer relayed from the origin: nothing of it is the edge's to reuse.
+    derivation: Derivation | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -163,8 +187,13 @@ def relayable(headers: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
 
 
 def header_template(headers: Sequence[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
+    """The headers of one origin answer that hold for every answer of the stream: not those
+    of the answer itself, nor its CORS headers, which are its request's (``OriginCors``)."""
+    cors = {name.lower() for name, _ in cors_headers(headers)}
     return tuple(
-        (n, v) for n, v in headers if n.lower() not in PER_ANSWER and n.lower() not in HOP_BY_HOP
+        (n, v)
+        for n, v in headers
+        if n.lower() not in PER_ANSWER and n.lower() not in HOP_BY_HOP and n.lower() not in cors
     )
 
 
@@ -355,7 +384,7 @@ class CatchupCache:
                 read, log_, offset, plan.coverage.segments, plan.coverage.end,
                 up_to_date=plan.up_to_date, closed=plan.closed,
                 if_none_match=if_none_match, accept_encoding=accept_encoding,
-                cache_status=status, result="hit",
+                cache_status=status, result="hit", kept=True,
             )  # fmt: skip
         assert fill is not None
         try:
@@ -406,21 +435,22 @@ class CatchupCache:
             up_to_date=fill.up_to_date, closed=fill.closed,
             if_none_match=if_none_match, accept_encoding=accept_encoding,
             cache_status=cache_status, result=result,
+            kept=fill.stored,
         )  # fmt: skip
 
     @staticmethod
     def _joined(prefix: Coverage, segment: Segment | None) -> tuple[Segment, ...]:
         return (*prefix.segments, segment) if segment is not None else prefix.segments
 
-    def cache_control_for(self, log_: StreamLog, *, immutable: bool) -> str:
+    def reuse_for(self, log_: StreamLog, *, immutable: bool) -> Reuse:
+        """The policy's verdict on reusing an answer built from ``log_`` now."""
         instance = log_.instance
-        now = self._clock()
-        return cache_control(
+        return reuse(
             scope=log_.key.scope,
             immutable=immutable,
             freshness_seconds=self._settings.tail_freshness_seconds,
             lifetime_known=instance.lifetime_known,
-            remaining_seconds=instance.remaining_seconds(now),
+            remaining_seconds=instance.remaining_seconds(self._clock()),
         )
 
     async def _answer(
@@ -437,7 +467,10 @@ class CatchupCache:
         accept_encoding: str | None,
         cache_status: str,
         result: str,
+        kept: bool,
     ) -> Answer:
+        # Fixed before any await: the answer is of this instance, whatever happens meanwhile.
+        instance = log_.instance
         body = stitch(segments, json=log_.json)
         final = closed and up_to_date
         # Past --max-response-bytes (a single large segment) the body goes as it is: compressing
@@ -445,25 +478,30 @@ class CatchupCache:
         compress = COMPRESS_MIN_BYTES <= len(
             body
         ) <= self._settings.max_response_bytes and accepts_gzip(accept_encoding)
+        encoding = "gzip" if compress else None
         digest = content_digest(segments, log_.content_type)
-        tag = etag(
-            read.stream, start, end, digest=digest, closed=final,
-            encoding="gzip" if compress else None,
-        )  # fmt: skip
-        control = self.cache_control_for(log_, immutable=final or not up_to_date)
+        tag = etag(read.stream, start, end, digest=digest, closed=final, encoding=encoding)
+        verdict = self.reuse_for(log_, immutable=final or not up_to_date)
         headers = answer_headers(
-            log_, next_offset=end, up_to_date=up_to_date, closed=final, tag=tag, control=control
-        )
+            log_, next_offset=end, up_to_date=up_to_date, closed=final, tag=tag,
+            control=verdict.cache_control,
+        )  # fmt: skip
+        derivation = Derivation(
+            instance=instance, scope=log_.key.scope, start=start, end=end, encoding=encoding,
+            reuse=verdict, kept=kept,
+        )  # fmt: skip
         if if_none_match_hits(if_none_match, tag):
             return Answer(
-                status=304, headers=headers, body=b"", cache_status=cache_status, result=result
-            )
+                status=304, headers=headers, body=b"", cache_status=cache_status, result=result,
+                derivation=derivation,
+            )  # fmt: skip
         if compress:
-            body = await self.compressor.gzip(log_.key, (start, end, digest), body)
+            body = await self.compressor.gzip(log_.key, instance, (start, end, digest), body)
             headers.append(("Content-Encoding", "gzip"))
         return Answer(
-            status=200, headers=headers, body=body, cache_status=cache_status, result=result
-        )
+            status=200, headers=headers, body=body, cache_status=cache_status, result=result,
+            derivation=derivation,
+        )  # fmt: skip
 
     # --- the origin ---
 

@@ -72,8 +72,9 @@ class OriginBroken(OriginError):
     public_text = "origin connection failed"
 
 
-# Called with the headers of every origin answer, as its status line and headers arrive.
-AnswerListener = Callable[[Sequence[tuple[str, str]]], None]
+# Called with the request's Origin header (None: it had none) and the headers of every origin
+# answer, as its status line and headers arrive.
+AnswerListener = Callable[[str | None, Sequence[tuple[str, str]]], None]
 
 
 def translate(error: BaseException) -> OriginError:
@@ -168,9 +169,10 @@ class OriginClient:
             raise translate(error) from error
         if self._listeners:
             answered = list(response.headers.items())
+            asked_by = next((v for n, v in headers if n.lower() == "origin"), None)
             try:
                 for listener in self._listeners:
-                    listener(answered)
+                    listener(asked_by, answered)
             except BaseException:
                 response.close()
                 raise

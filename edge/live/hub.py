@@ -290,7 +290,7 @@ class LiveHub:
                 closed=closed,
                 encoding=None,
             ),
-            control=self.cache.cache_control_for(log_, immutable=closed or not at_tail),
+            control=self.cache.reuse_for(log_, immutable=closed or not at_tail).cache_control,
             cursor=None if closed else cursor,
             varies_by_encoding=False,  # long-poll answers are never compressed here
         )
@@ -357,7 +357,7 @@ class LiveHub:
         frame += encode_event("control", json.dumps(control, separators=(",", ":")), event_id=end)
         if chunked:
             frame = chunk(frame)
-        self.cache.local.put_derived(key, name, frame)
+        self.cache.local.put_derived(key, name, frame, log_.instance)
         return frame
 
 

@@ -51,6 +51,7 @@ class Framing:
     version: tuple[int, int]
     keep_alive: bool
     reader_only: bool = False  # an authorized reader's copy of a shared answer: private
+    origin: str | None = None  # the request's Origin: its CORS headers are its own
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

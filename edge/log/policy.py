@@ -139,6 +139,45 @@ def if_none_match_hits(header: str | None, current: str) -> bool:
     return False
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Reuse:
+    """The policy's verdict on reusing an answer, made once when the answer is built: every
+    later decision (the ``Cache-Control`` sent, whether the pre-serialised hit path may keep it)
+    reads this value, never the header it produced."""
+
+    shared: bool  # any client of the shared scope may be given it; else its scope's only
+    immutable: bool  # the same bytes for as long as its stream instance lives
+    max_age_seconds: int
+
+    @property
+    def cache_control(self) -> str:
+        visibility = "public" if self.shared else "private"
+        if self.immutable:
+            return f"{visibility}, max-age={self.max_age_seconds}, immutable"
+        return f"{visibility}, max-age={self.max_age_seconds}"
+
+
+def reuse(
+    *,
+    scope: str,
+    immutable: bool,
+    freshness_seconds: float,
+    lifetime_known: bool = True,
+    remaining_seconds: float | None = None,
+) -> Reuse:
+    """``remaining_seconds``: how long the stream is known to live (None: no known end)."""
+    shared = scope == PUBLIC_SCOPE
+    fresh = max(0, math.floor(freshness_seconds))
+    if immutable and lifetime_known:
+        if remaining_seconds is None:
+            return Reuse(shared=shared, immutable=True, max_age_seconds=IMMUTABLE_MAX_AGE_SECONDS)
+        remaining = max(0, math.floor(remaining_seconds))
+        return Reuse(shared=shared, immutable=False, max_age_seconds=remaining)
+    if remaining_seconds is not None:
+        fresh = min(fresh, max(0, math.floor(remaining_seconds)))
+    return Reuse(shared=shared, immutable=False, max_age_seconds=fresh)
+
+
 def cache_control(
     *,
     scope: str,
@@ -147,16 +186,14 @@ def cache_control(
     lifetime_known: bool = True,
     remaining_seconds: float | None = None,
 ) -> str:
-    """``remaining_seconds``: how long the stream is known to live (None: no known end)."""
-    visibility = "public" if scope == PUBLIC_SCOPE else "private"
-    fresh = max(0, math.floor(freshness_seconds))
-    if immutable and lifetime_known:
-        if remaining_seconds is None:
-            return f"{visibility}, max-age={IMMUTABLE_MAX_AGE_SECONDS}, immutable"
-        return f"{visibility}, max-age={max(0, math.floor(remaining_seconds))}"
-    if remaining_seconds is not None:
-        fresh = min(fresh, max(0, math.floor(remaining_seconds)))
-    return f"{visibility}, max-age={fresh}"
+    """The ``Cache-Control`` of ``reuse``'s verdict."""
+    return reuse(
+        scope=scope,
+        immutable=immutable,
+        freshness_seconds=freshness_seconds,
+        lifetime_known=lifetime_known,
+        remaining_seconds=remaining_seconds,
+    ).cache_control
 
 
 def accepts_gzip(accept_encoding: str | None) -> bool:

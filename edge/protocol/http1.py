@@ -8,8 +8,10 @@ Rules this module owns:
   full path would accept too. Anything llhttp refuses, or that is not a plain HTTP/1.1 ``GET``
   without a body, is not the fast path's: ``parse_head`` says so and the full path decides.
 * Headers that change what the full path answers are named here (``CONSULTED``) and read once;
-  a head that repeats one of them, or carries one that makes the request not a plain shared
-  read (``HANDOFF``, plus the configured credential headers), is not the fast path's.
+  a head that repeats one of them, or carries one that makes the request not a plain read
+  (``HANDOFF``), is not the fast path's. The configured credential headers are collected as
+  sent: the scope they name is computed by the full path's own function
+  (``edge.protocol.answer_key``), never approximated here.
 * ``serialise`` + ``date_line`` + ``trailer`` write an answer the way aiohttp writes the edge's
   own answers: the status line and the answer's headers in order, ``Content-Length`` (never
   on a bodiless status), a default ``Content-Type``, ``Date``, and ``Connection`` where the
@@ -33,7 +35,8 @@ MAX_HEAD_BYTES = 8192
 
 IF_NONE_MATCH = b"if-none-match"
 ACCEPT_ENCODING = b"accept-encoding"
-CONSULTED = frozenset({IF_NONE_MATCH, ACCEPT_ENCODING, b"connection"})
+ORIGIN = b"origin"
+CONSULTED = frozenset({IF_NONE_MATCH, ACCEPT_ENCODING, ORIGIN, b"connection"})
 # Their presence means a body, an upgrade, a resumption or a negotiation the full path handles.
 HANDOFF = frozenset(
     {
@@ -59,6 +62,9 @@ class RequestHead:
     query: str
     if_none_match: str | None
     accept_encoding: str | None
+    origin: str | None = None
+    # The configured credential headers, as sent (name lower-cased), in order.
+    credentials: tuple[tuple[str, str], ...] = ()
     keep_alive: bool
 
 
@@ -104,12 +110,12 @@ class HeadParser:
     """Parses one complete request head at a time (the caller found its end). After a
     ``FOR_GOOD`` hand-off the parser must not be used again."""
 
-    __slots__ = ("_collector", "_handoff", "_parser")
+    __slots__ = ("_collector", "_credentials", "_parser")
 
     def __init__(self, credential_headers: Collection[str]) -> None:
         self._collector = _Collector()
         self._parser = httptools.HttpRequestParser(self._collector)
-        self._handoff = HANDOFF | {name.lower().encode("latin-1") for name in credential_headers}
+        self._credentials = frozenset(name.lower().encode("latin-1") for name in credential_headers)
 
     def parse(self, head: bytes) -> RequestHead | Handoff:
         collector = self._collector
@@ -122,9 +128,13 @@ class HeadParser:
         if self._parser.get_method() != b"GET" or self._parser.get_http_version() != "1.1":
             return ONE_REQUEST
         consulted: dict[bytes, bytes] = {}
+        credentials: list[tuple[str, str]] = []
         for name, value in collector.headers:
-            if name in self._handoff:
+            if name in HANDOFF:
                 return ONE_REQUEST
+            if name in self._credentials:
+                credentials.append((name.decode("latin-1"), value.decode("latin-1")))
+                continue
             if name in CONSULTED:
                 if name in consulted:
                     return ONE_REQUEST  # repeated: which one counts is the full path's call
@@ -138,11 +148,14 @@ class HeadParser:
         path, _, query = url.decode("ascii").partition("?")
         inm = consulted.get(IF_NONE_MATCH)
         ae = consulted.get(ACCEPT_ENCODING)
+        origin = consulted.get(ORIGIN)
         return RequestHead(
             path=path,
             query=query,
             if_none_match=inm.decode("latin-1") if inm is not None else None,
             accept_encoding=ae.decode("latin-1") if ae is not None else None,
+            origin=origin.decode("latin-1") if origin is not None else None,
+            credentials=tuple(credentials),
             keep_alive=connection == b"keep-alive",
         )
 

@@ -15,8 +15,9 @@ Rules this module owns:
 * A segment larger than the whole budget is simply not kept.
 * Stored responses (``StoredHit``: a complete serialised answer, for the pre-serialised hit
   path) are entries like any other: counted in the budget, LRU, indexed by stream and forgotten
-  with its instance. They are keyed by the target exactly as sent, which is only ever the
-  stream's normalised path (an alias is answered by the full path), so the index is right.
+  with its instance. They are keyed by the request's ``AnswerKey`` (``edge.protocol.answer_key``),
+  whose stream is the normalised path; each carries the instance it was derived from and is
+  refused once that instance is not current. Derived entries (gzip bodies, SSE frames) too.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from cachetools import LRUCache
 
 from edge.log.segment import Segment
 from edge.log.stream_log import LogKey, StreamInstance, StreamLog
+from edge.protocol.answer_key import AnswerKey
 
 # Measured with tracemalloc on CPython 3.11 (tests/unit/test_budget.py keeps them honest):
 # the key tuple, the LRU's dict and order slots, the stream index slot and the object itself.
@@ -55,9 +57,10 @@ class StoredHit:
     ok: bytes
     not_modified: bytes
     body: bytes
-    # The CORS headers (``OriginCors.headers``) the answer was built with: another set means
-    # the full path would answer differently now.
+    # The CORS headers (``OriginCors.for_request``) the answer was built with: another set
+    # means the full path would answer differently now.
     cors: tuple[tuple[str, str], ...]
+    cors_varies: bool = False
 
     @property
     def size(self) -> int:
@@ -191,24 +194,31 @@ class LocalTier:
         found = self._entries.get((DERIVED, key, name))
         return found if isinstance(found, bytes) else None
 
-    def put_derived(self, key: LogKey, name: Hashable, value: bytes) -> None:
-        if len(value) + DERIVED_OVERHEAD_BYTES <= self._entries.maxsize // 4:
-            self.instance_for(key.stream)
-            self._put((DERIVED, key, name), value)
+    def put_derived(
+        self, key: LogKey, name: Hashable, value: bytes, instance: StreamInstance
+    ) -> bool:
+        """Keep ``value``, derived from ``instance``'s bytes, unless that instance is no longer
+        current (it was made while the stream was forgotten: it is nobody's now)."""
+        if instance.stream != key.stream or not self.current(instance):
+            return False
+        if len(value) + DERIVED_OVERHEAD_BYTES > self._entries.maxsize // 4:
+            return False
+        return self._put((DERIVED, key, name), value)
 
     # --- stored responses (the pre-serialised hit path) ---
 
-    def response(self, path: str, query: str, gzip: bool) -> StoredHit | None:
-        found = self._entries.get((RESPONSE, path, query, gzip))
+    def response(self, key: AnswerKey) -> StoredHit | None:
+        found = self._entries.get((RESPONSE, key.stream, key))
         return found if isinstance(found, StoredHit) else None
 
-    def put_response(self, path: str, query: str, gzip: bool, hit: StoredHit) -> bool:
-        """Keep ``hit`` for requests of exactly ``path?query``; ``path`` must be the stream."""
-        if hit.instance.stream != path or not self.current(hit.instance):
+    def put_response(self, key: AnswerKey, hit: StoredHit) -> bool:
+        """Keep ``hit`` for requests classified as ``key``, unless the instance it was derived
+        from is no longer current or is another stream's."""
+        if hit.instance.stream != key.stream or not self.current(hit.instance):
             return False
         if hit.size + RESPONSE_OVERHEAD_BYTES > self._entries.maxsize // 4:
             return False
-        return self._put((RESPONSE, path, query, gzip), hit)
+        return self._put((RESPONSE, key.stream, key), hit)
 
     # --- stream logs ---
 

@@ -23,7 +23,7 @@ import socket
 import time
 from collections.abc import AsyncIterator
 
-from aiohttp import HttpVersion11, web
+from aiohttp import HttpVersion11, hdrs, web
 from aiohttp.typedefs import Handler
 from multidict import CIMultiDict
 
@@ -41,6 +41,7 @@ from edge.protocol.reads import Classified, RequestKind, classify, scope_credent
 from edge.store.shared import SharedTier
 from edge.web.admin import ReadinessProbe, add_admin_routes
 from edge.web.fastpath import FastPath
+from edge.web.front import CatchupFront, CorsUnknown, catchup_request
 from edge.web.gatekeeper import GATE, admit, reader_scope, seconds_left, shared_credentials
 from edge.web.proxy import (
     ClientGone,
@@ -63,6 +64,7 @@ CACHE = web.AppKey("cache", CatchupCache)
 HUB = web.AppKey("hub", LiveHub)
 CORS = web.AppKey("cors", OriginCors)
 FAST = web.AppKey("fast", FastPath)
+FRONT = web.AppKey("front", CatchupFront)
 
 
 # Status recorded for a request whose client went away before it was answered (nginx's 499).
@@ -86,11 +88,20 @@ def credentials_of(request: web.Request) -> list[tuple[str, str]]:
 
 def answer_headers_for(request: web.Request, answer: Answer) -> CIMultiDict[str]:
     """Every header of the edge's answer but those aiohttp adds (Content-Length, Date)."""
-    return client_headers(answer, request.app[CORS], reader_only=reader_only(request))
+    return client_headers(
+        answer, request.app[CORS], request_origin(request), reader_only=reader_only(request)
+    )
 
 
-def to_response(request: web.Request, answer: Answer) -> web.Response:
-    headers = answer_headers_for(request, answer)
+def request_origin(request: web.Request) -> str | None:
+    return request.headers.get(hdrs.ORIGIN)
+
+
+def to_response(
+    request: web.Request, answer: Answer, headers: CIMultiDict[str] | None = None
+) -> web.Response:
+    if headers is None:
+        headers = answer_headers_for(request, answer)
     request.app[METRICS].served_bytes.inc(len(answer.body))
     return EdgeResponse(status=answer.status, body=answer.body, headers=headers)
 
@@ -100,7 +111,7 @@ def origin_failed(request: web.Request, error: OriginError) -> web.Response:
     log.warning(
         "origin error for %s %r: %s", request.method, request_target(request).upstream, error
     )
-    return origin_error_response(error, request.app[CORS])
+    return origin_error_response(error, request.app[CORS], request_origin(request))
 
 
 async def serve_catchup(request: web.Request, classified: Classified) -> web.StreamResponse:
@@ -108,13 +119,17 @@ async def serve_catchup(request: web.Request, classified: Classified) -> web.Str
     read = classified.read
     assert read is not None
     metrics = request.app[METRICS]
+    catchup = catchup_request(
+        request_target(request),
+        read,
+        list(request.headers.items()),
+        version=(request.version.major, request.version.minor),
+        credentials=credentials_of(request),
+        reader_only=reader_only(request),
+        cors=request.app[CORS],
+    )
     try:
-        answer = await request.app[CACHE].read(
-            read,
-            credentials=credentials_of(request),
-            if_none_match=request.headers.get("If-None-Match"),
-            accept_encoding=request.headers.get("Accept-Encoding"),
-        )
+        answer, headers = await request.app[FRONT].answer(catchup)
     except BodyTooLarge as uncacheable:
         log.info("relaying without caching: %s", uncacheable)
         metrics.cache_result("bypass").inc()
@@ -122,16 +137,8 @@ async def serve_catchup(request: web.Request, classified: Classified) -> web.Str
     except OriginError as error:
         return origin_failed(request, error)
     metrics.cache_result(answer.result).inc()
-    response = to_response(request, answer)
+    response = to_response(request, answer, headers)
     if answer.hold is None:
-        request.app[FAST].register(
-            request_target(request),
-            read,
-            answer,
-            response.headers,
-            version=(request.version.major, request.version.minor),
-            accept_encoding=request.headers.get("Accept-Encoding"),
-        )
         return response
     # Bytes fresh from the origin count in --fill-buffer-bytes until they are written.
     try:
@@ -180,6 +187,7 @@ async def serve_long_poll(request: web.Request, classified: Classified) -> web.S
                     version=(request.version.major, request.version.minor),
                     keep_alive=request.keep_alive,
                     reader_only=reader_only(request),
+                    origin=request_origin(request),
                 ),
             )
             if transport is not None
@@ -207,7 +215,10 @@ async def serve_long_poll(request: web.Request, classified: Classified) -> web.S
 async def relay_uncached(
     request: web.Request, classified: Classified, why: BodyTooLarge
 ) -> web.StreamResponse:
-    detail = "not-cacheable" if isinstance(why, RelayInstead) else "too-large"
+    if isinstance(why, CorsUnknown):
+        detail = "cors"
+    else:
+        detail = "not-cacheable" if isinstance(why, RelayInstead) else "too-large"
     return await request.app[RELAY].forward(
         request, classified.kind, cache_status=f"edge; fwd=bypass; detail={detail}"
     )
@@ -217,7 +228,11 @@ async def serve_sse(request: web.Request, classified: Classified) -> web.StreamR
     hub, settings = request.app[HUB], request.app[SETTINGS]
     if hub.viewers >= settings.max_viewers:
         return edge_answer(
-            503, "edge is at --max-viewers", request.app[CORS], [("Retry-After", "5")]
+            503,
+            "edge is at --max-viewers",
+            request.app[CORS],
+            [("Retry-After", "5")],
+            origin=request_origin(request),
         )
     # The slot is taken before the first await, so concurrent arrivals cannot overshoot.
     hub.viewers += 1
@@ -249,6 +264,7 @@ async def _serve_sse_viewer(request: web.Request, classified: Classified) -> web
     response = web.StreamResponse(status=200)
     for name, value in log_.header_template:
         response.headers.add(name, value)
+    request.app[CORS].add_missing(response.headers, request_origin(request))
     response.headers["Content-Type"] = "text/event-stream"
     response.headers["Cache-Control"] = "no-cache, no-transform"
     response.headers["X-Accel-Buffering"] = "no"
@@ -308,6 +324,12 @@ async def _serve_sse_viewer(request: web.Request, classified: Classified) -> web
 async def dispatch(request: web.Request, classified: Classified) -> web.StreamResponse:
     read = classified.read
     kind = classified.kind
+    live = kind in (RequestKind.SSE, RequestKind.LONG_POLL)
+    if live and request.app[CORS].unknown_for(request_origin(request)):
+        # Its CORS headers are the origin's to say for this Origin: its answer teaches the edge.
+        return await request.app[RELAY].forward(
+            request, kind, cache_status="edge; fwd=bypass; detail=cors"
+        )
     if read is not None and read.plain and read.offset is not None:
         if kind is RequestKind.SSE:
             return await serve_sse(request, classified)
@@ -330,12 +352,12 @@ async def handle_stream_request(request: web.Request) -> web.StreamResponse:
         target = request_target(request)
     except BadTarget as bad:
         metrics.request_count(RequestKind.OTHER, 400).inc()
-        return edge_answer(400, str(bad), request.app[CORS])
+        return edge_answer(400, str(bad), request.app[CORS], origin=request_origin(request))
     if target.asterisk:
         # OPTIONS * asks about the server, not a stream: the origin's own answer to any OPTIONS.
         metrics.request_count(RequestKind.OTHER, 204).inc()
         server_options = EdgeResponse(status=204)
-        request.app[CORS].add_missing(server_options.headers)
+        request.app[CORS].add_missing(server_options.headers, request_origin(request))
         return server_options
     refused = await admit(request, request.app[CORS])
     if refused is not None:
@@ -415,8 +437,9 @@ def create_app(settings: Settings, metrics: Metrics, origin: OriginClient) -> we
     gate = Gate(settings, metrics) if settings.auth_mode != "none" else None
     if gate is not None:
         app[GATE] = gate
-    fast = FastPath(settings, cache.local, lambda: cors.headers)
+    fast = FastPath(settings, cache.local, cors)
     app[FAST] = fast
+    app[FRONT] = CatchupFront(cache=cache, fast=fast, cors=cors)
     metrics.fold_at_scrape(fast.fold_into)
 
     async def lifetime(_: web.Application) -> AsyncIterator[None]:

@@ -2,19 +2,25 @@
 
 Rules this module owns:
 
-* Only answers that cannot change are stored (``register``): a plain shared-scope catch-up
-  ``GET`` whose full-path answer was a local ``edge; hit``, 200, ``immutable`` (capped, or ending
-  a closed stream with no known lifetime), for a target that is the stream's normalised path.
-  Each representation (gzip accepted or not) is stored once, with its 304 beside it.
+* An answer is stored (``register``) when the policy's verdict on it (``Derivation.reuse``,
+  made when the full path built it) says it is shared and immutable, it is a 200 to a plain
+  HTTP/1.1 catch-up ``GET`` and every byte of it is in the local tier. That is the first such
+  answer, a miss included: the stored bytes are what the next full-path read would give, a
+  local ``edge; hit``. Each representation is stored once, with its 304 beside it.
+* Stored answers are keyed by the request's ``AnswerKey`` (``edge.protocol.answer_key``), the
+  one classification both paths make of a head: stream, query as sent, credential scope,
+  representation and, where the origin's CORS varies by it, ``Origin``. The fast path can
+  only find an answer under the key the full path stored it for.
 * The stored bytes are the full path's answer: built from the same ``Answer`` by the same header
-  code (``edge.web.app.answer_headers_for``), serialised as aiohttp would
+  code (``edge.web.wire.client_headers``), serialised as aiohttp would
   (``edge.protocol.http1``). ``Date`` is the only header made per request.
-* A stored answer is used only while everything the full path would consult still says the
-  same: the stream instance is current (entries are forgotten with it, in the local tier), its
-  generation was confirmed by the shared tier within ``GENERATION_CHECK_SECONDS`` (with Redis),
-  it still has no known end of life, the origin has not since forbidden storing it
-  (``no-store``), and the origin's CORS headers are the ones it was built
-  with. Otherwise the request takes the full path, which re-checks and stores it again.
+* An answer is stored under the stream instance it was derived from (``Derivation.instance``),
+  never the one current when it is stored: ``LocalTier.put_response`` refuses it once that
+  instance is not current. It is used only while everything the full path would consult still
+  says the same: its generation was confirmed by the shared tier within
+  ``GENERATION_CHECK_SECONDS`` (with Redis), it still has no known end of life, the origin has not
+  since forbidden storing it (``no-store``), and the CORS headers for the request's ``Origin``
+  are the ones it was built with. Otherwise the full path answers, re-checks and stores again.
 * With ``--auth jwt|forward`` it is off: a read must be authorized before it is answered, and
   that decision is the full path's (``edge.web.gatekeeper``).
 * Counting is plain integers here; ``fold_into`` adds them to the Prometheus counters when
@@ -23,7 +29,6 @@ Rules this module owns:
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Callable
 
@@ -31,8 +36,9 @@ from multidict import CIMultiDict
 
 from edge.catchup import Answer
 from edge.config import Settings
-from edge.log.policy import IMMUTABLE_MAX_AGE_SECONDS, accepts_gzip, if_none_match_hits
+from edge.log.policy import if_none_match_hits
 from edge.metrics import Metrics
+from edge.protocol.answer_key import AnswerKey, answer_key, scope_of
 from edge.protocol.http1 import (
     CLOSE_TRAILER,
     KEEP_ALIVE_TRAILER,
@@ -41,18 +47,15 @@ from edge.protocol.http1 import (
     date_line,
     serialise,
 )
-from edge.protocol.paths import Target
-from edge.protocol.reads import PUBLIC_SCOPE, Read, RequestKind
+from edge.protocol.reads import PUBLIC_SCOPE, RequestKind
 from edge.store.local import LocalTier, StoredHit
 from edge.streams import GENERATION_CHECK_SECONDS
+from edge.web.proxy import OriginCors
 
 HIT = "edge; hit"
-IMMUTABLE = f"public, max-age={IMMUTABLE_MAX_AGE_SECONDS}, immutable"
 
 # Small bodies are joined to their head (one buffer, one send); larger ones are not copied.
 JOIN_BELOW_BYTES = 16 * 1024
-
-_accepts_gzip = functools.lru_cache(maxsize=1024)(accepts_gzip)
 
 
 class FastPath:
@@ -60,13 +63,14 @@ class FastPath:
         self,
         settings: Settings,
         local: LocalTier,
-        cors: Callable[[], tuple[tuple[str, str], ...]],
+        cors: OriginCors,
         *,
         clock: Callable[[], float] = time.time,
     ) -> None:
         # With --auth jwt|forward every read is authorized first, by the full path.
         self.enabled = settings.fast_path and settings.auth_mode == "none"
         self._scope_headers = settings.scope_headers
+        self._scope_cookies = settings.scope_cookies
         self._local = local
         self._cors = cors
         self._clock = clock
@@ -82,9 +86,32 @@ class FastPath:
     def parser(self) -> HeadParser:
         return HeadParser(self._scope_headers)
 
+    def key_of(self, head: RequestHead) -> AnswerKey | None:
+        """The head's ``AnswerKey``, by the full path's own functions."""
+        scope = (
+            scope_of(
+                head.credentials,
+                scope_headers=self._scope_headers,
+                scope_cookies=self._scope_cookies,
+            )
+            if head.credentials
+            else PUBLIC_SCOPE
+        )
+        return answer_key(
+            path=head.path,
+            query=head.query,
+            scope=scope,
+            accept_encoding=head.accept_encoding,
+            origin=head.origin,
+            cors_varies=self._cors.varies,
+        )
+
     def answer(self, head: RequestHead) -> list[bytes] | None:
         """The bytes to write for ``head``, or None: the full path answers it."""
-        entry = self._local.response(head.path, head.query, _accepts_gzip(head.accept_encoding))
+        key = self.key_of(head)
+        if key is None:
+            return None
+        entry = self._local.response(key)
         if entry is None:
             return None
         instance = entry.instance
@@ -94,7 +121,8 @@ class FastPath:
             or instance.expires_at is not None
             or instance.ttl_seconds is not None
             or instance.bypass_until > now
-            or entry.cors is not self._cors()
+            or entry.cors_varies is not self._cors.varies
+            or entry.cors is not self._cors.for_request(head.origin)
         ):
             return None
         second = int(now)
@@ -113,35 +141,36 @@ class FastPath:
 
     def register(
         self,
-        target: Target,
-        read: Read,
+        key: AnswerKey | None,
         answer: Answer,
         response_headers: CIMultiDict[str],
         *,
         version: tuple[int, int],
-        accept_encoding: str | None,
-    ) -> None:
-        """Store the full path's ``answer`` (its final headers) to a request of ``version``
-        that sent ``accept_encoding``, if it can never change."""
+        origin: str | None,
+    ) -> bool:
+        """Store the full path's ``answer`` (``response_headers``: its finished headers) to a
+        request of ``version`` classified as ``key`` from ``origin``, if the policy's verdict
+        says it can never change. True if stored."""
+        derivation = answer.derivation
+        if not self.enabled or key is None or derivation is None or answer.status != 200:
+            return False
+        verdict = derivation.reuse
         if not (
-            self.enabled
-            and answer.status == 200
-            and answer.cache_status == HIT
-            and answer.hold is None
-            and read.scope == PUBLIC_SCOPE
-            and read.plain
-            and version == (1, 1)
-            and target.upstream == target.stream + (f"?{target.query}" if target.query else "")
-            and target.stream.isascii()
-            and target.query.isascii()
-            and response_headers.get("Cache-Control") == IMMUTABLE
+            version == (1, 1)
+            and derivation.kept
+            and verdict.shared
+            and verdict.immutable
+            and derivation.scope == key.scope == PUBLIC_SCOPE
+            and derivation.instance.stream == key.stream
         ):
-            return
-        instance = self._local.instance(read.stream)
+            return False
         tag = response_headers.get("ETag")
-        headers = list(response_headers.items())
-        if instance is None or tag is None:
-            return
+        if tag is None:
+            return False
+        # What the next full-path read of it would say: a local hit.
+        headers = [
+            (n, HIT if n.lower() == "cache-status" else v) for n, v in response_headers.items()
+        ]
         unencoded = [(n, v) for n, v in headers if n.lower() != "content-encoding"]
         try:
             ok, not_modified = (
@@ -149,17 +178,20 @@ class FastPath:
                 serialise(304, unencoded, 0),
             )
         except ValueError:
-            return  # a header aiohttp refuses too: the full path answers this one as it can
+            return False  # a header aiohttp refuses too: the full path answers this one as it can
+        cors = self._cors.for_request(origin)
+        if cors is None:
+            return False
         stored = StoredHit(
-            instance=instance,
+            instance=derivation.instance,
             etag=tag,
             ok=ok,
             not_modified=not_modified,
             body=answer.body,
-            cors=self._cors(),
+            cors=cors,
+            cors_varies=self._cors.varies,
         )
-        gzip = _accepts_gzip(accept_encoding)
-        self._local.put_response(target.stream, target.query, gzip, stored)
+        return self._local.put_response(key, stored)
 
     def fold_into(self, metrics: Metrics) -> None:
         """Add what was counted since the last scrape to the Prometheus counters."""

@@ -50,13 +50,13 @@ async def admit(request: web.Request, cors: OriginCors) -> web.StreamResponse | 
         )
     )
     if isinstance(decision, Refusal):
-        return refusal_response(decision, cors)
+        return refusal_response(decision, cors, request.headers.get("Origin"))
     request[TARGET] = decision.target
     request[ADMISSION] = decision
     return None
 
 
-def refusal_response(refusal: Refusal, cors: OriginCors) -> web.Response:
+def refusal_response(refusal: Refusal, cors: OriginCors, origin: str | None) -> web.Response:
     headers: CIMultiDict[str] = CIMultiDict(refusal.headers)
     challenge = refusal.www_authenticate()
     if challenge is not None and "WWW-Authenticate" not in headers:
@@ -68,7 +68,7 @@ def refusal_response(refusal: Refusal, cors: OriginCors) -> web.Response:
         response = EdgeResponse(status=refusal.status, text=refusal.reason + "\n", headers=headers)
     if refusal.status == 503:
         response.headers["Retry-After"] = "1"
-    cors.add_missing(response.headers)
+    cors.add_missing(response.headers, origin)
     return response
 
 

@@ -14,8 +14,8 @@ Rules this module owns:
 * What goes upstream is ``Target.upstream``: the client's path and query as sent, even when the
   client used an absolute-form target (whose authority is never used). The stream a request is
   about, for the cache and for invalidation, is ``Target.stream``, the origin's normalised path.
-* Every answer the edge makes itself (``edge_answer``) carries the CORS headers of the origin's
-  most recent answer (``OriginCors``), as the origin's own answers do.
+* Every answer the edge makes itself (``edge_answer``) carries the CORS headers the origin gives
+  a request with the same ``Origin`` (``OriginCors``), as the origin's own answers would.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import hdrs, web
+from cachetools import LRUCache
 from multidict import CIMultiDict
 
 from edge.auth.gate import Admission
@@ -107,33 +108,89 @@ def client_host(request: web.Request) -> str | None:
 
 
 class OriginCors:
-    """The CORS headers (``access-control-*``, ``x-content-type-options``,
-    ``cross-origin-resource-policy``) of the origin's most recent answer that had any.
+    """What the origin's CORS policy says for a request's ``Origin``, learned from its answers.
 
-    An answer without them (an injected fault, a proxy in between) says nothing about the
-    origin's policy and leaves the record as it was. Before the first origin answer the record is
-    empty and the edge adds nothing: it does not invent a policy the origin may not have.
+    CORS headers (``access-control-*``, ``x-content-type-options``,
+    ``cross-origin-resource-policy``) are per request: an origin may grant one ``Origin`` and not
+    another. So the edge keeps, per request ``Origin`` (None: a request without one), the CORS
+    headers of the origin's latest answer to such a request that had any, in a bounded LRU,
+    and whether the origin's policy **varies** by ``Origin``: once any answer said so
+    (``Vary: Origin`` or ``*``, or an ``Access-Control-Allow-Origin`` other than ``*``).
+
+    * While it does not vary, one policy holds for every request: the latest answer's.
+    * Once it varies, a request gets only what the origin said for its own ``Origin``; for an
+      ``Origin`` the edge has no word on, ``for_request`` is None: reads are then relayed (the
+      origin's answer teaches the edge), and answers the edge makes itself carry no grant.
+    * An answer without CORS headers (an injected fault, a proxy in between) teaches nothing.
+    * Records are replaced only when they change: stored answers compare them by identity.
     """
 
+    MAX_ORIGINS = 1024
+
     def __init__(self) -> None:
-        self._headers: tuple[tuple[str, str], ...] = ()
+        self._static: tuple[tuple[str, str], ...] = ()
+        self._by_origin: LRUCache[str | None, tuple[tuple[str, str], ...]] = LRUCache(
+            maxsize=self.MAX_ORIGINS
+        )
+        self.varies = False
 
-    def remember(self, headers: Iterable[tuple[str, str]]) -> None:
-        found = cors_headers(headers)
-        if found and found != self._headers:
-            # Replaced only when it changes: stored answers compare it by identity.
-            self._headers = found
+    def remember(self, request_origin: str | None, headers: Iterable[tuple[str, str]]) -> None:
+        """The origin answered a request whose ``Origin`` was ``request_origin`` with
+        ``headers``."""
+        answer = list(headers)
+        found = cors_headers(answer)
+        if not found:
+            return
+        if not self.varies and varies_by_origin(answer):
+            self.varies = True
+        known = self._by_origin.get(request_origin)
+        if known != found:
+            self._by_origin[request_origin] = found
+        if found != self._static:
+            self._static = found
 
-    @property
-    def headers(self) -> tuple[tuple[str, str], ...]:
-        return self._headers
+    def for_request(self, origin: str | None) -> tuple[tuple[str, str], ...] | None:
+        """The CORS headers the origin gives a request with this ``Origin``; None: unknown."""
+        if not self.varies:
+            return self._static
+        if origin is None:
+            # No Origin: no browser reads it across origins; the edge's own fills send none.
+            return self._by_origin.get(None, ())
+        return self._by_origin.get(origin)
 
-    def add_missing(self, headers: CIMultiDict[str]) -> None:
-        """Add the recorded headers that ``headers`` does not already have."""
+    def unknown_for(self, origin: str | None) -> bool:
+        """Would an answer built here have to guess this request's CORS headers?"""
+        return self.for_request(origin) is None
+
+    def add_missing(self, headers: CIMultiDict[str], origin: str | None) -> None:
+        """Add the CORS headers for ``origin`` that ``headers`` does not already have, and
+        ``Vary: Origin`` when the policy varies by it."""
         present = {name.lower() for name in headers}
-        for name, value in self._headers:
+        for name, value in self.for_request(origin) or ():
             if name.lower() not in present:
                 headers.add(name, value)
+        if self.varies and not varies_by_origin(
+            [(n, v) for n, v in headers.items() if n.lower() == "vary"]
+        ):
+            headers.add(hdrs.VARY, "Origin")
+
+
+def varies_by_origin(headers: Sequence[tuple[str, str]]) -> bool:
+    for name, value in headers:
+        lowered = name.lower()
+        if lowered == "vary" and any(
+            token.strip().lower() in ("origin", "*") for token in value.split(",")
+        ):
+            return True
+        if lowered == "access-control-allow-origin" and value.strip() != "*":
+            return True
+    return False
+
+
+def without_cors(headers: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+    """``headers`` without CORS headers: those are the request's (``OriginCors``)."""
+    cors = {name.lower() for name, _ in cors_headers(list(headers))}
+    return [(n, v) for n, v in headers if n.lower() not in cors]
 
 
 class EdgeResponse(web.Response):
@@ -145,11 +202,17 @@ class EdgeResponse(web.Response):
 
 
 def edge_answer(
-    status: int, text: str, cors: OriginCors, headers: Sequence[tuple[str, str]] = ()
+    status: int,
+    text: str,
+    cors: OriginCors,
+    headers: Sequence[tuple[str, str]] = (),
+    *,
+    origin: str | None,
 ) -> EdgeResponse:
-    """A short plain-text answer of the edge's own, with the origin's CORS headers."""
+    """A short plain-text answer of the edge's own, with the CORS headers the origin gives a
+    request from ``origin`` (the request's ``Origin`` header)."""
     response = EdgeResponse(status=status, text=text + "\n", headers=CIMultiDict(headers))
-    cors.add_missing(response.headers)
+    cors.add_missing(response.headers, origin)
     return response
 
 
@@ -202,7 +265,7 @@ class Relay:
         except OriginError as error:
             self.metrics.origin_errors.labels(reason=error.reason).inc()
             log.warning("origin error for %s %r: %s", request.method, target.upstream, error)
-            return origin_error_response(error, self.cors)
+            return origin_error_response(error, self.cors, request.headers.get(hdrs.ORIGIN))
         self.metrics.origin_requests.labels(kind=kind.value, code=str(upstream.status)).inc()
         if self.observe is not None:
             await self.observe(
@@ -264,6 +327,6 @@ class Relay:
         return response
 
 
-def origin_error_response(error: OriginError, cors: OriginCors) -> EdgeResponse:
+def origin_error_response(error: OriginError, cors: OriginCors, origin: str | None) -> EdgeResponse:
     """The client's view of an origin failure: a fixed text; the details are for the log."""
-    return edge_answer(error.status, error.public_text, cors)
+    return edge_answer(error.status, error.public_text, cors, origin=origin)

@@ -4,8 +4,9 @@ response a handler returns once its answer is written.
 Rules this module owns:
 
 * ``client_headers`` is the one place an ``Answer`` gets the headers every client sees
-  (``Cache-Status``, ``Via``, the origin's CORS headers): ``to_response`` and ``encode`` both
-  use it, so a written answer and a returned one cannot drift apart.
+  (``Cache-Status``, ``Via``, the CORS headers the origin gives this request's ``Origin``):
+  ``to_response`` and ``encode`` both use it, so a written answer and a returned one cannot
+  drift apart.
 * ``encode`` writes exactly what aiohttp writes for ``EdgeResponse(answer)`` to a GET (the test
   ``tests/unit/test_wire.py`` compares the two byte for byte on a real aiohttp server, so an
   aiohttp upgrade that changes its framing fails there): after the answer's headers,
@@ -29,29 +30,30 @@ from edge.catchup import Answer
 from edge.live.polls import Framing, Written
 from edge.protocol.headers import VIA_PSEUDONYM
 from edge.protocol.http1 import bodiless, date_line, serialise, trailer
-from edge.web.proxy import OriginCors, make_private
+from edge.web.proxy import OriginCors, make_private, without_cors
 
 VIA = f"1.1 {VIA_PSEUDONYM}"
 
 
 def client_headers(
-    answer: Answer, cors: OriginCors, *, reader_only: bool = False
+    answer: Answer, cors: OriginCors, origin: str | None, *, reader_only: bool = False
 ) -> CIMultiDict[str]:
-    """``reader_only``: an authorized reader's answer from the shared scope, made ``private``
-    (``edge.web.proxy.for_the_reader_only``)."""
-    headers = CIMultiDict(answer.headers)
+    """The headers of ``answer`` to a request whose ``Origin`` was ``origin``.
+    ``reader_only``: an authorized reader's answer from the shared scope, made ``private``
+    (``edge.web.proxy.for_the_reader_only``). CORS headers are the request's own: whatever an
+    origin answer the edge built this from said to its own request is dropped."""
+    headers = CIMultiDict(without_cors(answer.headers))
     headers.add("Cache-Status", answer.cache_status)
     headers.add("Via", VIA)
     if reader_only:
         make_private(headers)
-    # Answers built from origin answers have the CORS headers already; the edge's own do not.
-    cors.add_missing(headers)
+    cors.add_missing(headers, origin)
     return headers
 
 
 def encode(answer: Answer, framing: Framing, *, cors: OriginCors) -> bytes:
     """The whole HTTP response to a GET answered with ``answer``."""
-    headers = client_headers(answer, cors, reader_only=framing.reader_only)
+    headers = client_headers(answer, cors, framing.origin, reader_only=framing.reader_only)
     body = b"" if bodiless(answer.status) else answer.body
     head = serialise(answer.status, list(headers.items()), len(body), version=framing.version)
     return b"".join(

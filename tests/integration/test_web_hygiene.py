@@ -63,7 +63,7 @@ def test_origin_errors_tell_the_client_a_fixed_text(
     error: Exception, status: int, text: bytes
 ) -> None:
     assert isinstance(error, OriginUnreachable | OriginTimeout | OriginBroken)
-    response = origin_error_response(error, OriginCors())
+    response = origin_error_response(error, OriginCors(), None)
     assert (response.status, response.body) == (status, text)
     assert "10.1.2.3" in str(error) or isinstance(error, OriginTimeout)  # kept for the log
 
@@ -71,18 +71,40 @@ def test_origin_errors_tell_the_client_a_fixed_text(
 def test_cors_record_follows_the_origin_and_adds_only_what_is_missing() -> None:
     cors = OriginCors()
     answer: CIMultiDict[str] = CIMultiDict()
-    cors.add_missing(answer)
+    cors.add_missing(answer, None)
     assert list(answer.items()) == []  # no origin answer seen yet: nothing is invented
 
-    cors.remember([("content-type", "text/plain"), *ORIGIN_CORS])
-    cors.remember([("content-type", "text/plain")])  # an answer without any: says nothing
+    cors.remember(None, [("content-type", "text/plain"), *ORIGIN_CORS])
+    cors.remember(None, [("content-type", "text/plain")])  # an answer without any: says nothing
     answer = CIMultiDict([("Access-Control-Allow-Origin", "https://app.example")])
-    cors.add_missing(answer)
+    cors.add_missing(answer, "https://app.example")
     assert answer.getall("access-control-allow-origin") == ["https://app.example"]
     assert [(n.lower(), v) for n, v in answer.items()][1:] == ORIGIN_CORS[1:]
+    assert not cors.varies  # "*" for everyone: one policy
 
-    cors.remember([("access-control-allow-origin", "https://other.example")])
-    assert cors.headers == (("access-control-allow-origin", "https://other.example"),)
+
+def test_cors_that_varies_by_origin_is_given_per_origin_and_never_guessed() -> None:
+    cors = OriginCors()
+    cors.remember(None, ORIGIN_CORS)
+    evil = [
+        ("access-control-allow-origin", "https://evil.example"),
+        ("access-control-allow-credentials", "true"),
+        ("vary", "Origin"),
+    ]
+    cors.remember("https://evil.example", evil)
+    assert cors.varies
+    assert cors.for_request("https://evil.example") == tuple(evil[:2])
+    # Another Origin is never given evil's grant: unknown until the origin says.
+    assert cors.for_request("https://good.example") is None
+    assert cors.unknown_for("https://good.example")
+    answer: CIMultiDict[str] = CIMultiDict()
+    cors.add_missing(answer, "https://good.example")
+    assert "access-control-allow-origin" not in answer
+    assert answer.getall("vary") == ["Origin"]
+    good = [("access-control-allow-origin", "https://good.example")]
+    cors.remember("https://good.example", good)
+    assert cors.for_request("https://good.example") == tuple(good)
+    assert cors.for_request(None) == tuple(ORIGIN_CORS)  # no Origin: what fills were told
 
 
 # --- helpers ---

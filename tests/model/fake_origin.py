@@ -16,6 +16,7 @@ model version it was answered from.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
@@ -104,6 +105,15 @@ class FakeOrigin:
         self.served: list[Served] = []
         self._gate: asyncio.Event | None = None
         self.arrived: asyncio.Event | None = None
+        self._listeners: list[Callable[[str | None, Sequence[tuple[str, str]]], None]] = []
+        # An origin whose CORS grants each request's own Origin (with credentials, Vary: Origin)
+        # instead of the reference server's "*" for everyone.
+        self.cors_by_origin = False
+
+    def listen_to_answers(
+        self, listener: Callable[[str | None, Sequence[tuple[str, str]]], None]
+    ) -> None:
+        self._listeners.append(listener)
 
     async def start(self) -> None:
         return None
@@ -153,6 +163,11 @@ class FakeOrigin:
         raw_path, _, query = path_qs.partition("?")
         path = raw_path  # the origin keys streams by url.pathname, still percent-encoded
         response = self.model.handle(method, path, query, list(headers), payload)
+        asked_by = next((v for n, v in headers if n.lower() == "origin"), None)
+        if self.cors_by_origin:
+            response = granted_to(response, asked_by)
+        for listener in self._listeners:
+            listener(asked_by, response.headers)
         current = self.model.current(path)
         served = Served(
             method=method.upper(),
@@ -174,3 +189,15 @@ class FakeOrigin:
             await gate.wait()
         url = URL(self.url_for(path_qs), encoded=True)
         return FakeResponse(url, response, self._chunk_bytes)
+
+
+def granted_to(response: Response, origin: str | None) -> Response:
+    """``response`` as an origin that grants CORS per requesting Origin would send it."""
+    headers = [(n, v) for n, v in response.headers if n.lower() != "access-control-allow-origin"]
+    if origin is not None:
+        headers += [
+            ("access-control-allow-origin", origin),
+            ("access-control-allow-credentials", "true"),
+        ]
+    headers.append(("vary", "Origin"))
+    return dataclasses.replace(response, headers=tuple(headers))

@@ -27,6 +27,7 @@ NAMES = st.sampled_from(
         "User-Agent",
         "Accept",
         "If-None-Match",
+        "Origin",
         "Accept-Encoding",
         "Connection",
         "Authorization",
@@ -59,7 +60,7 @@ def expected(method: str, version: str, headers: list[tuple[str, str]]) -> bool:
     if method != "GET" or version != "1.1":
         return False
     names = [n.lower().encode() for n, _ in headers]
-    if any(n in HANDOFF or n.decode() in CREDENTIALS for n in names):
+    if any(n in HANDOFF for n in names):
         return False
     if any(names.count(n) > 1 for n in CONSULTED):
         return False
@@ -87,6 +88,11 @@ def test_a_head_is_answered_only_when_nothing_in_it_is_the_full_paths(
         by_name = {n.lower(): v for n, v in headers}
         assert parsed.if_none_match == by_name.get("if-none-match")
         assert parsed.accept_encoding == by_name.get("accept-encoding")
+        assert parsed.origin == by_name.get("origin")
+        # Credentials are collected as sent: the scope is the full path's function of them.
+        assert parsed.credentials == tuple(
+            (n.lower(), v) for n, v in headers if n.lower() in CREDENTIALS
+        )
         assert parsed.keep_alive == (by_name.get("connection", "keep-alive").lower() != "close")
         if not parsed.keep_alive:
             return
@@ -107,10 +113,18 @@ def test_a_head_with_a_body_hands_the_connection_over_for_good() -> None:
     assert HeadParser(CREDENTIALS).parse(smuggled) is FOR_GOOD
 
 
-def test_configured_credential_headers_are_the_full_paths() -> None:
+def test_configured_credential_headers_are_collected_as_sent_for_the_scope() -> None:
     parser = HeadParser(("x-api-key",))
-    assert parser.parse(b"GET /s HTTP/1.1\r\nX-Api-Key: k\r\n\r\n") is ONE_REQUEST
-    assert isinstance(parser.parse(b"GET /s HTTP/1.1\r\nAuthorization: a\r\n\r\n"), RequestHead)
+    parsed = parser.parse(b"GET /s HTTP/1.1\r\nX-Api-Key: k\r\nX-API-KEY: j\r\n\r\n")
+    assert isinstance(parsed, RequestHead)
+    assert parsed.credentials == (("x-api-key", "k"), ("x-api-key", "j"))
+    other = parser.parse(
+        b"GET /s HTTP/1.1\r\nAuthorization: a\r\nOrigin: https://a.example\r\n\r\n"
+    )
+    assert isinstance(other, RequestHead)
+    assert (other.credentials, other.origin) == ((), "https://a.example")
+    twice = b"GET /s HTTP/1.1\r\nOrigin: https://a.example\r\nOrigin: https://b.example\r\n\r\n"
+    assert parser.parse(twice) is ONE_REQUEST
 
 
 def test_serialise_writes_aiohttps_order_and_refuses_line_breaks() -> None:

@@ -59,17 +59,18 @@ from hypothesis import note as _note
 from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
-from multidict import CIMultiDict
 
+from edge import catchup as catchup_module
 from edge.catchup import CatchupCache
 from edge.config import Address, Settings
 from edge.metrics import Metrics
 from edge.origin import BodyTooLarge
 from edge.protocol.http1 import RequestHead
-from edge.protocol.paths import Target
-from edge.protocol.reads import PUBLIC_SCOPE, Read, auth_scope
+from edge.protocol.paths import parse_target
+from edge.protocol.reads import auth_scope, classify, scope_credentials
 from edge.web.fastpath import FastPath
-from edge.web.wire import VIA
+from edge.web.front import CatchupFront, catchup_request
+from edge.web.proxy import OriginCors
 from tests.model.fake_origin import FakeOrigin, Served
 from tests.model.origin_model import (
     JSON_TYPE,
@@ -97,6 +98,8 @@ SCOPES: dict[str, tuple[tuple[str, str], ...]] = {
     "public": (),
     "alice": (("Authorization", "Bearer alice"),),
 }
+GOOD_ORIGIN = "https://good.example"
+EVIL_ORIGIN = "https://evil.example"
 BEFORE_START = "0" * 17 + "_0"  # string-smaller than OFFSET_ZERO: a read from before the start
 PAST_EVERYTHING = "0_0"  # string-greater than every padded offset: always past the tail
 FAR_FUTURE = format_offset(0, 99_999)
@@ -142,6 +145,7 @@ class Seen:
     content_type: str | None
     etag: str | None
     relayed: bool = False
+    allow_origin: str | None = None  # Access-Control-Allow-Origin
 
     @property
     def representation(self) -> tuple[bytes, str | None, bool, str | None]:
@@ -184,23 +188,17 @@ def seen_from(status: int, headers: Sequence[tuple[str, str]], body: bytes, **kw
         closed=(value("stream-closed") or "").lower() == "true",
         content_type=value("content-type"),
         etag=value("etag"),
+        allow_origin=value("access-control-allow-origin"),
         **kw,
     )
 
 
 async def relay(
-    origin: FakeOrigin,
-    path: str,
-    offset: str | None,
-    credentials: Sequence[tuple[str, str]],
-    if_none_match: str | None,
+    origin: FakeOrigin, path: str, offset: str | None, headers: Sequence[tuple[str, str]]
 ) -> tuple[Seen, list[tuple[str, str]], list[tuple[str, str]]]:
     """A read sent to the origin as the client sent it: (answer, request and response headers)."""
-    headers = list(credentials)
-    if if_none_match is not None:
-        headers.append(("If-None-Match", if_none_match))
     path_qs = path if offset is None else f"{path}?offset={offset}"
-    upstream = await origin.open("GET", path_qs, headers, live=False)
+    upstream = await origin.open("GET", path_qs, list(headers), live=False)
     try:
         body = await upstream.read()
     finally:
@@ -208,20 +206,43 @@ async def relay(
     response_headers = list(upstream.headers.items())
     return (
         seen_from(upstream.status, response_headers, body, relayed=True),
-        headers,
+        list(headers),
         response_headers,
     )
 
 
 class EdgeUnderTest:
-    """The catch-up cache as the web layer drives it. The only code that knows the edge's API."""
+    """The edge as the web layer drives it, through the real glue: the request is written as
+    bytes and parsed by the fast path's own parser (``HeadParser``), answered by the
+    pre-serialised hit path if it can, else classified (``parse_target``, ``classify``,
+    ``catchup_request``) and answered by ``CatchupFront``, which finishes the headers
+    (``client_headers``: CORS per request) and offers the answer to the fast path. The CORS
+    book learns from every origin answer, as ``create_app`` wires it. The only code that knows
+    the edge's API."""
 
     def __init__(self, settings: Settings, origin: FakeOrigin, clock: Callable[[], float]) -> None:
         self.origin = origin
+        self.settings = settings
         self.cache = CatchupCache(settings, origin, Metrics(), shared=None, clock=clock)  # type: ignore[arg-type]
-        # The pre-serialised hit path, as the web layer uses it: asked first, fed every answer.
-        self.fast = FastPath(settings, self.cache.local, lambda: (), clock=clock)
+        self.cors = OriginCors()
+        origin.listen_to_answers(self.cors.remember)
+        self.fast = FastPath(settings, self.cache.local, self.cors, clock=clock)
+        self.front = CatchupFront(cache=self.cache, fast=self.fast, cors=self.cors)
         self.fast_answers = 0
+        # Set while a compression is to be held (a thread still working while a stream changes).
+        self.compression_gate: asyncio.Event | None = None
+        compressor = self.cache.compressor
+        make = compressor._make
+
+        async def held(body: bytes) -> bytes:
+            gate = self.compression_gate
+            if gate is not None:
+                self.compression_started.set()
+                await gate.wait()
+            return await make(body)
+
+        self.compression_started = asyncio.Event()
+        compressor._make = held  # type: ignore[method-assign]
 
     async def read(
         self,
@@ -231,49 +252,51 @@ class EdgeUnderTest:
         credentials: Sequence[tuple[str, str]],
         if_none_match: str | None,
         accept_encoding: str | None,
+        origin: str | None = None,
     ) -> Seen:
-        read = Read(
-            stream=path,
-            offset=offset,
-            live=None,
-            cursor=None,
-            last_event_id=None,
-            scope=auth_scope(credentials),
-        )
         query = "" if offset is None else f"offset={offset}"
-        if read.scope == PUBLIC_SCOPE:
-            head = RequestHead(
-                path=path, query=query, if_none_match=if_none_match,
-                accept_encoding=accept_encoding, keep_alive=True,
-            )  # fmt: skip
+        raw_target = path + (f"?{query}" if query else "")
+        headers = [("Host", "edge.test"), *credentials]
+        if if_none_match is not None:
+            headers.append(("If-None-Match", if_none_match))
+        if accept_encoding is not None:
+            headers.append(("Accept-Encoding", accept_encoding))
+        if origin is not None:
+            headers.append(("Origin", origin))
+        wire = "".join(f"{n}: {v}\r\n" for n, v in headers)
+        head = self.fast.parser().parse(f"GET {raw_target} HTTP/1.1\r\n{wire}\r\n".encode())
+        if isinstance(head, RequestHead):
             stored = self.fast.answer(head)
             if stored is not None:
                 self.fast_answers += 1
                 return seen_on_the_wire(b"".join(stored))
+        target = parse_target(raw_target, "GET")
+        classified = classify(
+            "GET", target.stream, target.query, headers,
+            scope_headers=self.settings.scope_headers, scope_cookies=self.settings.scope_cookies,
+        )  # fmt: skip
+        read = classified.read
+        assert read is not None
+        assert read.plain
+        request = catchup_request(
+            target, read, headers, version=(1, 1),
+            credentials=scope_credentials(
+                headers, scope_headers=self.settings.scope_headers,
+                scope_cookies=self.settings.scope_cookies,
+            ),
+            reader_only=False, cors=self.cors,
+        )  # fmt: skip
         try:
-            answer = await self.cache.read(
-                read,
-                credentials=list(credentials),
-                if_none_match=if_none_match,
-                accept_encoding=accept_encoding,
-            )
+            answer, finished = await self.front.answer(request)
         except BodyTooLarge:
-            # What the web layer does with a read too large to cache: relay it, and observe it.
-            seen, sent, received = await relay(
-                self.origin, path, offset, credentials, if_none_match
-            )
+            # What the web layer does with a read that is not the cache's: relay it, observe it.
+            sent = [(n, v) for n, v in headers if n.lower() not in ("host", "accept-encoding")]
+            seen, sent, received = await relay(self.origin, path, offset, sent)
             observing = self.observed("GET", path, seen.status, sent, received)
             if observing is not None:
                 await observing
             return seen
-        headers = CIMultiDict(answer.headers)
-        headers.add("Cache-Status", answer.cache_status)
-        headers.add("Via", VIA)
-        target = Target(upstream=path + (f"?{query}" if query else ""), query=query, stream=path)
-        self.fast.register(
-            target, read, answer, headers, version=(1, 1), accept_encoding=accept_encoding
-        )
-        return seen_from(answer.status, answer.headers, answer.body)
+        return seen_from(answer.status, list(finished.items()), answer.body)
 
     # The cache's observers may be plain functions or coroutines: each returns what the caller
     # must await (or None), and the state machine runs it to completion before going on.
@@ -328,7 +351,7 @@ class ReferenceEdge(EdgeUnderTest):
         self.origin = origin
         self._clock = clock
         self._freshness = settings.tail_freshness_seconds
-        self._answers: dict[tuple[str, str, str | None], tuple[Seen, float]] = {}
+        self._answers: dict[tuple[str, str, str | None, str | None], tuple[Seen, float]] = {}
         self._generation: dict[str, int] = {}
 
     async def read(
@@ -339,14 +362,16 @@ class ReferenceEdge(EdgeUnderTest):
         credentials: Sequence[tuple[str, str]],
         if_none_match: str | None,
         accept_encoding: str | None,
+        origin: str | None = None,
     ) -> Seen:
-        key = (path, auth_scope(credentials), offset)
+        key = (path, auth_scope(credentials), offset, origin)
         kept = self._answers.get(key)
         if kept is not None and (kept[0].closed or self._clock() - kept[1] < self._freshness):
             seen = kept[0]
         else:
             generation = self._generation.get(path, 0)
-            seen, _, _ = await relay(self.origin, path, offset, credentials, None)
+            asked = [*credentials, *([("Origin", origin)] if origin is not None else [])]
+            seen, _, _ = await relay(self.origin, path, offset, asked)
             if seen.status == 404:
                 self._forget(path, key[1])
             if seen.status != 200:
@@ -605,9 +630,17 @@ class CatchupMachine(RuleBasedStateMachine):
         freshness=st.sampled_from([1.0, 0.0, 2.5]),
         max_response_bytes=st.sampled_from([4 * MiB, 12, 40]),
         cache_bytes=st.sampled_from([256 * MiB, 1400]),
+        cors_by_origin=st.booleans(),
     )
-    def setup(self, freshness: float, max_response_bytes: int, cache_bytes: int) -> None:
+    def setup(
+        self, freshness: float, max_response_bytes: int, cache_bytes: int, cors_by_origin: bool
+    ) -> None:
         self.window_ms = round(freshness * 1000)
+        self.origin.cors_by_origin = cors_by_origin
+        # Every gzip-accepting read is compressed (the machine's bodies are small), so
+        # compressions can be in flight while streams change.
+        self._compress_min = catchup_module.COMPRESS_MIN_BYTES
+        catchup_module.COMPRESS_MIN_BYTES = 0
         config = Settings(
             origin="http://origin.invalid",
             listen=Address.parse("127.0.0.1:0"),
@@ -629,6 +662,7 @@ class CatchupMachine(RuleBasedStateMachine):
             self.do_create(path, content_type, via_edge=False, initial=initial)
 
     def teardown(self) -> None:
+        catchup_module.COMPRESS_MIN_BYTES = getattr(self, "_compress_min", 1024)
         try:
             if self.edge is not None:
                 fast = getattr(self.edge, "fast_answers", 0)
@@ -785,13 +819,15 @@ class CatchupMachine(RuleBasedStateMachine):
         scope: str = "public",
         if_none_match: str | None = None,
         accept_encoding: str | None = None,
+        origin: str | None = None,
     ) -> Seen:
         relaxed = self._relaxed(path, scope)
         ctx = self._context(path, offset, scope, relaxed)
         seen = self.loop.run_until_complete(
-            self._edge_read(path, offset, scope, if_none_match, accept_encoding)
+            self._edge_read(path, offset, scope, if_none_match, accept_encoding, origin)
         )
         self._grade(ctx, seen, if_none_match)
+        self._grade_cors(seen, origin)
         return seen
 
     async def _edge_read(
@@ -801,6 +837,7 @@ class CatchupMachine(RuleBasedStateMachine):
         scope: str,
         if_none_match: str | None,
         accept_encoding: str | None,
+        origin: str | None = None,
     ) -> Seen:
         assert self.edge is not None
         return await self.edge.read(
@@ -809,7 +846,48 @@ class CatchupMachine(RuleBasedStateMachine):
             credentials=SCOPES[scope],
             if_none_match=if_none_match,
             accept_encoding=accept_encoding,
+            origin=origin,
         )
+
+    def _grade_cors(self, seen: Seen, origin: str | None) -> None:
+        """A grant is the one the origin gives this request's Origin, or none (never another
+        requester's)."""
+        granted = origin if self.origin.cors_by_origin else "*"
+        if seen.allow_origin is not None and seen.allow_origin != granted:
+            raise Violation(
+                f"Access-Control-Allow-Origin {seen.allow_origin!r} for Origin {origin!r}"
+                f" (the origin grants it {granted!r})"
+            )
+
+    def do_racing_compression(self, path: str, offset: str | None, mutation: str) -> None:
+        """A gzip read whose compression is still in flight while ``mutation`` happens."""
+        edge = self.edge
+        if not isinstance(edge, EdgeUnderTest) or isinstance(edge, ReferenceEdge):
+            return
+        relaxed = self._relaxed(path, "public")
+        ctx = self._context(path, offset, "public", relaxed)
+        edge.compression_gate = asyncio.Event()
+        edge.compression_started = asyncio.Event()
+        task = self.loop.create_task(self._edge_read(path, offset, "public", None, "gzip"))
+        started = self.loop.create_task(edge.compression_started.wait())
+        try:
+            self.loop.run_until_complete(
+                asyncio.wait([task, started], return_when=asyncio.FIRST_COMPLETED)
+            )
+            note(f"{mutation} {'while compressing' if started.done() else 'after the read'}")
+            self._mutate(path, mutation)
+        finally:
+            edge.compression_gate.set()
+            edge.compression_gate = None
+            started.cancel()
+            results = self.loop.run_until_complete(
+                asyncio.gather(task, started, return_exceptions=True)
+            )
+        seen = results[0]
+        if isinstance(seen, BaseException):
+            raise seen
+        assert isinstance(seen, Seen)
+        self._grade(replace(ctx, relaxed=relaxed or self._relaxed(path, "public")), seen, None)
 
     def do_racing_read(
         self,
@@ -1019,9 +1097,16 @@ class CatchupMachine(RuleBasedStateMachine):
         scope=st.sampled_from(["public", "public", "alice"]),
         conditional=st.booleans(),
         gzip_ok=st.sampled_from([False, False, True]),
+        origin=st.sampled_from([None, None, GOOD_ORIGIN, EVIL_ORIGIN]),
     )
     def read(
-        self, data: st.DataObject, path: str, scope: str, conditional: bool, gzip_ok: bool
+        self,
+        data: st.DataObject,
+        path: str,
+        scope: str,
+        conditional: bool,
+        gzip_ok: bool,
+        origin: str | None,
     ) -> None:
         offset = self._draw_offset(data, path)
         if_none_match = None
@@ -1033,7 +1118,7 @@ class CatchupMachine(RuleBasedStateMachine):
         )
         if conditional and tags:
             if_none_match = data.draw(st.sampled_from([t for _, t in tags]), label="if_none_match")
-        self.do_read(path, offset, scope, if_none_match, "gzip" if gzip_ok else None)
+        self.do_read(path, offset, scope, if_none_match, "gzip" if gzip_ok else None, origin)
 
     @rule(path=st.sampled_from(PATHS), via_edge=st.booleans(), wait=st.sampled_from([0, 1001]))
     def poll(self, path: str, via_edge: bool, wait: int) -> None:
@@ -1054,6 +1139,10 @@ class CatchupMachine(RuleBasedStateMachine):
     def racing_read(self, data: st.DataObject, path: str, mutation: str, readers: int) -> None:
         offset = self._draw_offset(data, path)
         self.do_racing_read(path, offset, mutation, readers=readers)
+
+    @rule(data=st.data(), path=st.sampled_from(PATHS), mutation=st.sampled_from(RACING))
+    def racing_compression(self, data: st.DataObject, path: str, mutation: str) -> None:
+        self.do_racing_compression(path, self._draw_offset(data, path), mutation)
 
 
 CatchupMachine.TestCase.settings = settings(
@@ -1090,7 +1179,7 @@ TestOracleAcceptsAReferenceCache.pytestmark = [pytest.mark.timeout(900)]
 @pytest.fixture
 def machine() -> Iterator[CatchupMachine]:
     m = CatchupMachine()
-    m.setup(freshness=1.0, max_response_bytes=4 * MiB, cache_bytes=256 * MiB)
+    m.setup(freshness=1.0, max_response_bytes=4 * MiB, cache_bytes=256 * MiB, cors_by_origin=False)
     yield m
     m.teardown()
 
@@ -1203,3 +1292,20 @@ def test_a_new_content_type_is_a_new_instance(machine: CatchupMachine) -> None:
     machine.do_create(A, TEXT_TYPE, via_edge=False)
     machine.do_append(A, 1, via_edge=True)
     machine.do_read(A, "-1")
+
+
+def test_a_gzip_body_compressed_during_a_recreate_is_never_the_new_streams(
+    machine: CatchupMachine,
+) -> None:
+    """The compression (in a thread for large bodies) outlives a delete and recreate through
+    the edge; the stored answer made of it must belong to the instance it was made from."""
+    machine.do_create(A, TEXT_TYPE, via_edge=False, initial=3, closed=True)
+    for _ in range(4):  # learned, lifetime asked, stored
+        machine.do_read(A, "-1", accept_encoding="gzip")
+    edge = machine.edge
+    assert isinstance(edge, EdgeUnderTest)
+    assert edge.fast_answers > 0  # the stored answer is in use
+    # A range not yet stored, so the full path compresses it (held) while the stream changes.
+    machine.do_racing_compression(A, OFFSET_ZERO, "recreate-edge")
+    for _ in range(3):
+        machine.do_read(A, OFFSET_ZERO, accept_encoding="gzip")

@@ -22,7 +22,7 @@ from edge.web.proxy import EdgeResponse, OriginCors
 from edge.web.wire import WrittenResponse, client_headers, encode
 
 CORS = OriginCors()
-CORS.remember([("Access-Control-Allow-Origin", "*"), ("Access-Control-Expose-Headers", "*")])
+CORS.remember(None, [("Access-Control-Allow-Origin", "*"), ("Access-Control-Expose-Headers", "*")])
 
 ANSWERS = {
     "data": Answer(
@@ -87,7 +87,7 @@ FRAMINGS = {
 async def handler(request: web.Request) -> web.StreamResponse:
     answer = ANSWERS[request.match_info["name"]]
     private = request.query.get("private") == "1"  # an authorized reader's copy
-    headers = client_headers(answer, CORS, reader_only=private)
+    headers = client_headers(answer, CORS, None, reader_only=private)
     return EdgeResponse(status=answer.status, body=answer.body, headers=headers)
 
 

@@ -1,0 +1,82 @@
+"""What a stored answer is keyed by: the one classification both the fast path and the full
+path make of a request head, so one can only find what the other stored for the same request.
+
+Rules this module owns:
+
+* ``answer_key`` is the only function that turns request values into an ``AnswerKey``; the
+  full path calls it when it stores an answer, the pre-serialised hit path when it looks one
+  up, with values each read from the same head (``edge.protocol.http1`` for the fast path,
+  aiohttp's request for the full one) by the same functions (``auth_scope``,
+  ``accepts_gzip``, ``normalise_path``).
+* The key holds everything an answer to a plain catch-up ``GET`` depends on: the stream (the
+  origin's normalised path) and the query exactly as sent, the credential scope, the
+  representation (gzip or identity), and the request's ``Origin`` when the origin's CORS
+  varies by it (``cors_varies``). Two requests with the same key get the same answer.
+* A target that is not the stream's normalised path as sent (an alias: ``./``, ``%2e``, a
+  backslash) or that is not ASCII has no key: it is answered by the full path every time.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+from edge.log.policy import accepts_gzip
+from edge.protocol.paths import BadTarget, normalise_path
+from edge.protocol.reads import (
+    DEFAULT_SCOPE_COOKIES,
+    DEFAULT_SCOPE_HEADERS,
+    PUBLIC_SCOPE,
+    auth_scope,
+)
+
+_accepts_gzip = functools.lru_cache(maxsize=1024)(accepts_gzip)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AnswerKey:
+    stream: str
+    query: str
+    scope: str
+    gzip: bool
+    origin: str | None  # only where the origin's CORS varies by it
+
+
+def answer_key(
+    *,
+    path: str,
+    query: str,
+    scope: str,
+    accept_encoding: str | None,
+    origin: str | None,
+    cors_varies: bool,
+) -> AnswerKey | None:
+    """The key of the answer to a plain catch-up ``GET`` of ``path?query`` (as sent)."""
+    if not (path.isascii() and query.isascii()):
+        return None
+    try:
+        if normalise_path(path) != path:
+            return None
+    except BadTarget:
+        return None
+    return AnswerKey(
+        stream=path,
+        query=query,
+        scope=scope,
+        gzip=_accepts_gzip(accept_encoding),
+        origin=origin if cors_varies else None,
+    )
+
+
+def scope_of(
+    credentials: Sequence[tuple[str, str]],
+    *,
+    scope_headers: Collection[str] = DEFAULT_SCOPE_HEADERS,
+    scope_cookies: Collection[str] = DEFAULT_SCOPE_COOKIES,
+) -> str:
+    """The scope of a head whose credential headers (those named in ``scope_headers``, as
+    sent) are ``credentials``: exactly what ``classify`` gives the full path."""
+    if not credentials:
+        return PUBLIC_SCOPE
+    return auth_scope(credentials, scope_headers=scope_headers, scope_cookies=scope_cookies)

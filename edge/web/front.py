@@ -1,0 +1,108 @@
+"""The full path of a plain catch-up read, from request values to finished answer headers, with
+no aiohttp in it: the web handler and the property machine (``tests/unit/test_properties.py``)
+both drive this same glue.
+
+Rules this module owns:
+
+* ``catchup_request`` is where the full path classifies a catch-up read for reuse: the
+  ``AnswerKey`` comes from ``edge.protocol.answer_key``, the function the fast path calls on
+  its own parse of the same head, with the request's ``Accept-Encoding`` and ``Origin``.
+* ``CatchupFront.answer`` asks the cache, finishes the headers in the one place
+  (``edge.web.wire.client_headers``) and offers the answer to the fast path, which keeps it only
+  if the policy's verdict and its derivation allow.
+* A read whose CORS headers the edge cannot know (the origin's CORS varies by ``Origin`` and
+  this ``Origin`` was never answered) is not the cache's: ``CorsUnknown`` sends it to the
+  origin, whose answer teaches the edge.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from multidict import CIMultiDict
+
+from edge.catchup import Answer, CatchupCache, RelayInstead
+from edge.protocol.answer_key import AnswerKey, answer_key
+from edge.protocol.headers import first_value
+from edge.protocol.paths import Target
+from edge.protocol.reads import Read
+from edge.web.fastpath import FastPath
+from edge.web.proxy import OriginCors
+from edge.web.wire import client_headers
+
+
+class CorsUnknown(RelayInstead):
+    """The origin's CORS varies by ``Origin``, and the edge has no word for this one."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CatchupRequest:
+    read: Read
+    key: AnswerKey | None  # None: an alias or non-ASCII target, never stored
+    credentials: Sequence[tuple[str, str]]  # what the cache's fills send upstream
+    if_none_match: str | None
+    accept_encoding: str | None
+    origin: str | None
+    version: tuple[int, int]
+    reader_only: bool  # an authorized reader's copy of a shared answer (made private)
+
+
+def catchup_request(
+    target: Target,
+    read: Read,
+    headers: Sequence[tuple[str, str]],
+    *,
+    version: tuple[int, int],
+    credentials: Sequence[tuple[str, str]],
+    reader_only: bool,
+    cors: OriginCors,
+) -> CatchupRequest:
+    accept_encoding = first_value(headers, "accept-encoding")
+    origin = first_value(headers, "origin")
+    return CatchupRequest(
+        read=read,
+        key=answer_key(
+            path=target.upstream.partition("?")[0],
+            query=target.query,
+            scope=read.scope,
+            accept_encoding=accept_encoding,
+            origin=origin,
+            cors_varies=cors.varies,
+        ),
+        credentials=credentials,
+        if_none_match=first_value(headers, "if-none-match"),
+        accept_encoding=accept_encoding,
+        origin=origin,
+        version=version,
+        reader_only=reader_only,
+    )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CatchupFront:
+    cache: CatchupCache
+    fast: FastPath
+    cors: OriginCors
+
+    async def answer(self, request: CatchupRequest) -> tuple[Answer, CIMultiDict[str]]:
+        """The answer and its finished headers (``RelayInstead``/``BodyTooLarge``: relay it;
+        ``OriginError``: the origin failed)."""
+        if self.cors.unknown_for(request.origin):
+            raise CorsUnknown(f"no CORS answer known for Origin {request.origin!r}")
+        answer = await self.cache.read(
+            request.read,
+            credentials=request.credentials,
+            if_none_match=request.if_none_match,
+            accept_encoding=request.accept_encoding,
+        )
+        if self.cors.unknown_for(request.origin):
+            # The fill itself showed that the origin's CORS varies by Origin.
+            if answer.hold is not None:
+                answer.hold.release()
+            raise CorsUnknown(f"no CORS answer known for Origin {request.origin!r}")
+        headers = client_headers(answer, self.cors, request.origin, reader_only=request.reader_only)
+        self.fast.register(
+            request.key, answer, headers, version=request.version, origin=request.origin
+        )
+        return answer, headers
