@@ -10,6 +10,9 @@ Rules this module owns:
 * Headers that change what the full path answers are named here (``CONSULTED``) and read once;
   a head that repeats one of them, or carries one that makes the request not a plain shared
   read (``HANDOFF``, plus the configured credential headers), is not the fast path's.
+* A head with ``Expect`` hands the connection over for good, whatever its method: aiohttp
+  answers an expectation it does not meet (417) before the application runs, so no middleware
+  would tell the connection that answer was written, and the requests behind it would wait.
 * ``serialise`` + ``date_line`` + ``trailer`` write an answer the way aiohttp writes the edge's
   own answers: the status line and the answer's headers in order, ``Content-Length`` (never
   on a bodiless status), a default ``Content-Type``, ``Date``, and ``Connection`` where the
@@ -33,13 +36,13 @@ MAX_HEAD_BYTES = 8192
 
 IF_NONE_MATCH = b"if-none-match"
 ACCEPT_ENCODING = b"accept-encoding"
+EXPECT = b"expect"
 CONSULTED = frozenset({IF_NONE_MATCH, ACCEPT_ENCODING, b"connection"})
 # Their presence means a body, an upgrade, a resumption or a negotiation the full path handles.
 HANDOFF = frozenset(
     {
         b"content-length",
         b"transfer-encoding",
-        b"expect",
         b"upgrade",
         b"last-event-id",
         b"range",
@@ -119,6 +122,8 @@ class HeadParser:
             return FOR_GOOD
         if not collector.complete:
             return FOR_GOOD  # a body follows: its framing is the full path's
+        if any(name == EXPECT for name, _ in collector.headers):
+            return FOR_GOOD
         if self._parser.get_method() != b"GET" or self._parser.get_http_version() != "1.1":
             return ONE_REQUEST
         consulted: dict[bytes, bytes] = {}
