@@ -59,20 +59,23 @@ async def run(args: argparse.Namespace) -> int:
     auth = DemoAuth(logs) if args.auth == "jwt" else None
     edge = start_edge(origin.url, logs, *(auth.edge_args() if auth else []), *args.edge_arg)
     watch_runner = None
+    name = f"demo-run-{int(time.time())}"
+    path = f"{STREAM_PREFIX}{name}"
+    stream_url = f"{edge.url}{path}"
 
-    def credentials(name: str, scope: str = "read write") -> dict[str, str]:
-        return auth.headers(name, scope) if auth else {}
+    def credentials(who: str, scope: str = "read write") -> dict[str, str]:
+        return auth.headers(who, path, scope) if auth else {}
 
     try:
         watch_runner, watch_url = await serve_watch(
             edge.url,
             edge.admin_url,
             port=args.watch_port,
-            tokens=(lambda sub: auth.token(sub, "read write")) if auth else None,
+            tokens=auth.page_token if auth else None,
         )
         print(f"origin {origin.url}  edge {edge.url}  metrics {edge.admin_url}/metrics")
-        name = f"demo-run-{int(time.time())}"
-        stream_url = f"{edge.url}{STREAM_PREFIX}{name}"
+        if auth:
+            auth.runs.add(path)
         rate = args.rate if args.rate is not None else (PEOPLE_RATE if args.keep_running else 50.0)
         connector = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=connector) as http:
@@ -92,7 +95,7 @@ async def run(args: argparse.Namespace) -> int:
             await shared.wait(args.tokens / rate + 3600)
             await asyncio.wait_for(asyncio.gather(*watchers), timeout=60)
             elapsed = time.perf_counter() - started
-            stored = await read_back(http, f"{origin.url}{STREAM_PREFIX}{name}")
+            stored = await read_back(http, f"{origin.url}{path}")
         items = json.loads(stored)
         counts = origin.counts()
         exact = [v for v in viewers if v.closed and session.encode_transcript(v.messages) == stored]

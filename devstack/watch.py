@@ -8,6 +8,9 @@ Rules this module owns:
   URL, so the page and the edge can be on different hosts and ports.
 * ``/api/viewers`` is the edge's ``edge_sse_viewers`` gauge (viewers on that edge, every stream),
   read from its admin listener, which a browser should not reach directly.
+* With ``tokens`` (``--auth jwt``), each page embeds a token minted for its own run's stream
+  (``tokens(sub, stream path)``, ``devstack.demo_auth``); a run the minter does not host has no
+  page (404), so no visitor gets a token for a stream the page does not show.
 """
 
 from __future__ import annotations
@@ -25,8 +28,9 @@ PAGE_DIR = Path(__file__).resolve().parent / "watch_page"
 STREAM_PREFIX = "/v1/stream/"
 NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
 EDGE_URL = web.AppKey("edge_url", str)
-# With --auth jwt: makes a read-write token for each page a person opens.
-TOKENS = web.AppKey("tokens", Callable[[str], str])
+# With --auth jwt: (sub, stream path) -> the page's token for that stream, None if not a run here.
+Mint = Callable[[str, str], str | None]
+TOKENS = web.AppKey("tokens", Mint)
 ADMIN_URL = web.AppKey("admin_url", str)
 HTTP = web.AppKey("http", aiohttp.ClientSession)
 
@@ -39,15 +43,19 @@ async def page(request: web.Request) -> web.Response:
     stream = request.match_info["name"]
     if not NAME.match(stream):
         raise web.HTTPNotFound(text="no such run")
+    path = STREAM_PREFIX + stream
     config = {
         "edge": request.app[EDGE_URL],
-        "path": STREAM_PREFIX + stream,
+        "path": path,
         "stream": stream,
         "viewers": "/api/viewers",
     }
     mint = request.app.get(TOKENS)
     if mint is not None:
-        config["token"] = mint(f"page-{secrets.token_hex(4)}")
+        token = mint(f"page-{secrets.token_hex(4)}", path)
+        if token is None:
+            raise web.HTTPNotFound(text="no such run")
+        config["token"] = token
     # "</" cannot end the script element from inside a JSON string.
     embedded = json.dumps(config).replace("</", "<\\/")
     html = (PAGE_DIR / "watch.html").read_text().replace("{{CONFIG}}", embedded)
@@ -75,9 +83,7 @@ async def _http(app: web.Application) -> AsyncIterator[None]:
         yield
 
 
-def create_watch_app(
-    edge_url: str, admin_url: str, tokens: Callable[[str], str] | None = None
-) -> web.Application:
+def create_watch_app(edge_url: str, admin_url: str, tokens: Mint | None = None) -> web.Application:
     app = web.Application()
     app[EDGE_URL] = edge_url
     if tokens is not None:
@@ -95,7 +101,7 @@ async def serve_watch(
     admin_url: str,
     host: str = "127.0.0.1",
     port: int = 0,
-    tokens: Callable[[str], str] | None = None,
+    tokens: Mint | None = None,
 ) -> tuple[web.AppRunner, str]:
     """Start the watch server; returns its runner and base URL."""
     runner = web.AppRunner(create_watch_app(edge_url, admin_url, tokens), access_log=None)

@@ -171,12 +171,13 @@ class Metrics:
         )
         self.redis_up = Gauge(
             "edge_redis_up",
-            "1 while the shared tier is in use, 0 while its circuit breaker is open.",
+            "1 while the shared tier is in use, 0 until Redis first answers and while its "
+            "circuit breaker is open.",
             registry=self.registry,
         )
         self.redis_operations = Counter(
             "edge_redis_operations",
-            "Shared-tier operations by op (get, put, purge) and result "
+            "Shared-tier operations by op (get, put, purge, ping, ...) and result "
             "(hit, miss, ok, error, skipped).",
             ["op", "result"],
             registry=self.registry,

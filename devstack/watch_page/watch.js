@@ -15,6 +15,9 @@
 //   click never appends twice.
 // * Who holds the session and whether it was stopped is `fold(messages)`, the same fold as
 //   devstack/session.py.
+// * Anyone with write access can append any JSON value: a value that is not an object (null, a
+//   number, a string, an array) is kept in the transcript, shown raw and skipped by the fold;
+//   no message stops the ones after it from being shown.
 "use strict";
 (() => {
   const cfg = JSON.parse(document.getElementById("config").textContent);
@@ -31,11 +34,13 @@
   });
 
   // --- the session's shared state -------------------------------------------------------
+  const isMessage = (m) => typeof m === "object" && m !== null && !Array.isArray(m);
   function name(m) { return `${m.from}:${m.seq}`; }
   function fold(messages) {
     let holder = null, heldBy = null, releasedBy = null, stoppedBy = null;
     const finished = new Set();
     for (const m of messages) {
+      if (!isMessage(m)) continue;
       if (m.type === "control") {
         if (m.action === "stop" && stoppedBy === null) stoppedBy = name(m);
         else if (m.action === "take_over" && stoppedBy === null) { holder = m.from; heldBy = name(m); }
@@ -139,12 +144,22 @@
     reopenLater();
   }
 
+  // A data event is a JSON array of messages; anything else is kept whole, as one raw message.
+  function parse(data) {
+    try {
+      const value = JSON.parse(data);
+      return Array.isArray(value) ? value : [value];
+    } catch (error) {
+      return [data];
+    }
+  }
+
   function commit(offset, closed) {
     const fresh = [];
-    for (const data of pending) fresh.push(...JSON.parse(data));
+    for (const data of pending) fresh.push(...parse(data));
     pending = [];
     w.offset = offset;
-    for (const m of fresh) { w.messages.push(m); render(m); }
+    for (const m of fresh) { w.messages.push(m); show(m); }
     if (closed) {
       w.ended = true;
       if (source) source.close();
@@ -168,6 +183,35 @@
       case "status": return `${m.state}${m.ref ? ` (after ${m.ref})` : ""}`;
       default: return typeof m.text === "string" ? m.text : JSON.stringify(m);
     }
+  }
+
+  // Every message is shown: one that cannot be rendered is shown raw, so none breaks the page
+  // or hides what follows it.
+  function show(m) {
+    try {
+      if (isMessage(m)) { render(m); return; }
+    } catch (error) {
+      w.errors.push(`could not show a message: ${error.message}`);
+    }
+    raw(m);
+  }
+
+  function raw(m) {
+    const follow = transcript.scrollTop + transcript.clientHeight >= transcript.scrollHeight - 80;
+    const block = document.createElement("div");
+    block.className = "msg raw";
+    const who = document.createElement("span");
+    who.className = "who";
+    who.textContent = "not a message";
+    const body = document.createElement("span");
+    body.className = "body";
+    let text;
+    try { text = JSON.stringify(m); } catch (error) { text = undefined; }
+    body.textContent = typeof text === "string" ? text : String(m);
+    block.append(who, body);
+    transcript.append(block);
+    last = null;
+    if (follow) transcript.scrollTop = transcript.scrollHeight;
   }
 
   function render(m) {
@@ -223,7 +267,7 @@
     $("release").hidden = !mine || over;
     $("say-form").hidden = !mine || over;
     if (state.stoppedBy !== null && w.stopAckSeenAt === null && w.stopClickedAt !== null &&
-        w.messages.some((m) => m.type === "status" && m.state === "stopped")) {
+        w.messages.some((m) => isMessage(m) && m.type === "status" && m.state === "stopped")) {
       w.stopAckSeenAt = Date.now();
     }
   }

@@ -12,6 +12,9 @@ Rules this module owns:
   (``HANDOFF``), is not the fast path's. The configured credential headers are collected as
   sent: the scope they name is computed by the full path's own function
   (``edge.protocol.answer_key``), never approximated here.
+* A head with ``Expect`` hands the connection over for good, whatever its method: aiohttp
+  answers an expectation it does not meet (417) before the application runs, so no middleware
+  would tell the connection that answer was written, and the requests behind it would wait.
 * ``serialise`` + ``date_line`` + ``trailer`` write an answer the way aiohttp writes the edge's
   own answers: the status line and the answer's headers in order, ``Content-Length`` (never
   on a bodiless status), a default ``Content-Type``, ``Date``, and ``Connection`` where the
@@ -36,13 +39,13 @@ MAX_HEAD_BYTES = 8192
 IF_NONE_MATCH = b"if-none-match"
 ACCEPT_ENCODING = b"accept-encoding"
 ORIGIN = b"origin"
+EXPECT = b"expect"
 CONSULTED = frozenset({IF_NONE_MATCH, ACCEPT_ENCODING, ORIGIN, b"connection"})
 # Their presence means a body, an upgrade, a resumption or a negotiation the full path handles.
 HANDOFF = frozenset(
     {
         b"content-length",
         b"transfer-encoding",
-        b"expect",
         b"upgrade",
         b"last-event-id",
         b"range",
@@ -125,6 +128,8 @@ class HeadParser:
             return FOR_GOOD
         if not collector.complete:
             return FOR_GOOD  # a body follows: its framing is the full path's
+        if any(name == EXPECT for name, _ in collector.headers):
+            return FOR_GOOD
         if self._parser.get_method() != b"GET" or self._parser.get_http_version() != "1.1":
             return ONE_REQUEST
         consulted: dict[bytes, bytes] = {}

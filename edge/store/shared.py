@@ -17,6 +17,10 @@ Rules this module owns:
 * Every operation is bounded by ``timeout_seconds`` and guarded by a circuit breaker: Redis down
   or slow means service from the local tier and the origin, with no client error, until a probe
   after the cooldown finds it back.
+* The tier is **up** only once Redis has answered (``start`` pings it before the edge takes
+  traffic) and while the breaker is closed; until then readiness and ``edge_redis_up`` say down
+  and nothing waits on it. While it is not up, a ping every ``PROBE_SECONDS`` (as the breaker
+  allows) finds it, so it comes up without waiting for traffic.
 * Keys carry the scope: a credential's segments are never visible to another scope. All keys of
   a stream share a hash tag, so a stream's keys live in one slot of a cluster.
 """
@@ -60,6 +64,7 @@ PURGE_RETRY_MAX_SECONDS = 2.0
 # it guards has expired (its TTL) or the operator has been told.
 PURGE_RETRY_GIVE_UP_SECONDS = 3600.0
 MAX_CONTENT_TYPE_CHARS = 256
+PROBE_SECONDS = 1.0
 
 Errors = (RedisError, OSError, TimeoutError)
 
@@ -220,16 +225,44 @@ class SharedTier:
         self._issued: collections.deque[str] = collections.deque(maxlen=MAX_PENDING_PURGES)
         self._issued_set: set[str] = set()
         self._purges: dict[str, asyncio.Task[bool]] = {}
-        metrics.redis_up.set(1)
+        # Redis has answered once: a closed breaker alone says only that nothing failed yet.
+        self._reached = False
+        self._prober: asyncio.Task[None] | None = None
+        metrics.redis_up.set(0)
 
     @property
     def up(self) -> bool:
-        return self._breaker.state is BreakerState.CLOSED
+        return self._reached and self._breaker.state is BreakerState.CLOSED
+
+    async def start(self) -> None:
+        """Ping Redis once, so reachability is known before readiness is asked, then keep
+        pinging while the tier is not up."""
+        await self._ping()
+        self._prober = asyncio.ensure_future(self._probe_while_down())
+
+    async def _ping(self) -> None:
+        if not self._breaker.allow(self._clock()):
+            return
+        try:
+            async with asyncio.timeout(self._timeout):
+                await self._client.ping()
+        except Errors as error:
+            self._failed("ping", error)
+            return
+        self._succeeded()
+        self._count("ping", "ok")
+
+    async def _probe_while_down(self) -> None:
+        while True:
+            await asyncio.sleep(PROBE_SECONDS)
+            if not self.up:
+                await self._ping()
 
     async def close(self) -> None:
-        if self._listener is not None:
-            self._listener.cancel()
-            await asyncio.gather(self._listener, return_exceptions=True)
+        loops = [task for task in (self._listener, self._prober) if task is not None]
+        for loop in loops:
+            loop.cancel()
+        await asyncio.gather(*loops, return_exceptions=True)
         for task in [*self._pending, *self._purges.values()]:
             task.cancel()
         await asyncio.gather(*self._pending, *self._purges.values(), return_exceptions=True)
@@ -276,7 +309,8 @@ class SharedTier:
 
     def _succeeded(self) -> None:
         if not self.up:
-            log.info("shared tier is back")
+            log.info("shared tier is back" if self._reached else "shared tier reached")
+        self._reached = True
         self._breaker.success()
         self._metrics.redis_up.set(1)
 
@@ -434,7 +468,8 @@ class SharedTier:
 
     async def purged(self, stream: str, timeout_seconds: float) -> bool:
         """Wait up to ``timeout_seconds`` for the purge of ``stream`` to be durable; not at all
-        while the breaker is open (Redis is away: waiting would only delay the client)."""
+        while the tier is not up (Redis is away or never answered: waiting would only delay
+        the client)."""
         task = self._purges.get(stream)
         if task is None:
             return stream not in self.pending_purges

@@ -447,6 +447,7 @@ def create_app(settings: Settings, metrics: Metrics, origin: OriginClient) -> we
         if gate is not None:
             await gate.start()
         if shared is not None:
+            await shared.start()  # before the listener opens: readiness knows Redis from the first
             shared.listen_for_purges(cache.streams.purged_elsewhere, cache.streams.resync)
         yield
         await hub.close()

@@ -397,8 +397,9 @@ class _Connection(asyncio.Protocol):
 
     Order is kept by construction: a head the fast path cannot answer goes to aiohttp alone
     (``WAITING``), and nothing after it is read until aiohttp's answer is written
-    (``request_done``, from the tracker's middleware). A head with a body, one llhttp refuses,
-    or a backlog past ``MAX_WAITING_BYTES`` hands the connection to aiohttp for good. aiohttp's
+    (``request_done``, from the tracker's middleware). A head with a body or an ``Expect``
+    (whose 417 aiohttp writes without the middleware), one llhttp refuses, or a backlog past
+    ``MAX_WAITING_BYTES`` hands the connection to aiohttp for good. aiohttp's
     protocol is only made when the first request needs it.
     """
 

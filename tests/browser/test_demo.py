@@ -55,8 +55,13 @@ async def test_demo_prints_the_watch_url_and_its_summary_and_exits_0() -> None:
     assert demo.returncode == 0
 
 
-async def test_keep_running_a_person_takes_over_and_stops_the_run(browser: Browser) -> None:
-    demo = await start_demo("--viewers", "3", "--tokens", "300", "--keep-running")
+# With --auth jwt the page's token covers its run alone (tests/integration/test_demo_auth.py):
+# every control it writes still lands.
+@pytest.mark.parametrize("auth", [(), ("--auth", "jwt")], ids=["open", "jwt"])
+async def test_keep_running_a_person_takes_over_and_stops_the_run(
+    browser: Browser, auth: tuple[str, ...]
+) -> None:
+    demo = await start_demo("--viewers", "3", "--tokens", "300", "--keep-running", *auth)
     seen: list[str] = []
     try:
         url = (await line_starting(demo, "watch ", seen)).split(" ", 1)[1]

@@ -319,3 +319,39 @@ async def test_an_error_answer_is_shown_and_retried_with_backoff(
     await page.until("w.ended")
     await assert_exact(stack, agents_http, name, run, [page])
     assert await page.watch("w.reopens") >= 1
+
+
+async def test_values_that_are_not_messages_are_shown_raw_and_the_page_goes_on(
+    stack: Stack, browser: Browser, agents_http: aiohttp.ClientSession
+) -> None:
+    name = run_name("raw")
+    [page] = await open_pages(stack, browser, agents_http, name, 1)
+    await page.until("w.state === 'live'", within=10)
+    after = {"type": "human", "from": "someone", "seq": 0, "text": "still shown"}
+    take = {"type": "control", "from": "someone", "seq": 1, "action": "take_over"}
+    # One append each; an array body appends its items, so [[1]] appends the array [1].
+    for body in (b"null", b"3", b'"x"', b"[[1]]", json.dumps(after).encode()):
+        async with agents_http.post(
+            stack.stream_url(name), data=body, headers={"Content-Type": session.JSON}
+        ) as response:
+            assert response.status in (200, 204), await response.text()
+        await asyncio.sleep(0.05)  # separate data events, as separate writers would send them
+    async with agents_http.post(
+        stack.stream_url(name), data=json.dumps(take), headers={"Content-Type": session.JSON}
+    ) as response:
+        assert response.status in (200, 204)
+    await page.until("w.messages.length === 6")
+    stored = await origin_transcript(stack, agents_http, name)
+    assert json.loads(stored) == [None, 3, "x", [1], after, take]
+    assert (await page.transcript()).encode() == stored
+    assert page.errors == []
+    shown = (await page.shown()).splitlines()
+    assert shown[:4] == [f"msg raw | {raw}" for raw in ("null", "3", '"x"', "[1]")]
+    assert shown[4] == "msg type-human from-someone | still shown"
+    assert shown[5].startswith("msg type-control from-someone")
+    # The fold skipped the values: the take-over after them counts.
+    assert await page.page.inner_text("#holder") == "someone"
+    async with agents_http.head(stack.stream_url(name)) as response:
+        tail = response.headers["Stream-Next-Offset"]
+    assert await page.watch("w.offset") == tail
+    assert await page.page.inner_text("#offset") == tail

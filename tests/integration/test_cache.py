@@ -13,6 +13,7 @@ import pytest
 from multidict import CIMultiDict
 
 from devstack.processes import Edge, Origin, Redis, start_edge, start_redis, workers_under_test
+from tests.integration.test_faults import closed_port
 from tests.integration.test_passthrough import call, metric_value
 
 TEXT = {"Content-Type": "text/plain"}
@@ -379,3 +380,37 @@ async def test_redis_down_degrades_without_client_errors_and_recovers(
     finally:
         edge.stop()
         redis_server.stop()
+
+
+async def test_an_unreachable_redis_is_down_from_the_start_and_nothing_waits_for_it(
+    http: aiohttp.ClientSession, origin: Origin, logs_dir: Path, stream_path: str
+) -> None:
+    port = closed_port()
+    edge = start_edge(
+        origin.url, logs_dir, "--redis-url", f"redis://127.0.0.1:{port}/0", name="edge-no-redis"
+    )
+    restarted: Redis | None = None
+    try:
+        # The first answers already know: Redis never answered, so it is not up.
+        _, _, ready = await call(http, "GET", edge.admin_url + "/readyz")
+        assert json.loads(ready)["redis"] == "down"
+        assert metric_value(edge.metrics_text(), "edge_redis_up") == 0
+        # A creating PUT starts a durable purge; with Redis away it does not wait for it.
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        status, _, _ = await call(http, "PUT", edge.url + stream_path, headers=TEXT)
+        assert status == 201
+        assert loop.time() - started < 1.0
+        # Redis appears on that port: the tier finds it without any traffic (probe, breaker).
+        restarted = start_redis(logs_dir, port=port, name="redis-late")
+        for _ in range(150):
+            _, _, ready = await call(http, "GET", edge.admin_url + "/readyz")
+            if json.loads(ready)["redis"] == "up":
+                break
+            await asyncio.sleep(0.1)
+        assert json.loads(ready)["redis"] == "up"
+        assert metric_value(edge.metrics_text(), "edge_redis_up") == 1
+    finally:
+        edge.stop()
+        if restarted is not None:
+            restarted.stop()

@@ -273,6 +273,39 @@ async def test_pipelined_requests_are_answered_in_order_whichever_path_answers_t
     assert fast_answers(edge) - before == 5  # the stored hits answered in between the rest
 
 
+@pytest.mark.parametrize("method", ["GET", "DELETE"])
+async def test_an_expectation_the_edge_refuses_keeps_the_pipeline_behind_it(
+    http: aiohttp.ClientSession,
+    origin: Origin,
+    edge: Edge,
+    full_path_edge: Edge,
+    stream_path: str,
+    method: str,
+) -> None:
+    """aiohttp answers an unknown ``Expect`` with 417 before any middleware runs: the requests
+    pipelined behind it are answered at once, in order, not after the header timeout (10 s)."""
+    await make_stream(http, origin.url + stream_path, "text/plain", b"e" * 900, close=True)
+    hit = f"{stream_path}?offset=-1"
+    want = await warm(edge.url, hit)
+    refused = request(f"{stream_path}-other", "Expect: foo", method=method)
+    payload = request(hit) + refused + request(hit)
+    started = asyncio.get_running_loop().time()
+    reader, writer = await asyncio.open_connection(*host_port(edge.url))
+    try:
+        writer.write(payload)
+        await writer.drain()
+        answers = await asyncio.wait_for(read_answers(reader, ["GET", method, "GET"]), 3)
+    finally:
+        writer.close()
+    assert asyncio.get_running_loop().time() - started < 3
+    first, expectation, last = answers
+    assert expectation.status_line == b"HTTP/1.1 417 Expectation Failed"
+    alone = (await exchange(full_path_edge.url, refused, [method]))[0]
+    assert expectation.comparable() == alone.comparable()
+    assert first.comparable() == last.comparable() == want.comparable()
+    assert (await call(http, "HEAD", origin.url + stream_path))[0] == 200  # nothing relayed
+
+
 async def test_a_head_sent_byte_by_byte_and_a_slow_request_in_between_keep_the_connection(
     http: aiohttp.ClientSession, origin: Origin, edge: Edge, stream_path: str
 ) -> None:

@@ -66,3 +66,22 @@ async def test_an_unreachable_edge_admin_is_502_with_no_count(edge: Edge) -> Non
         response = await client.get("/api/viewers")
         assert response.status == 502
         assert await response.json() == {"viewers": None}
+
+
+async def test_with_tokens_a_page_is_served_only_for_a_hosted_run_with_that_runs_token(
+    edge: Edge,
+) -> None:
+    asked: list[tuple[str, str]] = []
+
+    def mint(sub: str, stream: str) -> str | None:
+        asked.append((sub, stream))
+        return f"token-for-{stream}" if stream == "/v1/stream/hosted" else None
+
+    app = create_watch_app(edge.url, edge.admin_url, mint)
+    async with TestClient(TestServer(app)) as client:
+        response = await client.get("/run/hosted")
+        assert response.status == 200
+        assert embedded_config(await response.text())["token"] == "token-for-/v1/stream/hosted"
+        assert (await client.get("/run/elsewhere")).status == 404
+    assert [stream for _, stream in asked] == ["/v1/stream/hosted", "/v1/stream/elsewhere"]
+    assert all(sub.startswith("page-") for sub, _ in asked)

@@ -15,6 +15,7 @@ import pytest
 
 from edge.log.segment import Segment
 from edge.log.stream_log import LogKey
+from edge.protocol.answer_key import AnswerKey, answer_key
 from edge.store.local import LocalTier, StoredHit
 
 ENTRIES = 5000
@@ -43,7 +44,7 @@ def streams(local: LocalTier, n: int) -> None:
 def frames(local: LocalTier, n: int) -> None:
     for i in range(n):
         name = ("sse", _offset(i, 0), _offset(i, 1), "0123456789abcdef", True, False, "4242", True)
-        local.put_derived(KEY, name, b"x")
+        assert local.put_derived(KEY, name, b"x", local.instance_for(KEY.stream))
 
 
 def responses(local: LocalTier, n: int) -> None:
@@ -54,7 +55,7 @@ def responses(local: LocalTier, n: int) -> None:
             instance=instance, etag=f'"{i}"', ok=b"HTTP/1.1 200 OK\r\n" + b"h" * 60,
             not_modified=b"HTTP/1.1 304 Not Modified\r\n" + b"h" * 60, body=b"x", cors=(),
         )  # fmt: skip
-        assert local.put_response(stream, "offset=-1", i % 2 == 0, hit)
+        assert local.put_response(key(stream, "offset=-1", gzip=i % 2 == 0), hit)
 
 
 @pytest.mark.parametrize("fill", [segments, scopes, streams, frames, responses])
@@ -99,6 +100,10 @@ def test_usage_reports_every_structure_and_purge_empties_it() -> None:
     assert local.bytes_used == 0
 
 
+def key(stream: str, query: str, *, gzip: bool, scope: str = "public") -> AnswerKey:
+    return AnswerKey(stream=stream, query=query, scope=scope, gzip=gzip, origin=None)
+
+
 def stored(local: LocalTier, stream: str) -> StoredHit:
     return StoredHit(
         instance=local.instance_for(stream), etag='"t"', ok=b"ok", not_modified=b"nm",
@@ -109,23 +114,28 @@ def stored(local: LocalTier, stream: str) -> StoredHit:
 def test_stored_responses_live_and_die_with_their_stream_instance() -> None:
     local = LocalTier(1 << 30)
     hit = stored(local, KEY.stream)
-    assert local.put_response(KEY.stream, "offset=-1", True, hit)
-    assert local.response(KEY.stream, "offset=-1", True) is hit
-    assert local.response(KEY.stream, "offset=-1", False) is None  # another representation
+    assert local.put_response(key(KEY.stream, "offset=-1", gzip=True), hit)
+    assert local.response(key(KEY.stream, "offset=-1", gzip=True)) is hit
+    assert local.response(key(KEY.stream, "offset=-1", gzip=False)) is None  # representation
+    assert local.response(key(KEY.stream, "offset=-1", gzip=True, scope="cred-x")) is None
     assert local.usage()["response"][1] == 1
     # An alias path is never a key: the index would not find it when the stream is purged.
-    assert not local.put_response(KEY.stream + "/./", "offset=-1", True, hit)
+    assert answer_key(
+        path=KEY.stream + "/./", query="", scope="public", accept_encoding=None, origin=None,
+        cors_varies=False,
+    ) is None  # fmt: skip
+    assert not local.put_response(key(KEY.stream + "/x", "offset=-1", gzip=True), hit)
     local.purge(KEY.stream)
-    assert local.response(KEY.stream, "offset=-1", True) is None
+    assert local.response(key(KEY.stream, "offset=-1", gzip=True)) is None
     assert local.usage()["response"] == (0, 0)
     # Made under the purged instance: refused, so nothing of it is answered again.
-    assert not local.put_response(KEY.stream, "offset=-1", True, hit)
+    assert not local.put_response(key(KEY.stream, "offset=-1", gzip=True), hit)
 
 
 def test_stored_responses_are_evicted_like_any_entry() -> None:
     local = LocalTier(64 * 1024)
     for i in range(200):
         stream = f"/v1/stream/evict-{i}"
-        local.put_response(stream, "", False, stored(local, stream))
+        local.put_response(key(stream, "", gzip=False), stored(local, stream))
     assert local.bytes_used <= 64 * 1024
     assert 0 < local.usage()["response"][1] < 200
