@@ -319,3 +319,54 @@ async def test_every_worker_answers_stored_hits_and_the_edge_counts_them_once(
     assert all(value > 0 for value in each), each
     total = metric_value(workers_edge.metrics_text(), "edge_fast_path_answers_total")
     assert total == sum(await per_worker_metric(http, workers_edge, "edge_fast_path_answers_total"))
+
+
+# Inside the first segment of b"deleted bytes": no worker holds a segment starting here, so a
+# read at it is a cache fill whichever worker takes it.
+MID_OFFSET = "0000000000000000_0000000000000002"
+
+
+@pytest.mark.parametrize("change", ["deleted", "recreated-as-json"])
+async def test_an_instance_change_one_worker_fills_reaches_every_worker(
+    http: aiohttp.ClientSession,
+    fresh: aiohttp.ClientSession,
+    origin: Origin,
+    workers_edge: Edge,
+    stream_path: str,
+    change: str,
+) -> None:
+    """A 404 (or a content type no longer the stream's) seen by one worker's fill is known to
+    every worker before that fill's answer: no worker serves the old stream afterwards."""
+    url = workers_edge.url + stream_path
+    await create(http, url, b"deleted bytes", close=True)
+    for _ in range(CONNECTIONS):
+        assert (await call(fresh, "GET", url + "?offset=-1"))[2] == b"deleted bytes"
+    held = await per_worker_metric(http, workers_edge, "edge_cache_segments")
+    assert all(segments >= 1 for segments in held), held  # closed: served from cache for good
+
+    # Behind the edge's back, at the origin itself.
+    assert (await call(http, "DELETE", origin.url + stream_path))[0] == 204
+    if change == "deleted":
+        expected: tuple[int, bytes] = (404, b"")
+    else:
+        json_type = {"Content-Type": "application/json"}
+        assert (await call(http, "PUT", origin.url + stream_path, headers=json_type))[0] == 201
+        data = b'[1, 2, 3, "a new stream"]'
+        assert (await call(http, "POST", origin.url + stream_path, headers=json_type, data=data))[
+            0
+        ] == 204
+        expected = (200, b'[1,2,3,"a new stream"]')
+
+    # One fill, on whichever worker this connection reaches, learns of it...
+    status, _, body = await call(fresh, "GET", f"{url}?offset={MID_OFFSET}")
+    assert b"bytes" not in body
+    assert status in (404, 200, 400), status
+    # ...and no worker serves the old stream afterwards, on any connection.
+    served = []
+    for _ in range(24):
+        status, _, body = await call(fresh, "GET", url + "?offset=-1")
+        served.append((status, body if status == 200 else b""))
+    assert b"deleted bytes" not in {body for _, body in served}, served
+    assert [status for status, _ in served] == [expected[0]] * 24, served
+    if change != "deleted":
+        assert all(json.loads(body) == json.loads(expected[1]) for _, body in served)
