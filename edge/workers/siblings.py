@@ -8,7 +8,7 @@ Rules this module owns:
   write: ``PUT``, ``POST``, ``DELETE``, whatever its status; a ``404`` to a read) is observed
   by every worker before it is relayed: the worker that relayed it tells the supervisor
   (``POST /observed`` on the supervisor's private loopback listener), which replays it to every
-  other listening worker (``POST /observe`` on theirs) and answers once they all did.
+  other reachable worker (``POST /observe`` on theirs) and answers once they all did.
 * Each sibling replays it with the same ``CatchupCache.observe`` the relaying worker ran, so the
   effect is exactly the single-process one (forgetting, tail invalidation, purges).
 * A sibling that does not answer in time (``SIBLING_SECONDS``) delays the answer no further:

@@ -22,7 +22,7 @@ from edge.streams import InstanceChanged, Streams, Unsettled
 from edge.workers.child import Bootstrap, encode, read_bootstrap
 from edge.workers.mirror import Mirror
 from edge.workers.siblings import decode_forgot, encode_forgot, replay_forgets, should_tell
-from edge.workers.supervisor import MAX_RESTART_DELAY_SECONDS, restart_delay
+from edge.workers.supervisor import MAX_RESTART_DELAY_SECONDS, parse_report, restart_delay
 
 MiB = 1024 * 1024
 
@@ -257,3 +257,16 @@ def test_a_forgetting_is_told_unless_the_supervisor_tells_it_or_a_replay_repeats
     assert not replay_forgets("POST", 204)
     assert not replay_forgets("PUT", 200)
     assert not replay_forgets("DELETE", 404)
+
+
+def test_a_worker_is_cleared_to_listen_only_after_its_reachable_report() -> None:
+    reachable = b'{"event": "reachable", "admin": "http://127.0.0.1:9"}\n'
+    assert parse_report(reachable, "reachable")["admin"] == "http://127.0.0.1:9"
+    # A worker that listened before reporting where it is reached is a failed start.
+    listening = b'{"event": "listening", "admin": "http://127.0.0.1:9", "listen": "x"}\n'
+    with pytest.raises(ValueError, match="expected a 'reachable'"):
+        parse_report(listening, "reachable")
+    with pytest.raises(ValueError, match="names its admin"):
+        parse_report(b'{"event": "reachable"}', "reachable")
+    with pytest.raises(ValueError):  # noqa: PT011 - json's own error: no message to match
+        parse_report(b"", "reachable")
