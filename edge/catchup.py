@@ -329,6 +329,9 @@ class CatchupCache:
             # its answer belongs to no instance the edge knows; read the current one instead.
             resolved.release()
             resolved = await self._resolve_once(key, offset, credentials)
+        if fill is not None:
+            # What a fill revealed (a 404, a new instance) is told before its answer goes out.
+            await self.streams.settled(key.stream)
         return resolved
 
     async def _resolve_once(
@@ -521,6 +524,7 @@ class CatchupCache:
         next_offset = first_value(response_headers, "stream-next-offset")
         if upstream.status == 404:
             self.streams.stream_gone(key)
+            await self.streams.settled(key.stream)
         elif upstream.status == 200 and is_offset_token(next_offset):
             instance = self.local.instance_for(key.stream)
             instance.touched_origin(self._clock())

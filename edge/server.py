@@ -13,6 +13,7 @@ import logging
 import resource
 import signal
 import socket
+import threading
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
@@ -115,8 +116,16 @@ async def _start(
     *,
     flag: str,
     tracker: ConnectionTracker | None = None,
-    reuse_port: bool = False,
 ) -> web.AppRunner:
+    runner = await _set_up(app, settings, tracker=tracker)
+    await _listen(runner, address, flag=flag, tracker=tracker)
+    return runner
+
+
+async def _set_up(
+    app: web.Application, settings: Settings, *, tracker: ConnectionTracker | None = None
+) -> web.AppRunner:
+    """The application running (its lifetimes entered), not yet listening."""
     runner = web.AppRunner(
         app,
         # A client that disconnects cancels its handler, and so its upstream request.
@@ -133,6 +142,18 @@ async def _start(
         ),
     )
     await runner.setup()
+    return runner
+
+
+async def _listen(
+    runner: web.AppRunner,
+    address: Address,
+    *,
+    flag: str,
+    tracker: ConnectionTracker | None = None,
+    reuse_port: bool = False,
+) -> None:
+    """Start accepting on ``address``; StartupError (the runner cleaned up) when it cannot."""
     site: web.BaseSite
     if tracker is None:
         site = web.TCPSite(runner, address.host, address.port, backlog=LISTEN_BACKLOG)
@@ -150,7 +171,6 @@ async def _start(
     except OSError as error:
         await runner.cleanup()
         raise StartupError(f"{flag} {address}: {_why(error, address)}") from None
-    return runner
 
 
 def _redis_location(url: str) -> str:
@@ -186,11 +206,50 @@ async def check_redis(url: str) -> bool:
     return True
 
 
-async def serve(settings: Settings, *, worker: Bootstrap | None = None) -> None:
+async def _start_worker(
+    stream_app: web.Application,
+    admin_app: web.Application,
+    settings: Settings,
+    tracker: ConnectionTracker,
+    cleared: threading.Event | None,
+) -> tuple[web.AppRunner, web.AppRunner]:
+    """A worker takes stream connections only once its siblings can reach it: its admin
+    listener first, reported to the supervisor (one ``{"event": "reachable"}`` line), and the
+    stream port once the supervisor, having recorded it, clears it to listen."""
+    stream_runner = await _set_up(stream_app, settings, tracker=tracker)
+    try:
+        admin_runner = await _start(
+            admin_app, settings.admin_listen, settings, flag="--admin-listen"
+        )
+    except StartupError:
+        await stream_runner.cleanup()
+        raise
+    reachable = {"event": "reachable", "admin": _bound_url(admin_runner, settings.admin_listen)}
+    print(json.dumps(reachable), flush=True)
+    if cleared is not None:
+        await asyncio.to_thread(cleared.wait)
+    try:
+        await _listen(
+            stream_runner, settings.listen, flag="--listen", tracker=tracker, reuse_port=True
+        )
+    except StartupError:
+        await admin_runner.cleanup()
+        raise
+    return stream_runner, admin_runner
+
+
+async def serve(
+    settings: Settings,
+    *,
+    worker: Bootstrap | None = None,
+    cleared: threading.Event | None = None,
+) -> None:
     """Run one edge until SIGTERM or SIGINT. A ``worker`` of ``--workers N`` (edge.workers)
-    shares the stream port with its siblings, tells them what its relayed writes changed
-    (edge.workers.siblings), and writes its metrics into the supervisor's directory when asked
-    (edge.workers.mirror); its supervisor checks Redis at start-up, once for all."""
+    shares the stream port with its siblings, which it listens on once ``cleared`` is set (its
+    supervisor has recorded where its siblings reach it), tells them what its relayed writes
+    changed and what it forgot (edge.workers.siblings), and writes its metrics into the
+    supervisor's directory when asked (edge.workers.mirror); its supervisor checks Redis at
+    start-up, once for all."""
     metrics = Metrics()
     origin = OriginClient(settings)
     stream_app = create_app(settings, metrics, origin)
@@ -225,21 +284,21 @@ async def serve(settings: Settings, *, worker: Bootstrap | None = None) -> None:
             token=settings.purge_token,
             index=worker.index,
         )
-    stream_runner = await _start(
-        stream_app,
-        settings.listen,
-        settings,
-        flag="--listen",
-        tracker=tracker,
-        reuse_port=worker is not None,
-    )
-    try:
-        admin_runner = await _start(
-            admin_app, settings.admin_listen, settings, flag="--admin-listen"
+    if worker is None:
+        stream_runner = await _start(
+            stream_app, settings.listen, settings, flag="--listen", tracker=tracker
         )
-    except StartupError:
-        await stream_runner.cleanup()
-        raise
+        try:
+            admin_runner = await _start(
+                admin_app, settings.admin_listen, settings, flag="--admin-listen"
+            )
+        except StartupError:
+            await stream_runner.cleanup()
+            raise
+    else:
+        stream_runner, admin_runner = await _start_worker(
+            stream_app, admin_app, settings, tracker, cleared
+        )
     if settings.redis_url and worker is None:
         await check_redis(settings.redis_url)
 
@@ -290,9 +349,9 @@ def run(settings: Settings) -> int:
     return 0
 
 
-def run_worker(worker: Bootstrap) -> None:
-    """One worker of ``--workers N`` (edge.workers.child)."""
-    _run_loop(serve(worker.settings, worker=worker))
+def run_worker(worker: Bootstrap, cleared: threading.Event) -> None:
+    """One worker of ``--workers N`` (edge.workers.child); ``cleared``: see ``serve``."""
+    _run_loop(serve(worker.settings, worker=worker, cleared=cleared))
 
 
 def _run_loop(main: Coroutine[Any, Any, T]) -> T:

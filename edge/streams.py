@@ -12,6 +12,14 @@ Rules this module owns:
   purge from the admin listener or another replica. Forgetting drops the instance with every
   entry kept for it (segments, logs, derived frames), ends its live tails, viewers and waiting
   long-polls (``forgotten`` listeners), and starts a durable purge in the shared tier.
+* **What this process decides to forget, it tells.** Every forgetting this process decides from
+  what it learned itself (``purge``, and a 404 that forgets one scope), whatever its cause, goes
+  through ``_decided``, which hands it to the ``on_forget`` tellers (the sibling workers of
+  ``--workers N``: edge.workers.siblings) and keeps what they return until it is done. Whoever
+  is about to answer with what revealed it awaits ``settled(stream)`` first, so no sibling
+  serves the old instance after that answer. A teller bounds its own work (a sibling that does
+  not answer delays nothing further). Forgetting learned from the shared tier is not told: every
+  process hears the shared tier itself.
 * **Work started under an instance stores nothing once it is gone**: callers pass the instance
   they started with, and ``LocalTier.current`` decides.
 * **Replicas agree through generations.** With a shared tier, a replica confirms a stream's
@@ -30,7 +38,8 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
+from typing import Generic, TypeVar
 
 from edge.coalesce import SingleFlight
 from edge.config import Settings
@@ -64,6 +73,35 @@ class InstanceChanged(Exception):
     """The stream instance a live upstream was following is gone."""
 
 
+T = TypeVar("T", bound=Hashable)
+
+
+class Unsettled(Generic[T]):
+    """Work still under way per stream (telling siblings of a forgetting): what an answer about
+    the stream waits for. Pure bookkeeping; the caller awaits the handles it lists."""
+
+    def __init__(self) -> None:
+        self._by_stream: dict[str, set[T]] = {}
+
+    def add(self, stream: str, handle: T) -> None:
+        self._by_stream.setdefault(stream, set()).add(handle)
+
+    def done(self, stream: str, handle: T) -> None:
+        handles = self._by_stream.get(stream)
+        if handles is not None:
+            handles.discard(handle)
+            if not handles:
+                del self._by_stream[stream]
+
+    def of(self, stream: str) -> tuple[T, ...]:
+        return tuple(self._by_stream.get(stream, ()))
+
+
+# Told of each forgetting this process decided: the stream, and the scope forgotten (the public
+# scope forgets the whole instance). Returns the telling under way, or None (nothing to tell).
+Teller = Callable[[LogKey], "asyncio.Future[None] | None"]
+
+
 class Streams:
     def __init__(
         self,
@@ -87,6 +125,9 @@ class Streams:
         self._probing: set[StreamInstance] = set()
         # Told of every stream forgotten on this replica (live tails and viewers stop).
         self.forgotten: list[Callable[[str], None]] = []
+        # Told of every forgetting this process decided itself (see the module rules).
+        self.on_forget: list[Teller] = []
+        self._telling: Unsettled[asyncio.Future[None]] = Unsettled()
 
     def ticket(self) -> int:
         """Orders origin exchanges: taken when a request starts and when its answer arrives."""
@@ -362,6 +403,23 @@ class Streams:
             self.purge(key.stream, only_if_known=not self.local.holds_data(key.stream))
         else:
             self.local.purge_scope(key)
+            self._decided(key)
+
+    def _decided(self, key: LogKey) -> None:
+        """The one place a forgetting this process decided is told (see the module rules)."""
+        stream = key.stream
+        for teller in self.on_forget:
+            telling = teller(key)
+            if telling is not None:
+                self._telling.add(stream, telling)
+                telling.add_done_callback(lambda done: self._telling.done(stream, done))
+
+    async def settled(self, stream: str) -> None:
+        """Return once every forgetting of ``stream`` this process decided has been told (each
+        teller bounds its own time)."""
+        pending = self._telling.of(stream)
+        if pending:
+            await asyncio.wait(pending)
 
     def forget_locally(self, stream: str) -> int:
         """Forget ``stream`` (its instance and everything kept for it) on this replica."""
@@ -401,6 +459,7 @@ class Streams:
                 instance = self.local.instance_for(stream)
                 instance.generation = generation
                 instance.verified_at = self._clock()
+        self._decided(LogKey(stream=stream, scope=PUBLIC_SCOPE))
         return dropped
 
     async def purged(self, stream: str, timeout_seconds: float = PURGE_WAIT_SECONDS) -> bool:

@@ -16,9 +16,9 @@ Rules this module owns:
   loopback admin listener), the same 400s, then the purge goes to every worker (with the
   supervisor's private token) and the answer is 200 only when every worker purged it durably,
   202 when all purged and some still retry the shared tier, 503 when a worker did not confirm
-  (a purge is idempotent: retry it). A worker that is not running holds nothing to purge (a
-  new one starts empty); one starting up is waited for, since it may accept stream
-  connections before its admin listener is known.
+  (a purge is idempotent: retry it). A worker whose admin listener is not recorded holds
+  nothing to purge: it has not run, or is starting empty and takes no stream connection
+  before it is recorded (edge.workers.supervisor).
 * ``/healthz``: the supervisor is alive (it restarts workers itself).
 * Workers reach the supervisor on a second, private loopback listener (``start_internal``),
   never on ``--admin-listen``: ``POST /observed`` relays a write one worker saw to the others
@@ -58,7 +58,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 WORKER_CALL_SECONDS = 3.0  # above a worker's own origin probe timeout (2 s)
-STARTING_WORKER_WAIT_SECONDS = 5.0
 
 
 class EdgeFamilies(Collector):
@@ -108,7 +107,7 @@ class Fleet:
             "Worker processes listening now, of --workers.",
             registry=self.registry,
         )
-        up.set_function(lambda: sum(1 for w in self.workers if w.admin is not None))
+        up.set_function(lambda: sum(1 for w in self.workers if w.listening.is_set()))
 
     @property
     def authorization(self) -> dict[str, str]:
@@ -140,7 +139,9 @@ class Fleet:
 
 
 def _readiness(fleet: Fleet, reports: list[tuple[int, dict[str, Any] | None]]) -> dict[str, Any]:
-    listening = [(w, r) for w, r in zip(fleet.workers, reports, strict=True) if w.admin is not None]
+    listening = [
+        (w, r) for w, r in zip(fleet.workers, reports, strict=True) if w.listening.is_set()
+    ]
     each = [
         {
             **(body or {"origin": "no answer"}),
@@ -166,18 +167,13 @@ def _readiness(fleet: Fleet, reports: list[tuple[int, dict[str, Any] | None]]) -
 
 
 async def _purge_one(fleet: Fleet, worker: Worker, query: str) -> dict[str, Any]:
-    if worker.running and worker.admin is None:
-        try:
-            await asyncio.wait_for(worker.listening.wait(), STARTING_WORKER_WAIT_SECONDS)
-        except TimeoutError:
-            return {"worker": worker.index, "status": 0, "detail": "starting; did not confirm"}
-    if not worker.running:
+    if worker.admin is None:
         return {
             "worker": worker.index,
             "status": 200,
             "segments": 0,
             "durable": True,
-            "detail": "not running: holds nothing",
+            "detail": "not reachable yet: holds nothing",
         }
     status, body = await fleet.call(worker, "POST", "/purge?" + query)
     body = body or {}
@@ -245,7 +241,7 @@ def add_internal_routes(app: web.Application, fleet: Fleet) -> None:
     """The supervisor's private loopback listener: what workers ask of it."""
 
     async def observed(request: web.Request) -> web.Response:
-        # One worker relayed a write (edge.workers.siblings): every other listening worker
+        # One worker relayed a change (edge.workers.siblings): every other reachable worker
         # replays it before that worker answers its client.
         if request.headers.get("Authorization") != fleet.authorization["Authorization"]:
             return web.Response(status=401)

@@ -9,6 +9,10 @@ Rules this module owns:
   make every update a write to a file); the directory goes to ``edge.workers.mirror``.
 * When the pipe closes, the supervisor is gone (killed, even with SIGKILL): the worker exits at
   once rather than keep serving a port nobody supervises, or keep a restarted edge's port busy.
+* The worker reports its admin listener (``{"event": "reachable", "admin": ...}`` on stdout)
+  before it takes any stream connection, and listens on the stream port only once the
+  supervisor writes ``CLEARED`` on the pipe: the supervisor has recorded where it is reached,
+  so every write a sibling relays from then on reaches it. Then it reports ``listening``.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ from edge.config import Settings
 LENGTH = struct.Struct("!I")
 # The exit code of a worker whose supervisor disappeared (EX_SOFTWARE would suggest a bug).
 ORPHANED = 75
+# The one thing the supervisor writes after the bootstrap: "your siblings reach you: listen".
+CLEARED = b"L"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -60,9 +66,10 @@ def read_bootstrap(stream: BinaryIO) -> Bootstrap:
     return bootstrap
 
 
-def _exit_when_orphaned(stream: BinaryIO) -> None:
-    while stream.read(4096):
-        pass
+def _watch_supervisor(stream: BinaryIO, cleared: threading.Event) -> None:
+    while chunk := stream.read(4096):
+        if CLEARED in chunk:
+            cleared.set()
     os._exit(ORPHANED)
 
 
@@ -76,14 +83,15 @@ def main() -> None:
         format=f"%(asctime)s %(levelname)s worker-{bootstrap.index} %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    cleared = threading.Event()
     threading.Thread(
-        target=_exit_when_orphaned, args=(stdin,), name="orphan-watch", daemon=True
+        target=_watch_supervisor, args=(stdin, cleared), name="supervisor-watch", daemon=True
     ).start()
 
     from edge.server import StartupError, run_worker
 
     try:
-        run_worker(bootstrap)
+        run_worker(bootstrap, cleared)
     except StartupError as error:
         print(f"edge: error: worker {bootstrap.index}: {error}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None

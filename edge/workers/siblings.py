@@ -8,12 +8,23 @@ Rules this module owns:
   write: ``PUT``, ``POST``, ``DELETE``, whatever its status; a ``404`` to a read) is observed
   by every worker before it is relayed: the worker that relayed it tells the supervisor
   (``POST /observed`` on the supervisor's private loopback listener), which replays it to every
-  other listening worker (``POST /observe`` on theirs) and answers once they all did.
+  other reachable worker (``POST /observe`` on theirs) and answers once they all did.
 * Each sibling replays it with the same ``CatchupCache.observe`` the relaying worker ran, so the
   effect is exactly the single-process one (forgetting, tail invalidation, purges).
 * A sibling that does not answer in time (``SIBLING_SECONDS``) delays the answer no further:
   the write happened at the origin and cannot be taken back; that sibling is then as far behind
   as another replica would be (``--tail-freshness``). It is logged.
+* Forgetting a worker decides inside its own work (a fill's 404, a content type that is not the
+  stream's, a tail the core finds impossible, a live tail's 404: ``Streams.on_forget``) is told
+  the same way, as a ``forgot`` message, and each sibling forgets the same (``stream_gone`` for
+  that scope, which for the public scope forgets the instance). The answer that revealed it
+  waits for the telling (``Streams.settled``), bounded as above.
+* Nothing is told twice, and nothing loops: what a worker does at its supervisor's request (on
+  its private admin listener: a replayed observation or forgetting, a purge the supervisor sends
+  to every worker) the supervisor already tells every worker, so it is not told again; a
+  forgetting caused by observing a relayed answer whose replay forgets the same
+  (``replay_forgets``) is not told beside it. Forgetting is idempotent in effect: a sibling
+  told twice only drops what it learned in between, which it fetches again.
 * The calls carry the supervisor's private token; the request headers travel (the credential
   scope of a 404 depends on them) only over loopback, between processes of this edge.
 """
@@ -24,12 +35,15 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Sequence
+from contextvars import ContextVar
 from dataclasses import replace
 
 import aiohttp
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from edge.catchup import CatchupCache
+from edge.log.stream_log import LogKey
 from edge.web.app import CACHE, RELAY
 
 log = logging.getLogger(__name__)
@@ -38,8 +52,30 @@ SIBLING_SECONDS = 3.0  # above a purge's wait for Redis (2 s)
 WRITES = frozenset({"PUT", "POST", "DELETE"})
 
 
+# Set while this worker does what its supervisor asked: the supervisor tells every worker itself.
+_AT_SUPERVISORS_REQUEST: ContextVar[bool] = ContextVar("at_supervisors_request", default=False)
+# The stream of a relayed answer being observed here whose replay on siblings forgets it too.
+_REPLAY_FORGETS: ContextVar[str | None] = ContextVar("replay_forgets", default=None)
+
+
 def worth_telling(method: str, status: int) -> bool:
     return method.upper() in WRITES or status == 404
+
+
+def replay_forgets(method: str, status: int) -> bool:
+    """Does replaying this observation forget the stream on a sibling, as it did here?
+    (``Streams.observe``: a DELETE that succeeded, a creating PUT, a 404 to a read; a 404 to a
+    credentialed read forgets that scope on the sibling as here.)"""
+    method = method.upper()
+    return (
+        (method == "DELETE" and status < 400)
+        or (method == "PUT" and status == 201)
+        or (method in ("GET", "HEAD") and status == 404)
+    )
+
+
+def should_tell(key: LogKey, *, at_supervisors_request: bool, replayed: str | None) -> bool:
+    return not at_supervisors_request and replayed != key.stream
 
 
 def encode(
@@ -60,9 +96,27 @@ def encode(
     ).encode()
 
 
+def encode_forgot(key: LogKey) -> bytes:
+    return json.dumps({"kind": "forgot", "stream": key.stream, "scope": key.scope}).encode()
+
+
+def decode_forgot(data: object) -> LogKey | None:
+    """The forgetting a ``forgot`` message names; None when the message is not one."""
+    if not isinstance(data, dict) or data.get("kind") != "forgot":
+        return None
+    stream, scope = data.get("stream"), data.get("scope")
+    if not isinstance(stream, str) or not isinstance(scope, str):
+        raise ValueError("a forgot message names a stream and a scope")
+    return LogKey(stream=stream, scope=scope)
+
+
 async def replay(cache: CatchupCache, body: bytes) -> None:
-    """Run one observation a sibling relayed; ValueError when it is not one."""
+    """Run one observation or forgetting a sibling relayed; ValueError when it is neither."""
     data = json.loads(body)
+    forgot = decode_forgot(data)
+    if forgot is not None:
+        cache.streams.stream_gone(forgot)
+        return
     pairs = [
         [(str(name), str(value)) for name, value in data[key]]
         for key in ("request_headers", "response_headers")
@@ -90,6 +144,7 @@ def share_observations(
     assert local is not None
     session: list[aiohttp.ClientSession] = []
     authorization = {"Authorization": f"Bearer {token}"}
+    observed = f"{supervisor}/observed?worker={index}"
 
     async def observe(
         method: str,
@@ -101,12 +156,35 @@ def share_observations(
     ) -> None:
         if not worth_telling(method, status) or not session:
             await local(method, stream, status, request_headers, response_headers, started)
-            return
-        body = encode(method, stream, status, request_headers, response_headers)
-        await asyncio.gather(
-            local(method, stream, status, request_headers, response_headers, started),
-            _tell(session[0], f"{supervisor}/observed?worker={index}", body, authorization),
-        )
+        else:
+            body = encode(method, stream, status, request_headers, response_headers)
+            covered = _REPLAY_FORGETS.set(stream if replay_forgets(method, status) else None)
+            try:
+                await asyncio.gather(
+                    local(method, stream, status, request_headers, response_headers, started),
+                    _tell(session[0], observed, body, authorization),
+                )
+            finally:
+                _REPLAY_FORGETS.reset(covered)
+        # What observing it made this worker forget beyond that (a write below the tail it knew).
+        await cache.streams.settled(stream)
+
+    def forgot(key: LogKey) -> asyncio.Future[None] | None:
+        if not session or not should_tell(
+            key,
+            at_supervisors_request=_AT_SUPERVISORS_REQUEST.get(),
+            replayed=_REPLAY_FORGETS.get(),
+        ):
+            return None
+        return asyncio.ensure_future(_tell(session[0], observed, encode_forgot(key), authorization))
+
+    @web.middleware
+    async def at_supervisors_request(request: web.Request, handler: Handler) -> web.StreamResponse:
+        told = _AT_SUPERVISORS_REQUEST.set(True)
+        try:
+            return await handler(request)
+        finally:
+            _AT_SUPERVISORS_REQUEST.reset(told)
 
     async def lifetime(_: web.Application) -> AsyncIterator[None]:
         session.append(aiohttp.ClientSession())
@@ -124,6 +202,8 @@ def share_observations(
 
     stream_app[RELAY] = replace(relay, observe=observe)
     stream_app.cleanup_ctx.append(lifetime)
+    cache.streams.on_forget.append(forgot)
+    admin_app.middlewares.append(at_supervisors_request)
     admin_app.router.add_post("/observe", replayed)
 
 
@@ -138,7 +218,7 @@ async def _tell(
             await response.read()
             if response.status != 204:
                 log.warning(
-                    "siblings were not all told of a write (supervisor: %d)", response.status
+                    "siblings were not all told of a change (supervisor: %d)", response.status
                 )
     except (aiohttp.ClientError, TimeoutError, OSError) as error:
-        log.warning("siblings were not told of a write: %s", type(error).__name__)
+        log.warning("siblings were not told of a change: %s", type(error).__name__)

@@ -14,6 +14,12 @@ Rules this module owns:
   supervisor, collecting connections nobody accepts until the restart.) Before reserving, one
   plain bind checks that nobody listens on the port: ``SO_REUSEPORT`` alone would silently share
   it with another edge of the same user.
+* A worker takes stream connections only once its siblings can reach it, at the first start as
+  at a restart: it reports its admin listener (``reachable``), the supervisor records it (from
+  then on every write or forgetting a sibling relays is replayed on it: edge.workers.siblings)
+  and only then writes ``CLEARED`` on its pipe, and the worker starts listening on the stream
+  port (``listening``). A worker whose admin URL is not recorded has served nothing and holds
+  nothing.
 * Workers start together; the edge is listening (the one ``{"event": "listening"}`` line on
   stdout, with the real port and the supervisor's admin URL) only when every worker is. A worker
   that fails to start then is a start-up failure of the edge (exit 2).
@@ -49,7 +55,7 @@ from prometheus_client import multiprocess
 from edge.config import Address, Settings, per_worker
 from edge.server import StartupError, _why, check_redis
 from edge.workers.admin import Fleet, start_admin, start_internal
-from edge.workers.child import Bootstrap, encode
+from edge.workers.child import CLEARED, Bootstrap, encode
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +76,8 @@ class WorkerFailed(Exception):
 class Worker:
     index: int
     proc: asyncio.subprocess.Process | None = None
-    admin: str | None = None  # its private admin URL, while it listens
-    listening: asyncio.Event = field(default_factory=asyncio.Event)
+    admin: str | None = None  # its private admin URL, from when it is reachable until it exits
+    listening: asyncio.Event = field(default_factory=asyncio.Event)  # on the stream port
     started_at: float = 0.0
     failures: int = 0  # consecutive exits without STABLE_SECONDS of life
     forwarder: asyncio.Task[None] | None = None
@@ -184,15 +190,19 @@ class Supervisor:
         proc.stdin.write(encode(bootstrap))
         try:
             await proc.stdin.drain()
-            line = await asyncio.wait_for(proc.stdout.readline(), START_TIMEOUT_SECONDS)
-            ready = json.loads(line)
-            worker.admin = str(ready["admin"])
+            reachable = await _report(proc.stdout, "reachable")
+            # Recorded before the worker may listen: a write relayed from now on reaches it.
+            worker.admin = str(reachable["admin"])
+            proc.stdin.write(CLEARED)
+            await proc.stdin.drain()
+            await _report(proc.stdout, "listening")
         except (TimeoutError, ValueError, KeyError, TypeError, ConnectionError) as error:
+            worker.admin = None
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             code = await proc.wait()
             multiprocess.mark_process_dead(proc.pid, self.metrics_dir)  # type: ignore[no-untyped-call]
-            reason = "no listening line in time" if isinstance(error, TimeoutError) else None
+            reason = "no report line in time" if isinstance(error, TimeoutError) else None
             raise WorkerFailed(reason or f"exited with code {code} (see its error above)") from None
         worker.listening.set()
         log.info("worker %d (pid %d) listening, admin %s", worker.index, proc.pid, worker.admin)
@@ -264,6 +274,21 @@ class Supervisor:
                 with contextlib.suppress(ProcessLookupError):
                     worker.proc.kill()
                 await worker.proc.wait()
+
+
+def parse_report(line: bytes, event: str) -> dict[str, object]:
+    """A worker's report line on its stdout, which must be ``event``; ValueError if not."""
+    report = json.loads(line)
+    if not isinstance(report, dict) or report.get("event") != event:
+        raise ValueError(f"expected a {event!r} report from the worker")
+    if not isinstance(report.get("admin"), str):
+        raise ValueError("a worker's report names its admin listener")
+    return report
+
+
+async def _report(stdout: asyncio.StreamReader, event: str) -> dict[str, object]:
+    line = await asyncio.wait_for(stdout.readline(), START_TIMEOUT_SECONDS)
+    return parse_report(line, event)
 
 
 async def _forward(stdout: asyncio.StreamReader, index: int) -> None:

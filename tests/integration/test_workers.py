@@ -319,3 +319,145 @@ async def test_every_worker_answers_stored_hits_and_the_edge_counts_them_once(
     assert all(value > 0 for value in each), each
     total = metric_value(workers_edge.metrics_text(), "edge_fast_path_answers_total")
     assert total == sum(await per_worker_metric(http, workers_edge, "edge_fast_path_answers_total"))
+
+
+# Inside the first segment of b"deleted bytes": no worker holds a segment starting here, so a
+# read at it is a cache fill whichever worker takes it.
+MID_OFFSET = "0000000000000000_0000000000000002"
+
+
+@pytest.mark.parametrize("change", ["deleted", "recreated-as-json"])
+async def test_an_instance_change_one_worker_fills_reaches_every_worker(
+    http: aiohttp.ClientSession,
+    fresh: aiohttp.ClientSession,
+    origin: Origin,
+    workers_edge: Edge,
+    stream_path: str,
+    change: str,
+) -> None:
+    """A 404 (or a content type no longer the stream's) seen by one worker's fill is known to
+    every worker before that fill's answer: no worker serves the old stream afterwards."""
+    url = workers_edge.url + stream_path
+    await create(http, url, b"deleted bytes", close=True)
+    for _ in range(CONNECTIONS):
+        assert (await call(fresh, "GET", url + "?offset=-1"))[2] == b"deleted bytes"
+    held = await per_worker_metric(http, workers_edge, "edge_cache_segments")
+    assert all(segments >= 1 for segments in held), held  # closed: served from cache for good
+
+    # Behind the edge's back, at the origin itself.
+    assert (await call(http, "DELETE", origin.url + stream_path))[0] == 204
+    if change == "deleted":
+        expected: tuple[int, bytes] = (404, b"")
+    else:
+        json_type = {"Content-Type": "application/json"}
+        assert (await call(http, "PUT", origin.url + stream_path, headers=json_type))[0] == 201
+        data = b'[1, 2, 3, "a new stream"]'
+        assert (await call(http, "POST", origin.url + stream_path, headers=json_type, data=data))[
+            0
+        ] == 204
+        expected = (200, b'[1,2,3,"a new stream"]')
+
+    # One fill, on whichever worker this connection reaches, learns of it...
+    status, _, body = await call(fresh, "GET", f"{url}?offset={MID_OFFSET}")
+    assert b"bytes" not in body
+    assert status in (404, 200, 400), status
+    # ...and no worker serves the old stream afterwards, on any connection.
+    served = []
+    for _ in range(24):
+        status, _, body = await call(fresh, "GET", url + "?offset=-1")
+        served.append((status, body if status == 200 else b""))
+    assert b"deleted bytes" not in {body for _, body in served}, served
+    assert [status for status, _ in served] == [expected[0]] * 24, served
+    if change != "deleted":
+        assert all(json.loads(body) == json.loads(expected[1]) for _, body in served)
+
+
+def _children(pid: int) -> set[int]:
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.add(int(entry.name))
+    return found
+
+
+def _threads(pid: int) -> int:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0
+    return next(int(line.split()[1]) for line in status.splitlines() if line[:8] == "Threads:")
+
+
+def _listening_ports(pid: int) -> set[int]:
+    """The TCP ports ``pid`` listens on (its sockets in state LISTEN, from /proc)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+async def _until(condition: Any, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.005)
+
+
+async def test_a_restarted_worker_takes_no_connection_before_its_siblings_can_reach_it(
+    http: aiohttp.ClientSession, fresh: aiohttp.ClientSession, workers_edge: Edge, stream_path: str
+) -> None:
+    """A restarted worker listens on the stream port only once the supervisor has its admin URL
+    (so writes its siblings relay reach it); frozen supervisors are the slow case made wide."""
+    url = workers_edge.url + stream_path
+    port = int(workers_edge.url.rsplit(":", 1)[1])
+    await create(http, url, b"old bytes", close=True)
+    _, report = await readiness(http, workers_edge)
+    before = {worker["pid"] for worker in report["per_worker"]}
+    supervisor = workers_edge.process.pid
+    os.kill(report["per_worker"][0]["pid"], signal.SIGKILL)
+
+    def started() -> set[int]:
+        # Its bootstrap read (the orphan watch is its second thread): it needs the supervisor
+        # for nothing else to start.
+        return {pid for pid in _children(supervisor) - before if _threads(pid) >= 2}
+
+    await _until(started, 15, "the killed worker was not restarted")
+    (restarted,) = started()
+    os.kill(supervisor, signal.SIGSTOP)
+    try:
+        # The worker goes as far as it can on its own: its admin listener (its stdout line to
+        # the supervisor waits in the pipe), but not the stream port.
+        await _until(lambda: _listening_ports(restarted), 20, "the worker never listened")
+        for _ in range(20):
+            assert port not in _listening_ports(restarted), "listening before the supervisor knew"
+            await asyncio.sleep(0.025)
+    finally:
+        os.kill(supervisor, signal.SIGCONT)
+
+    await _until(lambda: port in _listening_ports(restarted), 15, "the worker never took the port")
+    # At once: the new worker holds the stream (some of these reach it), then a write relayed
+    # by whichever worker takes it reaches the other.
+    for _ in range(CONNECTIONS):
+        assert (await call(fresh, "GET", url + "?offset=-1"))[2] == b"old bytes"
+    assert (await call(fresh, "DELETE", url))[0] == 204
+    for _ in range(CONNECTIONS):
+        assert (await call(fresh, "GET", url + "?offset=-1"))[0] == 404
+    _, after = await readiness(http, workers_edge)
+    assert after["workers_up"] == 2
+    assert restarted in {worker["pid"] for worker in after["per_worker"]}

@@ -1,17 +1,28 @@
-"""--workers: how the edge's bounds are shared among workers, and the restart backoff."""
+"""--workers: how the edge's bounds are shared among workers, the restart backoff, and how one
+worker's decisions to forget a stream are told to its siblings."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
 from edge.config import Address, Settings, per_worker
+from edge.log.stream_log import LogKey
+from edge.metrics import Metrics
+from edge.origin import OriginClient
+from edge.protocol.reads import PUBLIC_SCOPE
+from edge.store.local import LocalTier
+from edge.streams import InstanceChanged, Streams, Unsettled
 from edge.workers.child import Bootstrap, encode, read_bootstrap
 from edge.workers.mirror import Mirror
-from edge.workers.supervisor import MAX_RESTART_DELAY_SECONDS, restart_delay
+from edge.workers.siblings import decode_forgot, encode_forgot, replay_forgets, should_tell
+from edge.workers.supervisor import MAX_RESTART_DELAY_SECONDS, parse_report, restart_delay
 
 MiB = 1024 * 1024
 
@@ -134,3 +145,128 @@ def test_a_dead_workers_counts_stay_and_its_gauges_go(tmp_path: Path) -> None:
         s.name: s.value for f in collector.collect() for s in f.samples if f.type == "counter"
     }
     assert counters["edge_requests_total"] == 7
+
+
+# --- telling siblings what a worker forgot ---
+
+OFFSET_5 = "0000000000000000_0000000000000005"
+OFFSET_9 = "0000000000000000_0000000000000009"
+
+
+def test_unsettled_lists_what_is_under_way_per_stream_until_done() -> None:
+    unsettled: Unsettled[str] = Unsettled()
+    assert unsettled.of("/a") == ()
+    unsettled.add("/a", "one")
+    unsettled.add("/a", "two")
+    unsettled.add("/b", "three")
+    assert sorted(unsettled.of("/a")) == ["one", "two"]
+    unsettled.done("/a", "one")
+    unsettled.done("/a", "one")  # twice: nothing more happens
+    unsettled.done("/c", "never added")
+    assert unsettled.of("/a") == ("two",)
+    unsettled.done("/a", "two")
+    assert unsettled.of("/a") == ()
+    assert unsettled.of("/b") == ("three",)
+
+
+class Told:
+    """A teller that records each forgetting and hands back a telling the test finishes."""
+
+    def __init__(self) -> None:
+        self.keys: list[LogKey] = []
+        self.tellings: list[asyncio.Future[None]] = []
+
+    def __call__(self, key: LogKey) -> asyncio.Future[None]:
+        self.keys.append(key)
+        telling: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.tellings.append(telling)
+        return telling
+
+
+def _streams() -> tuple[Streams, Told]:
+    settings = BASE
+    streams = Streams(
+        settings, LocalTier(1 << 20), OriginClient(settings), Metrics(), clock=lambda: 1000.0
+    )
+    told = Told()
+    streams.on_forget.append(told)
+    return streams, told
+
+
+async def test_every_cause_of_forgetting_is_told_once_through_one_place() -> None:
+    streams, told = _streams()
+    public = LogKey(stream="/s", scope=PUBLIC_SCOPE)
+    scoped = LogKey(stream="/s", scope="token-1")
+    streams.purge("/s")
+    streams.stream_gone(public)
+    streams.stream_gone(scoped)
+    streams.observe("DELETE", "/s", 204, [], [], started=streams.ticket())
+    streams.observe("PUT", "/s", 201, [], [], started=streams.ticket())
+    streams.observe("GET", "/s", 404, [], [], started=streams.ticket())
+    # A live upstream whose tail went back: another stream at the path.
+    instance = streams.local.instance_for("/s")
+    with pytest.raises(InstanceChanged):
+        streams.record_live(
+            public, OFFSET_9, OFFSET_5, b"", up_to_date=True, closed=False,
+            instance=instance, started=streams.ticket(),
+        )  # fmt: skip
+    assert told.keys == [public, public, scoped, public, public, public, public]
+    # What every process hears from the shared tier itself is not told.
+    streams.purged_elsewhere("/s", "another-generation")
+    streams.resync()
+    assert len(told.keys) == 7
+
+
+async def test_settled_waits_for_the_tellings_of_its_stream_only() -> None:
+    streams, told = _streams()
+    await streams.settled("/s")  # nothing under way: at once
+    streams.purge("/s")
+    streams.purge("/other")
+    waiting = asyncio.ensure_future(streams.settled("/s"))
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    told.tellings[1].set_result(None)  # /other's
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    told.tellings[0].set_result(None)
+    await asyncio.wait_for(waiting, 1)
+    await asyncio.wait_for(streams.settled("/s"), 1)  # done tellings are not kept
+
+
+def test_a_forgot_message_round_trips_and_anything_else_is_not_one() -> None:
+    key = LogKey(stream="/v1/stream/a b", scope="token-1")
+    assert decode_forgot(json.loads(encode_forgot(key))) == key
+    assert decode_forgot({"method": "GET", "stream": "/x"}) is None  # an observation
+    assert decode_forgot([1]) is None
+    with pytest.raises(ValueError, match="names a stream"):
+        decode_forgot({"kind": "forgot", "stream": 3, "scope": PUBLIC_SCOPE})
+
+
+def test_a_forgetting_is_told_unless_the_supervisor_tells_it_or_a_replay_repeats_it() -> None:
+    key = LogKey(stream="/s", scope=PUBLIC_SCOPE)
+    assert should_tell(key, at_supervisors_request=False, replayed=None)
+    assert should_tell(key, at_supervisors_request=False, replayed="/other")
+    assert not should_tell(key, at_supervisors_request=False, replayed="/s")
+    assert not should_tell(key, at_supervisors_request=True, replayed=None)
+    # Replays that forget on the sibling as they did here...
+    assert replay_forgets("DELETE", 204)
+    assert replay_forgets("put", 201)
+    assert replay_forgets("GET", 404)
+    assert replay_forgets("HEAD", 404)
+    # ...and those that do not (a write below the tail is judged only by who relayed it).
+    assert not replay_forgets("POST", 204)
+    assert not replay_forgets("PUT", 200)
+    assert not replay_forgets("DELETE", 404)
+
+
+def test_a_worker_is_cleared_to_listen_only_after_its_reachable_report() -> None:
+    reachable = b'{"event": "reachable", "admin": "http://127.0.0.1:9"}\n'
+    assert parse_report(reachable, "reachable")["admin"] == "http://127.0.0.1:9"
+    # A worker that listened before reporting where it is reached is a failed start.
+    listening = b'{"event": "listening", "admin": "http://127.0.0.1:9", "listen": "x"}\n'
+    with pytest.raises(ValueError, match="expected a 'reachable'"):
+        parse_report(listening, "reachable")
+    with pytest.raises(ValueError, match="names its admin"):
+        parse_report(b'{"event": "reachable"}', "reachable")
+    with pytest.raises(ValueError):  # noqa: PT011 - json's own error: no message to match
+        parse_report(b"", "reachable")
