@@ -5,6 +5,9 @@ Rules this module owns:
 * ``--auth none``: no gate; requests go on exactly as before.
 * In ``jwt`` and ``forward`` mode every request but a CORS preflight needs the edge's yes
   first; a refusal costs the origin nothing.
+* What is judged is what is served: the JWT policy and the auth service are asked about the
+  ``Target`` the request goes on with (``Admission.target``: its normalised stream, its query
+  without ``token`` parameters), never about the raw path the client sent.
 * An allowed read is the stream's, not the reader's: it is served from the one shared
   (public) scope, and every origin request made for it, cache fill, live tail or relayed read,
   carries ``--origin-header`` and none of the client's credential headers.
@@ -129,17 +132,17 @@ class Gate:
         return decision
 
     async def _decide(self, client: Client) -> Admission | Refusal:
-        target = client.target
-        presented = present(target.query, client.headers)
-        path = target.upstream.partition("?")[0]
-        stripped = Target(
+        presented = present(client.target.query, client.headers)
+        path = client.target.upstream.partition("?")[0]
+        # The one target everything below judges, and the request goes on with.
+        target = Target(
             upstream=path + ("?" + presented.query if presented.query else ""),
             query=presented.query,
-            stream=target.stream,
+            stream=client.target.stream,
         )
         access = access_of(client.method)
         if access is None:
-            return Admission(target=stripped, shared=False)
+            return Admission(target=target, shared=False)
         if presented.twice:
             return TWICE
         if self.mode == "jwt":
@@ -159,9 +162,7 @@ class Gate:
             verdict = await self.forward.verdict(
                 Question(
                     method=client.method.upper(),
-                    uri=stripped.upstream,
-                    stream=target.stream,
-                    access=access,
+                    target=target,
                     credentials=tuple(credentials),
                     host=client.host,
                     scheme=client.scheme,
@@ -172,7 +173,7 @@ class Gate:
             return verdict
         if access is Access.READ:
             return Admission(
-                target=stripped,
+                target=target,
                 shared=True,
                 upstream=self._settings.origin_headers,
                 drop=self._credential_headers,
@@ -181,7 +182,7 @@ class Gate:
         upstream: tuple[tuple[str, str], ...] = ()
         if presented.from_query and presented.token is not None:
             upstream = (("Authorization", f"Bearer {presented.token}"),)
-        return Admission(target=stripped, shared=False, upstream=upstream)
+        return Admission(target=target, shared=False, upstream=upstream)
 
     async def _verify(self, token: str, stream: str, access: Access) -> Grant | Refusal:
         assert self.jwks is not None
