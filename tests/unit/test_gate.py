@@ -19,6 +19,7 @@ from edge.auth.policy import Refusal
 from edge.config import Address, Settings
 from edge.metrics import Metrics
 from edge.protocol.paths import BadTarget, Target, parse_target
+from edge.protocol.reads import PUBLIC_SCOPE
 from tests.auth_support import claims_for, hs_key, jwks, sign
 from tests.integration.auth_services import AuthService
 
@@ -70,6 +71,7 @@ async def test_an_allowed_read_is_shared_and_carries_the_edges_credential(tmp_pa
         assert admitted.target.upstream == f"{STREAM}?offset=-1&live=sse"
         assert admitted.target.query == "offset=-1&live=sse"
         assert admitted.expires_at is not None
+        assert admitted.scope == gate.scope != PUBLIC_SCOPE
         relayed = admitted.relay_headers(
             [("Authorization", "Bearer x"), ("Cookie", "s=1"), ("X-Tenant", "t"), ("Accept", "a")]
         )
