@@ -406,8 +406,8 @@ SERVE_OPTIONS = (
         "--auth-cache-seconds",
         float,
         "10",
-        "Forward mode: seconds a verdict is reused when the auth answer has no Cache-Control "
-        "max-age (no-store, no-cache or max-age=0: not reused).",
+        "Forward mode: the longest a verdict is reused: the auth answer's Cache-Control "
+        "max-age when shorter (no-store, no-cache or max-age=0: not reused).",
     ),
     Option(
         "--origin-header",

@@ -56,7 +56,7 @@ from edge.protocol.headers import (
 )
 from edge.protocol.lifetimes import parse_expires_at, parse_ttl_seconds
 from edge.protocol.offsets import is_offset_token
-from edge.protocol.reads import PUBLIC_SCOPE, auth_scope
+from edge.protocol.reads import auth_scope, speaks_for_the_stream
 from edge.store.local import LocalTier
 from edge.store.shared import SharedTier
 
@@ -396,8 +396,9 @@ class Streams:
         """The origin said 404 to a request in ``key.scope``. Without credentials that is the
         stream's fate for everyone; with them it may only mean "not for you" (an origin may hide
         what a token cannot read), so only that scope forgets, and nobody can empty the cache
-        for others by sending a bad token."""
-        if key.scope == PUBLIC_SCOPE:
+        for others by sending a bad token. A read the edge authorized carried the edge's own
+        credential, so its 404 is the stream's fate too."""
+        if speaks_for_the_stream(key.scope):
             # A 404 for a path this replica never held (a scanner, a typo) costs the shared tier
             # one existence check, not a new generation and a message to every replica.
             self.purge(key.stream, only_if_known=not self.local.holds_data(key.stream))

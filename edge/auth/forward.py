@@ -5,13 +5,22 @@ Rules this module owns:
 * The service gets a ``GET --auth-url`` with the client's credential headers (the
   ``--scope-headers``, a ``token`` query parameter as ``Authorization: Bearer``), and the request
   it is about: ``X-Original-Method``/``X-Original-URI`` (nginx) and ``X-Forwarded-Method``,
-  ``-Uri``, ``-Host``, ``-Proto``, ``-For`` (Traefik). The URI never carries a ``token``.
+  ``-Uri``, ``-Host``, ``-Proto``, ``-For`` (Traefik).
+* The URI it is asked about is the one that is served: the stream's normalised path (as the
+  origin routes it, ``Target.stream``), never the client's raw path, whose dot segments and
+  percent-encoded dots a service matching prefixes would read differently, then the query
+  without ``token`` parameters. A question is built from the ``Target`` the request goes on
+  with, and nothing else names its stream.
 * 2xx allows. 401 and 403 are relayed to the client with the service's body (at most
   ``MAX_BODY_BYTES``), ``Content-Type`` and ``WWW-Authenticate``. Anything else, a connection
   failure or no answer within ``--auth-timeout`` is 503: fail closed, and never cached.
-* A verdict is kept per (credential digest, stream, read/write) for the answer's
-  ``Cache-Control: max-age``, or ``--auth-cache-seconds`` without one (``no-store``,
-  ``no-cache`` or ``max-age=0``: not kept), in a bounded LRU. Identical questions in flight are
+* A verdict is the service's answer about (credentials, stream, method), and is kept under
+  exactly that: (credential digest, normalised stream, method), since a service decides by
+  method (one may append and not delete). It is kept for the answer's ``Cache-Control:
+  max-age`` but never longer than ``--auth-cache-seconds`` (revoking access takes effect within
+  it, whatever the service said), ``--auth-cache-seconds`` without one; ``no-store``,
+  ``no-cache`` or ``max-age=0``: not kept. The query is not part of the key: a service that
+  decides by query answers ``no-store``. The LRU is bounded; identical questions in flight are
   asked once (single-flight).
 """
 
@@ -27,9 +36,10 @@ import aiohttp
 from cachetools import LRUCache
 
 from edge.auth.credentials import credential_digest
-from edge.auth.policy import UNAVAILABLE, Access, Grant, Refusal
+from edge.auth.policy import UNAVAILABLE, Grant, Refusal
 from edge.coalesce import SingleFlight
 from edge.metrics import Metrics
+from edge.protocol.paths import Target
 
 log = logging.getLogger(__name__)
 
@@ -38,30 +48,40 @@ MAX_BODY_BYTES = 4096
 RELAYED_HEADERS = ("content-type", "www-authenticate")
 _MAX_AGE = re.compile(r"(?:^|[,\s])max-age\s*=\s*\"?(\d+)")
 
-VerdictKey = tuple[str, str, Access]
+# (credential digest, normalised stream, method): what a verdict was given for.
+VerdictKey = tuple[str, str, str]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Question:
-    method: str
-    uri: str  # path and query as the client sent them, without token parameters
-    stream: str
-    access: Access
+    method: str  # upper-case
+    target: Target  # the target the request goes on with: without token parameters
     credentials: tuple[tuple[str, str], ...]
     host: str | None
     scheme: str
     client: str | None
 
+    @property
+    def uri(self) -> str:
+        """What the service is asked about: the served stream, and the query."""
+        query = self.target.query
+        return self.target.stream + (f"?{query}" if query else "")
 
-def lifetime_of(cache_control: str | None, default_seconds: float) -> float:
-    """How long a verdict with this ``Cache-Control`` may be reused, in seconds."""
+    @property
+    def key(self) -> VerdictKey:
+        return (credential_digest(self.credentials), self.target.stream, self.method)
+
+
+def lifetime_of(cache_control: str | None, cache_seconds: float) -> float:
+    """How long a verdict with this ``Cache-Control`` may be reused, in seconds: what the
+    service allows, at most ``cache_seconds``."""
     if cache_control is None:
-        return default_seconds
+        return cache_seconds
     directives = cache_control.lower()
     if "no-store" in directives or "no-cache" in directives:
         return 0.0
     found = _MAX_AGE.search(directives)
-    return float(found.group(1)) if found else default_seconds
+    return min(float(found.group(1)), cache_seconds) if found else cache_seconds
 
 
 class ForwardAuth:
@@ -99,7 +119,7 @@ class ForwardAuth:
             await self._session.close()
 
     async def verdict(self, question: Question) -> Grant | Refusal:
-        key = (credential_digest(question.credentials), question.stream, question.access)
+        key = question.key
         kept = self._verdicts.get(key)
         if kept is not None:
             until, verdict = kept

@@ -5,8 +5,12 @@ Rules this module owns:
 * ``--auth none``: no gate; requests go on exactly as before.
 * In ``jwt`` and ``forward`` mode every request but a CORS preflight needs the edge's yes
   first; a refusal costs the origin nothing.
-* An allowed read is the stream's, not the reader's: it is served from the one shared
-  (public) scope, and every origin request made for it, cache fill, live tail or relayed read,
+* What is judged is what is served: the JWT policy and the auth service are asked about the
+  ``Target`` the request goes on with (``Admission.target``: its normalised stream, its query
+  without ``token`` parameters), never about the raw path the client sent.
+* An allowed read is the stream's, not the reader's: it is served from the one scope of this
+  policy (``policy_scope``: the mode and ``--origin-header``, so replicas with another policy
+  never share it), and every origin request made for it, cache fill, live tail or relayed read,
   carries ``--origin-header`` and none of the client's credential headers.
 * An allowed write carries the client's own credentials to the origin (a ``token`` parameter
   as ``Authorization: Bearer``): the origin stays the authority for writes.
@@ -39,7 +43,7 @@ from edge.config import Settings
 from edge.metrics import Metrics
 from edge.protocol.headers import AUTHORIZATION, COOKIE
 from edge.protocol.paths import Target
-from edge.protocol.reads import scope_credentials
+from edge.protocol.reads import policy_scope, scope_credentials
 
 Headers = Sequence[tuple[str, str]]
 
@@ -49,11 +53,17 @@ class Admission:
     """How an allowed request goes on."""
 
     target: Target  # without token parameters
-    shared: bool  # an authorized read: the public scope, the edge's own credential upstream
+    # An authorized read: the policy's scope (``policy_scope``), the edge's credential upstream.
+    scope: str | None = None
     # Shared: the edge's --origin-header. A write: the query token as Authorization.
     upstream: tuple[tuple[str, str], ...] = ()
     drop: frozenset[str] = frozenset()  # client headers (lower-case) never sent upstream
     expires_at: float | None = None  # wall clock: live reads end by then
+
+    @property
+    def shared(self) -> bool:
+        """An authorized read, served from the policy's scope."""
+        return self.scope is not None
 
     def relay_headers(self, client_headers: Headers) -> list[tuple[str, str]]:
         """The client's headers as a pass-through sends them upstream."""
@@ -80,6 +90,8 @@ class Gate:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.mode = settings.auth_mode
+        # Every read this gate allows is served from (and shares keys under) this scope.
+        self.scope = policy_scope(settings.auth_mode, settings.origin_headers)
         self._settings = settings
         self._metrics = metrics
         self._clock = clock
@@ -129,17 +141,17 @@ class Gate:
         return decision
 
     async def _decide(self, client: Client) -> Admission | Refusal:
-        target = client.target
-        presented = present(target.query, client.headers)
-        path = target.upstream.partition("?")[0]
-        stripped = Target(
+        presented = present(client.target.query, client.headers)
+        path = client.target.upstream.partition("?")[0]
+        # The one target everything below judges, and the request goes on with.
+        target = Target(
             upstream=path + ("?" + presented.query if presented.query else ""),
             query=presented.query,
-            stream=target.stream,
+            stream=client.target.stream,
         )
         access = access_of(client.method)
         if access is None:
-            return Admission(target=stripped, shared=False)
+            return Admission(target=target)
         if presented.twice:
             return TWICE
         if self.mode == "jwt":
@@ -159,9 +171,7 @@ class Gate:
             verdict = await self.forward.verdict(
                 Question(
                     method=client.method.upper(),
-                    uri=stripped.upstream,
-                    stream=target.stream,
-                    access=access,
+                    target=target,
                     credentials=tuple(credentials),
                     host=client.host,
                     scheme=client.scheme,
@@ -172,8 +182,8 @@ class Gate:
             return verdict
         if access is Access.READ:
             return Admission(
-                target=stripped,
-                shared=True,
+                target=target,
+                scope=self.scope,
                 upstream=self._settings.origin_headers,
                 drop=self._credential_headers,
                 expires_at=verdict.expires_at,
@@ -181,7 +191,7 @@ class Gate:
         upstream: tuple[tuple[str, str], ...] = ()
         if presented.from_query and presented.token is not None:
             upstream = (("Authorization", f"Bearer {presented.token}"),)
-        return Admission(target=stripped, shared=False, upstream=upstream)
+        return Admission(target=target, upstream=upstream)
 
     async def _verify(self, token: str, stream: str, access: Access) -> Grant | Refusal:
         assert self.jwks is not None

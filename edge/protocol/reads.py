@@ -14,6 +14,12 @@ Rules this module owns:
   ``--scope-cookies``, only the named cookies of a ``Cookie`` header count. The credentials that
   name a scope are exactly the ones the edge sends upstream for it (``scope_credentials``), so
   a scope's bytes always come from an origin request carrying that scope's credentials.
+* A read the edge authorized itself (``--auth jwt|forward``) is in its policy's scope, named by
+  the mode and a digest of the credential the edge sends upstream for it (``--origin-header``):
+  replicas with different policies on one Redis never share a key, so what one fetched with
+  its credential never reaches another's anonymous readers. Like a credential's, the policy's
+  scope is ``private`` to downstream caches; like the public scope, no client's credential
+  reached the origin for it (``speaks_for_the_stream``).
 * Query parameters are parsed once, in order-independent form (PROTOCOL-NOTES trap 3).
 """
 
@@ -28,6 +34,8 @@ from urllib.parse import parse_qsl
 from edge.protocol.headers import AUTHORIZATION, COOKIE, LAST_EVENT_ID, filter_cookies
 
 PUBLIC_SCOPE = "public"
+CREDENTIAL_SCOPE_PREFIX = "cred-"
+POLICY_SCOPE_PREFIX = "auth-"
 # The defaults of ``Settings.scope_headers`` and ``Settings.scope_cookies``.
 DEFAULT_SCOPE_HEADERS: tuple[str, ...] = (AUTHORIZATION, COOKIE)
 DEFAULT_SCOPE_COOKIES: tuple[str, ...] = ()
@@ -106,10 +114,27 @@ def auth_scope(
     )
     if not credentials:
         return PUBLIC_SCOPE
+    return CREDENTIAL_SCOPE_PREFIX + _digest(credentials)
+
+
+def policy_scope(mode: str, origin_headers: Iterable[tuple[str, str]]) -> str:
+    """The scope of the reads an ``--auth`` policy authorized (``mode`` is ``jwt`` or
+    ``forward``; ``origin_headers`` what its origin requests carry)."""
+    credentials = sorted((name.lower(), value) for name, value in origin_headers)
+    return POLICY_SCOPE_PREFIX + _digest([("mode", mode), *credentials])
+
+
+def speaks_for_the_stream(scope: str) -> bool:
+    """Whether the origin's answers in ``scope`` say what the stream is, not what one client
+    may see: public, or an auth policy's (the edge's own credential went upstream)."""
+    return scope == PUBLIC_SCOPE or scope.startswith(POLICY_SCOPE_PREFIX)
+
+
+def _digest(pairs: Iterable[tuple[str, str]]) -> str:
     digest = hashlib.sha256()
-    for name, value in credentials:
-        digest.update(f"{name}\0{value}\0".encode())
-    return "cred-" + digest.hexdigest()[:32]
+    for name, value in pairs:
+        digest.update(f"{name}\0{value}\0".encode("utf-8", "surrogateescape"))
+    return digest.hexdigest()[:32]
 
 
 PROTOCOL_PARAMS = frozenset({"offset", "live", "cursor"})
@@ -140,7 +165,7 @@ def classify(
 ) -> Classified:
     """What to do with a request; ``path`` is the stream's normalised path
     (``edge.protocol.paths``). ``scope``, when given, is the read's scope whatever its
-    credentials (a read the edge authorized itself is the shared scope's)."""
+    credentials (a read the edge authorized itself is its policy's, ``policy_scope``)."""
     method = method.upper()
     if method == "HEAD":
         return Classified(kind=RequestKind.HEAD, read=None)

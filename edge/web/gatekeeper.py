@@ -22,7 +22,6 @@ from multidict import CIMultiDict
 from edge.auth.credentials import strip_token
 from edge.auth.gate import Admission, Client, Gate
 from edge.auth.policy import Refusal
-from edge.protocol.reads import PUBLIC_SCOPE
 from edge.web.proxy import (
     ADMISSION,
     TARGET,
@@ -77,9 +76,9 @@ def admission(request: web.Request) -> Admission | None:
 
 
 def reader_scope(request: web.Request) -> str | None:
-    """The scope an authorized read is served from (the shared one); None: as classified."""
+    """The scope an authorized read is served from (its policy's); None: as classified."""
     admitted = request.get(ADMISSION)
-    return PUBLIC_SCOPE if admitted is not None and admitted.shared else None
+    return admitted.scope if admitted is not None else None
 
 
 def shared_credentials(request: web.Request) -> list[tuple[str, str]] | None:

@@ -86,11 +86,14 @@ class JwksEndpoint:
 class AuthService:
     """A forward-auth service: session cookies name who may read which stream prefix.
 
+    It decides, as Traefik's ForwardAuth services do, by the ``X-Forwarded-Uri`` and
+    ``X-Forwarded-Method`` it is given: a path prefix and a method, nothing else of the request.
     ``mode``: ``ok`` answers from ``sessions``; ``slow`` waits ``delay`` first; ``broken``
-    answers 500. Every question is recorded (credentials, X-Original-Method/URI)."""
+    answers 500. Every question is recorded (cookie, method, URI)."""
 
     sessions: dict[str, str] = field(default_factory=dict)  # session id -> stream prefix
-    writers: set[str] = field(default_factory=set)
+    writers: set[str] = field(default_factory=set)  # may PUT, POST and DELETE
+    appenders: set[str] = field(default_factory=set)  # may POST only
     mode: str = "ok"
     delay: float = 5.0
     max_age: int | None = 30
@@ -99,8 +102,8 @@ class AuthService:
 
     async def _check(self, request: web.Request) -> web.StreamResponse:
         cookie = request.cookies.get("session")
-        method = request.headers.get("X-Original-Method", "")
-        uri = request.headers.get("X-Original-URI", "")
+        method = request.headers.get("X-Forwarded-Method", "")
+        uri = request.headers.get("X-Forwarded-Uri", "")
         self.asked.append((cookie, method, uri))
         if self.mode == "slow":
             await asyncio.sleep(self.delay)
@@ -114,8 +117,13 @@ class AuthService:
                 text="please log in",
                 headers={**headers, "WWW-Authenticate": 'Cookie realm="site"'},
             )
-        writing = method not in ("GET", "HEAD")
-        if not uri.startswith(prefix) or (writing and cookie not in self.writers):
+        if method in ("GET", "HEAD"):
+            allowed = True
+        elif method == "POST":
+            allowed = cookie in self.writers or cookie in self.appenders
+        else:
+            allowed = cookie in self.writers
+        if not uri.startswith(prefix) or not allowed:
             return web.Response(status=403, text="not your stream", headers=headers)
         return web.Response(status=204, headers=headers)
 

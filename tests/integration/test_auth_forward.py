@@ -13,8 +13,10 @@ import aiohttp
 import pytest
 
 from devstack.processes import Edge, Origin, start_edge, workers_under_test
+from edge.protocol.paths import normalise_path
 from tests.integration.auth_services import AuthService
 from tests.integration.live_support import append_all, view_sse
+from tests.integration.replicas import raw
 
 EDGE_SECRET = "Bearer edge-secret"
 # The auth service here is a Python thread inside the test process, sharing its two cores
@@ -49,6 +51,27 @@ def start_forward_edge(origin: Origin, logs_dir: Path, auth: AuthService, timeou
 @pytest.fixture
 def forward_edge(origin: Origin, logs_dir: Path, auth: AuthService) -> Iterator[Edge]:
     started = start_forward_edge(origin, logs_dir, auth, HERD_AUTH_TIMEOUT)
+    yield started
+    started.stop()
+
+
+# A verdict may be kept this long at most, whatever the service's max-age says.
+VERDICT_SECONDS = 2.0
+
+
+@pytest.fixture
+def strict_edge(origin: Origin, logs_dir: Path, auth: AuthService) -> Iterator[Edge]:
+    """One process (verdicts are per worker), verdicts kept ``VERDICT_SECONDS`` at most."""
+    started = start_edge(
+        origin.url,
+        logs_dir,
+        "--workers", "1",
+        "--auth", "forward",
+        "--auth-url", auth.url,
+        "--auth-cache-seconds", str(VERDICT_SECONDS),
+        "--origin-header", f"Authorization: {EDGE_SECRET}",
+        name="edge-forward-strict",
+    )  # fmt: skip
     yield started
     started.stop()
 
@@ -210,3 +233,89 @@ async def test_the_auth_service_failing_fails_closed(
     async with http.get(f"{url}?offset=-1", headers=session("reader")) as r:
         assert r.status == 200
     assert len(auth.asked) == asked + 1
+
+
+async def write_closed(http: aiohttp.ClientSession, url: str, body: bytes) -> None:
+    async with http.put(
+        url,
+        data=body,
+        headers={**session("writer"), "Content-Type": "text/plain", "Stream-Closed": "true"},
+    ) as r:
+        assert r.status == 201
+
+
+async def get(http: aiohttp.ClientSession, url: str, who: str) -> tuple[int, bytes]:
+    async with http.get(raw(url), headers=session(who)) as r:
+        return r.status, await r.read()
+
+
+async def test_the_service_is_asked_about_the_stream_that_is_served(
+    http: aiohttp.ClientSession, auth: AuthService, strict_edge: Edge, stream_path: str
+) -> None:
+    base = strict_edge.url + stream_path
+    await write_closed(http, f"{base}/bob/secret", b"bob's secret")
+    await write_closed(http, f"{base}/alice/mine", b"alice's own")
+    auth.sessions["alice"] = f"{stream_path}/alice/"
+    # Dot segments (plain and percent-encoded) name bob's stream: the origin routes them there.
+    for target in (
+        f"{base}/alice/../bob/secret?offset=-1",
+        f"{base}/alice/%2e%2e/bob/secret?offset=-1",
+        f"{base}/alice/.%2E/bob/secret?offset=-1",
+        f"{base}/bob/secret?offset=-1",
+    ):
+        status, body = await get(http, target, "alice")
+        assert status == 403, target
+        assert b"bob" not in body, target
+    assert ("alice", "GET", f"{stream_path}/bob/secret?offset=-1") in auth.asked
+    for _, _, uri in auth.asked:
+        path = uri.partition("?")[0]
+        assert normalise_path(path) == path, uri
+        assert "%2e" not in path.lower(), uri
+    # And a path through bob's prefix that the origin routes to alice's stream is alice's.
+    assert await get(http, f"{base}/bob/../alice/mine?offset=-1", "alice") == (200, b"alice's own")
+    assert auth.asked[-1] == ("alice", "GET", f"{stream_path}/alice/mine?offset=-1")
+
+
+async def test_a_verdict_for_one_method_is_not_used_for_another(
+    http: aiohttp.ClientSession,
+    origin: Origin,
+    auth: AuthService,
+    strict_edge: Edge,
+    stream_path: str,
+) -> None:
+    auth.sessions["appender"] = stream_path
+    auth.appenders.add("appender")
+    first, second = f"{strict_edge.url}{stream_path}-a", f"{strict_edge.url}{stream_path}-b"
+    for url in (first, second):
+        await create(http, url)
+    append = {**session("appender"), "Content-Type": "text/plain"}
+    # Allowed to append, so allowed to append, not to delete.
+    async with http.post(first, data=b"one", headers=append) as r:
+        assert r.status in (200, 204)
+    async with http.delete(first, headers=session("appender")) as r:
+        assert r.status == 403
+    # Refused a delete, so refused a delete, not an append.
+    async with http.delete(second, headers=session("appender")) as r:
+        assert r.status == 403
+    async with http.post(second, data=b"two", headers=append) as r:
+        assert r.status in (200, 204)
+    for url, body in ((first, b"one"), (second, b"two")):
+        async with http.get(url.replace(strict_edge.url, origin.url) + "?offset=-1") as r:
+            assert (r.status, await r.read()) == (200, body)
+    asked = [(method, uri) for who, method, uri in auth.asked if who == "appender"]
+    assert [method for method, _ in asked] == ["POST", "DELETE", "DELETE", "POST"]
+
+
+async def test_a_verdict_is_never_kept_longer_than_auth_cache_seconds(
+    http: aiohttp.ClientSession, auth: AuthService, strict_edge: Edge, stream_path: str
+) -> None:
+    url = f"{strict_edge.url}{stream_path}?offset=-1"
+    await write_closed(http, strict_edge.url + stream_path, b"until revoked")
+    auth.sessions["leaving"] = stream_path
+    auth.max_age = 3600  # the service would let the edge keep its yes for an hour
+    assert await get(http, url, "leaving") == (200, b"until revoked")
+    del auth.sessions["leaving"]  # revoked
+    assert await get(http, url, "leaving") == (200, b"until revoked")  # kept, for a while
+    await asyncio.sleep(VERDICT_SECONDS + 0.5)
+    status, body = await get(http, url, "leaving")
+    assert (status, body) == (401, b"please log in")

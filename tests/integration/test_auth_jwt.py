@@ -11,7 +11,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from devstack.processes import Edge, Origin, start_edge, workers_under_test
+from devstack.processes import Edge, Origin, start_edge, start_redis, workers_under_test
 from tests.auth_support import (
     claims_for,
     hs_key,
@@ -372,3 +372,60 @@ async def test_a_closed_stream_read_many_times_is_never_answered_without_a_token
             assert await r.read() != b"closed and immutable"
     metrics = jwt_edge.metrics_text()
     assert "edge_fast_path_answers_total 0.0" in metrics
+
+
+async def test_replicas_with_different_auth_policies_never_share_through_redis(
+    http: aiohttp.ClientSession,
+    origin: Origin,
+    logs_dir: Path,
+    tmp_path: Path,
+    stream_path: str,
+) -> None:
+    """A rollout of --auth: one replica reads with the edge's own credential, another (still
+    --auth none) serves anonymous readers; both on one Redis. The credentialed bytes must never
+    reach an anonymous reader from Redis, while replicas of one policy still share."""
+    keys = tmp_path / "jwks.json"
+    keys.write_bytes(jwks(HS))
+    redis_server = start_redis(logs_dir, name="redis-auth-rollout")
+    jwt_args = (
+        "--auth", "jwt",
+        "--jwt-jwks", str(keys),
+        "--origin-header", f"Authorization: {EDGE_SECRET}",
+        "--redis-url", redis_server.url,
+    )  # fmt: skip
+    edges: list[Edge] = []
+    try:
+        edges.append(start_edge(origin.url, logs_dir, *jwt_args, name="edge-rollout-jwt"))
+        edges.append(
+            start_edge(
+                origin.url, logs_dir, "--redis-url", redis_server.url, name="edge-rollout-none"
+            )
+        )
+        edges.append(start_edge(origin.url, logs_dir, *jwt_args, name="edge-rollout-jwt-2"))
+        authorized, anonymous, sibling = edges
+        async with http.put(
+            origin.url + stream_path,
+            data=b"for token holders",
+            headers={"Content-Type": "text/plain", "Stream-Closed": "true"},
+        ) as r:
+            assert r.status == 201
+        read = f"{stream_path}?offset=-1"
+        async with http.get(authorized.url + read, headers=bearer(token(HS, stream_path))) as r:
+            assert (r.status, await r.read()) == (200, b"for token holders")
+            assert r.headers["Cache-Control"].startswith("private")
+        assert origin_reads(origin, stream_path) == 1
+        await asyncio.sleep(0.5)  # the shared write happens in the background
+        async with http.get(anonymous.url + read) as r:
+            assert r.status == 200  # this origin lets anyone read: it says so itself
+            assert "shared" not in r.headers["Cache-Status"]
+            assert r.headers["Cache-Control"].startswith("public")
+        assert origin_reads(origin, stream_path) == 2  # asked the origin, not Redis
+        async with http.get(sibling.url + read, headers=bearer(token(HS, stream_path))) as r:
+            assert (r.status, await r.read()) == (200, b"for token holders")
+            assert r.headers["Cache-Status"] == "edge; hit; detail=shared"
+            assert r.headers["Cache-Control"].startswith("private")
+        assert origin_reads(origin, stream_path) == 2
+    finally:
+        for edge in edges:
+            edge.stop()
+        redis_server.stop()

@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from edge.auth.credentials import credential_digest, present, strip_token
+from edge.auth.forward import lifetime_of
 from edge.auth.keys import JwksError, KeyRing, UnknownKid
 from edge.auth.policy import Access, ClaimRules, Grant, Refusal, access_of, check_claims, covers
 from tests.auth_support import (
@@ -70,6 +71,25 @@ def test_a_token_is_sent_once() -> None:
     basic = present("", [("Authorization", "Basic dTpw")])
     assert basic.token is None
     assert basic.other_scheme
+
+
+@pytest.mark.parametrize(
+    ("cache_control", "seconds"),
+    [
+        (None, 10.0),
+        ("max-age=3", 3.0),
+        ("max-age=3600", 10.0),  # never past --auth-cache-seconds: revocation waits no longer
+        ("private, max-age=86400", 10.0),
+        ("public", 10.0),
+        ("no-store", 0.0),
+        ("no-cache, max-age=60", 0.0),
+        ("max-age=0", 0.0),
+    ],
+)
+def test_a_verdict_lives_what_the_service_says_at_most_auth_cache_seconds(
+    cache_control: str | None, seconds: float
+) -> None:
+    assert lifetime_of(cache_control, 10.0) == seconds
 
 
 def test_credential_digests_ignore_order_and_case() -> None:
@@ -250,7 +270,8 @@ def test_the_curve_must_match_too() -> None:
 def test_a_single_key_ring_takes_tokens_without_kid() -> None:
     hs = hs_key("h")
     ring = KeyRing.from_jwks(jwks(hs))
-    assert ring.verify(sign(hs, claims_for(STREAM), kid=None)) == claims_for(STREAM)
+    claims = claims_for(STREAM)  # once: its exp is the clock's second when made
+    assert ring.verify(sign(hs, claims, kid=None)) == claims
 
 
 @pytest.mark.parametrize(

@@ -5,8 +5,10 @@ from edge.protocol.reads import (
     RequestKind,
     auth_scope,
     classify,
+    policy_scope,
     query_params,
     scope_credentials,
+    speaks_for_the_stream,
 )
 
 
@@ -69,6 +71,29 @@ def test_scopes() -> None:
     assert len({token_a, token_b, cookie_a, PUBLIC_SCOPE}) == 4
     assert auth_scope([("AUTHORIZATION", "Bearer a")]) == token_a
     assert "Bearer" not in token_a
+
+
+def test_an_auth_policys_scope_is_its_mode_and_origin_credential() -> None:
+    edge = [("Authorization", "Bearer edge")]
+    jwt = policy_scope("jwt", edge)
+    scopes = {
+        jwt,
+        policy_scope("forward", edge),
+        policy_scope("jwt", []),
+        policy_scope("jwt", [("Authorization", "Bearer other")]),
+        policy_scope("jwt", [*edge, ("X-Tenant", "a")]),
+        auth_scope(edge),  # a client sending the edge's own credential
+        PUBLIC_SCOPE,
+    }
+    assert len(scopes) == 7
+    assert policy_scope("jwt", [("authorization", "Bearer edge")]) == jwt
+    assert policy_scope("jwt", [("X-Tenant", "a"), *edge]) == policy_scope(
+        "jwt", [*edge, ("X-Tenant", "a")]
+    )
+    assert "edge" not in jwt.removeprefix("auth-")
+    assert speaks_for_the_stream(jwt)
+    assert speaks_for_the_stream(PUBLIC_SCOPE)
+    assert not speaks_for_the_stream(auth_scope(edge))
 
 
 @pytest.mark.parametrize(
