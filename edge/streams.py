@@ -56,7 +56,7 @@ from edge.protocol.headers import (
 )
 from edge.protocol.lifetimes import parse_expires_at, parse_ttl_seconds
 from edge.protocol.offsets import is_offset_token
-from edge.protocol.reads import auth_scope, speaks_for_the_stream
+from edge.protocol.reads import PUBLIC_SCOPE, auth_scope, speaks_for_the_stream
 from edge.store.local import LocalTier
 from edge.store.shared import SharedTier
 
