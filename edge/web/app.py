@@ -262,9 +262,10 @@ async def _serve_sse_viewer(request: web.Request, classified: Classified) -> web
         return to_response(request, refused)
     log_ = hub.cache.local.log_for(key)
     response = web.StreamResponse(status=200)
-    for name, value in log_.header_template:
-        response.headers.add(name, value)
-    request.app[CORS].add_missing(response.headers, request_origin(request))
+    cors = request.app[CORS]
+    response.headers.extend(cors.grant(request_origin(request)))  # first, as the origin sends
+    response.headers.extend(log_.header_template)
+    cors.mark_vary(response.headers)
     response.headers["Content-Type"] = "text/event-stream"
     response.headers["Cache-Control"] = "no-cache, no-transform"
     response.headers["X-Accel-Buffering"] = "no"

@@ -162,29 +162,40 @@ class OriginCors:
         """Would an answer built here have to guess this request's CORS headers?"""
         return self.for_request(origin) is None
 
+    def grant(self, origin: str | None) -> tuple[tuple[str, str], ...]:
+        """The CORS headers of an answer to a request from ``origin`` (none where unknown)."""
+        return self.for_request(origin) or ()
+
+    def mark_vary(self, headers: CIMultiDict[str]) -> None:
+        """``Vary: Origin`` on an answer, when the policy varies by it and it is not named yet."""
+        if self.varies and not _vary_names_origin(headers.items()):
+            headers.add(hdrs.VARY, "Origin")
+
     def add_missing(self, headers: CIMultiDict[str], origin: str | None) -> None:
         """Add the CORS headers for ``origin`` that ``headers`` does not already have, and
         ``Vary: Origin`` when the policy varies by it."""
         present = {name.lower() for name in headers}
-        for name, value in self.for_request(origin) or ():
+        for name, value in self.grant(origin):
             if name.lower() not in present:
                 headers.add(name, value)
-        if self.varies and not varies_by_origin(
-            [(n, v) for n, v in headers.items() if n.lower() == "vary"]
-        ):
-            headers.add(hdrs.VARY, "Origin")
+        self.mark_vary(headers)
+
+
+def _vary_names_origin(headers: Iterable[tuple[str, str]]) -> bool:
+    return any(
+        token.strip().lower() in ("origin", "*")
+        for name, value in headers
+        if name.lower() == "vary"
+        for token in value.split(",")
+    )
 
 
 def varies_by_origin(headers: Sequence[tuple[str, str]]) -> bool:
-    for name, value in headers:
-        lowered = name.lower()
-        if lowered == "vary" and any(
-            token.strip().lower() in ("origin", "*") for token in value.split(",")
-        ):
-            return True
-        if lowered == "access-control-allow-origin" and value.strip() != "*":
-            return True
-    return False
+    """Does this answer show CORS that depends on the request's ``Origin``?"""
+    return _vary_names_origin(headers) or any(
+        name.lower() == "access-control-allow-origin" and value.strip() != "*"
+        for name, value in headers
+    )
 
 
 def without_cors(headers: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:

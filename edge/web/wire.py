@@ -41,13 +41,15 @@ def client_headers(
     """The headers of ``answer`` to a request whose ``Origin`` was ``origin``.
     ``reader_only``: an authorized reader's answer from the shared scope, made ``private``
     (``edge.web.proxy.for_the_reader_only``). CORS headers are the request's own: whatever an
-    origin answer the edge built this from said to its own request is dropped."""
-    headers = CIMultiDict(without_cors(answer.headers))
+    origin answer the edge built this from said to its own request is dropped. They go first,
+    where the origin puts them (it sets them before routing)."""
+    headers = CIMultiDict(cors.grant(origin))
+    headers.extend(without_cors(answer.headers))
     headers.add("Cache-Status", answer.cache_status)
     headers.add("Via", VIA)
     if reader_only:
         make_private(headers)
-    cors.add_missing(headers, origin)
+    cors.mark_vary(headers)
     return headers
 
 
