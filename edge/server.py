@@ -206,6 +206,17 @@ async def check_redis(url: str) -> bool:
     return True
 
 
+async def _start_admin(
+    admin_app: web.Application, settings: Settings, *, beside: web.AppRunner
+) -> web.AppRunner:
+    """The admin listener; ``beside`` (the stream runner) is cleaned up if it cannot start."""
+    try:
+        return await _start(admin_app, settings.admin_listen, settings, flag="--admin-listen")
+    except StartupError:
+        await beside.cleanup()
+        raise
+
+
 async def _start_worker(
     stream_app: web.Application,
     admin_app: web.Application,
@@ -217,13 +228,7 @@ async def _start_worker(
     listener first, reported to the supervisor (one ``{"event": "reachable"}`` line), and the
     stream port once the supervisor, having recorded it, clears it to listen."""
     stream_runner = await _set_up(stream_app, settings, tracker=tracker)
-    try:
-        admin_runner = await _start(
-            admin_app, settings.admin_listen, settings, flag="--admin-listen"
-        )
-    except StartupError:
-        await stream_runner.cleanup()
-        raise
+    admin_runner = await _start_admin(admin_app, settings, beside=stream_runner)
     reachable = {"event": "reachable", "admin": _bound_url(admin_runner, settings.admin_listen)}
     print(json.dumps(reachable), flush=True)
     if cleared is not None:
@@ -288,13 +293,7 @@ async def serve(
         stream_runner = await _start(
             stream_app, settings.listen, settings, flag="--listen", tracker=tracker
         )
-        try:
-            admin_runner = await _start(
-                admin_app, settings.admin_listen, settings, flag="--admin-listen"
-            )
-        except StartupError:
-            await stream_runner.cleanup()
-            raise
+        admin_runner = await _start_admin(admin_app, settings, beside=stream_runner)
     else:
         stream_runner, admin_runner = await _start_worker(
             stream_app, admin_app, settings, tracker, cleared

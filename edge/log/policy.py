@@ -178,24 +178,6 @@ def reuse(
     return Reuse(shared=shared, immutable=False, max_age_seconds=fresh)
 
 
-def cache_control(
-    *,
-    scope: str,
-    immutable: bool,
-    freshness_seconds: float,
-    lifetime_known: bool = True,
-    remaining_seconds: float | None = None,
-) -> str:
-    """The ``Cache-Control`` of ``reuse``'s verdict."""
-    return reuse(
-        scope=scope,
-        immutable=immutable,
-        freshness_seconds=freshness_seconds,
-        lifetime_known=lifetime_known,
-        remaining_seconds=remaining_seconds,
-    ).cache_control
-
-
 def accepts_gzip(accept_encoding: str | None) -> bool:
     """Does ``Accept-Encoding`` allow gzip (explicitly, or by ``*``) with a non-zero q?"""
     if not accept_encoding:

@@ -40,7 +40,10 @@ class AnswerKey:
     query: str
     scope: str
     gzip: bool
-    origin: str | None  # only where the origin's CORS varies by it
+    # Whether the origin's CORS varies by Origin, and the request's Origin only where it does:
+    # an answer stored before the policy was seen to vary is never found after.
+    cors_varies: bool = False
+    origin: str | None = None
 
 
 def answer_key(
@@ -65,6 +68,7 @@ def answer_key(
         query=query,
         scope=scope,
         gzip=_accepts_gzip(accept_encoding),
+        cors_varies=cors_varies,
         origin=origin if cors_varies else None,
     )
 

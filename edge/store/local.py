@@ -60,7 +60,6 @@ class StoredHit:
     # The CORS headers (``OriginCors.for_request``) the answer was built with: another set
     # means the full path would answer differently now.
     cors: tuple[tuple[str, str], ...]
-    cors_varies: bool = False
 
     @property
     def size(self) -> int:

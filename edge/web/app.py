@@ -23,7 +23,7 @@ import socket
 import time
 from collections.abc import AsyncIterator
 
-from aiohttp import HttpVersion11, hdrs, web
+from aiohttp import HttpVersion11, web
 from aiohttp.typedefs import Handler
 from multidict import CIMultiDict
 
@@ -51,6 +51,7 @@ from edge.web.proxy import (
     edge_answer,
     origin_error_response,
     reader_only,
+    request_origin,
     request_target,
 )
 from edge.web.wire import VIA, WrittenResponse, client_headers, encode
@@ -91,10 +92,6 @@ def answer_headers_for(request: web.Request, answer: Answer) -> CIMultiDict[str]
     return client_headers(
         answer, request.app[CORS], request_origin(request), reader_only=reader_only(request)
     )
-
-
-def request_origin(request: web.Request) -> str | None:
-    return request.headers.get(hdrs.ORIGIN)
 
 
 def to_response(

@@ -88,19 +88,14 @@ class FastPath:
 
     def key_of(self, head: RequestHead) -> AnswerKey | None:
         """The head's ``AnswerKey``, by the full path's own functions."""
-        scope = (
-            scope_of(
-                head.credentials,
-                scope_headers=self._scope_headers,
-                scope_cookies=self._scope_cookies,
-            )
-            if head.credentials
-            else PUBLIC_SCOPE
-        )
         return answer_key(
             path=head.path,
             query=head.query,
-            scope=scope,
+            scope=scope_of(
+                head.credentials,
+                scope_headers=self._scope_headers,
+                scope_cookies=self._scope_cookies,
+            ),
             accept_encoding=head.accept_encoding,
             origin=head.origin,
             cors_varies=self._cors.varies,
@@ -121,7 +116,6 @@ class FastPath:
             or instance.expires_at is not None
             or instance.ttl_seconds is not None
             or instance.bypass_until > now
-            or entry.cors_varies is not self._cors.varies
             or entry.cors is not self._cors.for_request(head.origin)
         ):
             return None
@@ -189,7 +183,6 @@ class FastPath:
             not_modified=not_modified,
             body=answer.body,
             cors=cors,
-            cors_varies=self._cors.varies,
         )
         return self._local.put_response(key, stored)
 

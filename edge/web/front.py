@@ -88,21 +88,25 @@ class CatchupFront:
     async def answer(self, request: CatchupRequest) -> tuple[Answer, CIMultiDict[str]]:
         """The answer and its finished headers (``RelayInstead``/``BodyTooLarge``: relay it;
         ``OriginError``: the origin failed)."""
-        if self.cors.unknown_for(request.origin):
-            raise CorsUnknown(f"no CORS answer known for Origin {request.origin!r}")
+        self._know_cors_for(request.origin)
         answer = await self.cache.read(
             request.read,
             credentials=request.credentials,
             if_none_match=request.if_none_match,
             accept_encoding=request.accept_encoding,
         )
-        if self.cors.unknown_for(request.origin):
-            # The fill itself showed that the origin's CORS varies by Origin.
+        try:
+            self._know_cors_for(request.origin)  # the fill itself may have shown it varies
+        except CorsUnknown:
             if answer.hold is not None:
                 answer.hold.release()
-            raise CorsUnknown(f"no CORS answer known for Origin {request.origin!r}")
+            raise
         headers = client_headers(answer, self.cors, request.origin, reader_only=request.reader_only)
         self.fast.register(
             request.key, answer, headers, version=request.version, origin=request.origin
         )
         return answer, headers
+
+    def _know_cors_for(self, origin: str | None) -> None:
+        if self.cors.unknown_for(origin):
+            raise CorsUnknown(f"no CORS answer known for Origin {origin!r}")

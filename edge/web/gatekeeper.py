@@ -28,6 +28,7 @@ from edge.web.proxy import (
     EdgeResponse,
     OriginCors,
     client_host,
+    request_origin,
     request_target,
 )
 
@@ -49,7 +50,7 @@ async def admit(request: web.Request, cors: OriginCors) -> web.StreamResponse | 
         )
     )
     if isinstance(decision, Refusal):
-        return refusal_response(decision, cors, request.headers.get("Origin"))
+        return refusal_response(decision, cors, request_origin(request))
     request[TARGET] = decision.target
     request[ADMISSION] = decision
     return None

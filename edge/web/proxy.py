@@ -101,6 +101,11 @@ def stream_path(request: web.Request) -> str:
     return request_target(request).stream
 
 
+def request_origin(request: web.Request) -> str | None:
+    """The request's ``Origin``: whose CORS headers its answer carries (``OriginCors``)."""
+    return request.headers.get(hdrs.ORIGIN)
+
+
 def client_host(request: web.Request) -> str | None:
     """The host the client asked for, from ``Host``: never an absolute-form target's authority,
     which a client can set to anything and which must not steer ``Forwarded`` or ``Location``."""
@@ -276,7 +281,7 @@ class Relay:
         except OriginError as error:
             self.metrics.origin_errors.labels(reason=error.reason).inc()
             log.warning("origin error for %s %r: %s", request.method, target.upstream, error)
-            return origin_error_response(error, self.cors, request.headers.get(hdrs.ORIGIN))
+            return origin_error_response(error, self.cors, request_origin(request))
         self.metrics.origin_requests.labels(kind=kind.value, code=str(upstream.status)).inc()
         if self.observe is not None:
             await self.observe(

@@ -40,16 +40,7 @@ def settings(jwks_path: Path, **extra: object) -> Settings:
 
 
 async def decide(gate: Gate, method: str, raw: str, headers: list[tuple[str, str]]) -> object:
-    return await gate.admit(
-        Client(
-            method=method,
-            target=parse_target(raw, method),
-            headers=headers,
-            host="edge",
-            scheme="http",
-            address="127.0.0.1",
-        )
-    )
+    return await gate.admit(client(method, raw, headers))
 
 
 async def test_an_allowed_read_is_shared_and_carries_the_edges_credential(tmp_path: Path) -> None:

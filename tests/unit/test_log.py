@@ -8,10 +8,10 @@ from edge.log.policy import (
     Fetch,
     Hit,
     accepts_gzip,
-    cache_control,
     etag,
     if_none_match_hits,
     plan_catchup,
+    reuse,
 )
 from edge.log.segment import Segment, is_json, stitch
 from edge.log.stream_log import LogKey, StreamInstance, StreamLog, TailVerdict
@@ -204,13 +204,16 @@ def test_if_none_match() -> None:
 
 
 def test_cache_control() -> None:
-    assert cache_control(scope="public", immutable=True, freshness_seconds=1) == (
+    assert reuse(scope="public", immutable=True, freshness_seconds=1).cache_control == (
         "public, max-age=31536000, immutable"
     )
     assert (
-        cache_control(scope="public", immutable=False, freshness_seconds=1) == "public, max-age=1"
+        reuse(scope="public", immutable=False, freshness_seconds=1).cache_control
+        == "public, max-age=1"
     )
-    assert cache_control(scope="cred-x", immutable=True, freshness_seconds=1).startswith("private")
+    assert reuse(scope="cred-x", immutable=True, freshness_seconds=1).cache_control.startswith(
+        "private"
+    )
 
 
 @pytest.mark.parametrize(
