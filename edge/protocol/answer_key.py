@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from edge.log.policy import accepts_gzip
 from edge.protocol.paths import BadTarget, normalise_path
@@ -31,11 +31,11 @@ from edge.protocol.reads import (
     auth_scope,
 )
 
-_accepts_gzip = functools.lru_cache(maxsize=1024)(accepts_gzip)
 
+class AnswerKey(NamedTuple):
+    """A named tuple, not a dataclass: it is hashed and compared on every fast-path hit (a
+    tuple does both in C; a dataclass's generated methods cost more than the hit itself)."""
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class AnswerKey:
     stream: str
     query: str
     scope: str
@@ -46,8 +46,10 @@ class AnswerKey:
     origin: str | None = None
 
 
+# A pure function of a few header values, asked on every fast-path hit (which passes them by
+# position: the cache's key is then one flat tuple): the same values give the same key object.
+@functools.lru_cache(maxsize=4096)
 def answer_key(
-    *,
     path: str,
     query: str,
     scope: str,
@@ -67,7 +69,7 @@ def answer_key(
         stream=path,
         query=query,
         scope=scope,
-        gzip=_accepts_gzip(accept_encoding),
+        gzip=accepts_gzip(accept_encoding),
         cors_varies=cors_varies,
         origin=origin if cors_varies else None,
     )

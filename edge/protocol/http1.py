@@ -30,6 +30,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from email.utils import formatdate
 from http import HTTPStatus
+from typing import NamedTuple
 
 import httptools
 
@@ -46,6 +47,7 @@ HANDOFF = frozenset(
     {
         b"content-length",
         b"transfer-encoding",
+        EXPECT,  # for good, not once: see ``HeadParser.parse``
         b"upgrade",
         b"last-event-id",
         b"range",
@@ -57,18 +59,19 @@ HANDOFF = frozenset(
 )
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class RequestHead:
-    """A plain HTTP/1.1 GET head: the target as sent and the headers the answer depends on."""
+class RequestHead(NamedTuple):
+    """A plain HTTP/1.1 GET head: the target as sent and the headers the answer depends on.
+    A named tuple, made once per request on the hit path: a frozen dataclass's ``__init__``
+    sets each field through ``object.__setattr__``, which costs more than the lookup."""
 
     path: str
     query: str
     if_none_match: str | None
     accept_encoding: str | None
+    keep_alive: bool
     origin: str | None = None
     # The configured credential headers, as sent (name lower-cased), in order.
     credentials: tuple[tuple[str, str], ...] = ()
-    keep_alive: bool
 
 
 class _Collector:
@@ -128,22 +131,28 @@ class HeadParser:
             return FOR_GOOD
         if not collector.complete:
             return FOR_GOOD  # a body follows: its framing is the full path's
-        if any(name == EXPECT for name, _ in collector.headers):
-            return FOR_GOOD
-        if self._parser.get_method() != b"GET" or self._parser.get_http_version() != "1.1":
-            return ONE_REQUEST
+        # One pass over the headers for every method: an Expect anywhere is FOR_GOOD, even
+        # after a header that alone would hand over one request.
+        handoff = False
         consulted: dict[bytes, bytes] = {}
-        credentials: list[tuple[str, str]] = []
+        credentials: tuple[tuple[str, str], ...] = ()
         for name, value in collector.headers:
             if name in HANDOFF:
-                return ONE_REQUEST
-            if name in self._credentials:
-                credentials.append((name.decode("latin-1"), value.decode("latin-1")))
-                continue
-            if name in CONSULTED:
+                if name == EXPECT:
+                    return FOR_GOOD
+                handoff = True
+            elif name in self._credentials:  # rare on hits: a tuple grown only when present
+                credentials += ((name.decode("latin-1"), value.decode("latin-1")),)
+            elif name in CONSULTED:
                 if name in consulted:
-                    return ONE_REQUEST  # repeated: which one counts is the full path's call
+                    handoff = True  # repeated: which one counts is the full path's call
                 consulted[name] = value
+        if (
+            handoff
+            or self._parser.get_method() != b"GET"
+            or self._parser.get_http_version() != "1.1"
+        ):
+            return ONE_REQUEST
         connection = consulted.get(b"connection", b"keep-alive").lower()
         if connection not in (b"close", b"keep-alive"):
             return ONE_REQUEST
@@ -160,7 +169,7 @@ class HeadParser:
             if_none_match=inm.decode("latin-1") if inm is not None else None,
             accept_encoding=ae.decode("latin-1") if ae is not None else None,
             origin=origin.decode("latin-1") if origin is not None else None,
-            credentials=tuple(credentials),
+            credentials=credentials,
             keep_alive=connection == b"keep-alive",
         )
 

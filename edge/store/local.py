@@ -113,7 +113,7 @@ class _BudgetLRU(LRUCache[EntryKey, Any]):
 
 def _stream_of(key: EntryKey) -> str:
     owner = key[1]
-    return owner.stream if isinstance(owner, LogKey) else str(owner)
+    return owner.stream if isinstance(owner, LogKey | AnswerKey) else str(owner)
 
 
 class LocalTier:
@@ -207,7 +207,7 @@ class LocalTier:
     # --- stored responses (the pre-serialised hit path) ---
 
     def response(self, key: AnswerKey) -> StoredHit | None:
-        found = self._entries.get((RESPONSE, key.stream, key))
+        found = self._entries.get((RESPONSE, key))
         return found if isinstance(found, StoredHit) else None
 
     def put_response(self, key: AnswerKey, hit: StoredHit) -> bool:
@@ -217,7 +217,7 @@ class LocalTier:
             return False
         if hit.size + RESPONSE_OVERHEAD_BYTES > self._entries.maxsize // 4:
             return False
-        return self._put((RESPONSE, key.stream, key), hit)
+        return self._put((RESPONSE, key), hit)
 
     # --- stream logs ---
 

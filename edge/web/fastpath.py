@@ -88,17 +88,17 @@ class FastPath:
 
     def key_of(self, head: RequestHead) -> AnswerKey | None:
         """The head's ``AnswerKey``, by the full path's own functions."""
+        credentials = head.credentials
+        scope = (
+            scope_of(
+                credentials, scope_headers=self._scope_headers, scope_cookies=self._scope_cookies
+            )
+            if credentials
+            else PUBLIC_SCOPE  # most heads carry none: no call (scope_of agrees)
+        )
+        # By position: the memoised function's cache key is then one flat tuple.
         return answer_key(
-            path=head.path,
-            query=head.query,
-            scope=scope_of(
-                head.credentials,
-                scope_headers=self._scope_headers,
-                scope_cookies=self._scope_cookies,
-            ),
-            accept_encoding=head.accept_encoding,
-            origin=head.origin,
-            cors_varies=self._cors.varies,
+            head.path, head.query, scope, head.accept_encoding, head.origin, self._cors.varies
         )
 
     def answer(self, head: RequestHead) -> list[bytes] | None:
