@@ -43,7 +43,7 @@ from typing import Generic, TypeVar
 
 from edge.coalesce import SingleFlight
 from edge.config import Settings
-from edge.log.segment import Segment, answer_segment
+from edge.log.segment import Segment, answer_segment, media_type
 from edge.log.stream_log import LogKey, Mark, StreamInstance, TailVerdict
 from edge.metrics import Metrics
 from edge.origin import OriginClient, OriginError
@@ -363,6 +363,19 @@ class Streams:
             # changes nothing: a write that succeeds went to another stream at the path, or did
             # nothing at all. Forgetting is always safe; serving the old instance is not.
             log.info("%s written after its closure: a new instance", stream)
+            self.purge(stream)
+            instance = self.local.instance_for(stream)
+        sent_type = first_value(request_headers, "content-type")
+        if (
+            ok
+            and method == "POST"
+            and sent_type is not None
+            and instance.content_type is not None
+            and media_type(sent_type) != media_type(instance.content_type)
+        ):
+            # The origin appends only bytes of the stream's own content type (409 otherwise):
+            # an append of another type that succeeded went to another stream at the path.
+            log.info("%s appended to as %s: a new instance", stream, media_type(sent_type))
             self.purge(stream)
             instance = self.local.instance_for(stream)
         if floor is not None and instance.contradicts(floor, closed=False, started=started):

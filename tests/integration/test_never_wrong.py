@@ -744,3 +744,44 @@ async def test_a_write_through_the_edge_below_the_known_tail_starts_a_new_instan
     answer = await fetch(http, "GET", f"{base}?offset=-1")
     assert (answer.status, answer.body) == (200, b"new")
     assert answer.header("Content-Type") == "text/plain"
+
+
+@pytest.fixture
+def capped_edge(origin: Origin, logs_dir: Path) -> Iterator[Edge]:
+    """Answers capped at 16 bytes: a read from -1 is served from the first segments alone. No
+    tail freshness: each read of an open stream's tail asks the origin."""
+    started = start_edge(
+        origin.url,
+        logs_dir,
+        *("--max-response-bytes", "16", "--tail-freshness", "0", "--workers", "1"),
+        name="capped",
+    )
+    yield started
+    started.stop()
+
+
+async def test_an_append_of_another_content_type_through_the_edge_starts_a_new_instance(
+    http: aiohttp.ClientSession, origin: Origin, capped_edge: Edge, stream_path: str
+) -> None:
+    """The edge holds a text stream in small segments; behind its back it is deleted and
+    recreated as JSON, and an append through the edge brings it to the tail the edge knew, so
+    no tail contradicts the old instance, and a capped read never asks the origin. The append
+    itself does: the origin appends only bytes of the stream's own content type (409
+    otherwise). Found by the property machine: the edge served the old text."""
+    base = capped_edge.url + stream_path
+    await write(http, origin.url + stream_path, [], headers=TEXT)
+    offset = "-1"
+    for part in (b"a" * 10, b"b" * 10, b"c" * 10):  # one segment per read
+        await write(http, origin.url + stream_path, [part], headers=TEXT, create=False)
+        answer = await fetch(http, "GET", f"{base}?offset={offset}")
+        assert answer.status == 200
+        offset = str(answer.header("Stream-Next-Offset"))
+    assert (await fetch(http, "DELETE", origin.url + stream_path)).status == 204
+    await write(http, origin.url + stream_path, [b'{"n":"x"}', b'{"n":"y"}'], headers=JSON)
+    appended = await fetch(http, "POST", base, headers=JSON, data=b'{"n":"z"}')
+    assert appended.status == 204
+    assert appended.header("Stream-Next-Offset") == offset  # the tail the edge knew
+    answer = await fetch(http, "GET", f"{base}?offset=-1")
+    assert answer.status == 200
+    assert answer.header("Content-Type") == "application/json"
+    assert json.loads(answer.body)[0] == {"n": "x"}

@@ -1309,3 +1309,30 @@ def test_a_gzip_body_compressed_during_a_recreate_is_never_the_new_streams(
     machine.do_racing_compression(A, OFFSET_ZERO, "recreate-edge")
     for _ in range(3):
         machine.do_read(A, OFFSET_ZERO, accept_encoding="gzip")
+
+
+def test_an_append_of_another_content_type_is_another_instance() -> None:
+    """Found by the machine (its falsifying example, step for step): stream b, text, is read in
+    small capped answers (12 bytes), deleted and recreated as JSON at the origin, then appended
+    to through the edge up to the tail the edge knew; no tail contradicts the old instance, and
+    a capped read from -1 never asks the origin. The append's Content-Type does: the origin
+    appends only bytes of the stream's own type."""
+    state = CatchupMachine()
+    state.setup(freshness=1.0, max_response_bytes=12, cache_bytes=268435456, cors_by_origin=False)
+    try:
+        state.streams(content_types=(JSON_TYPE, JSON_TYPE), initial=0)
+        state.recreate(
+            content_type=TEXT_TYPE, create_via_edge=True, delete_via_edge=True, initial=1, path=B
+        )
+        state.poll(path=A, via_edge=False, wait=0)
+        state.poll(path=A, via_edge=False, wait=0)
+        state.poll(path=B, via_edge=False, wait=0)
+        state.poll(path=A, via_edge=False, wait=0)
+        state.poll(path=A, via_edge=False, wait=0)
+        state.poll(path=B, via_edge=True, wait=0)
+        state.recreate(
+            content_type=JSON_TYPE, create_via_edge=False, delete_via_edge=False, initial=1, path=B
+        )
+        state.poll(path=B, via_edge=True, wait=0)  # the old instance's bytes were served here
+    finally:
+        state.teardown()
