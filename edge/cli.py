@@ -488,10 +488,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    from edge.server import StartupError, run
+    from edge.startup import StartupError
 
     try:
         return run(settings)
     except StartupError as error:
         print(f"edge: error: {error}", file=sys.stderr)
         return 2
+
+
+def run(settings: Settings) -> int:
+    """Serve until stopped; the exit code. ``--workers`` above 1 runs the supervisor, which
+    starts each worker as ``edge.workers.child`` (``edge.server.run_worker``)."""
+    from edge.startup import run_loop
+
+    if settings.workers > 1:
+        from edge.workers.supervisor import supervise
+
+        return run_loop(supervise(settings))
+    from edge.server import serve
+
+    run_loop(serve(settings))
+    return 0

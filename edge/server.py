@@ -1,30 +1,28 @@
 """Run the edge: the stream listener and the admin listener in one event loop until a signal.
 
 Start-up failures a user can fix (a port in use, a host that does not resolve) are raised as
-``StartupError`` with a one-line reason naming the flag; ``edge.cli`` prints it and exits 2.
+``StartupError`` (``edge.startup``) with a one-line reason naming the flag; ``edge.cli``
+prints it and exits 2. ``edge.cli.run`` chooses between this and the supervisor of
+``--workers N`` (``edge.workers``), whose workers run ``run_worker``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import errno
 import json
 import logging
 import resource
 import signal
-import socket
 import threading
-from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 from urllib.parse import urlsplit
 
-import redis.asyncio as redis
 from aiohttp import web
-from redis.exceptions import RedisError
 
 from edge.config import Address, Settings
 from edge.metrics import Metrics
 from edge.origin import OriginClient
+from edge.startup import StartupError, bound_url, check_redis, run_loop, why
 from edge.web.app import FAST, HUB, create_admin_app, create_app
 from edge.web.connections import (
     CONNECTIONS,
@@ -46,33 +44,6 @@ T = TypeVar("T")
 LISTEN_BACKLOG = 4096
 # aiohttp's idle timer on the stream listener, where ConnectionTracker owns idle deadlines.
 AIOHTTP_KEEPALIVE_BACKSTOP_SECONDS = 24 * 3600.0
-# The start-up Redis check: long enough for a TLS handshake, short enough not to stall a start.
-REDIS_STARTUP_PING_SECONDS = 1.0
-
-
-class StartupError(Exception):
-    """The edge cannot start; the message names the flag and says why, on one line."""
-
-
-def _bound_url(runner: web.AppRunner, requested: Address) -> str:
-    """The URL actually bound (port 0 picks a free port)."""
-    for address in runner.addresses:
-        if isinstance(address, tuple):
-            host = address[0]
-            shown = f"[{host}]" if ":" in host else host
-            return f"http://{shown}:{address[1]}"
-    return f"http://{requested}"
-
-
-def _why(error: OSError, address: Address) -> str:
-    if isinstance(error, socket.gaierror):
-        return f"cannot resolve host {address.host!r}"
-    reasons = {
-        errno.EADDRINUSE: "address already in use",
-        errno.EADDRNOTAVAIL: "address not available on this machine",
-        errno.EACCES: "permission denied",
-    }
-    return reasons.get(error.errno or 0) or error.strerror or str(error)
 
 
 def raise_open_file_limit() -> int:
@@ -170,40 +141,7 @@ async def _listen(
         await site.start()
     except OSError as error:
         await runner.cleanup()
-        raise StartupError(f"{flag} {address}: {_why(error, address)}") from None
-
-
-def _redis_location(url: str) -> str:
-    """Where Redis is, without credentials, for a log line."""
-    parts = urlsplit(url)
-    if parts.scheme == "unix":
-        return parts.path
-    return f"{parts.hostname}:{parts.port or 6379}"
-
-
-async def check_redis(url: str) -> bool:
-    """One PING at start-up, so an unreachable Redis is reported at once rather than noticed by
-    its metrics. Redis is optional at runtime: the edge starts anyway, without the shared tier
-    until it answers."""
-    client = redis.Redis.from_url(
-        url,
-        socket_timeout=REDIS_STARTUP_PING_SECONDS,
-        socket_connect_timeout=REDIS_STARTUP_PING_SECONDS,
-        retry_on_timeout=False,
-    )
-    try:
-        await asyncio.wait_for(client.ping(), REDIS_STARTUP_PING_SECONDS * 2)
-    except (RedisError, OSError, TimeoutError) as error:
-        log.warning(
-            "--redis-url: Redis at %s does not answer (%s); serving without the shared tier "
-            "until it does",
-            _redis_location(url),
-            type(error).__name__,
-        )
-        return False
-    finally:
-        await client.aclose()
-    return True
+        raise StartupError(f"{flag} {address}: {why(error, address)}") from None
 
 
 async def _start_admin(
@@ -229,7 +167,7 @@ async def _start_worker(
     stream port once the supervisor, having recorded it, clears it to listen."""
     stream_runner = await _set_up(stream_app, settings, tracker=tracker)
     admin_runner = await _start_admin(admin_app, settings, beside=stream_runner)
-    reachable = {"event": "reachable", "admin": _bound_url(admin_runner, settings.admin_listen)}
+    reachable = {"event": "reachable", "admin": bound_url(admin_runner, settings.admin_listen)}
     print(json.dumps(reachable), flush=True)
     if cleared is not None:
         await asyncio.to_thread(cleared.wait)
@@ -303,8 +241,8 @@ async def serve(
 
     ready = {
         "event": "listening",
-        "listen": _bound_url(stream_runner, settings.listen),
-        "admin": _bound_url(admin_runner, settings.admin_listen),
+        "listen": bound_url(stream_runner, settings.listen),
+        "admin": bound_url(admin_runner, settings.admin_listen),
         "origin": settings.origin,
     }
     # One machine-readable line on stdout: launchers (tests, demo) read the bound ports from it.
@@ -338,24 +276,6 @@ async def serve(
     await admin_runner.cleanup()
 
 
-def run(settings: Settings) -> int:
-    """Serve until stopped; the exit code. ``--workers`` above 1 runs the supervisor."""
-    if settings.workers > 1:
-        from edge.workers.supervisor import supervise
-
-        return _run_loop(supervise(settings))
-    _run_loop(serve(settings))
-    return 0
-
-
 def run_worker(worker: Bootstrap, cleared: threading.Event) -> None:
     """One worker of ``--workers N`` (edge.workers.child); ``cleared``: see ``serve``."""
-    _run_loop(serve(worker.settings, worker=worker, cleared=cleared))
-
-
-def _run_loop(main: Coroutine[Any, Any, T]) -> T:
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency everywhere but Windows
-        return asyncio.run(main)
-    return uvloop.run(main)
+    run_loop(serve(worker.settings, worker=worker, cleared=cleared))

@@ -49,7 +49,7 @@ from prometheus_client.registry import Collector
 
 from edge.config import Address, Settings
 from edge.metrics import Metrics
-from edge.server import StartupError, _bound_url, _why
+from edge.startup import StartupError, bound_url, why
 from edge.web.admin import admin_guard, purge_target
 
 if TYPE_CHECKING:
@@ -264,7 +264,7 @@ async def start_internal(fleet: Fleet) -> tuple[web.AppRunner, str]:
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
-    return runner, _bound_url(runner, Address(host="127.0.0.1", port=0))
+    return runner, bound_url(runner, Address(host="127.0.0.1", port=0))
 
 
 async def start_admin(fleet: Fleet) -> tuple[web.AppRunner, str]:
@@ -278,5 +278,5 @@ async def start_admin(fleet: Fleet) -> tuple[web.AppRunner, str]:
         await web.TCPSite(runner, address.host, address.port).start()
     except OSError as error:
         await runner.cleanup()
-        raise StartupError(f"--admin-listen {address}: {_why(error, address)}") from None
-    return runner, _bound_url(runner, address)
+        raise StartupError(f"--admin-listen {address}: {why(error, address)}") from None
+    return runner, bound_url(runner, address)

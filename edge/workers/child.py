@@ -88,7 +88,8 @@ def main() -> None:
         target=_watch_supervisor, args=(stdin, cleared), name="supervisor-watch", daemon=True
     ).start()
 
-    from edge.server import StartupError, run_worker
+    from edge.server import run_worker
+    from edge.startup import StartupError
 
     try:
         run_worker(bootstrap, cleared)

@@ -53,7 +53,7 @@ from dataclasses import dataclass, field, replace
 from prometheus_client import multiprocess
 
 from edge.config import Address, Settings, per_worker
-from edge.server import StartupError, _why, check_redis
+from edge.startup import StartupError, check_redis, why
 from edge.workers.admin import Fleet, start_admin, start_internal
 from edge.workers.child import CLEARED, Bootstrap, encode
 
@@ -118,7 +118,7 @@ def reserve_port(address: Address) -> tuple[list[socket.socket], int]:
                 sock.close()
             raise
     except OSError as error:
-        raise StartupError(f"--listen {address}: {_why(error, address)}") from None
+        raise StartupError(f"--listen {address}: {why(error, address)}") from None
     return held, port
 
 
