@@ -102,6 +102,14 @@ class Unsettled(Generic[T]):
 Teller = Callable[[LogKey], "asyncio.Future[None] | None"]
 
 
+def carries_body(headers: Sequence[tuple[str, str]]) -> bool:
+    """Did a request say it carries a body (a positive ``Content-Length``, or chunked)?"""
+    if first_value(headers, "transfer-encoding") is not None:
+        return True
+    length = first_value(headers, "content-length")
+    return length is not None and length.strip().isdigit() and int(length) > 0
+
+
 class Streams:
     def __init__(
         self,
@@ -369,12 +377,14 @@ class Streams:
         if (
             ok
             and method == "POST"
+            and carries_body(request_headers)
             and sent_type is not None
             and instance.content_type is not None
             and media_type(sent_type) != media_type(instance.content_type)
         ):
             # The origin appends only bytes of the stream's own content type (409 otherwise):
-            # an append of another type that succeeded went to another stream at the path.
+            # an append of another type that succeeded went to another stream at the path. A
+            # close without a body is taken whatever its Content-Type (clients send a default).
             log.info("%s appended to as %s: a new instance", stream, media_type(sent_type))
             self.purge(stream)
             instance = self.local.instance_for(stream)

@@ -785,3 +785,26 @@ async def test_an_append_of_another_content_type_through_the_edge_starts_a_new_i
     assert answer.status == 200
     assert answer.header("Content-Type") == "application/json"
     assert json.loads(answer.body)[0] == {"n": "x"}
+
+
+async def test_a_close_without_a_body_is_not_an_append_of_another_type(
+    http: aiohttp.ClientSession, origin: Origin, edge: Edge, stream_path: str
+) -> None:
+    """Clients send a default Content-Type on an empty close (aiohttp: octet-stream), which the
+    origin takes whatever the stream's type: that is the same stream, still the edge's to
+    serve (forgetting it ended every SSE viewer of the demo once)."""
+    base = edge.url + stream_path
+    await write(http, base, [b'{"n":1}'], headers=JSON)
+    assert (await fetch(http, "GET", f"{base}?offset=-1")).status == 200
+    closed = await fetch(
+        http,
+        "POST",
+        base,
+        headers={"Content-Type": "application/octet-stream", "Stream-Closed": "true"},
+        data=b"",
+    )
+    assert closed.status == 204
+    answer = await fetch(http, "GET", f"{base}?offset=-1")
+    assert answer.status == 200
+    assert answer.header("Stream-Closed") == "true"
+    assert answer.header("Cache-Status") == "edge; hit"
