@@ -117,9 +117,9 @@ class Settings:
     # Bytes all cache fills together may buffer while reading origin answers; past it, a read is
     # relayed uncached instead of buffered.
     fill_buffer_bytes: int = 64 * MiB
-    # Client connections on the stream listener (edge.web.connections): a connection must deliver
-    # a complete request head this soon after connecting (or after the first byte of its next
-    # request), may sit idle this long between requests, and at most this many are open
+    # Client connections on the stream listener (edge.web.connection_table): a connection must
+    # deliver a complete request head this soon after connecting (or after the first byte of its
+    # next request), may sit idle this long between requests, and at most this many are open
     # (0 = derived from the open-file limit at start-up, see default_max_connections).
     header_timeout_seconds: float = 10 * SECONDS
     keepalive_timeout_seconds: float = 60 * SECONDS

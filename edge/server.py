@@ -24,13 +24,9 @@ from edge.metrics import Metrics
 from edge.origin import OriginClient
 from edge.startup import StartupError, bound_url, check_redis, run_loop, why
 from edge.web.app import FAST, HUB, create_admin_app, create_app
-from edge.web.connections import (
-    CONNECTIONS,
-    BoundedSite,
-    ConnectionTracker,
-    Limits,
-    default_max_connections,
-)
+from edge.web.bounded_site import BoundedSite
+from edge.web.connection_table import Limits, default_max_connections
+from edge.web.connection_tracker import CONNECTIONS, ConnectionTracker
 from edge.web.gatekeeper import TokenFreeAccessLog
 
 if TYPE_CHECKING:

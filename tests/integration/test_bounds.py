@@ -31,7 +31,9 @@ from edge.catchup import CatchupCache
 from edge.config import Address, Settings
 from edge.metrics import Metrics
 from edge.web.admin import ReadinessProbe, add_admin_routes
-from edge.web.connections import BoundedSite, ConnectionTracker, Limits, Phase
+from edge.web.bounded_site import BoundedSite
+from edge.web.connection_table import Limits, Phase
+from edge.web.connection_tracker import ConnectionTracker
 
 HALF_SENT = b"GET /x HTTP/1.1\r\nHo"
 

@@ -1,13 +1,13 @@
-"""The connection state machine of edge.web.connections: deadlines, eviction, the cap. No sockets,
-no event loop: keys are strings and the clock is a number."""
+"""The connection state machine of edge.web.connection_table: deadlines, eviction, the cap (and
+the tracker's 503 refusal). No sockets, no event loop: keys are strings and the clock is a
+number."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from edge.web.connections import (
-    REFUSAL,
+from edge.web.connection_table import (
     Admission,
     ConnectionTable,
     Expiry,
@@ -15,6 +15,7 @@ from edge.web.connections import (
     Phase,
     default_max_connections,
 )
+from edge.web.connection_tracker import REFUSAL
 
 HEADER = 10.0
 KEEPALIVE = 60.0

@@ -7,6 +7,7 @@ import pytest
 
 import edge.live.board
 import edge.protocol
+import edge.web.connection_table
 
 FORBIDDEN = ("aiohttp", "redis", "asyncio", "prometheus_client", "socket", "uvloop")
 PURE_PACKAGES = [Path(edge.protocol.__file__).parent]
@@ -14,6 +15,7 @@ AUTH = Path(edge.protocol.__file__).parent.parent / "auth"
 # Pure modules that live beside their adapters.
 PURE_MODULES = [AUTH / "credentials.py", AUTH / "policy.py", AUTH / "keys.py"]
 PURE_MODULES.append(Path(edge.live.board.__file__))
+PURE_MODULES.append(Path(edge.web.connection_table.__file__))
 
 
 def imported_modules(source: Path) -> set[str]:

@@ -1,0 +1,211 @@
+"""The asyncio adapter of ``edge.web.connection_table``: one tracker per stream listener feeds
+the table what happens to its connections and carries out what the table decides.
+
+Rules this module owns:
+
+* The request hook: a head is complete when aiohttp hands the request to the application, and
+  the request is over when its handler returns. ``ConnectionTracker.middleware`` reports both,
+  as ``tracker.request_started(request.transport)`` and ``tracker.request_finished(transport)``;
+  ``edge.server`` installs it as the stream application's outermost middleware. With the fast
+  path on, the middleware writes aiohttp's answer itself and then tells the connection
+  (``request_done``), so the connection knows when its next head may be answered.
+* Deadlines are enforced by one sweep per listener, every quarter of the shorter timeout (kept
+  between 50 ms and 1 s); a transport that fails to close does not stop the sweep.
+* A connection refused at the cap reads its 503 before the close: up to
+  ``MAX_LINGERING_REFUSALS`` at once are half-closed and aborted ``REFUSAL_LINGER_SECONDS``
+  later (the connection discards what the client sends meanwhile); beyond that, or without a
+  half-close, it is closed at once.
+* An operator is warned when the cap is hit, at most once a minute per kind (evicting,
+  refusing).
+* Counters (evicted, refused, header and keep-alive timeouts) are plain attributes, read at
+  scrape time.
+
+The connections themselves are ``edge.web.connection_protocol``'s; the tracker knows them only
+as ``TrackedConnection``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Protocol, cast
+
+from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
+
+from edge.web.connection_table import ConnectionTable, Limits, Phase
+from edge.web.fastpath import FastPath
+
+log = logging.getLogger(__name__)
+
+# A refused newcomer reads its 503 before the close: lingering refusals half-close and discard
+# what the client sent, for at most this long and this many at once (beyond: close at once).
+REFUSAL_LINGER_SECONDS = 1.0
+MAX_LINGERING_REFUSALS = 256
+REFUSAL_BODY = b"edge is at --max-connections; retry shortly\n"
+REFUSAL = (
+    b"HTTP/1.1 503 Service Unavailable\r\n"
+    b"Content-Type: text/plain; charset=utf-8\r\n"
+    b"Content-Length: " + str(len(REFUSAL_BODY)).encode() + b"\r\n"
+    b"Retry-After: 1\r\n"
+    b"Connection: close\r\n"
+    b"\r\n" + REFUSAL_BODY
+)
+# How often an operator is told the cap is being hit.
+CAP_WARNING_INTERVAL_SECONDS = 60.0
+
+
+class TrackedConnection(Protocol):
+    """What the tracker asks of an admitted connection (``edge.web.connection_protocol``)."""
+
+    def request_done(self, *, completed: bool) -> None: ...
+
+    def close_if_idle(self) -> None: ...
+
+
+def _flushing(transport: asyncio.Transport) -> bool:
+    return transport.get_write_buffer_size() > 0
+
+
+class ConnectionTracker:
+    """The asyncio side: one per listener. Counters are plain attributes (read at scrape time)."""
+
+    def __init__(self, limits: Limits) -> None:
+        self.table: ConnectionTable[asyncio.Transport] = ConnectionTable(limits)
+        self.evicted = 0
+        self.refused = 0
+        self.header_timeouts = 0
+        self.keepalive_timeouts = 0
+        self._lingering = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._sweeper: asyncio.Task[None] | None = None
+        self._warned_at: dict[str, float] = {}
+        # Set by edge.server: the stored hits the connections answer themselves.
+        self.fast: FastPath | None = None
+        self._connections: dict[asyncio.Transport, TrackedConnection] = {}
+        self.middleware: Middleware = self._make_middleware()
+
+    @property
+    def open(self) -> int:
+        return len(self.table)
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        return self._loop
+
+    def start(self) -> None:
+        limits = self.table.limits
+        tick = min(limits.header_timeout_seconds, limits.keepalive_timeout_seconds) / 4
+        self._sweeper = self.loop.create_task(self._sweep(min(max(tick, 0.05), 1.0)))
+
+    async def stop(self) -> None:
+        for connection in list(self._connections.values()):
+            connection.close_if_idle()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            await asyncio.gather(self._sweeper, return_exceptions=True)
+            self._sweeper = None
+
+    # -- the request hook ------------------------------------------------------------------
+
+    def request_started(self, transport: asyncio.BaseTransport) -> None:
+        self.table.request_started(cast(asyncio.Transport, transport))
+
+    def request_finished(self, transport: asyncio.BaseTransport) -> None:
+        self.table.request_finished(cast(asyncio.Transport, transport), self.loop.time())
+
+    def answered(self, transport: asyncio.Transport) -> None:
+        """A request the connection answered itself, start to end."""
+        self.table.answered(transport, self.loop.time())
+
+    def _make_middleware(self) -> Middleware:
+        @web.middleware
+        async def track_requests(request: web.Request, handler: Handler) -> web.StreamResponse:
+            transport = request.transport
+            if transport is None:  # the client already left
+                return await handler(request)
+            self.request_started(transport)
+            completed = False
+            try:
+                response = await handler(request)
+                if self.fast is not None and self.fast.enabled:
+                    # Written here rather than after the middleware (aiohttp then finds it
+                    # done), so the connection knows when the next head may be answered.
+                    with contextlib.suppress(ConnectionError):
+                        await response.prepare(request)
+                        await response.write_eof()
+                        completed = True
+                return response
+            finally:
+                self.request_finished(transport)
+                connection = self._connections.get(transport)
+                if connection is not None:
+                    connection.request_done(completed=completed)
+
+        return track_requests
+
+    # -- called by the connections (edge.web.connection_protocol) --------------------------
+
+    def connected(self, transport: asyncio.Transport, connection: TrackedConnection) -> bool:
+        admission = self.table.admit(transport, self.loop.time(), flushing=_flushing)
+        if admission.admitted:
+            self._connections[transport] = connection
+        if admission.evict is not None:
+            self.evicted += 1
+            self._warn_at_cap("evicting the longest-idle connection")
+            admission.evict.close()
+        elif not admission.admitted:
+            self._warn_at_cap("every connection is busy: answering 503")
+        return admission.admitted
+
+    def bytes_received(self, transport: asyncio.Transport) -> None:
+        self.table.bytes_received(transport, self.loop.time())
+
+    def closed(self, transport: asyncio.Transport) -> None:
+        self.table.forget(transport)
+        self._connections.pop(transport, None)
+
+    def refuse(self, transport: asyncio.Transport) -> asyncio.TimerHandle | None:
+        self.refused += 1
+        transport.write(REFUSAL)
+        if self._lingering < MAX_LINGERING_REFUSALS and transport.can_write_eof():
+            self._lingering += 1
+            transport.write_eof()
+            return self.loop.call_later(REFUSAL_LINGER_SECONDS, transport.abort)
+        transport.close()
+        return None
+
+    def refusal_ended(self, linger: asyncio.TimerHandle | None) -> None:
+        if linger is not None:
+            linger.cancel()
+            self._lingering -= 1
+
+    def _warn_at_cap(self, what: str) -> None:
+        now = self.loop.time()
+        if now - self._warned_at.get(what, float("-inf")) >= CAP_WARNING_INTERVAL_SECONDS:
+            self._warned_at[what] = now
+            log.warning(
+                "stream listener at --max-connections (%d): %s",
+                self.table.limits.max_connections,
+                what,
+            )
+
+    async def _sweep(self, tick: float) -> None:
+        while True:
+            await asyncio.sleep(tick)
+            for expiry in self.table.expire(self.loop.time(), flushing=_flushing):
+                if expiry.phase is Phase.HEAD:
+                    self.header_timeouts += 1
+                else:
+                    self.keepalive_timeouts += 1
+                try:
+                    expiry.key.close()
+                except Exception:  # one odd transport must not end every deadline after it
+                    log.exception("closing an expired connection failed")
+
+
+# Where the stream application keeps its listener's tracker (for metrics at scrape time).
+CONNECTIONS = web.AppKey("connections", ConnectionTracker)
