@@ -4,13 +4,11 @@ The async pump around ``edge.log.policy``: plan (synchronously, so no other task
 the event loop is the lock), then do I/O (shared tier, origin) and record what came back, then
 build the answer. Identical origin fetches in flight are single-flight.
 
-Every origin answer enters through ``_record`` (catch-up) or ``record_live`` (live tails), where
-the core's invariants are checked once: offsets are validated, an answer that is not a forward
-segment is relayed to its one client and never stored, an answer impossible for the stream
-instance the edge knows starts a new instance (everything of the old one is forgotten, here,
-in the shared tier and on every replica), and nothing fetched under an instance that is no
-longer current is stored. ``Cache-Control: no-store``/``private`` answers are relayed verbatim
-and make the edge relay that stream for a while.
+Every origin answer a fill brings back enters through the one door the live tails use too
+(``Streams.take_in``): the pure core (``edge.log.intake``) decides what it means (store it,
+relay it to its one client, a new instance, a stream gone) and the actions are carried out
+after deciding. An answer fetched under an instance that was forgotten meanwhile is read again
+under the current one.
 
 What the edge learns about a stream's existence (writes, deletes, 404s, lifetimes, live
 upstreams, other replicas) is ``edge.streams``'s to keep; this module asks it.
@@ -30,6 +28,7 @@ import aiohttp
 from edge.coalesce import SingleFlight
 from edge.compress import Compressor
 from edge.config import Settings
+from edge.log.intake import Arrival, Decision, header_template
 from edge.log.policy import (
     Coverage,
     Fetch,
@@ -44,22 +43,16 @@ from edge.log.policy import (
 )
 from edge.log.segment import (
     Segment,
-    answer_segment,
     content_digest,
-    is_json,
-    is_json_array,
-    media_type,
     stitch,
 )
-from edge.log.stream_log import LogKey, StreamInstance, StreamLog, TailVerdict
+from edge.log.stream_log import LogKey, StreamInstance, StreamLog
 from edge.memory import TRIMMER
 from edge.metrics import Metrics
 from edge.origin import BodyTooLarge, OriginClient, OriginError
 from edge.protocol.headers import (
     HOP_BY_HOP,
-    cors_headers,
     first_value,
-    flag,
     own_request_headers,
 )
 from edge.protocol.offsets import START, is_client_offset, is_offset_token
@@ -74,34 +67,6 @@ COMPRESS_MIN_BYTES = 1024
 # Pulling a long chain from the shared tier is one round trip per segment; past this many the
 # origin is asked instead.
 MAX_SHARED_PULLS = 256
-# A stream whose origin answers said no-store/private is relayed this long before trying again.
-BYPASS_SECONDS = 60.0
-
-# Headers that describe one answer, not the stream: never replayed from the template.
-PER_ANSWER = frozenset(
-    {
-        "content-type",
-        "content-length",
-        "content-encoding",
-        "date",
-        "etag",
-        "cache-control",
-        "vary",
-        "via",
-        "age",
-        "expires",
-        "last-modified",
-        "location",
-        "cache-status",
-        "stream-next-offset",
-        "stream-up-to-date",
-        "stream-closed",
-        "stream-cursor",
-        "stream-ttl",
-        "stream-expires-at",
-        "set-cookie",
-    }
-)
 
 
 def live_authority_seconds(settings: Settings) -> float:
@@ -184,24 +149,6 @@ class Resolution:
 
 def relayable(headers: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
     return [(n, v) for n, v in headers if n.lower() not in HOP_BY_HOP]
-
-
-def header_template(headers: Sequence[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
-    """The headers of one origin answer that hold for every answer of the stream: not those
-    of the answer itself, nor its CORS headers, which are its request's (``OriginCors``)."""
-    cors = {name.lower() for name, _ in cors_headers(headers)}
-    return tuple(
-        (n, v)
-        for n, v in headers
-        if n.lower() not in PER_ANSWER and n.lower() not in HOP_BY_HOP and n.lower() not in cors
-    )
-
-
-def forbids_storing(headers: Sequence[tuple[str, str]]) -> bool:
-    """RFC 9111 §5.2.2: ``no-store`` and ``private`` answers are not a shared cache's to keep."""
-    directives = ",".join(v for n, v in headers if n.lower() == "cache-control").lower()
-    names = {part.split("=")[0].strip() for part in directives.split(",")}
-    return bool(names & {"no-store", "private"})
 
 
 class FillBudget:
@@ -599,69 +546,25 @@ class CatchupCache:
         started: int,
         credentials: Sequence[tuple[str, str]],
     ) -> Fill:
-        """Learn from one origin answer: store its segment and what it says about the tail."""
-        received = self.streams.ticket()
-        now = self._clock()
-        offset = fetch.offset
-        next_offset = first_value(headers, "stream-next-offset")
-        up_to_date = flag(headers, "stream-up-to-date")
-        closed = flag(headers, "stream-closed")
-        relay = Fill(
-            status=status, headers=headers, body=body, segment=None, next_offset=None,
-            up_to_date=False, closed=False, stored=False, relay=True,
+        """Learn from one origin answer, through the one door (``Streams.take_in``)."""
+        arrival = Arrival.of_fill(
+            fetch.offset, status, headers, body,
+            started=started, received=self.streams.ticket(), now=self._clock(),
         )  # fmt: skip
-        if status == 404:
-            if self.local.current(instance):  # else about a stream instance already gone
-                self.streams.stream_gone(key)
-            return relay
-        encoding = (first_value(headers, "content-encoding") or "identity").lower()
-        if status != 200 or encoding != "identity" or not is_offset_token(next_offset):
-            return relay  # 410 and other refusals: evidence about this request only
-        assert next_offset is not None
-        if forbids_storing(headers):
-            instance.bypass_until = now + BYPASS_SECONDS
-            return relay
-        if not self.local.current(instance):
-            # The stream was forgotten meanwhile: this answer is its client's only.
-            return replace(relay, stale=True)
-        content_type = first_value(headers, "content-type")
-        json = is_json(content_type)
-        if json and not is_json_array(body):
-            return relay
-        known_type = instance.content_type
-        if known_type is not None and media_type(known_type) != media_type(content_type):
-            # A stream keeps its content type for life: this is another stream at the path.
-            log.info("%s changed content type at the origin: a new instance", key.stream)
-            self.streams.purge(key.stream)
-            return replace(relay, stale=True)
-        log_ = self.local.log_for(key)
-        log_.content_type = content_type
-        log_.header_template = self.local.template(header_template(headers))
-        instance.touched_origin(now)
-        self.streams.learn_lifetime(instance, headers)
-        if up_to_date or next_offset < offset:
-            # A tail before what the edge knew the stream reached, told to a request that
-            # started after the edge knew it, is another instance (the core decides).
-            verdict = log_.observe_tail(
-                next_offset, closed=closed and up_to_date, now=now,
-                started=started, received=received,
+        taken = self.streams.take_in(key, instance, arrival, credentials)
+        if taken.decision is Decision.STORE:
+            assert arrival.end is not None
+            return Fill(
+                status=status, headers=headers, body=body, segment=taken.segment,
+                next_offset=arrival.end, up_to_date=arrival.up_to_date,
+                closed=arrival.up_to_date and arrival.closed, stored=taken.stored, relay=False,
             )  # fmt: skip
-            if verdict is TailVerdict.NEW_INSTANCE:
-                log.info("%s changed at the origin (tail went back or reopened)", key.stream)
-                self.streams.purge(key.stream)
-                return relay
-        if next_offset < offset:
-            return relay  # a read past the tail: the real tail is for this client to see
-        instance.reached(next_offset, received)
-        segment = answer_segment(offset, next_offset, body, json=json)
-        stored = segment is not None and self.local.put(key, segment, instance)
-        final = up_to_date and closed
-        self.streams.share(key, segment if stored else None, next_offset if final else None)
-        if not instance.lifetime_known:
-            self.streams.probe_lifetime(instance, credentials)
+        # Fetched under an instance that is gone, or revealing that the one it was fetched
+        # under is: the answer is not of the instance it was asked for; the read starts again.
+        stale = taken.decision in (Decision.STALE, Decision.NEW_INSTANCE)
         return Fill(
-            status=status, headers=headers, body=body, segment=segment, next_offset=next_offset,
-            up_to_date=up_to_date, closed=final, stored=stored, relay=False,
+            status=status, headers=headers, body=body, segment=None, next_offset=None,
+            up_to_date=False, closed=False, stored=False, relay=True, stale=stale,
         )  # fmt: skip
 
     async def close(self) -> None:

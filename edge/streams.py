@@ -39,11 +39,27 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Hashable, Sequence
-from typing import Generic, TypeVar
+from typing import Generic, NamedTuple, TypeVar
 
 from edge.coalesce import SingleFlight
 from edge.config import Settings
-from edge.log.segment import Segment, answer_segment, media_type
+from edge.log.intake import (
+    Action,
+    Arrival,
+    BelieveTail,
+    Bypass,
+    Decision,
+    Describe,
+    Forget,
+    ForgetScope,
+    Keep,
+    LearnLifetime,
+    ProbeLifetime,
+    Reached,
+    Touched,
+    decide,
+)
+from edge.log.segment import Segment, media_type
 from edge.log.stream_log import LogKey, Mark, StreamInstance, TailVerdict
 from edge.metrics import Metrics
 from edge.origin import OriginClient, OriginError
@@ -67,6 +83,15 @@ log = logging.getLogger(__name__)
 GENERATION_CHECK_SECONDS = 1.0
 # The durable part of a purge is awaited this long by those who wait for it.
 PURGE_WAIT_SECONDS = 2.0
+
+
+class Taken(NamedTuple):
+    """What the one door made of an origin answer: the core's decision, the segment it
+    decided to keep, and whether the local tier took it (it refuses a forgotten instance's)."""
+
+    decision: Decision
+    segment: Segment | None
+    stored: bool
 
 
 class InstanceChanged(Exception):
@@ -223,6 +248,65 @@ class Streams:
 
     # --- what live upstreams tell ---
 
+    def take_in(
+        self,
+        key: LogKey,
+        instance: StreamInstance,
+        arrival: Arrival,
+        credentials: Sequence[tuple[str, str]] = (),
+    ) -> Taken:
+        """The one door for origin answers, catch-up fills and live batches alike: the core
+        decides (``edge.log.intake.decide``) what ``arrival``, fetched under ``instance``, means;
+        its actions are carried out here, in order, after deciding. ``credentials``: the
+        request's, for what the edge asks the origin on its behalf (a lifetime probe)."""
+        current = self.local.current(instance)
+        existing = self.local.log(key) if current else None
+        tail = existing.tail if existing is not None else None
+        intake = decide(arrival, instance, tail, current=current)
+        stored = False
+        for action in intake.actions:
+            stored |= self._carry_out(key, instance, action, credentials)
+        return Taken(intake.decision, intake.segment, stored)
+
+    def _carry_out(
+        self,
+        key: LogKey,
+        instance: StreamInstance,
+        action: Action,
+        credentials: Sequence[tuple[str, str]],
+    ) -> bool:
+        """Carry out one action; True when it stored a segment."""
+        match action:
+            case Forget(why=why):
+                log.info("%s: a new instance (%s)", key.stream, why)
+                self.purge(key.stream)
+            case ForgetScope():
+                self.stream_gone(key)
+            case Bypass(until=until):
+                instance.bypass_until = until
+            case Describe(content_type=content_type, template=template):
+                log_ = self.local.log_for(key)
+                log_.content_type = content_type
+                log_.header_template = self.local.template(template)
+            case Touched(now=now):
+                instance.touched_origin(now)
+            case LearnLifetime(headers=headers):
+                self.learn_lifetime(instance, headers)
+            case BelieveTail(judgement=judgement):
+                self.local.log_for(key).believe(judgement)
+            case Reached(offset=offset, received=received):
+                instance.reached(offset, received)
+            case Keep(segment=segment, closed_at=closed_at):
+                stored = segment is not None and self.local.put(key, segment, instance)
+                self.share(key, segment if stored else None, closed_at)
+                return stored
+            case ProbeLifetime():
+                if not instance.lifetime_known:
+                    self.probe_lifetime(instance, credentials)
+        return False
+
+    # --- what live upstreams tell ---
+
     def record_live(
         self,
         key: LogKey,
@@ -236,35 +320,21 @@ class Streams:
         started: int,
     ) -> Segment | None:
         """A batch a live upstream delivered: [start, end). While the upstream runs, what it
-        says about the tail is authoritative. Returns the stored segment, if any; raises
+        says about the tail is authoritative. Returns the segment, if any; raises
         InstanceChanged when the instance it follows is gone, ValueError for a bad offset."""
-        if not self.local.current(instance):
-            raise InstanceChanged(key.stream)
-        if not is_offset_token(end):
+        log_ = self.local.log(key)
+        content_type = log_.content_type if log_ is not None else instance.content_type
+        arrival = Arrival(
+            live=True, start=start, status=200, end=end, body=body, headers=(),
+            content_type=content_type, up_to_date=up_to_date, closed=closed, started=started,
+            received=self.ticket(), now=self._clock(),
+        )  # fmt: skip
+        taken = self.take_in(key, instance, arrival)
+        if taken.decision is Decision.MALFORMED:
             raise ValueError(f"the origin sent a malformed offset {end[:64]!r}")
-        received = self.ticket()
-        now = self._clock()
-        log_ = self.local.log_for(key)
-        instance.touched_origin(now)
-        if end < start:
-            # The upstream follows from an offset the stream reached; behind it is another
-            # stream (deleted and recreated, or an origin that lost its tail).
-            log.info("%s went back from %s to %s: a new instance", key.stream, start, end)
-            self.purge(key.stream)
+        if taken.decision is not Decision.STORE:
             raise InstanceChanged(key.stream)
-        if up_to_date or closed:
-            verdict = log_.observe_tail(
-                end, closed=closed, now=now, started=started, received=received,
-                authoritative=True,
-            )  # fmt: skip
-            if verdict is TailVerdict.NEW_INSTANCE:
-                self.purge(key.stream)
-                raise InstanceChanged(key.stream)
-        instance.reached(end, received)
-        segment = answer_segment(start, end, body, json=log_.json)
-        stored = segment is not None and self.local.put(key, segment, instance)
-        self.share(key, segment if stored else None, end if closed else None)
-        return segment
+        return taken.segment
 
     def live_ended(self, key: LogKey) -> None:
         """The live upstream stopped: its last word on the tail is now only as of its time."""

@@ -121,6 +121,50 @@ class TailFact:
     observed_at: float
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TailJudgement:
+    """What one origin answer's word on the tail means: the verdict, the fact the log then
+    believes (None: unchanged), and the mark the instance reached (and whether it closes there)."""
+
+    verdict: TailVerdict
+    fact: TailFact | None = None
+    reached: Mark | None = None
+    closes: bool = False
+
+
+def judge_tail(
+    instance: StreamInstance,
+    tail: TailFact | None,
+    offset: str,
+    *,
+    closed: bool,
+    now: float,
+    started: int,
+    received: int,
+    authoritative: bool = False,
+) -> TailJudgement:
+    """An origin answer says the tail is at ``offset`` (closed or not): believe it, keep it as
+    true once, or find it impossible for ``instance`` (another stream at the path). Pure."""
+    if instance.contradicts(offset, closed=closed, started=started):
+        return TailJudgement(verdict=TailVerdict.NEW_INSTANCE)
+    if not closed and (instance.closed_at is not None or (tail is not None and tail.closed)):
+        return TailJudgement(verdict=TailVerdict.OLDER)  # left before the closure the edge knows
+    high = instance.high
+    if high is not None and offset < high.offset and not closed:
+        # Older than what the edge already knows the stream reached: true once, not now.
+        if tail is None or tail.offset < offset:
+            stale = TailFact(offset=offset, closed=False, authoritative=False, observed_at=NEVER)
+            return TailJudgement(verdict=TailVerdict.OLDER, fact=stale)
+        return TailJudgement(verdict=TailVerdict.OLDER)
+    if not authoritative and tail is not None and tail.authoritative and offset < tail.offset:
+        return TailJudgement(verdict=TailVerdict.OLDER)
+    fact = TailFact(offset=offset, closed=closed, authoritative=authoritative, observed_at=now)
+    return TailJudgement(
+        verdict=TailVerdict.BELIEVED, fact=fact, reached=Mark(offset=offset, received=received),
+        closes=closed,
+    )  # fmt: skip
+
+
 @dataclass(kw_only=True, slots=True, eq=False)
 class StreamLog:
     key: LogKey
@@ -156,29 +200,22 @@ class StreamLog:
         authoritative: bool = False,
     ) -> TailVerdict:
         """An origin answer says the tail is at ``offset`` (closed or not)."""
-        instance = self.instance
-        if instance.contradicts(offset, closed=closed, started=started):
-            return TailVerdict.NEW_INSTANCE
-        tail = self.tail
-        if not closed and (instance.closed_at is not None or (tail is not None and tail.closed)):
-            return TailVerdict.OLDER  # left the origin before the closure the edge knows
-        high = instance.high
-        if high is not None and offset < high.offset and not closed:
-            # Older than what the edge already knows the stream reached: true once, not now.
-            if tail is None or tail.offset < offset:
-                self.tail = TailFact(
-                    offset=offset, closed=False, authoritative=False, observed_at=NEVER
-                )
-            return TailVerdict.OLDER
-        if not authoritative and tail is not None and tail.authoritative and offset < tail.offset:
-            return TailVerdict.OLDER
-        instance.reached(offset, received)
-        if closed and instance.closed_at is None:
-            instance.closed_at = Mark(offset=offset, received=received)
-        self.tail = TailFact(
-            offset=offset, closed=closed, authoritative=authoritative, observed_at=now
-        )
-        return TailVerdict.BELIEVED
+        judgement = judge_tail(
+            self.instance, self.tail, offset, closed=closed, now=now, started=started,
+            received=received, authoritative=authoritative,
+        )  # fmt: skip
+        self.believe(judgement)
+        return judgement.verdict
+
+    def believe(self, judgement: TailJudgement) -> None:
+        """Take what ``judge_tail`` decided (about this log's instance and tail)."""
+        if judgement.fact is not None:
+            self.tail = judgement.fact
+        reached = judgement.reached
+        if reached is not None:
+            self.instance.reached(reached.offset, reached.received)
+            if judgement.closes and self.instance.closed_at is None:
+                self.instance.closed_at = reached
 
     def lose_authority(self, now: float) -> None:
         if self.tail is not None and self.tail.authoritative:

@@ -6,11 +6,13 @@ from pathlib import Path
 import pytest
 
 import edge.live.board
+import edge.log
 import edge.protocol
 import edge.web.connection_table
 
 FORBIDDEN = ("aiohttp", "redis", "asyncio", "prometheus_client", "socket", "uvloop")
-PURE_PACKAGES = [Path(edge.protocol.__file__).parent]
+# The protocol and the cache core (segments, logs, the read policy, the one intake).
+PURE_PACKAGES = [Path(edge.protocol.__file__).parent, Path(edge.log.__file__).parent]
 AUTH = Path(edge.protocol.__file__).parent.parent / "auth"
 # Pure modules that live beside their adapters.
 PURE_MODULES = [AUTH / "credentials.py", AUTH / "policy.py", AUTH / "keys.py"]

@@ -1,0 +1,199 @@
+"""The one door for origin answers (``edge.log.intake``), checked with generated answers.
+
+* Only a 200 identity answer with a well-formed next offset, of the current instance, in the
+  stream's own content type, moving forward, can be kept; whatever else arrives keeps nothing.
+* A kept segment is exactly the answer's bytes over ``[start, end)``.
+* An answer fetched under a forgotten instance changes nothing at all (no action).
+* A content type other than the stream's, or a tail the core finds impossible, forgets the
+  instance and keeps nothing; nothing else forgets it.
+* Catch-up and live answers go through the same tail judgement (``judge_tail``), and
+  ``StreamLog.observe_tail`` is exactly ``judge_tail`` then ``believe``.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from edge.log.intake import (
+    Arrival,
+    BelieveTail,
+    Bypass,
+    Decision,
+    Forget,
+    ForgetScope,
+    Keep,
+    decide,
+)
+from edge.log.segment import is_json_array, media_type
+from edge.log.stream_log import (
+    LogKey,
+    Mark,
+    StreamInstance,
+    StreamLog,
+    TailFact,
+    TailVerdict,
+    judge_tail,
+)
+
+offsets = st.integers(min_value=0, max_value=40).map(lambda n: f"{n:04d}_{n * 3:04d}")
+content_types = st.sampled_from(
+    ["text/plain", "application/json", "Text/Plain; charset=utf-8", "application/octet-stream"]
+)
+bodies = st.one_of(st.binary(max_size=6), st.sampled_from([b"[]", b"[1]", b"[1,2]", b"{}"]))
+
+
+@st.composite
+def instances(draw: st.DrawFn) -> StreamInstance:
+    instance = StreamInstance(stream="/s")
+    if draw(st.booleans()):
+        instance.high = Mark(offset=draw(offsets), received=draw(st.integers(0, 20)))
+    if draw(st.integers(0, 5)) == 0:
+        instance.closed_at = Mark(offset=draw(offsets), received=draw(st.integers(0, 20)))
+    instance.content_type = draw(st.one_of(st.none(), content_types))
+    return instance
+
+
+tails = st.one_of(
+    st.none(),
+    st.builds(
+        TailFact, offset=offsets, closed=st.booleans(), authoritative=st.booleans(),
+        observed_at=st.floats(0, 100),
+    ),
+)  # fmt: skip
+
+
+@st.composite
+def arrivals(draw: st.DrawFn) -> Arrival:
+    headers: list[tuple[str, str]] = []
+    status = draw(st.sampled_from([200, 200, 200, 404, 410, 204]))
+    malformed = draw(st.integers(0, 5)) == 0
+    end = draw(st.sampled_from(["", "not an offset", "../x"]) if malformed else offsets)
+    headers.append(("Stream-Next-Offset", end))
+    content_type = draw(content_types)
+    headers.append(("Content-Type", content_type))
+    if draw(st.booleans()):
+        headers.append(("Stream-Up-To-Date", "true"))
+    if draw(st.booleans()):
+        headers.append(("Stream-Closed", "true"))
+    if draw(st.integers(0, 9)) == 0:
+        headers.append(("Cache-Control", draw(st.sampled_from(["no-store", "private, max-age=5"]))))
+    if draw(st.integers(0, 9)) == 0:
+        headers.append(("Content-Encoding", "gzip"))
+    start, body = draw(offsets), draw(bodies)
+    stamps = {
+        "started": draw(st.integers(0, 30)),
+        "received": draw(st.integers(0, 30)),
+        "now": 50.0,
+    }
+    if draw(st.booleans()):
+        return Arrival.of_fill(start, status, tuple(headers), body, **stamps)  # type: ignore[arg-type]
+    return Arrival(
+        live=True, start=start, status=200, end=end, body=body, headers=(),
+        content_type=content_type, up_to_date=("Stream-Up-To-Date", "true") in headers,
+        closed=("Stream-Closed", "true") in headers, **stamps,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+def _kept(intake_actions: tuple[object, ...]) -> list[Keep]:
+    return [a for a in intake_actions if isinstance(a, Keep)]
+
+
+@settings(max_examples=500)
+@given(arrival=arrivals(), instance=instances(), tail=tails, current=st.booleans())
+def test_only_a_forward_answer_of_the_current_instance_in_its_type_is_kept(
+    arrival: Arrival, instance: StreamInstance, tail: TailFact | None, current: bool
+) -> None:
+    before = copy.deepcopy(instance)
+    intake = decide(arrival, instance, tail, current=current)
+    # Deciding changes nothing: the instance is as it was.
+    assert repr(instance) == repr(before)
+    keeps = _kept(intake.actions)
+    if intake.decision is Decision.STORE:
+        assert current
+        assert arrival.status == 200
+        assert arrival.end is not None
+        assert arrival.end >= arrival.start
+        assert len(keeps) == 1
+        assert keeps[0].segment is intake.segment
+        if not arrival.live:
+            assert not any(n.lower() == "content-encoding" for n, _ in arrival.headers)
+            known = instance.content_type
+            assert known is None or media_type(known) == media_type(arrival.content_type)
+        if intake.segment is not None:
+            segment = intake.segment
+            assert (segment.start, segment.end) == (arrival.start, arrival.end)
+            assert segment.end > segment.start
+            if media_type(arrival.content_type) == "application/json":
+                assert is_json_array(arrival.body)
+                assert arrival.body not in (b"[]",)
+            else:
+                assert segment.body == arrival.body
+    else:
+        assert not keeps
+        assert intake.segment is None
+    if not current:
+        assert intake.decision in (Decision.STALE, Decision.RELAY)
+        # A forgotten instance's answer may only make the stream relayed (no-store: about the
+        # path, whatever the instance) and never forgets or believes anything.
+        assert all(isinstance(a, Bypass) for a in intake.actions)
+
+
+@given(arrival=arrivals(), instance=instances(), tail=tails)
+def test_only_a_contradiction_forgets_the_instance(
+    arrival: Arrival, instance: StreamInstance, tail: TailFact | None
+) -> None:
+    intake = decide(arrival, instance, tail, current=True)
+    forgets = [a for a in intake.actions if isinstance(a, Forget)]
+    assert bool(forgets) == (intake.decision is Decision.NEW_INSTANCE)
+    if intake.decision is Decision.NEW_INSTANCE:
+        assert arrival.end is not None
+        changed_type = (
+            not arrival.live
+            and instance.content_type is not None
+            and media_type(instance.content_type) != media_type(arrival.content_type)
+        )
+        went_back = arrival.live and arrival.end < arrival.start
+        closed = arrival.closed and (arrival.live or arrival.up_to_date)
+        impossible = instance.contradicts(arrival.end, closed=closed, started=arrival.started)
+        assert changed_type or went_back or impossible
+    assert any(isinstance(a, ForgetScope) for a in intake.actions) == (
+        intake.decision is Decision.GONE
+    )
+    # What is believed about the tail is the core's judgement, the same for both kinds.
+    for action in intake.actions:
+        if isinstance(action, BelieveTail):
+            assert action.judgement.verdict is not TailVerdict.NEW_INSTANCE
+
+
+@given(
+    instance=instances(), tail=tails, offset=offsets, closed=st.booleans(),
+    started=st.integers(0, 30), received=st.integers(0, 30), authoritative=st.booleans(),
+)  # fmt: skip
+def test_observing_a_tail_is_judging_it_then_believing_it(
+    instance: StreamInstance,
+    tail: TailFact | None,
+    offset: str,
+    closed: bool,
+    started: int,
+    received: int,
+    authoritative: bool,
+) -> None:
+    judged = copy.deepcopy(instance)
+    judgement = judge_tail(
+        judged, tail, offset, closed=closed, now=7.0, started=started, received=received,
+        authoritative=authoritative,
+    )  # fmt: skip
+    assert repr(judged) == repr(instance)  # judging is pure
+    log_ = StreamLog(key=LogKey(stream="/s", scope="public"), instance=judged, tail=tail)
+    log_.believe(judgement)
+    observed = StreamLog(key=LogKey(stream="/s", scope="public"), instance=instance, tail=tail)
+    verdict = observed.observe_tail(
+        offset, closed=closed, now=7.0, started=started, received=received,
+        authoritative=authoritative,
+    )  # fmt: skip
+    assert verdict is judgement.verdict
+    assert observed.tail == log_.tail
+    assert repr(observed.instance) == repr(log_.instance)
