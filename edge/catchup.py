@@ -16,7 +16,6 @@ upstreams, other replicas) is ``edge.streams``'s to keep; this module asks it.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -25,9 +24,11 @@ from urllib.parse import quote
 
 import aiohttp
 
+from edge.answer import Answer, Derivation, relayable
 from edge.coalesce import SingleFlight
 from edge.compress import Compressor
 from edge.config import Settings
+from edge.fill_budget import FillBudget, Hold, read_body
 from edge.log.intake import Arrival, Decision, header_template
 from edge.log.policy import (
     Coverage,
@@ -47,11 +48,9 @@ from edge.log.segment import (
     stitch,
 )
 from edge.log.stream_log import LogKey, StreamInstance, StreamLog
-from edge.memory import TRIMMER
 from edge.metrics import Metrics
-from edge.origin import BodyTooLarge, OriginClient, OriginError
+from edge.origin import BodyTooLarge, OriginClient
 from edge.protocol.headers import (
-    HOP_BY_HOP,
     first_value,
     own_request_headers,
 )
@@ -59,7 +58,7 @@ from edge.protocol.offsets import START, is_client_offset, is_offset_token
 from edge.protocol.reads import Read
 from edge.store.local import LocalTier
 from edge.store.shared import SharedTier
-from edge.streams import InstanceChanged, Streams
+from edge.streams import Streams
 
 log = logging.getLogger(__name__)
 
@@ -79,34 +78,6 @@ def live_authority_seconds(settings: Settings) -> float:
 class RelayInstead(BodyTooLarge):
     """This read is not the cache's to answer (past the tail, no-store, a malformed offset): the
     web layer relays the client's own request to the origin."""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Derivation:
-    """What an answer the edge built from its logs was derived from. Whatever is kept of it (a
-    stored response, a compressed body) is kept under this, and only while it still holds:
-    the instance is current (``LocalTier``), the scope and representation are the request's."""
-
-    instance: StreamInstance
-    scope: str
-    start: str
-    end: str
-    encoding: str | None  # the body's Content-Encoding (None: identity)
-    reuse: Reuse
-    kept: bool  # every segment of it is in the local tier: the next read is a local hit
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Answer:
-    status: int
-    headers: list[tuple[str, str]]
-    body: bytes
-    cache_status: str
-    result: str  # hit | delta | miss | bypass for edge_cache_requests_total; live for live answers
-    # The fill budget share of the origin bytes in ``body``: release once the body is written.
-    hold: Hold | None = None
-    # None for an answer relayed from the origin: nothing of it is the edge's to reuse.
-    derivation: Derivation | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -145,55 +116,6 @@ class Resolution:
         if self.fill is not None and self.fill.status != 200:
             return self.fill
         return None
-
-
-def relayable(headers: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
-    return [(n, v) for n, v in headers if n.lower() not in HOP_BY_HOP]
-
-
-class FillBudget:
-    """Bytes all fills together may hold (``--fill-buffer-bytes``): while reading origin answers,
-    and until the answers made of them are written to their clients (``Hold``), since an evicted
-    segment still lives while a slow client reads it."""
-
-    def __init__(self, limit_bytes: int) -> None:
-        self.limit = limit_bytes
-        self.used = 0
-
-    def take(self, size: int) -> bool:
-        if self.used + size > self.limit:
-            return False
-        self.used += size
-        return True
-
-    def give_back(self, size: int) -> None:
-        self.used -= size
-
-
-class Hold:
-    """A fill's share of the budget, kept while anyone still writes its bytes to a client."""
-
-    # After the fetch ends, how long its own share waits for the readers it was collapsed with
-    # to take theirs (they resume within microseconds; a reader that left takes none).
-    FLIGHT_GRACE_SECONDS = 1.0
-
-    def __init__(self, budget: FillBudget, size: int) -> None:
-        self._budget = budget
-        self._size = size
-        self._refs = 1  # the fetch's own, until its readers have taken theirs
-
-    def acquire(self) -> Hold:
-        self._refs += 1
-        return self
-
-    def release(self) -> None:
-        self._refs -= 1
-        if self._refs == 0 and self._size:
-            self._budget.give_back(self._size)
-            self._size = 0
-
-    def release_flight(self) -> None:
-        asyncio.get_running_loop().call_later(self.FLIGHT_GRACE_SECONDS, self.release)
 
 
 class CatchupCache:
@@ -463,7 +385,9 @@ class CatchupCache:
         upstream = await self._origin.open("GET", f"{key.stream}?offset=now", headers, live=False)
         try:
             self._metrics.origin_requests.labels(kind="catchup", code=str(upstream.status)).inc()
-            body, hold = await self._read_fill(upstream)
+            body, hold = await read_body(
+                upstream, self._settings.max_segment_bytes, self.fill_budget
+            )
             hold.release()  # a few bytes, read now and done with
         finally:
             upstream.close()
@@ -481,32 +405,8 @@ class CatchupCache:
                 log_.header_template = self.local.template(header_template(response_headers))
         return upstream.status, response_headers, body
 
-    async def _read_fill(self, upstream: aiohttp.ClientResponse) -> tuple[bytes, Hold]:
-        """The whole body, within ``--max-segment-bytes`` and the fills' shared budget; past
-        either, BodyTooLarge (the web layer relays instead of buffering). The body's share of
-        the budget is the returned ``Hold``'s until every answer made of it is written."""
-        limit = self._settings.max_segment_bytes
-        budget = self.fill_budget
-        declared = upstream.content_length
-        if declared is not None and (declared > limit or declared > budget.limit - budget.used):
-            raise BodyTooLarge(f"{upstream.url.path}: {declared} bytes is over the fill budget")
-        # One growing buffer, not a list of 64 KiB chunks: a large body then lives in one
-        # mapping that is returned whole, instead of fragmenting the heap (edge/memory.py).
-        buffer = bytearray()
-        taken = 0
-        try:
-            async for chunk in OriginClient.body_chunks(upstream):
-                if taken + len(chunk) > limit or not budget.take(len(chunk)):
-                    raise BodyTooLarge(f"{upstream.url.path}: over the fill budget")
-                taken += len(chunk)
-                buffer += chunk
-            return bytes(buffer), Hold(budget, taken)
-        except BaseException:
-            budget.give_back(taken)
-            raise
-        finally:
-            del buffer
-            TRIMMER.passed(taken)
+    async def _read_body(self, upstream: aiohttp.ClientResponse) -> tuple[bytes, Hold]:
+        return await read_body(upstream, self._settings.max_segment_bytes, self.fill_budget)
 
     async def _fill(
         self,
@@ -522,7 +422,9 @@ class CatchupCache:
         )
         try:
             self._metrics.origin_requests.labels(kind="catchup", code=str(upstream.status)).inc()
-            body, hold = await self._read_fill(upstream)
+            body, hold = await read_body(
+                upstream, self._settings.max_segment_bytes, self.fill_budget
+            )
         finally:
             upstream.close()
         self._metrics.origin_bytes.inc(len(body))
@@ -571,4 +473,4 @@ class CatchupCache:
         await self.streams.close()
 
 
-__all__ = ["Answer", "CatchupCache", "InstanceChanged", "OriginError", "RelayInstead"]
+__all__ = ["CatchupCache", "Fill", "RelayInstead", "Resolution"]

@@ -30,7 +30,8 @@ import time
 from collections.abc import Callable, Sequence
 from enum import Enum
 
-from edge.catchup import Answer, CatchupCache, RelayInstead, relayable
+from edge.answer import Answer, relayable
+from edge.catchup import CatchupCache, RelayInstead
 from edge.config import Settings
 from edge.live.polls import LongPollFanout, Socket, Written
 from edge.live.tail import Tail, TailRegistry

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from edge.catchup import Answer
+from edge.answer import Answer
 from edge.live.board import Board, Waiter, by_answer_class
 from edge.log.stream_log import LogKey
 from edge.protocol.cursor import current_interval, next_cursor

@@ -27,8 +27,9 @@ from aiohttp import HttpVersion11, web
 from aiohttp.typedefs import Handler
 from multidict import CIMultiDict
 
+from edge.answer import Answer
 from edge.auth.gate import Gate
-from edge.catchup import Answer, CatchupCache, RelayInstead
+from edge.catchup import CatchupCache, RelayInstead
 from edge.config import Settings
 from edge.live.hub import LiveHub, sse_encoding
 from edge.live.polls import Framing, Socket, Written

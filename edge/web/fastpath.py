@@ -34,7 +34,7 @@ from collections.abc import Callable
 
 from multidict import CIMultiDict
 
-from edge.catchup import Answer
+from edge.answer import Answer
 from edge.config import Settings
 from edge.log.policy import if_none_match_hits
 from edge.metrics import Metrics

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 from multidict import CIMultiDict
 
-from edge.catchup import Answer, CatchupCache, RelayInstead
+from edge.answer import Answer
+from edge.catchup import CatchupCache, RelayInstead
 from edge.protocol.answer_key import AnswerKey, answer_key
 from edge.protocol.headers import first_value
 from edge.protocol.paths import Target

@@ -26,7 +26,7 @@ from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
 from multidict import CIMultiDict
 
-from edge.catchup import Answer
+from edge.answer import Answer
 from edge.live.polls import Framing, Written
 from edge.protocol.headers import VIA_PSEUDONYM
 from edge.protocol.http1 import bodiless, date_line, serialise, trailer

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp import web
 
-from edge.catchup import Answer
+from edge.answer import Answer
 from edge.live.polls import Framing, Written
 from edge.web.proxy import EdgeResponse, OriginCors
 from edge.web.wire import WrittenResponse, client_headers, encode

@@ -1,0 +1,50 @@
+"""What the edge answers a read with, and what that answer was derived from.
+
+An answer the edge builds from its logs carries its ``Derivation``: whatever is kept of it (a
+stored response, a compressed body, an encoded long-poll) is kept under that, and reused only
+while it still holds (the instance is current, the scope and representation are the
+request's). An answer relayed from the origin carries none: nothing of it is the edge's to
+reuse.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from edge.fill_budget import Hold
+from edge.log.policy import Reuse
+from edge.log.stream_log import StreamInstance
+from edge.protocol.headers import HOP_BY_HOP
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Derivation:
+    """What an answer the edge built from its logs was derived from. Whatever is kept of it (a
+    stored response, a compressed body) is kept under this, and only while it still holds:
+    the instance is current (``LocalTier``), the scope and representation are the request's."""
+
+    instance: StreamInstance
+    scope: str
+    start: str
+    end: str
+    encoding: str | None  # the body's Content-Encoding (None: identity)
+    reuse: Reuse
+    kept: bool  # every segment of it is in the local tier: the next read is a local hit
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Answer:
+    status: int
+    headers: list[tuple[str, str]]
+    body: bytes
+    cache_status: str
+    result: str  # hit | delta | miss | bypass for edge_cache_requests_total; live for live answers
+    # The fill budget share of the origin bytes in ``body``: release once the body is written.
+    hold: Hold | None = None
+    # None for an answer relayed from the origin: nothing of it is the edge's to reuse.
+    derivation: Derivation | None = None
+
+
+def relayable(headers: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+    return [(n, v) for n, v in headers if n.lower() not in HOP_BY_HOP]
