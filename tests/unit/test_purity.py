@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+import edge.live.answers
 import edge.live.board
 import edge.protocol
 
@@ -13,7 +14,7 @@ PURE_PACKAGES = [Path(edge.protocol.__file__).parent]
 AUTH = Path(edge.protocol.__file__).parent.parent / "auth"
 # Pure modules that live beside their adapters.
 PURE_MODULES = [AUTH / "credentials.py", AUTH / "policy.py", AUTH / "keys.py"]
-PURE_MODULES.append(Path(edge.live.board.__file__))
+PURE_MODULES += [Path(edge.live.board.__file__), Path(edge.live.answers.__file__)]
 
 
 def imported_modules(source: Path) -> set[str]:
