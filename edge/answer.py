@@ -11,11 +11,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
-from edge.fill_budget import Hold
 from edge.log.policy import Reuse
 from edge.log.stream_log import StreamInstance
 from edge.protocol.headers import HOP_BY_HOP
+
+
+class Releasable(Protocol):
+    """A share of a budget held while an answer's bytes are written (``edge.fill_budget.Hold``)."""
+
+    def release(self) -> None: ...
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -31,6 +37,10 @@ class Derivation:
     encoding: str | None  # the body's Content-Encoding (None: identity)
     reuse: Reuse
     kept: bool  # every segment of it is in the local tier: the next read is a local hit
+    # It ends at the tail the edge knew (``Stream-Up-To-Date``), closing the stream or not: it
+    # holds only while that tail does (``edge.log.policy.at_tail_holds``).
+    up_to_date: bool = False
+    closed: bool = False
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -41,7 +51,7 @@ class Answer:
     cache_status: str
     result: str  # hit | delta | miss | bypass for edge_cache_requests_total; live for live answers
     # The fill budget share of the origin bytes in ``body``: release once the body is written.
-    hold: Hold | None = None
+    hold: Releasable | None = None
     # None for an answer relayed from the origin: nothing of it is the edge's to reuse.
     derivation: Derivation | None = None
 

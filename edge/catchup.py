@@ -360,7 +360,7 @@ class CatchupCache:
         )  # fmt: skip
         derivation = Derivation(
             instance=instance, scope=log_.key.scope, start=start, end=end, encoding=encoding,
-            reuse=verdict, kept=kept,
+            reuse=verdict, kept=kept, up_to_date=up_to_date, closed=final,
         )  # fmt: skip
         if if_none_match_hits(if_none_match, tag):
             return Answer(

@@ -18,51 +18,40 @@ Rules this module owns (PROTOCOL.md §5.7, §5.8, §10; DESIGN.md):
 * Long-polls at the tail wait on the tail and end in 200 with the new bytes, or 204 at the
   timeout; a closed stream at its tail answers 204 with ``Stream-Closed`` at once. Those
   waiting together are answered together (``edge.live.polls``): one ``settle`` per group.
+
+What each answer and frame holds is ``edge.live.answers``'s (pure); this module decides which
+one a reader gets and when, and keeps the frames it encodes.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import json
+import functools
 import random
 import time
 from collections.abc import Callable, Sequence
-from enum import Enum
 
-from edge.answer import Answer, relayable
+from edge.answer import Answer
 from edge.catchup import CatchupCache, RelayInstead
 from edge.config import Settings
+from edge.live.answers import (
+    Pending,
+    long_poll_data,
+    long_poll_empty,
+    origin_refusal,
+    sse_frames,
+    upstream_failing,
+)
 from edge.live.polls import LongPollFanout, Socket, Written
 from edge.live.tail import Tail, TailRegistry
-from edge.live.viewers import SseFanout, chunk
-from edge.log.policy import Coverage, answer_headers, cover, etag
-from edge.log.segment import Segment, content_digest, media_type, stitch
+from edge.live.viewers import SseFanout
+from edge.log.policy import Coverage, cover
+from edge.log.segment import Segment, content_digest
 from edge.log.stream_log import LogKey, StreamLog
 from edge.metrics import Metrics
 from edge.origin import OriginClient
 from edge.protocol.cursor import current_interval, cursor_class, response_cursor
 from edge.protocol.offsets import is_offset_token
-from edge.protocol.sse import encode_event
-
-
-def sse_encoding(content_type: str | None) -> str:
-    """How data events carry bytes: ``text`` for text/* and JSON, else ``base64`` (§5.8)."""
-    ct = media_type(content_type)
-    return "text" if ct.startswith("text/") or ct == "application/json" else "base64"
-
-
-class Pending(Enum):
-    """Why a long-poll has no answer yet: it waits (WAIT), must fetch the gap to the tail
-    (GAP), or its stream is gone (GONE). The last two wake a group's waiters to do it each."""
-
-    WAIT = "wait"
-    GAP = "gap"
-    GONE = "gone"
-
-    @property
-    def wakes(self) -> bool:
-        return self is not Pending.WAIT
 
 
 class LiveHub:
@@ -133,13 +122,7 @@ class LiveHub:
         error = resolved.error
         if error is None:
             return None
-        return Answer(
-            result="live",
-            status=error.status,
-            headers=relayable(error.headers),
-            body=error.body,
-            cache_status=f"edge; fwd=uri-miss; fwd-status={error.status}",
-        )
+        return origin_refusal(error.status, error.headers, error.body, forwarded="uri-miss")
 
     async def tail_now(self, key: LogKey, credentials: Sequence[tuple[str, str]]) -> str | Answer:
         """The tail offset for ``offset=now``: the live upstream's word if there is one, else the
@@ -150,13 +133,7 @@ class LiveHub:
         status, headers, body = await self.cache.probe_now(key, credentials)
         next_offset = {n.lower(): v for n, v in headers}.get("stream-next-offset")
         if status != 200 or next_offset is None or not is_offset_token(next_offset):
-            return Answer(
-                result="live",
-                status=status,
-                headers=relayable(headers),
-                body=body,
-                cache_status=f"edge; fwd=bypass; fwd-status={status}",
-            )
+            return origin_refusal(status, headers, body, forwarded="bypass")
         return next_offset
 
     def fixed_cursor(self, client_cursor: str | None) -> str | None:
@@ -172,6 +149,12 @@ class LiveHub:
     def tail_offset(self, key: LogKey) -> str | None:
         log_ = self.cache.local.log(key)
         return log_.tail.offset if log_ is not None and log_.tail is not None else None
+
+    def stream_log(self, key: LogKey) -> StreamLog | None:
+        return self.cache.local.log(key)
+
+    def cover(self, key: LogKey, offset: str, *, max_bytes: int) -> Coverage:
+        return cover(self.cache.local.get, key, offset, max_bytes=max_bytes)
 
     # --- long-poll ---
 
@@ -217,7 +200,7 @@ class LiveHub:
                     refused = await self.known_from(key, offset, credentials)
                     if refused is not None:
                         return refused
-                    fetched = not cover(self.cache.local.get, key, offset, max_bytes=1).segments
+                    fetched = not self.cover(key, offset, max_bytes=1).segments
                     continue
                 released = await self.polls.wait(key, tail, offset, cursor, deadline, socket)
                 waited = True
@@ -239,84 +222,27 @@ class LiveHub:
         one decision for a single long-poll and for a group released together (whose members
         then differ only by ``cursor``). ``fetched``: the gap before the tail was just fetched
         and did not reach ``offset``, so wait for the tail rather than fetch again."""
-        coverage = cover(
-            self.cache.local.get, key, offset, max_bytes=self.settings.max_response_bytes
-        )
+        coverage = self.cover(key, offset, max_bytes=self.settings.max_response_bytes)
         log_ = self.cache.local.log(key)
         if coverage.segments and log_ is not None:
-            return self._long_poll_data(key, log_, offset, coverage, cursor, waited)
+            return long_poll_data(
+                log_, offset, coverage, cursor=cursor, waited=waited,
+                reuse_for=functools.partial(self.cache.reuse_for, log_),
+            )  # fmt: skip
         if tail.gone or log_ is None:
             return Pending.GONE
         fact = log_.tail
         at_tail = fact is not None and fact.offset == offset
         if at_tail and fact is not None and fact.closed:
-            return self._long_poll_empty(log_, offset, cursor, closed=True)
+            return long_poll_empty(log_, offset, cursor=cursor, closed=True)
         if not at_tail and not fetched:
             return Pending.GAP
         if expired or self.draining.is_set():
             if tail.failing and not self.draining.is_set():
                 # "Nothing new" would be a guess: the edge cannot reach the origin.
-                return Answer(
-                    status=502,
-                    headers=[("Content-Type", "text/plain")],
-                    body=b"origin unavailable: the live upstream is failing\n",
-                    cache_status="edge; fwd=request; detail=upstream-failing",
-                    result="live",
-                )
-            return self._long_poll_empty(log_, offset, cursor, closed=False)
+                return upstream_failing()
+            return long_poll_empty(log_, offset, cursor=cursor, closed=False)
         return Pending.WAIT
-
-    def _long_poll_data(
-        self,
-        key: LogKey,
-        log_: StreamLog,
-        offset: str,
-        coverage: Coverage,
-        cursor: str,
-        waited: bool,
-    ) -> Answer:
-        end = coverage.end
-        at_tail = log_.tail is not None and log_.tail.offset == end and not coverage.capped
-        closed = at_tail and log_.tail is not None and log_.tail.closed
-        headers = answer_headers(
-            log_,
-            next_offset=end,
-            up_to_date=at_tail,
-            closed=closed,
-            tag=etag(
-                key.stream,
-                offset,
-                end,
-                digest=content_digest(coverage.segments, log_.content_type),
-                closed=closed,
-                encoding=None,
-            ),
-            control=self.cache.reuse_for(log_, immutable=closed or not at_tail).cache_control,
-            cursor=None if closed else cursor,
-            varies_by_encoding=False,  # long-poll answers are never compressed here
-        )
-        return Answer(
-            result="live",
-            status=200,
-            headers=headers,
-            body=stitch(coverage.segments, json=log_.json),
-            cache_status="edge; hit; detail=waited" if waited else "edge; hit",
-        )
-
-    def _long_poll_empty(
-        self, log_: StreamLog, offset: str, cursor: str, *, closed: bool
-    ) -> Answer:
-        headers = list(log_.header_template)
-        headers += [("Stream-Next-Offset", offset), ("Stream-Up-To-Date", "true")]
-        if closed:
-            headers.append(("Stream-Closed", "true"))
-        else:
-            headers.append(("Stream-Cursor", cursor))
-        # Never store "nothing new" (PROTOCOL-NOTES trap 1).
-        headers.append(("Cache-Control", "no-store"))
-        return Answer(
-            status=204, headers=headers, body=b"", cache_status="edge; hit", result="live"
-        )
 
     # --- SSE ---
 
@@ -339,27 +265,11 @@ class LiveHub:
         cached = self.cache.local.derived(key, name)
         if cached is not None:
             return cached
-        frame = b""
-        end = coverage.end
-        if coverage.segments:
-            body = stitch(coverage.segments, json=log_.json)
-            if sse_encoding(log_.content_type) == "base64":
-                payload = base64.b64encode(body).decode()
-            else:
-                payload = body.decode("utf-8", errors="replace")
-            frame += encode_event("data", payload, event_id=end)
-        control: dict[str, object] = {"streamNextOffset": end}
-        if closed:
-            control["streamClosed"] = True
-        else:
-            control["streamCursor"] = cursor
-            if up_to_date:
-                control["upToDate"] = True
-        frame += encode_event("control", json.dumps(control, separators=(",", ":")), event_id=end)
-        if chunked:
-            frame = chunk(frame)
+        frame = sse_frames(
+            log_, coverage, up_to_date=up_to_date, closed=closed, cursor=cursor, chunked=chunked
+        )
         self.cache.local.put_derived(key, name, frame, log_.instance)
         return frame
 
 
-__all__ = ["LiveHub", "OriginClient", "Pending", "Socket", "Written", "sse_encoding"]
+__all__ = ["LiveHub", "OriginClient", "Pending", "Socket", "Written"]

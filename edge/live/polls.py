@@ -27,16 +27,13 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
 
 from edge.answer import Answer
 from edge.live.board import Board, Waiter, by_answer_class
+from edge.live.host import PollHost
+from edge.live.tail import Tail
 from edge.log.stream_log import LogKey
 from edge.protocol.cursor import current_interval, next_cursor
-
-if TYPE_CHECKING:
-    from edge.live.hub import LiveHub
-    from edge.live.tail import Tail
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +90,7 @@ def with_cursor(answer: Answer, cursor: str) -> Answer:
 
 
 class LongPollFanout:
-    def __init__(self, hub: LiveHub) -> None:
+    def __init__(self, hub: PollHost) -> None:
         self._hub = hub
         self._board: Board[Ticket] = Board()
         self._timer: asyncio.TimerHandle | None = None

@@ -19,16 +19,14 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-from edge.log.policy import Coverage, cover
+from edge.live.answers import chunk
+from edge.live.host import ViewerHost
+from edge.log.policy import Coverage
 from edge.log.segment import Segment
 from edge.log.stream_log import LogKey
 from edge.protocol.cursor import current_interval
 from edge.protocol.sse import encode_comment, encode_retry
-
-if TYPE_CHECKING:
-    from edge.live.hub import LiveHub
 
 SSE_RETRY_MS = 1000
 # One SSE batch while catching up is at most this many bytes of stream data, so a late joiner's
@@ -38,11 +36,6 @@ TICK_SECONDS = 1.0
 HEARTBEAT = encode_comment("keep-alive")
 
 Write = Callable[[bytes], Awaitable[None]]
-
-
-def chunk(frame: bytes) -> bytes:
-    """One HTTP/1.1 chunk, for direct writes to a chunked response's transport."""
-    return b"%x\r\n%b\r\n" % (len(frame), frame)
 
 
 @dataclass(eq=False)
@@ -67,7 +60,7 @@ class Viewer:
 
 
 class SseFanout:
-    def __init__(self, hub: LiveHub) -> None:
+    def __init__(self, hub: ViewerHost) -> None:
         self._hub = hub
         self._at_tail: dict[LogKey, set[Viewer]] = {}
         self._ticker: asyncio.Task[None] | None = None
@@ -81,7 +74,7 @@ class SseFanout:
         if not viewers or (segment is None and not closed):
             return
         hub = self._hub
-        log_ = hub.cache.local.log(key)
+        log_ = hub.stream_log(key)
         if log_ is None:
             return
         start = segment.start if segment is not None else end
@@ -186,12 +179,10 @@ class SseFanout:
         async with hub.tails.watching(key, start, credentials) as tail:
             try:
                 while not viewer.finished:
-                    log_ = hub.cache.local.log(key)
+                    log_ = hub.stream_log(key)
                     if log_ is None or tail.gone:
                         return
-                    coverage = cover(
-                        hub.cache.local.get, key, viewer.offset, max_bytes=SSE_BATCH_BYTES
-                    )
+                    coverage = hub.cover(key, viewer.offset, max_bytes=SSE_BATCH_BYTES)
                     fact = log_.tail
                     at_tail = fact is not None and fact.offset == coverage.end
                     closed = at_tail and fact is not None and fact.closed
@@ -224,7 +215,7 @@ class SseFanout:
                         # A gap between the viewer and the tail (evicted, or never seen here).
                         if await hub.known_from(key, viewer.offset, credentials) is not None:
                             return
-                        if cover(hub.cache.local.get, key, viewer.offset, max_bytes=1).segments:
+                        if hub.cover(key, viewer.offset, max_bytes=1).segments:
                             continue
                         await asyncio.sleep(TICK_SECONDS)  # the tail has yet to reach it
                         continue

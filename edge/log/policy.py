@@ -101,13 +101,36 @@ def plan_catchup(
     if coverage.capped:
         return Hit(coverage=coverage, up_to_date=False, closed=False)
     tail = log.tail
-    if (
-        tail is not None
-        and tail.offset == coverage.end
-        and log.tail_trusted(now, freshness_seconds, authority_seconds)
-    ):
+    if tail is not None and at_tail_holds(
+        log, coverage.end, tail.closed, now=now, freshness_seconds=freshness_seconds,
+        authority_seconds=authority_seconds,
+    ):  # fmt: skip
         return Hit(coverage=coverage, up_to_date=True, closed=tail.closed)
     return Fetch(offset=coverage.end, prefix=coverage)
+
+
+def at_tail_holds(
+    log: StreamLog,
+    end: str,
+    closed: bool,
+    *,
+    now: float,
+    freshness_seconds: float,
+    authority_seconds: float = float("inf"),
+) -> bool:
+    """May an answer that ends at ``end`` (closing the stream there, or not) be given now as
+    the up-to-date answer? Only while the log's tail is exactly there, as closed as it was, and
+    trusted (fresh, or followed live). The one rule both the catch-up plan and the stored
+    at-tail answers of the hit path follow."""
+    tail = log.tail
+    return (
+        tail is not None
+        and tail.offset == end
+        and tail.closed == closed
+        and not log.expired(now)
+        and not log.instance.bypassed(now)
+        and log.tail_trusted(now, freshness_seconds, authority_seconds)
+    )
 
 
 @functools.lru_cache(maxsize=4096)

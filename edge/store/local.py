@@ -49,8 +49,9 @@ EntryKey = tuple[Any, ...]
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class StoredHit:
-    """One representation of an immutable shared answer, serialised once: ``ok`` and
-    ``not_modified`` are heads up to their ``Date`` line (``edge.protocol.http1``)."""
+    """One representation of a stored answer (immutable, or at the tail while it holds),
+    serialised once: ``ok`` and ``not_modified`` are heads up to their ``Date`` line
+    (``edge.protocol.http1``)."""
 
     instance: StreamInstance
     etag: str
@@ -60,6 +61,11 @@ class StoredHit:
     # The CORS headers (``OriginCors.for_request``) the answer was built with: another set
     # means the full path would answer differently now.
     cors: tuple[tuple[str, str], ...]
+    # The log it was built from (its stream and credential scope).
+    log_key: LogKey
+    # An at-tail answer of an open stream: the tail it ends at. It is given only while that is
+    # still the log's trusted tail (``edge.log.policy.at_tail_holds``); None: immutable.
+    tail_end: str | None = None
 
     @property
     def size(self) -> int:

@@ -31,7 +31,8 @@ from edge.answer import Answer
 from edge.auth.gate import Gate
 from edge.catchup import CatchupCache, RelayInstead
 from edge.config import Settings
-from edge.live.hub import LiveHub, sse_encoding
+from edge.live.answers import sse_encoding
+from edge.live.hub import LiveHub
 from edge.live.polls import Framing, Socket, Written
 from edge.live.viewers import Viewer
 from edge.log.stream_log import LogKey

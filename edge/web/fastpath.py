@@ -3,10 +3,15 @@
 Rules this module owns:
 
 * An answer is stored (``register``) when the policy's verdict on it (``Derivation.reuse``,
-  made when the full path built it) says it is shared and immutable, it is a 200 to a plain
-  HTTP/1.1 catch-up ``GET`` and every byte of it is in the local tier. That is the first such
-  answer, a miss included: the stored bytes are what the next full-path read would give, a
-  local ``edge; hit``. Each representation is stored once, with its 304 beside it.
+  made when the full path built it) says it is immutable, or it is an at-tail answer of an
+  open stream, it is a 200 to a plain HTTP/1.1 catch-up ``GET`` and every byte of it is in the
+  local tier. That is the first such answer, a miss included: the stored bytes are what the
+  next full-path read would give, a local ``edge; hit``. Each representation is stored once,
+  with its 304 beside it. Credentialed scopes are stored under their scope.
+* An at-tail answer is given only while the catch-up plan would give it:
+  ``edge.log.policy.at_tail_holds`` on its log, at each read (the tail is still where it ends,
+  as closed as it was, and trusted). A live tail's next batch moves the tail, so the stored
+  answer stops the moment it arrives.
 * Stored answers are keyed by the request's ``AnswerKey`` (``edge.protocol.answer_key``), the
   one classification both paths make of a head: stream, query as sent, credential scope,
   representation and, where the origin's CORS varies by it, ``Origin``. The fast path can
@@ -35,8 +40,10 @@ from collections.abc import Callable
 from multidict import CIMultiDict
 
 from edge.answer import Answer
+from edge.catchup import live_authority_seconds
 from edge.config import Settings
-from edge.log.policy import if_none_match_hits
+from edge.log.policy import at_tail_holds, if_none_match_hits
+from edge.log.stream_log import LogKey
 from edge.metrics import Metrics
 from edge.protocol.answer_key import AnswerKey, answer_key, scope_of
 from edge.protocol.http1 import (
@@ -75,6 +82,8 @@ class FastPath:
         self._cors = cors
         self._clock = clock
         self._verify = settings.redis_url is not None
+        self._freshness = settings.tail_freshness_seconds
+        self._authority = live_authority_seconds(settings)
         self._date_second = -1
         self._date = b""
         # Plain counters, folded into the Prometheus ones at scrape time.
@@ -119,6 +128,8 @@ class FastPath:
             or entry.cors is not self._cors.for_request(head.origin)
         ):
             return None
+        if entry.tail_end is not None and not self._tail_holds(entry, now):
+            return None
         second = int(now)
         if second != self._date_second:
             self._date_second, self._date = second, date_line(second)
@@ -132,6 +143,19 @@ class FastPath:
         if len(body) <= JOIN_BELOW_BYTES:
             return [b"".join((entry.ok, self._date, trailer, body))]  # one send()
         return [entry.ok + self._date + trailer, body]
+
+    def _tail_holds(self, entry: StoredHit, now: float) -> bool:
+        """An at-tail answer is given while the full path would give it: its log's tail is
+        still where it ends, and trusted (the catch-up plan's own rule)."""
+        log_ = self._local.log(entry.log_key)
+        return (
+            log_ is not None
+            and log_.instance is entry.instance
+            and at_tail_holds(
+                log_, entry.tail_end or "", False, now=now,
+                freshness_seconds=self._freshness, authority_seconds=self._authority,
+            )
+        )  # fmt: skip
 
     def register(
         self,
@@ -149,12 +173,15 @@ class FastPath:
         if not self.enabled or key is None or derivation is None or answer.status != 200:
             return False
         verdict = derivation.reuse
+        # Immutable, or at the tail of an open stream (given while that tail holds). A closed
+        # stream's final answer is immutable once its lifetime is known; until then its
+        # Cache-Control is still to change, so it is not stored.
+        at_tail = derivation.up_to_date and not derivation.closed and not verdict.immutable
         if not (
             version == (1, 1)
             and derivation.kept
-            and verdict.shared
-            and verdict.immutable
-            and derivation.scope == key.scope == PUBLIC_SCOPE
+            and (verdict.immutable or at_tail)
+            and derivation.scope == key.scope
             and derivation.instance.stream == key.stream
         ):
             return False
@@ -183,6 +210,8 @@ class FastPath:
             not_modified=not_modified,
             body=answer.body,
             cors=cors,
+            log_key=LogKey(stream=derivation.instance.stream, scope=derivation.scope),
+            tail_end=derivation.end if at_tail else None,
         )
         return self._local.put_response(key, stored)
 

@@ -17,6 +17,7 @@ import aiohttp
 import pytest
 
 from devstack.processes import Edge, Origin, start_edge
+from tests.integration.live_support import view_sse
 from tests.integration.test_passthrough import call, metric_value
 
 IMMUTABLE = b"Cache-Control: public, max-age=31536000, immutable"
@@ -125,7 +126,7 @@ async def warm(url: str, target: str, *headers: str) -> Raw:
     ``immutable``, then once more: that answer is stored."""
     for _ in range(50):
         answer = await get(url, target, *headers)
-        if answer.header(b"Cache-Control") == IMMUTABLE[len(b"Cache-Control: ") :]:
+        if (answer.header(b"Cache-Control") or b"").endswith(b", max-age=31536000, immutable"):
             return await get(url, target, *headers)
         await asyncio.sleep(0.05)
     raise AssertionError(f"{target} never became immutable")
@@ -356,6 +357,146 @@ async def test_stored_answers_are_forgotten_with_their_stream(
     status, _, _ = await call(http, "POST", f"{edge.admin_url}/purge?path={stream_path}")
     assert status == 200
     assert (await get(edge.url, hit)).status_line == b"HTTP/1.1 404 Not Found"
+
+
+# Long enough that a test's reads all fall inside one freshness window, on both edges.
+FRESH = ("--tail-freshness", "30", *ONE)
+
+
+@pytest.fixture(scope="module")
+def fresh_edges(origin: Origin, logs_dir: Path) -> Iterator[tuple[Edge, Edge]]:
+    """Edges that trust a tail they saw for 30 s, with and without the hit path."""
+    fast = start_edge(origin.url, logs_dir, *FRESH, name="fresh-fast")
+    try:
+        full = start_edge(origin.url, logs_dir, *FRESH, "--fast-path", "off", name="fresh-full")
+    except BaseException:
+        fast.stop()
+        raise
+    yield fast, full
+    full.stop()
+    fast.stop()
+
+
+async def stored_hit(edge: Edge, target: str, *headers: str) -> Raw:
+    """Read ``target`` until an answer comes from the hit path; return that answer."""
+    for _ in range(20):
+        before = fast_answers(edge)
+        answer = await get(edge.url, target, *headers)
+        if fast_answers(edge) == before + 1:
+            return answer
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{target} was never answered by the hit path")
+
+
+async def test_at_tail_answers_of_an_open_stream_are_stored_while_the_tail_holds(
+    http: aiohttp.ClientSession,
+    origin: Origin,
+    fresh_edges: tuple[Edge, Edge],
+    stream_path: str,
+) -> None:
+    fast, full = fresh_edges
+    target = f"{stream_path}?offset=-1"
+    await make_stream(http, origin.url + stream_path, "text/plain", b"first " * 300, close=False)
+    for representation in REPRESENTATIONS.values():
+        want = await get(full.url, target, *representation)
+        want = await get(full.url, target, *representation)  # the full path's own hit
+        assert want.header(b"Stream-Up-To-Date") == b"true"
+        assert want.header(b"Cache-Control") == b"public, max-age=30"
+        got = await stored_hit(fast, target, *representation)
+        assert got.comparable() == want.comparable()
+        tag = got.header(b"ETag")
+        assert tag is not None
+        condition = f"If-None-Match: {tag.decode()}"
+        assert (await get(fast.url, target, *representation, condition)).comparable() == (
+            await get(full.url, target, *representation, condition)
+        ).comparable()
+    # A write through the edge moves the tail: the stored answer is not given again.
+    status, _, _ = await call(
+        http, "POST", fast.url + stream_path, headers={"Content-Type": "text/plain"},
+        data=b"second",
+    )  # fmt: skip
+    assert status == 204
+    before = fast_answers(fast)
+    after_write = await get(fast.url, target)
+    assert fast_answers(fast) == before
+    assert after_write.body == b"first " * 300 + b"second"
+    # Closed at the same offset behind the edge, then told by a write through it: the open
+    # answer is not the closed stream's.
+    status, _, _ = await call(
+        http, "POST", fast.url + stream_path, headers={"Stream-Closed": "true"}
+    )
+    assert status == 204
+    closed = await get(fast.url, target)
+    assert closed.header(b"Stream-Closed") == b"true"
+    assert closed.body == b"first " * 300 + b"second"
+
+
+async def test_a_live_tail_moves_a_stored_at_tail_answer_on_the_moment_its_batch_arrives(
+    http: aiohttp.ClientSession,
+    origin: Origin,
+    fresh_edges: tuple[Edge, Edge],
+    stream_path: str,
+) -> None:
+    fast, _ = fresh_edges
+    target = f"{stream_path}?offset=-1"
+    await make_stream(http, origin.url + stream_path, "text/plain", b"a" * 100, close=False)
+    await stored_hit(fast, target)
+    viewer = asyncio.create_task(view_sse(http, fast.url + stream_path, deadline=20))
+    try:
+        for round_ in range(3):
+            part = f"<{round_}>".encode()
+            # Behind the edge's back: only the live tail tells the edge.
+            status, _, _ = await call(
+                http, "POST", origin.url + stream_path, headers={"Content-Type": "text/plain"},
+                data=part,
+            )  # fmt: skip
+            assert status == 204
+            want = b"a" * 100 + b"".join(f"<{i}>".encode() for i in range(round_ + 1))
+            for _ in range(200):
+                answer = await get(fast.url, target)
+                if answer.body == want:
+                    break
+                # Until the batch arrives, the old tail is what the edge may say (within
+                # --tail-freshness); never anything else.
+                assert want.startswith(answer.body), answer.body
+                await asyncio.sleep(0.02)
+            else:
+                raise AssertionError(f"the at-tail answer never showed round {round_}")
+            # Once the batch is in, it is the tail: never the answer before it again.
+            for _ in range(5):
+                assert (await get(fast.url, target)).body == want
+        status, _, _ = await call(
+            http, "POST", origin.url + stream_path, headers={"Stream-Closed": "true"}
+        )
+        assert status == 204
+        view = await asyncio.wait_for(viewer, 20)
+        assert bytes(view.body) == want
+    finally:
+        viewer.cancel()
+
+
+async def test_credentialed_reads_are_stored_per_scope(
+    http: aiohttp.ClientSession,
+    origin: Origin,
+    edge: Edge,
+    full_path_edge: Edge,
+    stream_path: str,
+) -> None:
+    await make_stream(http, origin.url + stream_path, "text/plain", b"mine " * 300, close=True)
+    target = f"{stream_path}?offset=-1"
+    alice = "Cookie: session=alice"
+    want = await warm(full_path_edge.url, target, alice)
+    assert want.header(b"Cache-Control") == b"private, max-age=31536000, immutable"
+    await warm(edge.url, target, alice)
+    got = await stored_hit(edge, target, alice)
+    assert got.comparable() == want.comparable()
+    # Another scope never gets alice's stored answer: its first read is the full path's.
+    for other in ("Cookie: session=bob", "Authorization: Bearer bob", None):
+        headers = (other,) if other is not None else ()
+        before = fast_answers(edge)
+        first = await get(edge.url, target, *headers)
+        assert fast_answers(edge) == before, other
+        assert not (first.header(b"Cache-Status") or b"").startswith(b"edge; hit"), other
 
 
 def test_fast_hits_are_counted_where_every_hit_is(edge: Edge) -> None:

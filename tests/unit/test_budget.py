@@ -54,6 +54,7 @@ def responses(local: LocalTier, n: int) -> None:
         hit = StoredHit(
             instance=instance, etag=f'"{i}"', ok=b"HTTP/1.1 200 OK\r\n" + b"h" * 60,
             not_modified=b"HTTP/1.1 304 Not Modified\r\n" + b"h" * 60, body=b"x", cors=(),
+            log_key=LogKey(stream=stream, scope="public"),
         )  # fmt: skip
         assert local.put_response(key(stream, "offset=-1", gzip=i % 2 == 0), hit)
 
@@ -107,7 +108,7 @@ def key(stream: str, query: str, *, gzip: bool, scope: str = "public") -> Answer
 def stored(local: LocalTier, stream: str) -> StoredHit:
     return StoredHit(
         instance=local.instance_for(stream), etag='"t"', ok=b"ok", not_modified=b"nm",
-        body=b"body" * 100, cors=(),
+        body=b"body" * 100, cors=(), log_key=LogKey(stream=stream, scope="public"),
     )  # fmt: skip
 
 

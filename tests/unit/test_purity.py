@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 
+import edge.answer
+import edge.live.answers
 import edge.live.board
 import edge.log
 import edge.protocol
@@ -16,8 +18,12 @@ PURE_PACKAGES = [Path(edge.protocol.__file__).parent, Path(edge.log.__file__).pa
 AUTH = Path(edge.protocol.__file__).parent.parent / "auth"
 # Pure modules that live beside their adapters.
 PURE_MODULES = [AUTH / "credentials.py", AUTH / "policy.py", AUTH / "keys.py"]
-PURE_MODULES.append(Path(edge.live.board.__file__))
-PURE_MODULES.append(Path(edge.web.connection_table.__file__))
+PURE_MODULES += [
+    Path(edge.answer.__file__),
+    Path(edge.live.board.__file__),
+    Path(edge.live.answers.__file__),
+    Path(edge.web.connection_table.__file__),
+]
 
 
 def imported_modules(source: Path) -> set[str]:
