@@ -118,14 +118,23 @@ class ForwardAuth:
         if self._session is not None:
             await self._session.close()
 
-    async def verdict(self, question: Question) -> Grant | Refusal:
+    def remembered(self, question: Question) -> Grant | Refusal | None:
+        """The verdict kept for ``question``'s key, while it lives; None: ask (``verdict``)."""
         key = question.key
         kept = self._verdicts.get(key)
+        if kept is None:
+            return None
+        until, verdict = kept
+        if self._clock() < until:
+            return verdict
+        del self._verdicts[key]
+        return None
+
+    async def verdict(self, question: Question) -> Grant | Refusal:
+        kept = self.remembered(question)
         if kept is not None:
-            until, verdict = kept
-            if self._clock() < until:
-                return verdict
-            del self._verdicts[key]
+            return kept
+        key = question.key
         (_, verdict), _ = await self._flights.run(key, lambda: self._ask_and_keep(key, question))
         return verdict
 

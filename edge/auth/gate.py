@@ -135,15 +135,47 @@ class Gate:
             await self.forward.close()
 
     async def admit(self, client: Client) -> Admission | Refusal:
-        decision = await self._decide(client)
-        result = decision.result if isinstance(decision, Refusal) else "allowed"
-        self._metrics.auth_decisions.labels(mode=self.mode, result=result).inc()
+        decision = self.decide_now(client)
+        if decision is None:
+            decision = await self._decide(client)
+        self.count(decision)
         return decision
 
+    def count(self, decision: Admission | Refusal) -> None:
+        result = decision.result if isinstance(decision, Refusal) else "allowed"
+        self._metrics.auth_decisions.labels(mode=self.mode, result=result).inc()
+
+    def decide_now(self, client: Client) -> Admission | Refusal | None:
+        """The decision, when it needs no waiting (a token whose key the edge holds, a verdict
+        the service gave and the edge still keeps); None: only ``admit`` can make it. The
+        pre-serialised hit path asks this, so both paths decide by the same code."""
+        prepared = self._prepare(client)
+        if not isinstance(prepared, _Prepared):
+            return prepared
+        if self.mode == "jwt":
+            verdict = self._verify_now(prepared.token, prepared.target.stream, prepared.access)
+        else:
+            assert self.forward is not None
+            verdict = self.forward.remembered(prepared.question(client))
+        return None if verdict is None else self._admission(prepared, verdict)
+
     async def _decide(self, client: Client) -> Admission | Refusal:
+        prepared = self._prepare(client)
+        if not isinstance(prepared, _Prepared):
+            return prepared
+        verdict: Grant | Refusal
+        if self.mode == "jwt":
+            verdict = await self._verify(prepared.token, prepared.target.stream, prepared.access)
+        else:
+            assert self.forward is not None
+            verdict = await self.forward.verdict(prepared.question(client))
+        return self._admission(prepared, verdict)
+
+    def _prepare(self, client: Client) -> _Prepared | Admission | Refusal:
+        """What every decision starts from: the one target everything below judges and the
+        request goes on with, the access asked for, and the credentials presented."""
         presented = present(client.target.query, client.headers)
         path = client.target.upstream.partition("?")[0]
-        # The one target everything below judges, and the request goes on with.
         target = Target(
             upstream=path + ("?" + presented.query if presented.query else ""),
             query=presented.query,
@@ -154,11 +186,10 @@ class Gate:
             return Admission(target=target)
         if presented.twice:
             return TWICE
+        credentials: list[tuple[str, str]] = []
         if self.mode == "jwt":
             if presented.token is None:
                 return MISSING
-            verdict = await self._verify(presented.token, target.stream, access)
-            credentials: list[tuple[str, str]] = []
         else:
             credentials = scope_credentials(
                 client.headers,
@@ -167,20 +198,16 @@ class Gate:
             )
             if presented.from_query and presented.token is not None:
                 credentials.append(("Authorization", f"Bearer {presented.token}"))
-            assert self.forward is not None
-            verdict = await self.forward.verdict(
-                Question(
-                    method=client.method.upper(),
-                    target=target,
-                    credentials=tuple(credentials),
-                    host=client.host,
-                    scheme=client.scheme,
-                    client=client.address,
-                )
-            )
+        return _Prepared(
+            target=target, access=access, token=presented.token or "",
+            from_query=presented.from_query, credentials=tuple(credentials),
+        )  # fmt: skip
+
+    def _admission(self, prepared: _Prepared, verdict: Grant | Refusal) -> Admission | Refusal:
         if isinstance(verdict, Refusal):
             return verdict
-        if access is Access.READ:
+        target = prepared.target
+        if prepared.access is Access.READ:
             return Admission(
                 target=target,
                 scope=self.scope,
@@ -189,9 +216,22 @@ class Gate:
                 expires_at=verdict.expires_at,
             )
         upstream: tuple[tuple[str, str], ...] = ()
-        if presented.from_query and presented.token is not None:
-            upstream = (("Authorization", f"Bearer {presented.token}"),)
+        if prepared.from_query and prepared.token:
+            upstream = (("Authorization", f"Bearer {prepared.token}"),)
         return Admission(target=target, upstream=upstream)
+
+    def _verify_now(self, token: str, stream: str, access: Access) -> Grant | Refusal | None:
+        """``_verify`` when the key set in hand knows the token's key (a signature checked
+        once per token string and key set: ``KeyRing`` remembers it); None: it must wait."""
+        assert self.jwks is not None
+        header = token_header(token)
+        if header is None:
+            return MALFORMED
+        kid = header.get("kid")
+        ring = self.jwks.ring_now(kid if isinstance(kid, str) else None)
+        if ring is None:
+            return None
+        return self._judge(ring, token, stream, access)
 
     async def _verify(self, token: str, stream: str, access: Access) -> Grant | Refusal:
         assert self.jwks is not None
@@ -202,6 +242,9 @@ class Gate:
         ring: KeyRing | None = await self.jwks.ring_for(kid if isinstance(kid, str) else None)
         if ring is None:
             return UNAVAILABLE  # no key set loaded yet: the edge cannot judge any token
+        return self._judge(ring, token, stream, access)
+
+    def _judge(self, ring: KeyRing, token: str, stream: str, access: Access) -> Grant | Refusal:
         claims = ring.verify(token)
         if isinstance(claims, UnknownKid):
             return UNKNOWN_KEY
@@ -209,4 +252,23 @@ class Gate:
             return claims
         return check_claims(
             claims, stream=stream, access=access, rules=self._rules, now=self._clock()
+        )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Prepared:
+    target: Target
+    access: Access
+    token: str  # jwt mode: the bearer token ("" in forward mode without one)
+    from_query: bool
+    credentials: tuple[tuple[str, str], ...]  # forward mode: what the service is shown
+
+    def question(self, client: Client) -> Question:
+        return Question(
+            method=client.method.upper(),
+            target=self.target,
+            credentials=self.credentials,
+            host=client.host,
+            scheme=client.scheme,
+            client=client.address,
         )

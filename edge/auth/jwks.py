@@ -69,15 +69,25 @@ class JwksSource:
         if self._session is not None:
             await self._session.close()
 
+    def ring_now(self, kid: str | None) -> KeyRing | None:
+        """The current ring, if it knows ``kid`` (an old one is reloaded in the background);
+        None: judging the token needs ``ring_for``."""
+        ring = self.ring
+        if ring is None or not ring.has(kid):
+            return None
+        now = self._clock()
+        if self._is_url and now - self._loaded_at > MAX_AGE_SECONDS:
+            self._start_reload(now)  # in the background; this token's key is known
+        return ring
+
     async def ring_for(self, kid: str | None) -> KeyRing | None:
         """The ring to judge a token naming ``kid`` with: the current one when it knows the kid,
         else after one (rate-limited, collapsed) reload."""
+        known = self.ring_now(kid)
+        if known is not None:
+            return known
         ring = self.ring
         now = self._clock()
-        if ring is not None and ring.has(kid):
-            if self._is_url and now - self._loaded_at > MAX_AGE_SECONDS:
-                self._start_reload(now)  # in the background; this token's key is known
-            return ring
         reload = self._start_reload(now)
         if reload is None:
             return ring  # reloaded too recently: the kid stays unknown until the next interval

@@ -437,7 +437,7 @@ def create_app(settings: Settings, metrics: Metrics, origin: OriginClient) -> we
     gate = Gate(settings, metrics) if settings.auth_mode != "none" else None
     if gate is not None:
         app[GATE] = gate
-    fast = FastPath(settings, cache.local, cors)
+    fast = FastPath(settings, cache.local, cors, gate=gate)
     app[FAST] = fast
     app[FRONT] = CatchupFront(cache=cache, fast=fast, cors=cors)
     metrics.fold_at_scrape(fast.fold_into)

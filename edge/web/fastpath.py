@@ -26,8 +26,12 @@ Rules this module owns:
   ``GENERATION_CHECK_SECONDS`` (with Redis), it still has no known end of life, the origin has not
   since forbidden storing it (``no-store``), and the CORS headers for the request's ``Origin``
   are the ones it was built with. Otherwise the full path answers, re-checks and stores again.
-* With ``--auth jwt|forward`` it is off: a read must be authorized before it is answered, and
-  that decision is the full path's (``edge.web.gatekeeper``).
+* With ``--auth jwt|forward`` a read is authorized first, by the gate's own code
+  (``Gate.decide_now``): a token whose signature the key set in hand has checked (once per token
+  string and key set) and whose claims cover the stream now, or a verdict the auth service gave
+  and the edge still keeps. Then the answer is looked up under the policy's scope, where the
+  full path stored its authorized readers' answer. Anything the gate cannot decide without
+  waiting, or refuses, is the full path's (which refuses it, or asks).
 * Counting is plain integers here; ``fold_into`` adds them to the Prometheus counters when
   ``/metrics`` is scraped, so a hit costs no ``labels()`` call.
 """
@@ -40,12 +44,14 @@ from collections.abc import Callable
 from multidict import CIMultiDict
 
 from edge.answer import Answer
+from edge.auth.gate import Admission, Client, Gate
 from edge.catchup import live_authority_seconds
 from edge.config import Settings
 from edge.log.policy import at_tail_holds, if_none_match_hits
 from edge.log.stream_log import LogKey
 from edge.metrics import Metrics
 from edge.protocol.answer_key import AnswerKey, answer_key, scope_of
+from edge.protocol.headers import AUTHORIZATION
 from edge.protocol.http1 import (
     CLOSE_TRAILER,
     KEEP_ALIVE_TRAILER,
@@ -54,6 +60,7 @@ from edge.protocol.http1 import (
     date_line,
     serialise,
 )
+from edge.protocol.paths import BadTarget, parse_target
 from edge.protocol.reads import PUBLIC_SCOPE, RequestKind
 from edge.store.local import LocalTier, StoredHit
 from edge.streams import GENERATION_CHECK_SECONDS
@@ -72,11 +79,17 @@ class FastPath:
         local: LocalTier,
         cors: OriginCors,
         *,
+        gate: Gate | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        # With --auth jwt|forward every read is authorized first, by the full path.
-        self.enabled = settings.fast_path and settings.auth_mode == "none"
+        self.enabled = settings.fast_path
+        # With --auth jwt|forward every read is authorized first (by the gate's own code).
+        self._gate = gate
         self._scope_headers = settings.scope_headers
+        # The headers the gate reads: the bearer token, and what a forward question shows.
+        self._parsed_headers = (
+            (*settings.scope_headers, AUTHORIZATION) if gate is not None else settings.scope_headers
+        )
         self._scope_cookies = settings.scope_cookies
         self._local = local
         self._cors = cors
@@ -90,13 +103,17 @@ class FastPath:
         self.ok = 0
         self.not_modified = 0
         self.served_bytes = 0
+        self.admitted = 0  # reads the gate allowed here (edge_auth_decisions_total)
         self._folded = (0, 0, 0)
+        self._folded_admitted = 0
 
     def parser(self) -> HeadParser:
-        return HeadParser(self._scope_headers)
+        return HeadParser(self._parsed_headers)
 
     def key_of(self, head: RequestHead) -> AnswerKey | None:
         """The head's ``AnswerKey``, by the full path's own functions."""
+        if self._gate is not None:
+            return self._admitted_key(head, self._gate)
         credentials = head.credentials
         scope = (
             scope_of(
@@ -109,6 +126,27 @@ class FastPath:
         return answer_key(
             head.path, head.query, scope, head.accept_encoding, head.origin, self._cors.varies
         )
+
+    def _admitted_key(self, head: RequestHead, gate: Gate) -> AnswerKey | None:
+        """The key of an authorized read: where the full path stored its answer to the
+        readers of this policy's scope, if the gate allows this head now."""
+        raw = head.path + ("?" + head.query if head.query else "")
+        try:
+            target = parse_target(raw, "GET")
+        except BadTarget:
+            return None
+        client = Client(
+            method="GET", target=target, headers=head.credentials, host=None, scheme="http",
+            address=None,
+        )  # fmt: skip
+        decision = gate.decide_now(client)
+        if not isinstance(decision, Admission) or decision.scope is None:
+            return None
+        admitted = decision.target
+        return answer_key(
+            admitted.upstream.partition("?")[0], admitted.query, decision.scope,
+            head.accept_encoding, head.origin, self._cors.varies,
+        )  # fmt: skip
 
     def answer(self, head: RequestHead) -> list[bytes] | None:
         """The bytes to write for ``head``, or None: the full path answers it."""
@@ -134,6 +172,8 @@ class FastPath:
         if second != self._date_second:
             self._date_second, self._date = second, date_line(second)
         trailer = KEEP_ALIVE_TRAILER if head.keep_alive else CLOSE_TRAILER
+        if self._gate is not None:
+            self.admitted += 1
         if if_none_match_hits(head.if_none_match, entry.etag):
             self.not_modified += 1
             return [entry.not_modified + self._date + trailer]
@@ -231,3 +271,8 @@ class FastPath:
             metrics.fast_path_answers.inc(hits)
         if served > last_served:
             metrics.served_bytes.inc(served - last_served)
+        admitted, last_admitted = self.admitted, self._folded_admitted
+        self._folded_admitted = admitted
+        if self._gate is not None and admitted > last_admitted:
+            allowed = metrics.auth_decisions.labels(mode=self._gate.mode, result="allowed")
+            allowed.inc(admitted - last_admitted)
