@@ -55,7 +55,7 @@ from edge.protocol.headers import (
     own_request_headers,
 )
 from edge.protocol.offsets import START, is_client_offset, is_offset_token
-from edge.protocol.reads import Read
+from edge.protocol.reads import PUBLIC_SCOPE, Read
 from edge.store.local import LocalTier
 from edge.store.shared import SharedTier
 from edge.streams import Streams
@@ -234,6 +234,38 @@ class CatchupCache:
         if fill.hold is not None:
             fill.hold.acquire()  # this reader's share, released by whoever writes its answer
         return Resolution(plan=fetch, shared_hit=shared_hit, fill=fill, collapsed=collapsed)
+
+    async def head(self, read: Read) -> Answer | None:
+        """The edge's own answer to a ``HEAD`` of ``read``'s stream, when it knows all of it: a
+        trusted tail that its segments reach from the start (so ``Stream-Next-Offset`` is the
+        tail, never a cap), and a lifetime known to have no end (else the origin's answer
+        would name it). None: the origin answers (and the edge learns from it)."""
+        key = LogKey(stream=read.stream, scope=read.scope)
+        await self.streams.check_generation(key.stream)
+        plan = self._plan(key, START)
+        log_ = self.local.log(key)
+        if not isinstance(plan, Hit) or not plan.up_to_date or log_ is None:
+            return None
+        instance = log_.instance
+        if not instance.lifetime_known or instance.remaining_seconds(self._clock()) is not None:
+            return None
+        segments, end = plan.coverage.segments, plan.coverage.end
+        closed = plan.closed
+        digest = content_digest(segments, log_.content_type)
+        tag = etag(read.stream, START, end, digest=digest, closed=closed, encoding=None)
+        headers = answer_headers(
+            log_, next_offset=end, up_to_date=False, closed=closed, tag=tag, control="no-store",
+            varies_by_encoding=False,
+        )  # fmt: skip
+        verdict = Reuse(shared=log_.key.scope == PUBLIC_SCOPE, immutable=False, max_age_seconds=0)
+        derivation = Derivation(
+            instance=instance, scope=key.scope, start=START, end=end, encoding=None,
+            reuse=verdict, kept=True, up_to_date=True, closed=closed,
+        )  # fmt: skip
+        return Answer(
+            status=200, headers=headers, body=b"", cache_status="edge; hit", result="hit",
+            derivation=derivation,
+        )  # fmt: skip
 
     async def read(
         self,

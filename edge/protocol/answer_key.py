@@ -44,6 +44,7 @@ class AnswerKey(NamedTuple):
     # an answer stored before the policy was seen to vary is never found after.
     cors_varies: bool = False
     origin: str | None = None
+    head: bool = False  # the answer to a HEAD: the stream's metadata, no body
 
 
 # A pure function of a few header values, asked on every fast-path hit (which passes them by
@@ -56,8 +57,10 @@ def answer_key(
     accept_encoding: str | None,
     origin: str | None,
     cors_varies: bool,
+    head: bool = False,
 ) -> AnswerKey | None:
-    """The key of the answer to a plain catch-up ``GET`` of ``path?query`` (as sent)."""
+    """The key of the answer to a plain catch-up ``GET`` (or, ``head``, a ``HEAD``) of
+    ``path?query`` (as sent)."""
     if not (path.isascii() and query.isascii()):
         return None
     try:
@@ -72,6 +75,7 @@ def answer_key(
         gzip=accepts_gzip(accept_encoding),
         cors_varies=cors_varies,
         origin=origin if cors_varies else None,
+        head=head,
     )
 
 

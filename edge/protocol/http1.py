@@ -6,7 +6,8 @@ Rules this module owns:
 * A head is parsed by llhttp (through ``httptools``, the binding uvicorn uses), the same C
   parser family aiohttp's own parser is built on, so a head the fast path accepts is one the
   full path would accept too. Anything llhttp refuses, or that is not a plain HTTP/1.1 ``GET``
-  without a body, is not the fast path's: ``parse_head`` says so and the full path decides.
+  or ``HEAD`` without a body, is not the fast path's: ``parse_head`` says so and the full path
+  decides.
 * Headers that change what the full path answers are named here (``CONSULTED``) and read once;
   a head that repeats one of them, or carries one that makes the request not a plain read
   (``HANDOFF``), is not the fast path's. The configured credential headers are collected as
@@ -72,6 +73,7 @@ class RequestHead(NamedTuple):
     origin: str | None = None
     # The configured credential headers, as sent (name lower-cased), in order.
     credentials: tuple[tuple[str, str], ...] = ()
+    head: bool = False  # a HEAD: the same target's metadata, answered without a body
 
 
 class _Collector:
@@ -147,11 +149,8 @@ class HeadParser:
                 if name in consulted:
                     handoff = True  # repeated: which one counts is the full path's call
                 consulted[name] = value
-        if (
-            handoff
-            or self._parser.get_method() != b"GET"
-            or self._parser.get_http_version() != "1.1"
-        ):
+        method = self._parser.get_method()
+        if handoff or method not in (b"GET", b"HEAD") or self._parser.get_http_version() != "1.1":
             return ONE_REQUEST
         connection = consulted.get(b"connection", b"keep-alive").lower()
         if connection not in (b"close", b"keep-alive"):
@@ -171,6 +170,7 @@ class HeadParser:
             origin=origin.decode("latin-1") if origin is not None else None,
             credentials=credentials,
             keep_alive=connection == b"keep-alive",
+            head=method == b"HEAD",
         )
 
 
@@ -190,6 +190,7 @@ def serialise(
     body_length: int,
     *,
     version: tuple[int, int] = (1, 1),
+    head: bool = False,
 ) -> bytes:
     """The head of an answer up to (not including) its ``Date`` line, as aiohttp writes an
     ``EdgeResponse``: the headers in order, then ``Content-Length`` (none on a bodiless
@@ -208,7 +209,7 @@ def serialise(
             continue  # the edge's answers name no server (``EdgeResponse``)
         names.add(lowered)
         lines.append(f"{name}: {value}")
-    if not bodiless(status):
+    if not bodiless(status) and not head:  # aiohttp writes no length for a bodiless HEAD
         if "content-length" not in names:
             lines.append(f"Content-Length: {body_length}")
         if body_length and "content-type" not in names:

@@ -168,7 +168,17 @@ def classify(
     credentials (a read the edge authorized itself is its policy's, ``policy_scope``)."""
     method = method.upper()
     if method == "HEAD":
-        return Classified(kind=RequestKind.HEAD, read=None)
+        # Metadata of the stream: the edge may answer it where it knows the whole stream, when
+        # the query asks nothing of it (anything else is the origin's to judge).
+        header_list = list(headers)
+        head = Read(
+            stream=path, offset=None, live=None, cursor=None, last_event_id=None,
+            scope=scope
+            if scope is not None
+            else auth_scope(header_list, scope_headers=scope_headers, scope_cookies=scope_cookies),
+            plain=query_string == "",
+        )  # fmt: skip
+        return Classified(kind=RequestKind.HEAD, read=head)
     if method in WRITE_METHODS:
         return Classified(kind=RequestKind.WRITE, read=None)
     if method != "GET":

@@ -66,6 +66,7 @@ class StoredHit:
     # An at-tail answer of an open stream: the tail it ends at. It is given only while that is
     # still the log's trusted tail (``edge.log.policy.at_tail_holds``); None: immutable.
     tail_end: str | None = None
+    tail_closed: bool = False  # a HEAD's: the tail it reports may be a closed one
 
     @property
     def size(self) -> int:

@@ -39,7 +39,7 @@ from edge.log.stream_log import LogKey
 from edge.metrics import Metrics
 from edge.origin import BodyTooLarge, OriginClient, OriginError
 from edge.protocol.paths import BadTarget
-from edge.protocol.reads import Classified, RequestKind, classify, scope_credentials
+from edge.protocol.reads import Classified, Read, RequestKind, classify, scope_credentials
 from edge.store.shared import SharedTier
 from edge.web.admin import ReadinessProbe, add_admin_routes
 from edge.web.fastpath import FastPath
@@ -148,6 +148,25 @@ async def serve_catchup(request: web.Request, classified: Classified) -> web.Str
     finally:
         answer.hold.release()
     return response
+
+
+async def serve_head(request: web.Request, read: Read) -> web.StreamResponse | None:
+    """A HEAD the edge answers itself, when it knows the whole stream (``CatchupCache.head``);
+    None: the origin answers it. A conditional HEAD is the origin's to judge."""
+    if "If-None-Match" in request.headers or request.app[CORS].unknown_for(request_origin(request)):
+        return None
+    catchup = catchup_request(
+        request_target(request), read, list(request.headers.items()),
+        version=(request.version.major, request.version.minor),
+        credentials=credentials_of(request), reader_only=reader_only(request),
+        cors=request.app[CORS], head=True,
+    )  # fmt: skip
+    known = await request.app[FRONT].head(catchup)
+    if known is None:
+        return None
+    answer, headers = known
+    request.app[METRICS].cache_result(answer.result).inc()
+    return EdgeResponse(status=answer.status, headers=headers)
 
 
 async def start_offset(
@@ -339,6 +358,10 @@ async def dispatch(request: web.Request, classified: Classified) -> web.StreamRe
         if read.plain and read.offset != "now":
             return await serve_catchup(request, classified)
         request.app[METRICS].cache_result("bypass").inc()
+    if kind is RequestKind.HEAD and read is not None and read.plain:
+        known = await serve_head(request, read)
+        if known is not None:
+            return known
     forward = "method" if classified.kind is RequestKind.WRITE else "bypass"
     return await request.app[RELAY].forward(
         request, classified.kind, cache_status=f"edge; fwd={forward}"

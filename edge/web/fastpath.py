@@ -103,9 +103,11 @@ class FastPath:
         self.ok = 0
         self.not_modified = 0
         self.served_bytes = 0
+        self.heads = 0  # HEADs answered here (edge_requests_total{kind="head"})
         self.admitted = 0  # reads the gate allowed here (edge_auth_decisions_total)
         self._folded = (0, 0, 0)
         self._folded_admitted = 0
+        self._folded_heads = 0
 
     def parser(self) -> HeadParser:
         return HeadParser(self._parsed_headers)
@@ -123,6 +125,10 @@ class FastPath:
             else PUBLIC_SCOPE  # most heads carry none: no call (scope_of agrees)
         )
         # By position: the memoised function's cache key is then one flat tuple.
+        if head.head:
+            return answer_key(
+                head.path, head.query, scope, None, head.origin, self._cors.varies, True
+            )
         return answer_key(
             head.path, head.query, scope, head.accept_encoding, head.origin, self._cors.varies
         )
@@ -136,7 +142,8 @@ class FastPath:
         except BadTarget:
             return None
         client = Client(
-            method="GET", target=target, headers=head.credentials, host=None, scheme="http",
+            method="HEAD" if head.head else "GET", target=target, headers=head.credentials,
+            host=None, scheme="http",
             address=None,
         )  # fmt: skip
         decision = gate.decide_now(client)
@@ -145,7 +152,8 @@ class FastPath:
         admitted = decision.target
         return answer_key(
             admitted.upstream.partition("?")[0], admitted.query, decision.scope,
-            head.accept_encoding, head.origin, self._cors.varies,
+            None if head.head else head.accept_encoding, head.origin, self._cors.varies,
+            head.head,
         )  # fmt: skip
 
     def answer(self, head: RequestHead) -> list[bytes] | None:
@@ -172,6 +180,13 @@ class FastPath:
         if second != self._date_second:
             self._date_second, self._date = second, date_line(second)
         trailer = KEEP_ALIVE_TRAILER if head.keep_alive else CLOSE_TRAILER
+        if key.head:
+            if head.if_none_match is not None:
+                return None  # a conditional HEAD is the origin's to judge (as on the full path)
+            self.heads += 1
+            if self._gate is not None:
+                self.admitted += 1
+            return [entry.ok + self._date + trailer]
         if self._gate is not None:
             self.admitted += 1
         if if_none_match_hits(head.if_none_match, entry.etag):
@@ -192,7 +207,7 @@ class FastPath:
             log_ is not None
             and log_.instance is entry.instance
             and at_tail_holds(
-                log_, entry.tail_end or "", False, now=now,
+                log_, entry.tail_end or "", entry.tail_closed, now=now,
                 freshness_seconds=self._freshness, authority_seconds=self._authority,
             )
         )  # fmt: skip
@@ -217,16 +232,18 @@ class FastPath:
         # stream's final answer is immutable once its lifetime is known; until then its
         # Cache-Control is still to change, so it is not stored.
         at_tail = derivation.up_to_date and not derivation.closed and not verdict.immutable
+        # A HEAD reports the tail: it holds while the tail does, closed or not.
+        holds_with_tail = key.head or at_tail
         if not (
             version == (1, 1)
             and derivation.kept
-            and (verdict.immutable or at_tail)
+            and (verdict.immutable or holds_with_tail)
             and derivation.scope == key.scope
             and derivation.instance.stream == key.stream
         ):
             return False
         tag = response_headers.get("ETag")
-        if tag is None:
+        if tag is None or (key.head and answer.body):
             return False
         # What the next full-path read of it would say: a local hit.
         headers = [
@@ -235,8 +252,8 @@ class FastPath:
         unencoded = [(n, v) for n, v in headers if n.lower() != "content-encoding"]
         try:
             ok, not_modified = (
-                serialise(200, headers, len(answer.body)),
-                serialise(304, unencoded, 0),
+                serialise(200, headers, len(answer.body), head=key.head),
+                b"" if key.head else serialise(304, unencoded, 0),
             )
         except ValueError:
             return False  # a header aiohttp refuses too: the full path answers this one as it can
@@ -251,7 +268,8 @@ class FastPath:
             body=answer.body,
             cors=cors,
             log_key=LogKey(stream=derivation.instance.stream, scope=derivation.scope),
-            tail_end=derivation.end if at_tail else None,
+            tail_end=derivation.end if holds_with_tail else None,
+            tail_closed=key.head and derivation.closed,
         )
         return self._local.put_response(key, stored)
 
@@ -271,6 +289,12 @@ class FastPath:
             metrics.fast_path_answers.inc(hits)
         if served > last_served:
             metrics.served_bytes.inc(served - last_served)
+        heads, last_heads = self.heads, self._folded_heads
+        self._folded_heads = heads
+        if heads > last_heads:
+            metrics.requests.labels(kind=RequestKind.HEAD.value, code="200").inc(heads - last_heads)
+            metrics.cache_requests.labels(result="hit").inc(heads - last_heads)
+            metrics.fast_path_answers.inc(heads - last_heads)
         admitted, last_admitted = self.admitted, self._folded_admitted
         self._folded_admitted = admitted
         if self._gate is not None and admitted > last_admitted:

@@ -58,18 +58,20 @@ def catchup_request(
     credentials: Sequence[tuple[str, str]],
     reader_only: bool,
     cors: OriginCors,
+    head: bool = False,
 ) -> CatchupRequest:
-    accept_encoding = first_value(headers, "accept-encoding")
+    accept_encoding = None if head else first_value(headers, "accept-encoding")
     origin = first_value(headers, "origin")
     return CatchupRequest(
         read=read,
         key=answer_key(
-            path=target.upstream.partition("?")[0],
-            query=target.query,
-            scope=read.scope,
-            accept_encoding=accept_encoding,
-            origin=origin,
-            cors_varies=cors.varies,
+            target.upstream.partition("?")[0],
+            target.query,
+            read.scope,
+            accept_encoding,
+            origin,
+            cors.varies,
+            head,
         ),
         credentials=credentials,
         if_none_match=first_value(headers, "if-none-match"),
@@ -102,6 +104,17 @@ class CatchupFront:
             if answer.hold is not None:
                 answer.hold.release()
             raise
+        headers = client_headers(answer, self.cors, request.origin, reader_only=request.reader_only)
+        self.fast.register(
+            request.key, answer, headers, version=request.version, origin=request.origin
+        )
+        return answer, headers
+
+    async def head(self, request: CatchupRequest) -> tuple[Answer, CIMultiDict[str]] | None:
+        """The edge's own answer to a HEAD, if it knows the whole stream; else None."""
+        answer = await self.cache.head(request.read)
+        if answer is None:
+            return None
         headers = client_headers(answer, self.cors, request.origin, reader_only=request.reader_only)
         self.fast.register(
             request.key, answer, headers, version=request.version, origin=request.origin

@@ -499,6 +499,66 @@ async def test_credentialed_reads_are_stored_per_scope(
         assert not (first.header(b"Cache-Status") or b"").startswith(b"edge; hit"), other
 
 
+async def read_to_the_tail(edge: Edge, path: str) -> None:
+    """Catch up from the start as a client does, answer by answer, to the tail."""
+    offset = "-1"
+    for _ in range(20):
+        answer = await get(edge.url, f"{path}?offset={offset}")
+        assert answer.status_line == b"HTTP/1.1 200 OK"
+        if answer.header(b"Stream-Up-To-Date") == b"true":
+            return
+        next_offset = answer.header(b"Stream-Next-Offset")
+        assert next_offset is not None
+        offset = next_offset.decode()
+    raise AssertionError(f"{path} never reached its tail")
+
+
+async def head(url: str, target: str, *headers: str) -> Raw:
+    return (await exchange(url, request(target, *headers, method="HEAD"), ["HEAD"]))[0]
+
+
+def metadata(answer: Raw) -> dict[bytes, bytes | None]:
+    return {
+        name: answer.header(name)
+        for name in (b"Stream-Next-Offset", b"Stream-Closed", b"Content-Type", b"Cache-Control")
+    }
+
+
+async def test_a_head_of_a_known_stream_is_the_edges_and_reports_its_real_tail(
+    http: aiohttp.ClientSession,
+    origin: Origin,
+    capped_edges: tuple[Edge, Edge],
+    fresh_edges: tuple[Edge, Edge],
+    stream_path: str,
+) -> None:
+    """Answered by the edge once it knows the whole stream, the same bytes on both paths, and
+    the origin's metadata: the tail even where reads are capped (1 KiB here), never the cap."""
+    url = origin.url + stream_path
+    await make_stream(http, url, "text/plain", b"x" * 900, b"y" * 900, b"z" * 900, close=False)
+    want = await head(origin.url, stream_path)
+    assert want.header(b"Cache-Control") == b"no-store"
+    for fast, full in (capped_edges, fresh_edges):
+        for edge in (fast, full):
+            await read_to_the_tail(edge, stream_path)
+        full_answer = await head(full.url, stream_path)
+        assert full_answer.header(b"Cache-Status") == b"edge; hit"
+        assert metadata(full_answer) == metadata(want)
+        assert full_answer.header(b"Content-Length") is None
+        before = fast_answers(fast)
+        await head(fast.url, stream_path)  # stores it
+        fast_answer = await head(fast.url, stream_path)
+        assert fast_answers(fast) >= before + 1
+        assert fast_answer.comparable() == full_answer.comparable()
+    # A write through the edge moves the tail: the stored HEAD is not given again.
+    status, _, _ = await call(
+        http, "POST", fresh_edges[0].url + stream_path, headers={"Stream-Closed": "true"}
+    )
+    assert status == 204
+    closed = await head(fresh_edges[0].url, stream_path)
+    assert closed.header(b"Stream-Closed") == b"true"
+    assert closed.header(b"Stream-Next-Offset") == want.header(b"Stream-Next-Offset")
+
+
 def test_fast_hits_are_counted_where_every_hit_is(edge: Edge) -> None:
     text = edge.metrics_text()
     fast = metric_value(text, "edge_fast_path_answers_total")

@@ -58,7 +58,7 @@ def heads(draw: st.DrawFn) -> tuple[bytes, str, str, str, list[tuple[str, str]]]
 
 def expected(method: str, version: str, headers: list[tuple[str, str]]) -> bool:
     """Is this a head the fast path may answer (by the module's rules, restated)?"""
-    if method != "GET" or version != "1.1":
+    if method not in ("GET", "HEAD") or version != "1.1":
         return False
     names = [n.lower().encode() for n, _ in headers]
     if any(n in HANDOFF or n == b"expect" for n in names):
@@ -99,6 +99,7 @@ def test_a_head_is_answered_only_when_nothing_in_it_is_the_full_paths(
             (n.lower(), v) for n, v in headers if n.lower() in CREDENTIALS
         )
         assert parsed.keep_alive == (by_name.get("connection", "keep-alive").lower() != "close")
+        assert parsed.head == (method == "HEAD")
         if not parsed.keep_alive:
             return
 
