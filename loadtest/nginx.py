@@ -3,8 +3,15 @@
 Rules this module owns:
 * Caching is forced whatever the origin says (the reference origin sends no Cache-Control on
   catch-up reads): 200s are kept an hour; Cache-Control, Expires, Set-Cookie and Vary are
-  ignored. The key is the whole request URI (path and query) plus ``Accept-Encoding``, so a
-  gzip request and an identity request are separate entries.
+  ignored. The key is the whole request URI (path and query) plus ``Accept-Encoding``,
+  ``Authorization`` and ``Cookie``, so a gzip request and an identity request are separate
+  entries, and so are two readers' credentialed reads (the edge's default scopes).
+* ``micro=True`` is the micro-cache for open streams, whose answers change: 200s are kept one
+  second (``proxy_cache_valid 200 1s``, the edge's default ``--tail-freshness``), the expired
+  entry is served while one request refreshes it (``proxy_cache_use_stale updating``) and
+  refreshes are collapsed (``proxy_cache_lock on``): the micro-caching set-up nginx's own
+  guide recommends. ``HEAD`` is cached as nginx does by default (``proxy_cache_convert_head``:
+  asked upstream as a ``GET``, answered from that entry).
 * nginx does not compress once by itself: with ``gzip on`` it would compress on every hit, as
   the origin does. Here it caches the origin's own gzip answer (the origin compresses once, on
   the miss) and serves those stored bytes: the strongest nginx for a compress-once comparison.
@@ -58,8 +65,8 @@ http {{
             proxy_http_version 1.1;
             proxy_set_header Connection "";
             proxy_cache hits;
-            proxy_cache_key "$request_uri|$http_accept_encoding";
-            proxy_cache_valid 200 304 1h;
+            proxy_cache_key "$request_uri|$http_accept_encoding|$http_authorization|$http_cookie";
+            {validity}
             proxy_ignore_headers Cache-Control Expires Set-Cookie Vary X-Accel-Expires;
             proxy_cache_lock on;
             add_header X-Cache-Status $upstream_cache_status;
@@ -128,7 +135,11 @@ def _listening(port: int) -> bool:
         return False
 
 
-def start_nginx(origin_url: str) -> Nginx:
+FORCED = "proxy_cache_valid 200 304 1h;"
+MICRO = "proxy_cache_valid 200 1s;\n            proxy_cache_use_stale updating;"
+
+
+def start_nginx(origin_url: str, *, micro: bool = False) -> Nginx:
     binary = nginx_binary()
     if binary is None:
         raise NginxFailed("nginx not found (make bootstrap installs Debian's nginx)")
@@ -140,7 +151,10 @@ def start_nginx(origin_url: str) -> Nginx:
         prefix = Path(tempfile.mkdtemp(prefix="edge-bench-nginx-"))
         port = _free_port()
         conf = prefix / "nginx.conf"
-        conf.write_text(CONF.format(user=user, prefix=prefix, upstream=upstream, port=port))
+        validity = MICRO if micro else FORCED
+        conf.write_text(
+            CONF.format(user=user, prefix=prefix, upstream=upstream, port=port, validity=validity)
+        )
         log = prefix / "error.log"
         argv = [binary, "-p", str(prefix), "-c", str(conf), "-e", str(log), "-g", "daemon off;"]
         proc = subprocess.Popen(

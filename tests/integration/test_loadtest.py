@@ -79,6 +79,31 @@ def test_the_hits_benchmark_prints_a_table_of_checked_figures(tmp_path: Path) ->
     assert _row(written, "100 B") == cells
 
 
+def test_the_hits_benchmark_times_the_tail_and_an_auth_edge(tmp_path: Path) -> None:
+    """The at-tail cell (nginx: the micro-cache) and a cell on an edge of its own (--auth jwt,
+    nginx n/a), checked and timed briefly; --no-write leaves docs/benchmarks.md alone."""
+    _need_wrk_and_nginx()
+    docs = REPO / "docs" / "benchmarks.md"
+    before = docs.read_bytes() if docs.exists() else None
+    command = [sys.executable, "-m", "loadtest.hits", "--duration", "1", "--runs", "1"]
+    command += ["--cells", "tail2KB", "jwt1", "--connections", "8", "--no-write"]
+    result = subprocess.run(
+        command, cwd=REPO, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    tail = _row(result.stdout, "2 KB open stream at its tail (nginx: 1 s micro-cache)")
+    assert tail[1] == "identity/identity/identity"
+    assert all(float(tail[i].replace(",", "")) > 0 for i in (2, 4, 6)), tail
+    jwt = _row(result.stdout, "100 B, --auth jwt, one token")
+    assert jwt[1] == "identity/identity/n/a"
+    assert jwt[6:8] == ["n/a", "n/a"], jwt
+    assert jwt[9] == "n/a", jwt
+    assert float(jwt[8].rstrip("\u00d7")) > 0
+    assert "Issue 17 targets (reported, not asserted)" in result.stdout
+    assert "jwt edge: servers" in result.stdout
+    assert (docs.read_bytes() if docs.exists() else None) == before
+
+
 def test_the_hits_benchmark_fails_clearly_on_an_edge_flag_it_does_not_know(
     tmp_path: Path,
 ) -> None:
