@@ -118,17 +118,26 @@ class ForwardAuth:
         if self._session is not None:
             await self._session.close()
 
-    def remembered(self, question: Question) -> Grant | Refusal | None:
-        """The verdict kept for ``question``'s key, while it lives; None: ask (``verdict``)."""
+    def now(self) -> float:
+        """The clock verdict lifetimes are on."""
+        return self._clock()
+
+    def remembered_until(self, question: Question) -> tuple[float, Grant | Refusal] | None:
+        """The verdict kept for ``question``'s key and until when (``now``), while it lives;
+        None: ask (``verdict``)."""
         key = question.key
         kept = self._verdicts.get(key)
         if kept is None:
             return None
-        until, verdict = kept
-        if self._clock() < until:
-            return verdict
+        if self._clock() < kept[0]:
+            return kept
         del self._verdicts[key]
         return None
+
+    def remembered(self, question: Question) -> Grant | Refusal | None:
+        """The verdict kept for ``question``'s key, while it lives; None: ask (``verdict``)."""
+        kept = self.remembered_until(question)
+        return None if kept is None else kept[1]
 
     async def verdict(self, question: Question) -> Grant | Refusal:
         kept = self.remembered(question)

@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from cachetools import LRUCache
+
 from edge.auth.credentials import present
 from edge.auth.forward import ForwardAuth, Question
 from edge.auth.jwks import JwksSource
@@ -118,6 +120,9 @@ class Gate:
                 timeout_seconds=settings.auth_timeout_seconds,
                 cache_seconds=settings.auth_cache_seconds,
             )
+        self._admissions: LRUCache[AdmissionKey, _KeptAdmission] = LRUCache(
+            maxsize=MAX_KEPT_ADMISSIONS
+        )
         # Never relayed on a shared read: whatever names a reader, the bearer token included
         # even when --scope-headers does not list it.
         self._credential_headers = frozenset({AUTHORIZATION, COOKIE, *settings.scope_headers})
@@ -145,19 +150,56 @@ class Gate:
         result = decision.result if isinstance(decision, Refusal) else "allowed"
         self._metrics.auth_decisions.labels(mode=self.mode, result=result).inc()
 
-    def decide_now(self, client: Client) -> Admission | Refusal | None:
+    def decide_now(self, client: Client, *, remember: bool = False) -> Admission | Refusal | None:
         """The decision, when it needs no waiting (a token whose key the edge holds, a verdict
         the service gave and the edge still keeps); None: only ``admit`` can make it. The
-        pre-serialised hit path asks this, so both paths decide by the same code."""
+        pre-serialised hit path asks this, so both paths decide by the same code.
+
+        ``remember`` (the hit path, whose heads carry only the headers the gate reads): an
+        admission is kept for the same method, target and headers, with what it was derived
+        from, and reused only while that holds: the key set that checked the token is still
+        the current one and the grant has not expired (``exp`` + leeway), or the service's
+        verdict is still within its lifetime. Refusals are never kept."""
+        key: AdmissionKey | None = None
+        if remember:
+            target = client.target
+            key = (client.method.upper(), target.upstream, target.stream, tuple(client.headers))
+            kept = self._admissions.get(key)
+            if kept is not None:
+                if self._still_holds(kept):
+                    return kept.admission
+                del self._admissions[key]
         prepared = self._prepare(client)
         if not isinstance(prepared, _Prepared):
             return prepared
+        kept_until: float | None = None
+        ring: KeyRing | None = None
+        verdict: Grant | Refusal | None
         if self.mode == "jwt":
-            verdict = self._verify_now(prepared.token, prepared.target.stream, prepared.access)
+            judged = self._verify_now(prepared.token, prepared.target.stream, prepared.access)
+            if judged is None:
+                return None
+            verdict, ring = judged
+            if isinstance(verdict, Grant):
+                kept_until = verdict.expires_at
         else:
             assert self.forward is not None
-            verdict = self.forward.remembered(prepared.question(client))
-        return None if verdict is None else self._admission(prepared, verdict)
+            remembered = self.forward.remembered_until(prepared.question(client))
+            if remembered is None:
+                return None
+            kept_until, verdict = remembered
+        decision = self._admission(prepared, verdict)
+        if key is not None and isinstance(decision, Admission) and kept_until is not None:
+            self._admissions[key] = _KeptAdmission(admission=decision, ring=ring, until=kept_until)
+        return decision
+
+    def _still_holds(self, kept: _KeptAdmission) -> bool:
+        if self.mode == "jwt":
+            assert self.jwks is not None
+            self.jwks.reload_if_old()
+            return kept.ring is self.jwks.ring and self._clock() < kept.until
+        assert self.forward is not None
+        return self.forward.now() < kept.until
 
     async def _decide(self, client: Client) -> Admission | Refusal:
         prepared = self._prepare(client)
@@ -220,18 +262,21 @@ class Gate:
             upstream = (("Authorization", f"Bearer {prepared.token}"),)
         return Admission(target=target, upstream=upstream)
 
-    def _verify_now(self, token: str, stream: str, access: Access) -> Grant | Refusal | None:
+    def _verify_now(
+        self, token: str, stream: str, access: Access
+    ) -> tuple[Grant | Refusal, KeyRing | None] | None:
         """``_verify`` when the key set in hand knows the token's key (a signature checked
-        once per token string and key set: ``KeyRing`` remembers it); None: it must wait."""
+        once per token string and key set: ``KeyRing`` remembers it), with that key set;
+        None: it must wait."""
         assert self.jwks is not None
         header = token_header(token)
         if header is None:
-            return MALFORMED
+            return MALFORMED, None
         kid = header.get("kid")
         ring = self.jwks.ring_now(kid if isinstance(kid, str) else None)
         if ring is None:
             return None
-        return self._judge(ring, token, stream, access)
+        return self._judge(ring, token, stream, access), ring
 
     async def _verify(self, token: str, stream: str, access: Access) -> Grant | Refusal:
         assert self.jwks is not None
@@ -253,6 +298,19 @@ class Gate:
         return check_claims(
             claims, stream=stream, access=access, rules=self._rules, now=self._clock()
         )
+
+
+# The hit path's heads: (method, target as sent, its stream, the headers the gate reads as sent).
+AdmissionKey = tuple[str, str, str, tuple[tuple[str, str], ...]]
+# Distinct (reader, stream) pairs kept: past it the oldest are judged again.
+MAX_KEPT_ADMISSIONS = 65_536
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _KeptAdmission:
+    admission: Admission
+    ring: KeyRing | None  # jwt: the key set that checked the token
+    until: float  # jwt: wall clock (exp + leeway); forward: the verdict's, on its clock
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -75,10 +75,14 @@ class JwksSource:
         ring = self.ring
         if ring is None or not ring.has(kid):
             return None
+        self.reload_if_old()
+        return ring
+
+    def reload_if_old(self) -> None:
+        """A key set fetched from a URL is fetched again, in the background, once it is old."""
         now = self._clock()
         if self._is_url and now - self._loaded_at > MAX_AGE_SECONDS:
-            self._start_reload(now)  # in the background; this token's key is known
-        return ring
+            self._start_reload(now)
 
     async def ring_for(self, kid: str | None) -> KeyRing | None:
         """The ring to judge a token naming ``kid`` with: the current one when it knows the kid,

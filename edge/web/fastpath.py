@@ -146,7 +146,7 @@ class FastPath:
             host=None, scheme="http",
             address=None,
         )  # fmt: skip
-        decision = gate.decide_now(client)
+        decision = gate.decide_now(client, remember=True)
         if not isinstance(decision, Admission) or decision.scope is None:
             return None
         admitted = decision.target

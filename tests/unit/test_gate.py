@@ -296,3 +296,38 @@ def test_the_auth_service_judges_the_stream_that_is_served() -> None:
         loop.close()
         assert auth.server is not None
         auth.server.close()
+
+
+async def test_a_kept_admission_holds_only_while_what_it_was_derived_from_does(
+    tmp_path: Path,
+) -> None:
+    """The hit path's kept admissions: the same decision ``admit`` makes, ended by the token's
+    expiry and by a new key set, and refusals are never kept."""
+    keys = tmp_path / "jwks.json"
+    keys.write_bytes(jwks(KEY))
+    now = [NOW]
+    gate = Gate(settings(keys, jwt_leeway_seconds=0), Metrics(), clock=lambda: now[0])
+    await gate.start()
+    try:
+        grant = sign(KEY, claims_for(STREAM, now=NOW, lifetime=10))
+        head = client("GET", f"{STREAM}?offset=-1", [("Authorization", f"Bearer {grant}")])
+        kept = gate.decide_now(head, remember=True)
+        assert isinstance(kept, Admission)
+        assert kept == await gate.admit(head)
+        assert gate.decide_now(head, remember=True) is kept  # kept, not judged again
+        # Another stream's read with the same token is its own decision: refused, not kept.
+        other = client("GET", "/v1/stream/other?offset=-1", list(head.headers))
+        for _ in range(2):
+            assert isinstance(gate.decide_now(other, remember=True), Refusal)
+        # A new key set (rotation): judged again, by the new set.
+        assert gate.jwks is not None
+        await gate.jwks._load()
+        again = gate.decide_now(head, remember=True)
+        assert isinstance(again, Admission)
+        assert again is not kept
+        # Past exp (leeway 0): refused, by the hit path as by the full path.
+        now[0] = NOW + 10.5
+        assert isinstance(gate.decide_now(head, remember=True), Refusal)
+        assert isinstance(await gate.admit(head), Refusal)
+    finally:
+        await gate.close()
