@@ -13,6 +13,9 @@ Rules this module owns:
   (``HANDOFF``), is not the fast path's. The configured credential headers are collected as
   sent: the scope they name is computed by the full path's own function
   (``edge.protocol.answer_key``), never approximated here.
+* A head the full path would refuse (no ``Host``, a repeated header aiohttp allows once) is the
+  full path's, so the fast path never answers what the full path answers 400. Header values are
+  stripped of surrounding whitespace, as aiohttp strips them.
 * A head with ``Expect`` hands the connection over for good, whatever its method: aiohttp
   answers an expectation it does not meet (417) before the application runs, so no middleware
   would tell the connection that answer was written, and the requests behind it would wait.
@@ -43,6 +46,24 @@ ACCEPT_ENCODING = b"accept-encoding"
 ORIGIN = b"origin"
 EXPECT = b"expect"
 CONSULTED = frozenset({IF_NONE_MATCH, ACCEPT_ENCODING, ORIGIN, b"connection"})
+HOST = b"host"
+# Headers aiohttp's parser refuses to see twice (``aiohttp.http_parser.SINGLETON_HEADERS``; a
+# test pins the copy): a head that repeats one is the full path's, which answers 400, as it does
+# a head without ``Host``.
+SINGLETONS = frozenset(
+    {
+        b"content-length",
+        b"content-location",
+        b"content-range",
+        b"content-type",
+        b"etag",
+        HOST,
+        b"max-forwards",
+        b"server",
+        b"transfer-encoding",
+        b"user-agent",
+    }
+)
 # Their presence means a body, an upgrade, a resumption or a negotiation the full path handles.
 HANDOFF = frozenset(
     {
@@ -95,7 +116,8 @@ class _Collector:
         self.url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers.append((name.lower(), value))
+        # aiohttp strips a value's surrounding whitespace: so does the key both paths compute.
+        self.headers.append((name.lower(), value.strip(b" \t")))
 
     def on_message_complete(self) -> None:
         self.complete = True
@@ -138,7 +160,12 @@ class HeadParser:
         handoff = False
         consulted: dict[bytes, bytes] = {}
         credentials: tuple[tuple[str, str], ...] = ()
+        singletons: set[bytes] = set()
         for name, value in collector.headers:
+            if name in SINGLETONS:
+                if name in singletons:
+                    handoff = True  # aiohttp refuses it (400): the full path's answer
+                singletons.add(name)
             if name in HANDOFF:
                 if name == EXPECT:
                     return FOR_GOOD
@@ -150,7 +177,12 @@ class HeadParser:
                     handoff = True  # repeated: which one counts is the full path's call
                 consulted[name] = value
         method = self._parser.get_method()
-        if handoff or method not in (b"GET", b"HEAD") or self._parser.get_http_version() != "1.1":
+        if (
+            handoff
+            or HOST not in singletons  # HTTP/1.1 requires one (aiohttp answers 400)
+            or method not in (b"GET", b"HEAD")
+            or self._parser.get_http_version() != "1.1"
+        ):
             return ONE_REQUEST
         connection = consulted.get(b"connection", b"keep-alive").lower()
         if connection not in (b"close", b"keep-alive"):

@@ -73,6 +73,17 @@ class StoredHit:
         return len(self.ok) + len(self.not_modified) + len(self.body) + len(self.etag)
 
 
+def _scope_of_entry(entry: Hashable) -> LogKey | None:
+    """The stream and scope an entry of the index was kept for (a stored answer's, from its
+    ``AnswerKey``; every other kind is keyed by its ``LogKey``)."""
+    assert isinstance(entry, tuple)
+    kind, key = entry[0], entry[1]
+    if kind == RESPONSE:
+        assert isinstance(key, AnswerKey)
+        return LogKey(stream=key.stream, scope=key.scope)
+    return key if isinstance(key, LogKey) else None
+
+
 def entry_cost(value: object) -> int:
     if isinstance(value, Segment):
         return value.size + len(value.start) + len(value.end) + SEGMENT_OVERHEAD_BYTES
@@ -262,8 +273,9 @@ class LocalTier:
     # --- forgetting ---
 
     def purge_scope(self, key: LogKey) -> int:
-        """Forget ``key.stream`` in ``key.scope`` only; returns the segments dropped."""
-        doomed = [k for k in self._index.get(key.stream, ()) if k[1] == key]
+        """Forget ``key.stream`` in ``key.scope`` only (segments, facts, derived values and the
+        stored answers of that scope); returns the segments dropped."""
+        doomed = [k for k in self._index.get(key.stream, ()) if _scope_of_entry(k) == key]
         for entry in doomed:
             self._entries.pop(entry, None)
         return sum(1 for k in doomed if k[0] == SEGMENT)

@@ -19,6 +19,10 @@ Rules this module owns:
 * The stored bytes are the full path's answer: built from the same ``Answer`` by the same header
   code (``edge.web.wire.client_headers``), serialised as aiohttp would
   (``edge.protocol.http1``). ``Date`` is the only header made per request.
+* A stored answer lives only while the log it was built from does (its stream instance and
+  credential scope): whatever forgets that log (the stream, or only that scope, as a 404 to a
+  credential does) ends the answer, checked at every hit; ``LocalTier.purge_scope`` drops the
+  scope's stored answers with it.
 * An answer is stored under the stream instance it was derived from (``Derivation.instance``),
   never the one current when it is stored: ``LocalTier.put_response`` refuses it once that
   instance is not current. It is used only while everything the full path would consult still
@@ -48,7 +52,7 @@ from edge.auth.gate import Admission, Client, Gate
 from edge.catchup import live_authority_seconds
 from edge.config import Settings
 from edge.log.policy import at_tail_holds, if_none_match_hits
-from edge.log.stream_log import LogKey
+from edge.log.stream_log import LogKey, StreamLog
 from edge.metrics import Metrics
 from edge.protocol.answer_key import AnswerKey, answer_key, scope_of
 from edge.protocol.headers import AUTHORIZATION
@@ -174,7 +178,12 @@ class FastPath:
             or entry.cors is not self._cors.for_request(head.origin)
         ):
             return None
-        if entry.tail_end is not None and not self._tail_holds(entry, now):
+        # A stored answer lives only while the log it was built from does: whatever forgets
+        # that log (its stream, or only its scope: a 404 to a credential) ends the answer too.
+        log_ = self._local.log(entry.log_key)
+        if log_ is None or log_.instance is not instance:
+            return None
+        if entry.tail_end is not None and not self._tail_holds(log_, entry, now):
             return None
         second = int(now)
         if second != self._date_second:
@@ -199,17 +208,12 @@ class FastPath:
             return [b"".join((entry.ok, self._date, trailer, body))]  # one send()
         return [entry.ok + self._date + trailer, body]
 
-    def _tail_holds(self, entry: StoredHit, now: float) -> bool:
+    def _tail_holds(self, log_: StreamLog, entry: StoredHit, now: float) -> bool:
         """An at-tail answer is given while the full path would give it: its log's tail is
         still where it ends, and trusted (the catch-up plan's own rule)."""
-        log_ = self._local.log(entry.log_key)
-        return (
-            log_ is not None
-            and log_.instance is entry.instance
-            and at_tail_holds(
-                log_, entry.tail_end or "", entry.tail_closed, now=now,
-                freshness_seconds=self._freshness, authority_seconds=self._authority,
-            )
+        return at_tail_holds(
+            log_, entry.tail_end or "", entry.tail_closed, now=now,
+            freshness_seconds=self._freshness, authority_seconds=self._authority,
         )  # fmt: skip
 
     def register(

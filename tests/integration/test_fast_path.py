@@ -559,6 +559,26 @@ async def test_a_head_of_a_known_stream_is_the_edges_and_reports_its_real_tail(
     assert closed.header(b"Stream-Next-Offset") == want.header(b"Stream-Next-Offset")
 
 
+async def test_a_404_to_a_credential_ends_that_scopes_stored_answers(
+    http: aiohttp.ClientSession, origin: Origin, edge: Edge, stream_path: str
+) -> None:
+    """Found by an outside review: a 404 forgot the scope's log but not the answers stored for
+    it, so the hit path kept serving a stream the origin no longer served to that credential."""
+    await make_stream(http, origin.url + stream_path, "text/plain", b"secret", close=True)
+    target = f"{stream_path}?offset=-1"
+    alice = "Authorization: Bearer alice"
+    await warm(edge.url, target, alice)
+    await stored_hit(edge, target, alice)
+    status, _, _ = await call(http, "DELETE", origin.url + stream_path)  # behind the edge
+    assert status == 204
+    # A read the edge must ask the origin about (another offset): 404, the scope forgets.
+    gone = await get(edge.url, f"{stream_path}?offset=0000000000000000_0000000000000003", alice)
+    assert gone.status_line == b"HTTP/1.1 404 Not Found"
+    after = await get(edge.url, target, alice)
+    assert after.status_line == b"HTTP/1.1 404 Not Found"
+    assert after.body != b"secret"
+
+
 def test_fast_hits_are_counted_where_every_hit_is(edge: Edge) -> None:
     text = edge.metrics_text()
     fast = metric_value(text, "edge_fast_path_answers_total")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import tracemalloc
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 
@@ -140,3 +141,19 @@ def test_stored_responses_are_evicted_like_any_entry() -> None:
         local.put_response(key(stream, "", gzip=False), stored(local, stream))
     assert local.bytes_used <= 64 * 1024
     assert 0 < local.usage()["response"][1] < 200
+
+
+def test_forgetting_a_scope_forgets_the_answers_stored_for_it() -> None:
+    local = LocalTier(1 << 30)
+    mine, theirs = (
+        key(KEY.stream, "offset=-1", gzip=False, scope="cred-a"),
+        key(KEY.stream, "offset=-1", gzip=False, scope="cred-b"),
+    )
+    for answer_key_ in (mine, theirs):
+        hit = stored(local, KEY.stream)
+        assert local.put_response(
+            answer_key_, replace(hit, log_key=LogKey(stream=KEY.stream, scope=answer_key_.scope))
+        )
+    local.purge_scope(LogKey(stream=KEY.stream, scope="cred-a"))
+    assert local.response(mine) is None
+    assert local.response(theirs) is not None

@@ -10,6 +10,7 @@ from edge.protocol.http1 import (
     FOR_GOOD,
     HANDOFF,
     ONE_REQUEST,
+    SINGLETONS,
     HeadParser,
     RequestHead,
     date_line,
@@ -47,6 +48,8 @@ def heads(draw: st.DrawFn) -> tuple[bytes, str, str, str, list[tuple[str, str]]]
     path = "/" + "/".join(draw(st.lists(TOKEN, min_size=1, max_size=3)))
     query = draw(st.sampled_from(["", "offset=-1", "offset=0000_0010", "offset=now&live=sse"]))
     headers = draw(st.lists(st.tuples(NAMES, VALUE), max_size=6))
+    if draw(st.integers(0, 4)) > 0:  # most heads name their host, as HTTP/1.1 requires
+        headers.insert(draw(st.integers(0, len(headers))), ("Host", "edge.test"))
     connection = [(n, v) for n, v in headers if n.lower() == "connection"]
     if connection and draw(st.booleans()):
         headers = [(n, v) for n, v in headers if n.lower() != "connection"]
@@ -63,6 +66,8 @@ def expected(method: str, version: str, headers: list[tuple[str, str]]) -> bool:
     names = [n.lower().encode() for n, _ in headers]
     if any(n in HANDOFF or n == b"expect" for n in names):
         return False
+    if names.count(b"host") != 1 or any(names.count(n) > 1 for n in SINGLETONS):
+        return False  # aiohttp answers 400
     if any(names.count(n) > 1 for n in CONSULTED):
         return False
     connection = next((v for n, v in headers if n.lower() == "connection"), "keep-alive")
@@ -121,11 +126,11 @@ def test_a_head_with_a_body_hands_the_connection_over_for_good() -> None:
 
 def test_configured_credential_headers_are_collected_as_sent_for_the_scope() -> None:
     parser = HeadParser(("x-api-key",))
-    parsed = parser.parse(b"GET /s HTTP/1.1\r\nX-Api-Key: k\r\nX-API-KEY: j\r\n\r\n")
+    parsed = parser.parse(b"GET /s HTTP/1.1\r\nHost: x\r\nX-Api-Key: k\r\nX-API-KEY: j\r\n\r\n")
     assert isinstance(parsed, RequestHead)
     assert parsed.credentials == (("x-api-key", "k"), ("x-api-key", "j"))
     other = parser.parse(
-        b"GET /s HTTP/1.1\r\nAuthorization: a\r\nOrigin: https://a.example\r\n\r\n"
+        b"GET /s HTTP/1.1\r\nHost: x\r\nAuthorization: a\r\nOrigin: https://a.example\r\n\r\n"
     )
     assert isinstance(other, RequestHead)
     assert (other.credentials, other.origin) == ((), "https://a.example")
@@ -150,3 +155,22 @@ def test_serialise_writes_aiohttps_order_and_refuses_line_breaks() -> None:
 def test_date_line_is_an_imf_fixdate() -> None:
     assert date_line(0) == b"Date: Thu, 01 Jan 1970 00:00:00 GMT"
     assert date_line(1796100000) == b"Date: Tue, 01 Dec 2026 04:40:00 GMT"
+
+
+def test_the_singletons_are_aiohttps() -> None:
+    from aiohttp.http_parser import SINGLETON_HEADERS
+
+    assert {name.encode() for name in SINGLETON_HEADERS} == set(SINGLETONS)
+
+
+def test_a_head_the_full_path_refuses_is_never_the_fast_paths() -> None:
+    parser = HeadParser(CREDENTIALS)
+    for raw in (
+        b"GET /s HTTP/1.1\r\n\r\n",  # no Host
+        b"GET /s HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+        b"GET /s HTTP/1.1\r\nHost: a\r\nUser-Agent: x\r\nUser-Agent: y\r\n\r\n",
+    ):
+        assert parser.parse(raw) is ONE_REQUEST, raw
+    parsed = parser.parse(b"GET /s HTTP/1.1\r\nHost: a\r\nCookie: s=1  \r\n\r\n")
+    assert isinstance(parsed, RequestHead)
+    assert parsed.credentials == (("cookie", "s=1"),)  # stripped, as aiohttp strips it
