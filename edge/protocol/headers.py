@@ -147,6 +147,31 @@ def own_request_headers(credentials: Sequence[tuple[str, str]]) -> HeaderList:
     return [("Accept-Encoding", "identity"), *credentials, ("Via", f"1.1 {VIA_PSEUDONYM}")]
 
 
+def names_this_proxy(via_values: Iterable[str]) -> bool:
+    """Has the request already passed through an edge (RFC 9110 §7.6.3: ``Via`` elements are
+    ``protocol received-by [comment]``)? Then it came back round a loop (a CDN whose backend
+    is itself, in front of the edge)."""
+    for value in via_values:
+        for element in value.split(","):
+            parts = element.split()
+            if len(parts) >= 2 and parts[1] == VIA_PSEUDONYM:
+                return True
+    return False
+
+
+def default_cache_control(
+    headers: Sequence[tuple[str, str]], *, method: str, private: bool
+) -> str | None:
+    """The ``Cache-Control`` to add to an answer to a read that has none: a relayed read, a
+    404 or 410, a HEAD (the origin sends none on some), so no cache downstream (a CDN, a
+    browser) keeps it by its own heuristics. None: it has one, or it is not a read's."""
+    if method.upper() not in ("GET", "HEAD"):
+        return None
+    if any(name.lower() == "cache-control" for name, _ in headers):
+        return None
+    return "private, no-store" if private else "no-store"
+
+
 def first_value(headers: Iterable[tuple[str, str]], name: str) -> str | None:
     """The first value of header ``name`` (case-insensitive), or None."""
     wanted = name.lower()

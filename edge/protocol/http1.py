@@ -38,6 +38,8 @@ from typing import NamedTuple
 
 import httptools
 
+from edge.protocol.headers import names_this_proxy
+
 # Longer heads are aiohttp's to judge (its limits are 8190 bytes a line, and it answers 431).
 MAX_HEAD_BYTES = 8192
 
@@ -45,7 +47,8 @@ IF_NONE_MATCH = b"if-none-match"
 ACCEPT_ENCODING = b"accept-encoding"
 ORIGIN = b"origin"
 EXPECT = b"expect"
-CONSULTED = frozenset({IF_NONE_MATCH, ACCEPT_ENCODING, ORIGIN, b"connection"})
+VIA = b"via"
+CONSULTED = frozenset({IF_NONE_MATCH, ACCEPT_ENCODING, ORIGIN, VIA, b"connection"})
 HOST = b"host"
 # Headers aiohttp's parser refuses to see twice (``aiohttp.http_parser.SINGLETON_HEADERS``; a
 # test pins the copy): a head that repeats one is the full path's, which answers 400, as it does
@@ -191,6 +194,9 @@ class HeadParser:
         if not url.startswith(b"/") or b"#" in url or not url.isascii():
             return ONE_REQUEST
         path, _, query = url.decode("ascii").partition("?")
+        via = consulted.get(VIA)
+        if via is not None and names_this_proxy((via.decode("latin-1"),)):
+            return ONE_REQUEST  # a loop: the full path answers 508
         inm = consulted.get(IF_NONE_MATCH)
         ae = consulted.get(ACCEPT_ENCODING)
         origin = consulted.get(ORIGIN)

@@ -38,6 +38,7 @@ from edge.live.viewers import Viewer
 from edge.log.stream_log import LogKey
 from edge.metrics import Metrics
 from edge.origin import BodyTooLarge, OriginClient, OriginError
+from edge.protocol.headers import names_this_proxy
 from edge.protocol.paths import BadTarget
 from edge.protocol.reads import Classified, Read, RequestKind, classify, scope_credentials
 from edge.store.shared import SharedTier
@@ -376,6 +377,14 @@ async def handle_stream_request(request: web.Request) -> web.StreamResponse:
     except BadTarget as bad:
         metrics.request_count(RequestKind.OTHER, 400).inc()
         return edge_answer(400, str(bad), request.app[CORS], origin=request_origin(request))
+    if names_this_proxy(request.headers.getall("Via", ())):
+        # Round a loop (a CDN in front whose backend leads back to it): relaying it again
+        # would only go round once more.
+        metrics.request_count(RequestKind.OTHER, 508).inc()
+        return edge_answer(
+            508, "loop detected: this request already passed through the edge",
+            request.app[CORS], [("Cache-Control", "no-store")], origin=request_origin(request),
+        )  # fmt: skip
     if target.asterisk:
         # OPTIONS * asks about the server, not a stream: the origin's own answer to any OPTIONS.
         metrics.request_count(RequestKind.OTHER, 204).inc()

@@ -35,6 +35,7 @@ from edge.metrics import Metrics
 from edge.origin import OriginClient, OriginError
 from edge.protocol.headers import (
     cors_headers,
+    default_cache_control,
     downstream_response_headers,
     upstream_request_headers,
 )
@@ -68,6 +69,13 @@ def for_the_reader_only(request: web.Request, headers: CIMultiDict[str]) -> None
     a cache downstream (a CDN, a browser's shared cache) must not give it to anyone else."""
     if reader_only(request):
         make_private(headers)
+
+
+def credentialed(request: web.Request) -> bool:
+    """Does the request carry anything that names a reader (its answer is that reader's)?"""
+    return reader_only(request) or any(
+        name in request.headers for name in (hdrs.AUTHORIZATION, hdrs.COOKIE)
+    )
 
 
 def make_private(headers: CIMultiDict[str]) -> None:
@@ -321,6 +329,11 @@ class Relay:
         )
         for name, value in relayed:
             response.headers.add(name, value)
+        control = default_cache_control(
+            relayed, method=request.method, private=credentialed(request)
+        )
+        if control is not None:
+            response.headers.add("Cache-Control", control)
         for_the_reader_only(request, response.headers)
         response.headers.add("Cache-Status", cache_status)
         try:

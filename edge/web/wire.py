@@ -45,6 +45,9 @@ def client_headers(
     where the origin puts them (it sets them before routing)."""
     headers = CIMultiDict(cors.grant(origin))
     headers.extend(without_cors(answer.headers))
+    if "Cache-Control" not in headers:
+        # A relayed refusal (404, 410) or answer: a cache downstream must not keep it.
+        headers.add("Cache-Control", "private, no-store" if reader_only else "no-store")
     headers.add("Cache-Status", answer.cache_status)
     headers.add("Via", VIA)
     if reader_only:

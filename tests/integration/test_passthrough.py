@@ -96,6 +96,16 @@ async def test_every_method_round_trips_with_headers_intact(
     ]
     for step_direct, step_edge in zip(direct, through_edge, strict=True):
         assert step_edge[:2] == step_direct[:2]
+        method, _, edge_headers, _ = step_edge
+        if (
+            method in ("GET", "HEAD")
+            and step_edge[1] == 404
+            and "cache-control" not in dict(step_direct[2])
+        ):
+            # Where the origin says nothing, the edge says no cache may keep a read's answer.
+            assert dict(edge_headers).get("cache-control") == "no-store", step_edge
+            edge_headers = [(n, v) for n, v in edge_headers if n != "cache-control"]
+            step_edge = (method, step_edge[1], edge_headers, step_edge[3])
         assert dict(step_edge[2]) == dict(step_direct[2]), step_edge[0]
         assert step_edge == step_direct
     assert through_edge[3][3] == b"hello world"
@@ -107,6 +117,58 @@ async def test_responses_carry_via(
     status, headers, _ = await call(http, "PUT", edge.url + stream_path)
     assert status == 201
     assert {n.lower(): v for n, v in headers}["via"] == "1.1 edge"
+
+
+async def test_a_request_back_round_a_loop_is_refused_and_never_relayed(
+    http: aiohttp.ClientSession, origin: Origin, edge: Edge, stream_path: str
+) -> None:
+    """A CDN whose backend leads back to itself, in front of the edge: the request comes back
+    naming the edge in ``Via``. It gets 508 at once, on the hit path's heads too."""
+    status, _, _ = await call(
+        http, "PUT", origin.url + stream_path, headers={"Content-Type": "text/plain"}
+    )
+    assert status == 201
+    before = origin.counts(stream_path)["total"]
+    for method, via in (
+        ("PUT", "1.1 edge, 1.1 varnish"),
+        ("POST", "1.1 varnish, 1.1 edge"),
+        ("GET", "HTTP/1.1 cdn, 1.1 edge (comment)"),
+    ):
+        status, headers, body = await call(
+            http, method, f"{edge.url}{stream_path}?offset=-1", headers={"Via": via}
+        )
+        assert status == 508, (method, via)
+        assert b"loop" in body
+        assert dict(headers).get("Cache-Control") == "no-store"
+    assert origin.counts(stream_path)["total"] == before
+    # A Via that names another proxy is a request like any other.
+    status, _, _ = await call(
+        http, "GET", f"{edge.url}{stream_path}?offset=-1", headers={"Via": "1.1 varnish"}
+    )
+    assert status == 200
+
+
+async def test_every_relayed_read_answer_says_how_it_may_be_cached(
+    http: aiohttp.ClientSession, origin: Origin, edge: Edge, stream_path: str
+) -> None:
+    """The origin sends no Cache-Control on a 404 or on a read the edge relays (an unknown
+    parameter); a cache in front must not keep them by heuristics."""
+    missing = await call(http, "GET", f"{edge.url}{stream_path}-missing?offset=-1")
+    assert missing[0] == 404
+    assert dict(missing[1]).get("Cache-Control") == "no-store"
+    status, _, _ = await call(
+        http, "PUT", origin.url + stream_path, headers={"Content-Type": "text/plain"}
+    )
+    assert status == 201
+    relayed = await call(http, "GET", f"{edge.url}{stream_path}?offset=-1&_=1")
+    assert relayed[0] == 200
+    assert dict(relayed[1]).get("Cache-Control") == "no-store"
+    credentialed = await call(
+        http, "GET", f"{edge.url}{stream_path}?offset=-1&_=2", headers={"Cookie": "s=1"}
+    )
+    assert dict(credentialed[1]).get("Cache-Control") == "private, no-store"
+    head = await call(http, "HEAD", f"{edge.url}{stream_path}-missing")
+    assert dict(head[1]).get("Cache-Control") == "no-store"
 
 
 async def test_idempotent_producer_answers_are_relayed_verbatim(

@@ -131,3 +131,25 @@ def test_cors_headers_are_picked_out_in_order() -> None:
     ]
     assert cors_headers(answer) == tuple(answer[1:5])
     assert cors_headers([("content-type", "text/plain")]) == ()
+
+
+def test_a_via_naming_the_edge_is_a_loop_and_no_other_is() -> None:
+    from edge.protocol.headers import names_this_proxy
+
+    assert names_this_proxy(["1.1 edge"])
+    assert names_this_proxy(["1.1 varnish, 1.1 edge"])
+    assert names_this_proxy(["1.0 cdn", "HTTP/1.1 edge (a comment)"])
+    assert not names_this_proxy([])
+    assert not names_this_proxy(["1.1 varnish", "1.1 edge-cdn", "1.1 myedge"])
+    assert not names_this_proxy(["edge"])  # no protocol: not an element naming a proxy
+
+
+def test_a_read_without_cache_control_gets_no_store() -> None:
+    from edge.protocol.headers import default_cache_control
+
+    assert default_cache_control([], method="GET", private=False) == "no-store"
+    assert default_cache_control([], method="HEAD", private=True) == "private, no-store"
+    assert (
+        default_cache_control([("cache-control", "max-age=5")], method="GET", private=False) is None
+    )
+    assert default_cache_control([], method="POST", private=False) is None
