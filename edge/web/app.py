@@ -239,7 +239,10 @@ async def relay_uncached(
     else:
         detail = "not-cacheable" if isinstance(why, RelayInstead) else "too-large"
     return await request.app[RELAY].forward(
-        request, classified.kind, cache_status=f"edge; fwd=bypass; detail={detail}"
+        request,
+        classified.kind,
+        cache_status=f"edge; fwd=bypass; detail={detail}",
+        validators=False,  # the origin's tags do not tell stream instances apart
     )
 
 

@@ -16,6 +16,11 @@ Rules this module owns:
   about, for the cache and for invalidation, is ``Target.stream``, the origin's normalised path.
 * Every answer the edge makes itself (``edge_answer``) carries the CORS headers the origin gives
   a request with the same ``Origin`` (``OriginCors``), as the origin's own answers would.
+* A read the cache relays instead of answering (``validators=False``) carries no validator
+  either way: the origin's tags do not tell stream instances apart (a stream deleted and
+  recreated reuses its offsets, hence its tags), so the origin's ``ETag`` is not handed out (the
+  edge hands out no tag it cannot honour, as with a fill's relayed answer) and the client's
+  ``If-None-Match`` is not sent up (the origin would answer 304 to a deleted stream's tag).
 """
 
 from __future__ import annotations
@@ -45,6 +50,13 @@ from edge.protocol.reads import RequestKind
 log = logging.getLogger(__name__)
 
 LIVE_KINDS = frozenset({RequestKind.LONG_POLL, RequestKind.SSE})
+VALIDATORS = frozenset({"etag", "if-none-match"})
+
+
+def without_validators(headers: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+    """``headers`` with no ``ETag`` or ``If-None-Match`` (see the module rules)."""
+    return [(name, value) for name, value in headers if name.lower() not in VALIDATORS]
+
 
 # (method, path, origin status, request headers, origin response headers, the ticket taken
 # when the request started) for every answer.
@@ -265,8 +277,15 @@ class Relay:
     ticket: Callable[[], int] = lambda: 0
 
     async def forward(
-        self, request: web.Request, kind: RequestKind, *, cache_status: str
+        self,
+        request: web.Request,
+        kind: RequestKind,
+        *,
+        cache_status: str,
+        validators: bool = True,
     ) -> web.StreamResponse:
+        """Relay ``request`` and its answer; ``validators=False`` for a read the cache relays
+        instead of answering (see the module rules)."""
         target = request_target(request)
         client_headers = list(request.headers.items())
         admitted = request.get(ADMISSION)
@@ -274,7 +293,7 @@ class Relay:
             # An authorized read goes with the edge's credential, a write with the client's.
             client_headers = admitted.relay_headers(client_headers)
         headers = upstream_request_headers(
-            client_headers,
+            client_headers if validators else without_validators(client_headers),
             client_address=request.remote,
             scheme=request.scheme,
             host=client_host(request),
@@ -301,7 +320,7 @@ class Relay:
                 started,
             )
         try:
-            return await self._relay(request, upstream, cache_status)
+            return await self._relay(request, upstream, cache_status, validators=validators)
         finally:
             # Closing (not releasing) drops the connection if the body was not read to the end,
             # which is what cancels the origin's work when the client has gone.
@@ -311,11 +330,17 @@ class Relay:
                 upstream.close()
 
     async def _relay(
-        self, request: web.Request, upstream: aiohttp.ClientResponse, cache_status: str
+        self,
+        request: web.Request,
+        upstream: aiohttp.ClientResponse,
+        cache_status: str,
+        *,
+        validators: bool,
     ) -> web.StreamResponse:
         host = client_host(request)
+        answered = list(upstream.headers.items())
         relayed = downstream_response_headers(
-            list(upstream.headers.items()),
+            answered if validators else without_validators(answered),
             origin_base=self.origin.base_url,
             # Without a Host, a Location is rebased to a path: relative to what the client used.
             public_base=f"{request.scheme}://{host}" if host else "",

@@ -25,6 +25,9 @@ Rules this module owns:
   forgetting caused by observing a relayed answer whose replay forgets the same
   (``replay_forgets``) is not told beside it. Forgetting is idempotent in effect: a sibling
   told twice only drops what it learned in between, which it fetches again.
+* ``Siblings`` is all of this but the hop between processes (a ``Transport``: here HTTP over
+  loopback through the supervisor), so it runs the same with any carrier (the property machine's
+  two in-process workers: tests/unit/test_properties.py).
 * The calls carry the supervisor's private token; the request headers travel (the credential
   scope of a 404 depends on them) only over loopback, between processes of this edge.
 """
@@ -34,7 +37,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import replace
 
@@ -45,6 +49,7 @@ from aiohttp.typedefs import Handler
 from edge.catchup import CatchupCache
 from edge.log.stream_log import LogKey
 from edge.web.app import CACHE, RELAY
+from edge.web.proxy import Observer
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +134,80 @@ async def replay(cache: CatchupCache, body: bytes) -> None:
     )
 
 
+# Carries one message (``encode``, ``encode_forgot``) to the supervisor, which has every other
+# worker apply it (``Siblings.apply``) before it answers; returns what to await for that, or None
+# when this worker cannot tell now (it is not serving yet, or has stopped). It bounds its own
+# time and never raises: a sibling that was not told is as far behind as another replica. The
+# only part of telling that crosses processes (``share_observations``: HTTP over loopback).
+Transport = Callable[[bytes], Awaitable[None] | None]
+
+
+@contextmanager
+def at_supervisors_request() -> Iterator[None]:
+    """What runs inside is done at the supervisor's request: its forgettings are not told (the
+    supervisor tells every worker itself)."""
+    told = _AT_SUPERVISORS_REQUEST.set(True)
+    try:
+        yield
+    finally:
+        _AT_SUPERVISORS_REQUEST.reset(told)
+
+
+class Siblings:
+    """One worker's side of the rules above, whatever carries the messages: what its relay's
+    observations and its own forgettings tell (``observe``, ``forgot``), and how it applies what
+    a sibling told (``apply``)."""
+
+    def __init__(self, cache: CatchupCache, local: Observer, tell: Transport) -> None:
+        self.cache = cache
+        self._local = local
+        self._tell = tell
+
+    async def observe(
+        self,
+        method: str,
+        stream: str,
+        status: int,
+        request_headers: Sequence[tuple[str, str]],
+        response_headers: Sequence[tuple[str, str]],
+        started: int,
+    ) -> None:
+        """The relay's observer: observed here and by every sibling before the answer goes out."""
+        telling = None
+        if worth_telling(method, status):
+            telling = self._tell(encode(method, stream, status, request_headers, response_headers))
+        if telling is None:
+            await self._local(method, stream, status, request_headers, response_headers, started)
+        else:
+            covered = _REPLAY_FORGETS.set(stream if replay_forgets(method, status) else None)
+            try:
+                await asyncio.gather(
+                    self._local(method, stream, status, request_headers, response_headers, started),
+                    telling,
+                )
+            finally:
+                _REPLAY_FORGETS.reset(covered)
+        # What observing it made this worker forget beyond that (a write below the tail it knew).
+        await self.cache.streams.settled(stream)
+
+    def forgot(self, key: LogKey) -> asyncio.Future[None] | None:
+        """A ``Streams.on_forget`` teller: a forgetting this worker decided, told to siblings."""
+        if not should_tell(
+            key,
+            at_supervisors_request=_AT_SUPERVISORS_REQUEST.get(),
+            replayed=_REPLAY_FORGETS.get(),
+        ):
+            return None
+        telling = self._tell(encode_forgot(key))
+        return None if telling is None else asyncio.ensure_future(telling)
+
+    async def apply(self, body: bytes) -> None:
+        """What a sibling told, at the supervisor's request; ValueError (or KeyError, TypeError)
+        when it is no message."""
+        with at_supervisors_request():
+            await replay(self.cache, body)
+
+
 def share_observations(
     stream_app: web.Application,
     admin_app: web.Application,
@@ -146,45 +225,15 @@ def share_observations(
     authorization = {"Authorization": f"Bearer {token}"}
     observed = f"{supervisor}/observed?worker={index}"
 
-    async def observe(
-        method: str,
-        stream: str,
-        status: int,
-        request_headers: Sequence[tuple[str, str]],
-        response_headers: Sequence[tuple[str, str]],
-        started: int,
-    ) -> None:
-        if not worth_telling(method, status) or not session:
-            await local(method, stream, status, request_headers, response_headers, started)
-        else:
-            body = encode(method, stream, status, request_headers, response_headers)
-            covered = _REPLAY_FORGETS.set(stream if replay_forgets(method, status) else None)
-            try:
-                await asyncio.gather(
-                    local(method, stream, status, request_headers, response_headers, started),
-                    _tell(session[0], observed, body, authorization),
-                )
-            finally:
-                _REPLAY_FORGETS.reset(covered)
-        # What observing it made this worker forget beyond that (a write below the tail it knew).
-        await cache.streams.settled(stream)
+    def tell(body: bytes) -> Awaitable[None] | None:
+        return _tell(session[0], observed, body, authorization) if session else None
 
-    def forgot(key: LogKey) -> asyncio.Future[None] | None:
-        if not session or not should_tell(
-            key,
-            at_supervisors_request=_AT_SUPERVISORS_REQUEST.get(),
-            replayed=_REPLAY_FORGETS.get(),
-        ):
-            return None
-        return asyncio.ensure_future(_tell(session[0], observed, encode_forgot(key), authorization))
+    siblings = Siblings(cache, local, tell)
 
     @web.middleware
-    async def at_supervisors_request(request: web.Request, handler: Handler) -> web.StreamResponse:
-        told = _AT_SUPERVISORS_REQUEST.set(True)
-        try:
+    async def supervisors_request(request: web.Request, handler: Handler) -> web.StreamResponse:
+        with at_supervisors_request():
             return await handler(request)
-        finally:
-            _AT_SUPERVISORS_REQUEST.reset(told)
 
     async def lifetime(_: web.Application) -> AsyncIterator[None]:
         session.append(aiohttp.ClientSession())
@@ -195,15 +244,15 @@ def share_observations(
         if request.headers.get("Authorization") != authorization["Authorization"]:
             return web.Response(status=401)
         try:
-            await replay(cache, await request.read())
+            await siblings.apply(await request.read())
         except (ValueError, KeyError, TypeError):
             return web.Response(status=400, text="not an observation\n")
         return web.Response(status=204)
 
-    stream_app[RELAY] = replace(relay, observe=observe)
+    stream_app[RELAY] = replace(relay, observe=siblings.observe)
     stream_app.cleanup_ctx.append(lifetime)
-    cache.streams.on_forget.append(forgot)
-    admin_app.middlewares.append(at_supervisors_request)
+    cache.streams.on_forget.append(siblings.forgot)
+    admin_app.middlewares.append(supervisors_request)
     admin_app.router.add_post("/observe", replayed)
 
 

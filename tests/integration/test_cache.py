@@ -258,6 +258,35 @@ async def test_capped_answers_are_immutable_and_resume(
         edge.stop()
 
 
+async def test_a_relayed_read_carries_no_validator_of_the_origins(
+    http: aiohttp.ClientSession, origin: Origin, logs_dir: Path, stream_path: str
+) -> None:
+    """A read the edge relays (here: too large to keep) hands out no ETag of the origin's, whose
+    tags are the path and offsets, the same for a recreated stream; and a client's If-None-Match
+    with such a tag does not earn a 304 for the deleted stream's bytes (found by the property
+    machine: tests/unit/test_properties.py)."""
+    edge = start_edge(origin.url, logs_dir, "--max-segment-bytes", "4", name="edge-relaying")
+    try:
+        url = edge.url + stream_path
+        await create(http, url, b"aaaaaa")
+        _, headers, _ = await call(http, "GET", origin.url + stream_path + "?offset=-1")
+        origins_tag = CIMultiDict(headers)["ETag"]
+        status, headers, body = await call(http, "GET", url + "?offset=-1")
+        h = CIMultiDict(headers)
+        assert (status, body) == (200, b"aaaaaa")
+        assert "fwd=bypass" in h["Cache-Status"]
+        assert "ETag" not in h
+        status, _, _ = await call(http, "DELETE", url)
+        assert status == 204
+        await create(http, url, b"bbbbbb")  # the same offsets: the origin's tag again
+        status, _, body = await call(
+            http, "GET", url + "?offset=-1", headers={"If-None-Match": origins_tag}
+        )
+        assert (status, body) == (200, b"bbbbbb")
+    finally:
+        edge.stop()
+
+
 async def test_cache_metrics(http: aiohttp.ClientSession, edge: Edge, stream_path: str) -> None:
     url = edge.url + stream_path
     await create(http, url, b"m", close=True)

@@ -34,10 +34,23 @@ delta fetched from the old chain's end is indistinguishable from an append. Whil
 is in that state for a scope ("relaxed" grading), only rules 3 and 5 and the tag rules are checked;
 it ends as soon as the edge is told.
 
+With ``--workers 2`` (``TwoWorkersMachine``) the edge is two ``EdgeUnderTest`` workers, each
+what one process holds (its own cache, fast path, CORS book and origin client, all over the one
+model), each read and each write through the edge going to a worker Hypothesis chooses. What a
+worker tells its siblings is decided and applied by the production code
+(``edge.workers.siblings``: ``Siblings.observe`` for its relay, ``Siblings.forgot`` for the
+forgettings it decides, ``Siblings.apply`` for what a sibling told); only the hop between
+processes, through the supervisor, is an in-process call (``InProcessSupervisor``), and a purge
+goes to every worker as the supervisor sends it. The grading is the same, for the edge as one:
+siblings are told before the answer, so what one worker was told every worker was, and
+read-after-write is exact whichever worker the next read reaches. Relaxed grading is per worker
+(a worker holds only what its own fills brought); the tag rules are the whole edge's (relaxed if
+any worker is), as a client's next request may reach any worker.
+
 The edge's API is used only by ``EdgeUnderTest``: adapt that class when the API changes.
-``ReferenceEdge`` (a naive cache, correct by construction) runs through the same machine and must
-pass: it keeps the oracle honest. The plain tests at the end are the failures the machine found,
-written out by hand.
+``ReferenceEdge`` (a naive cache, correct by construction) runs through the same machines and
+must pass: it keeps the oracle honest. The plain tests at the end are the failures the machine
+found, written out by hand.
 
 Run: ``.venv/bin/pytest tests/unit/test_properties.py``; more examples:
 ``EDGE_PROPERTY_EXAMPLES=2000 .venv/bin/pytest tests/unit/test_properties.py``.
@@ -46,8 +59,11 @@ Run: ``.venv/bin/pytest tests/unit/test_properties.py``; more examples:
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import gzip
 import inspect
+import json
 import os
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -58,11 +74,11 @@ from hypothesis import event as _event
 from hypothesis import note as _note
 from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
-from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from edge import catchup as catchup_module
 from edge.catchup import CatchupCache
-from edge.config import Address, Settings
+from edge.config import Address, Settings, per_worker
 from edge.metrics import Metrics
 from edge.origin import BodyTooLarge
 from edge.protocol.http1 import RequestHead
@@ -70,7 +86,8 @@ from edge.protocol.paths import parse_target
 from edge.protocol.reads import auth_scope, classify, scope_credentials
 from edge.web.fastpath import FastPath
 from edge.web.front import CatchupFront, catchup_request
-from edge.web.proxy import OriginCors
+from edge.web.proxy import OriginCors, without_validators
+from edge.workers.siblings import Siblings, Transport, at_supervisors_request, decode_forgot
 from tests.model.fake_origin import FakeOrigin, Served
 from tests.model.origin_model import (
     JSON_TYPE,
@@ -86,8 +103,9 @@ from tests.model.origin_model import (
     valid_read_offset,
 )
 
-# The whole file takes about 30 s when the edge is correct (2 cores); shrinking a failure takes
-# one to three minutes more. EDGE_PROPERTY_EXAMPLES=5000 for a long hunt.
+# The whole file takes about 50 s when the edge is correct (2 cores; the two-worker machine
+# runs half as many examples, a third of that); shrinking a failure takes one to five minutes
+# more. EDGE_PROPERTY_EXAMPLES=5000 for a long hunt.
 EXAMPLES = int(os.environ.get("EDGE_PROPERTY_EXAMPLES", "600"))
 STEPS = int(os.environ.get("EDGE_PROPERTY_STEPS", "40"))
 MiB = 1024 * 1024
@@ -194,18 +212,27 @@ def seen_from(status: int, headers: Sequence[tuple[str, str]], body: bytes, **kw
 
 
 async def relay(
-    origin: FakeOrigin, path: str, offset: str | None, headers: Sequence[tuple[str, str]]
+    origin: FakeOrigin,
+    path: str,
+    offset: str | None,
+    headers: Sequence[tuple[str, str]],
+    *,
+    validators: bool = True,
 ) -> tuple[Seen, list[tuple[str, str]], list[tuple[str, str]]]:
-    """A read sent to the origin as the client sent it: (answer, request and response headers)."""
+    """A read sent to the origin as the client sent it: (answer, request and response headers).
+    ``validators=False``: as the edge relays a read its cache does not answer (``Relay.forward``:
+    no ``If-None-Match`` up, no ``ETag`` down)."""
     path_qs = path if offset is None else f"{path}?offset={offset}"
-    upstream = await origin.open("GET", path_qs, list(headers), live=False)
+    sent = list(headers) if validators else without_validators(headers)
+    upstream = await origin.open("GET", path_qs, sent, live=False)
     try:
         body = await upstream.read()
     finally:
         upstream.close()
     response_headers = list(upstream.headers.items())
+    relayed = response_headers if validators else without_validators(response_headers)
     return (
-        seen_from(upstream.status, response_headers, body, relayed=True),
+        seen_from(upstream.status, relayed, body, relayed=True),
         list(headers),
         response_headers,
     )
@@ -217,8 +244,9 @@ class EdgeUnderTest:
     pre-serialised hit path if it can, else classified (``parse_target``, ``classify``,
     ``catchup_request``) and answered by ``CatchupFront``, which finishes the headers
     (``client_headers``: CORS per request) and offers the answer to the fast path. The CORS
-    book learns from every origin answer, as ``create_app`` wires it. The only code that knows
-    the edge's API."""
+    book learns from every origin answer, as ``create_app`` wires it. One instance is one
+    process: a worker of ``--workers N`` once ``link``ed to its siblings. The only code that
+    knows the edge's API."""
 
     def __init__(self, settings: Settings, origin: FakeOrigin, clock: Callable[[], float]) -> None:
         self.origin = origin
@@ -228,6 +256,10 @@ class EdgeUnderTest:
         origin.listen_to_answers(self.cors.remember)
         self.fast = FastPath(settings, self.cache.local, self.cors, clock=clock)
         self.front = CatchupFront(cache=self.cache, fast=self.fast, cors=self.cors)
+        # What the relay tells of the answers it relays (``Relay.observe``, as create_app wires
+        # it; a worker's is its ``Siblings``').
+        self.observer: Callable[..., object] = self.cache.observe
+        self.siblings: Siblings | None = None
         self.fast_answers = 0
         # Set while a compression is to be held (a thread still working while a stream changes).
         self.compression_gate: asyncio.Event | None = None
@@ -291,7 +323,7 @@ class EdgeUnderTest:
         except BodyTooLarge:
             # What the web layer does with a read that is not the cache's: relay it, observe it.
             sent = [(n, v) for n, v in headers if n.lower() not in ("host", "accept-encoding")]
-            seen, sent, received = await relay(self.origin, path, offset, sent)
+            seen, sent, received = await relay(self.origin, path, offset, sent, validators=False)
             observing = self.observed("GET", path, seen.status, sent, received)
             if observing is not None:
                 await observing
@@ -310,11 +342,10 @@ class EdgeUnderTest:
         response_headers: Sequence[tuple[str, str]],
     ) -> Awaitable[object] | None:
         """A request the edge relayed to the origin (a write, a HEAD) and the origin's answer."""
-        observe: Callable[..., object] = self.cache.observe
         # The machine runs one step at a time: nothing arrives between this request's start
         # and its answer, so its ticket is taken here.
         started = self.cache.streams.ticket()
-        result = observe(
+        result = self.observer(
             method, path, status, list(request_headers), list(response_headers), started
         )
         return result if inspect.isawaitable(result) else None
@@ -332,12 +363,62 @@ class EdgeUnderTest:
         return self.observed("PUT", path, status, request_headers, response_headers)
 
     def purge(self, path: str) -> Awaitable[object] | None:
+        """A purge from the admin listener; a worker's comes from its supervisor, which sends it
+        to every worker (its ``/purge`` runs under ``at_supervisors_request``, then awaits the
+        purge's durability, as ``add_admin_routes`` does)."""
         purge: Callable[[str], object] = self.cache.purge
-        result = purge(path)
-        return result if inspect.isawaitable(result) else None
+        if self.siblings is None:
+            result = purge(path)
+            return result if inspect.isawaitable(result) else None
+        with at_supervisors_request():
+            purge(path)
+        return self.cache.purged(path)
+
+    # --- --workers N: the worker's side of edge.workers.siblings, wired as share_observations ---
+
+    def link(self, supervisor: InProcessSupervisor, index: int) -> None:
+        """Make this worker ``index`` of ``supervisor``'s: its relay's observations and its own
+        forgettings are told through the supervisor (``Siblings``), which has every sibling
+        ``apply`` them."""
+        self.siblings = Siblings(self.cache, self.cache.observe, supervisor.transport(index))
+        self.observer = self.siblings.observe
+        self.cache.streams.on_forget.append(self.siblings.forgot)
+
+    async def apply(self, body: bytes) -> None:
+        """What the worker's private admin listener does with ``POST /observe``."""
+        assert self.siblings is not None
+        await self.siblings.apply(body)
 
     async def close(self) -> None:
         await self.cache.close()
+
+
+class InProcessSupervisor:
+    """The one hop of ``--workers N`` that is not production code: the supervisor's
+    ``POST /observed`` (edge.workers.admin), in process. A message one worker's ``Siblings``
+    tells is applied by every other worker, each in a context of its own as in its own process,
+    before the teller's call returns. What a worker fails to apply is kept in ``errors`` (the
+    state machine fails on it: in production it would be a 400 and a sibling left behind)."""
+
+    def __init__(self) -> None:
+        self.workers: list[EdgeUnderTest] = []
+        self.errors: list[BaseException] = []
+
+    def transport(self, sender: int) -> Transport:
+        async def tell(body: bytes) -> None:
+            forgot = decode_forgot(json.loads(body)) is not None
+            event("siblings told " + ("a forgetting" if forgot else "an observation"))
+            others = [w for i, w in enumerate(self.workers) if i != sender]
+            applied = await asyncio.gather(
+                *(
+                    asyncio.create_task(worker.apply(body), context=contextvars.Context())
+                    for worker in others
+                ),
+                return_exceptions=True,
+            )
+            self.errors.extend(e for e in applied if isinstance(e, BaseException))
+
+        return tell
 
 
 class ReferenceEdge(EdgeUnderTest):
@@ -345,7 +426,8 @@ class ReferenceEdge(EdgeUnderTest):
     false alarms: whole origin answers per (path, scope, offset), an open one reused for the
     freshness window only, a closed one forever; everything of a path forgotten on any write
     through the edge, a purge, or a 404 (that scope); a fill that raced such an event is not
-    kept and gets no tag; ETags carry a counter of those events."""
+    kept and gets no tag; ETags carry a counter of those events. As a worker, it tells its
+    siblings every such event but a purge (the supervisor sends that to every worker)."""
 
     def __init__(self, settings: Settings, origin: FakeOrigin, clock: Callable[[], float]) -> None:
         self.origin = origin
@@ -353,6 +435,7 @@ class ReferenceEdge(EdgeUnderTest):
         self._freshness = settings.tail_freshness_seconds
         self._answers: dict[tuple[str, str, str | None, str | None], tuple[Seen, float]] = {}
         self._generation: dict[str, int] = {}
+        self._siblings: list[ReferenceEdge] = []
 
     async def read(
         self,
@@ -373,7 +456,7 @@ class ReferenceEdge(EdgeUnderTest):
             asked = [*credentials, *([("Origin", origin)] if origin is not None else [])]
             seen, _, _ = await relay(self.origin, path, offset, asked)
             if seen.status == 404:
-                self._forget(path, key[1])
+                self._told(path, key[1])
             if seen.status != 200:
                 return seen
             if self._generation.get(path, 0) == generation:
@@ -393,6 +476,17 @@ class ReferenceEdge(EdgeUnderTest):
         for key in [k for k in self._answers if k[0] == path and scope in (None, k[1])]:
             del self._answers[key]
 
+    def _told(self, path: str, scope: str | None = None) -> None:
+        for edge in (self, *self._siblings):
+            edge._forget(path, scope)
+
+    def link(self, supervisor: InProcessSupervisor, index: int) -> None:
+        self._siblings = [
+            w
+            for i, w in enumerate(supervisor.workers)
+            if i != index and isinstance(w, ReferenceEdge)
+        ]
+
     def observed(
         self,
         method: str,
@@ -402,7 +496,7 @@ class ReferenceEdge(EdgeUnderTest):
         response_headers: Sequence[tuple[str, str]],
     ) -> None:
         if method in ("PUT", "POST", "DELETE"):
-            self._forget(path)
+            self._told(path)
 
     def purge(self, path: str) -> None:
         self._forget(path)
@@ -429,9 +523,11 @@ class Context:
     scope: str
     lowest: int  # the oldest version of ``path`` the edge may still serve
     told: int  # the version at which the edge was last told to forget the stream
-    relaxed: bool
+    relaxed: bool  # for the worker that answers
     now_ms: int
     window_ms: int  # tail_freshness_seconds
+    # Relaxed for some worker: a tag vouches for what the whole edge hands out with it.
+    anywhere: bool = False
 
 
 async def _awaited(pending: Awaitable[object]) -> object:
@@ -596,33 +692,53 @@ class Handed:
     seen: Seen
     offset: str | None  # of the read it answered
     epoch: int  # how many times the edge had been told the stream changed, then
-    relaxed: bool
+    relaxed: bool  # for some worker, then
+
+
+# The worker a request goes to (the one that relays it, for a write), chosen by Hypothesis among
+# the machine's workers; with one worker it is always 0 and draws nothing.
+WORKER = st.runner().flatmap(lambda machine: st.sampled_from(range(machine.worker_count)))
 
 
 class CatchupMachine(RuleBasedStateMachine):
     edge_factory: Callable[[Settings, FakeOrigin, Callable[[], float]], EdgeUnderTest] = (
         EdgeUnderTest
     )
+    # --workers N: N edges (one process each: its own cache, fast path, CORS book and origin
+    # client) over one origin, told of each other's writes and forgettings through an
+    # InProcessSupervisor.
+    worker_count = 1
 
     def __init__(self) -> None:
         super().__init__()
         self.loop = asyncio.new_event_loop()
         self.model = OriginModel()
         self.grader = Grader(self.model)
-        self.origin = FakeOrigin(self.model, on_served=self._served)
-        self.edge: EdgeUnderTest | None = None
+        self.origins = [
+            FakeOrigin(self.model, on_served=functools.partial(self._served, worker))
+            for worker in range(self.worker_count)
+        ]
+        self.origin = self.origins[0]
+        self.workers: list[EdgeUnderTest] = []
+        self.supervisor: InProcessSupervisor | None = None
         self.window_ms = 1000
         self.next_id = FIRST_ID
         # (path, scope) -> the version at which the edge was last told to forget it, and a count
         self.told: dict[tuple[str, str], int] = {}
         self.epoch: dict[tuple[str, str], int] = {}
         self.written: dict[str, int] = {}  # path -> version of the last write through the edge
-        # (path, scope) -> (version, generation) of each 200 the origin gave that scope's fills
-        self.served: dict[tuple[str, str], list[tuple[int, int]]] = {}
+        # (worker, path, scope) -> (version, generation) of each 200 the origin gave that
+        # worker's fills in that scope
+        self.served: dict[tuple[int, str, str], list[tuple[int, int]]] = {}
         # (scope, path, tag) -> what came with the tag when the edge last handed it out
         self.tags: dict[tuple[str, str, str], Handed] = {}
         self.edge_offsets: dict[str, set[str]] = {}
         self.read_offsets: dict[str, list[str | None]] = {}
+
+    @property
+    def edge(self) -> EdgeUnderTest | None:
+        """The first worker (the only one without --workers)."""
+        return self.workers[0] if self.workers else None
 
     # --- setup ---
 
@@ -636,7 +752,6 @@ class CatchupMachine(RuleBasedStateMachine):
         self, freshness: float, max_response_bytes: int, cache_bytes: int, cors_by_origin: bool
     ) -> None:
         self.window_ms = round(freshness * 1000)
-        self.origin.cors_by_origin = cors_by_origin
         # Every gzip-accepting read is compressed (the machine's bodies are small), so
         # compressions can be in flight while streams change.
         self._compress_min = catchup_module.COMPRESS_MIN_BYTES
@@ -650,7 +765,18 @@ class CatchupMachine(RuleBasedStateMachine):
             cache_bytes=cache_bytes,
             max_segment_bytes=min(32 * MiB, cache_bytes),
         )
-        self.edge = self.edge_factory(config, self.origin, lambda: self.model.now_ms / 1000)
+        if self.worker_count > 1:
+            # Each worker's share of the bounds, as the supervisor gives it (edge.workers).
+            config = replace(per_worker(replace(config, workers=self.worker_count)), workers=1)
+        for origin in self.origins:
+            origin.cors_by_origin = cors_by_origin
+            edge = self.edge_factory(config, origin, lambda: self.model.now_ms / 1000)
+            self.workers.append(edge)
+        if self.worker_count > 1:
+            self.supervisor = InProcessSupervisor()
+            self.supervisor.workers = self.workers
+            for index, edge in enumerate(self.workers):
+                edge.link(self.supervisor, index)
 
     @initialize(
         content_types=st.tuples(*(st.sampled_from([JSON_TYPE, TEXT_TYPE]) for _ in PATHS)),
@@ -664,12 +790,18 @@ class CatchupMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         catchup_module.COMPRESS_MIN_BYTES = getattr(self, "_compress_min", 1024)
         try:
-            if self.edge is not None:
-                fast = getattr(self.edge, "fast_answers", 0)
+            if self.workers:
+                fast = sum(getattr(edge, "fast_answers", 0) for edge in self.workers)
                 event("reads answered by the pre-serialised hit path" if fast else "none stored")
-                self.loop.run_until_complete(self.edge.close())
+            for edge in self.workers:
+                self.loop.run_until_complete(edge.close())
         finally:
             self.loop.close()
+
+    @invariant()
+    def siblings_applied_everything(self) -> None:
+        if self.supervisor is not None and self.supervisor.errors:
+            raise self.supervisor.errors[0]
 
     # --- bookkeeping ---
 
@@ -680,15 +812,17 @@ class CatchupMachine(RuleBasedStateMachine):
                 return name
         return "other"
 
-    def _served(self, served: Served) -> None:
+    def _served(self, worker: int, served: Served) -> None:
         if served.method != "GET":
             return
-        key = (served.path, self._scope_of(served.headers))
+        scope = self._scope_of(served.headers)
         if served.status == 200 and served.generation is not None:
+            key = (worker, served.path, scope)
             self.served.setdefault(key, []).append((served.version, served.generation))
         elif served.status == 404:
-            # The edge learns the stream is gone for this scope: it must forget what it held.
-            self._tell(served.path, [key[1]], served.version)
+            # The edge learns the stream is gone for this scope: it must forget what it held
+            # (every worker: the one that learned it tells the others before it answers).
+            self._tell(served.path, [scope], served.version)
 
     def _tell(self, path: str, scopes: Iterable[str], version: int | None = None) -> None:
         at = self.model.version_index(path) if version is None else version
@@ -700,16 +834,21 @@ class CatchupMachine(RuleBasedStateMachine):
     def _wrote(self, path: str) -> None:
         self.written[path] = self.model.version_index(path)
 
-    def _relaxed(self, path: str, scope: str) -> bool:
-        """Has the edge been fed two instances of ``path`` in ``scope`` since it was last told?"""
+    def _relaxed(self, path: str, scope: str, worker: int) -> bool:
+        """Has ``worker`` been fed two instances of ``path`` in ``scope`` since the edge was last
+        told? (A worker holds only what its own fills brought; what it is told by siblings
+        only makes it forget, or says how far the current instance reached.)"""
         told = self.told.get((path, scope), 0)
-        generations = {g for v, g in self.served.get((path, scope), []) if v >= told}
+        generations = {g for v, g in self.served.get((worker, path, scope), []) if v >= told}
         current = self.model.current(path)
         if current is not None:
             generations.add(current.generation)
         return len(generations) > 1
 
-    def _context(self, path: str, offset: str | None, scope: str, relaxed: bool) -> Context:
+    def _relaxed_anywhere(self, path: str, scope: str) -> bool:
+        return any(self._relaxed(path, scope, w) for w in range(self.worker_count))
+
+    def _context(self, path: str, offset: str | None, scope: str, worker: int) -> Context:
         told = self.told.get((path, scope), 0)
         return Context(
             path=path,
@@ -717,9 +856,18 @@ class CatchupMachine(RuleBasedStateMachine):
             scope=scope,
             lowest=max(told, self.written.get(path, 0)),
             told=told,
-            relaxed=relaxed,
+            relaxed=self._relaxed(path, scope, worker),
             now_ms=self.model.now_ms,
             window_ms=self.window_ms,
+            anywhere=self._relaxed_anywhere(path, scope),
+        )
+
+    def _still_relaxed(self, ctx: Context, worker: int) -> Context:
+        """``ctx`` for an answer that raced a change: relaxed if it was before or is now."""
+        return replace(
+            ctx,
+            relaxed=ctx.relaxed or self._relaxed(ctx.path, ctx.scope, worker),
+            anywhere=ctx.anywhere or self._relaxed_anywhere(ctx.path, ctx.scope),
         )
 
     def _settle(self, pending: Awaitable[object] | None) -> None:
@@ -748,29 +896,36 @@ class CatchupMachine(RuleBasedStateMachine):
         body: bytes,
         *,
         via_edge: bool,
+        worker: int = 0,
     ) -> int:
+        """``via_edge``: relayed by ``worker``, which observes the origin's answer (and tells
+        its siblings) before the client hears it."""
         if body:  # as a client's request says it, and as the edge sees it relayed
             headers = [*headers, ("Content-Length", str(len(body)))]
         response = self.model.handle(method, path, "", headers, body)
         self.grader.learn_ids(path)
-        note(f"{method} {path} {'via edge' if via_edge else 'directly'} -> {response.status}")
+        via = f"via edge{self._on(worker)}" if via_edge else "directly"
+        note(f"{method} {path} {via} -> {response.status}")
         if via_edge:
-            assert self.edge is not None
+            edge = self.workers[worker]
             if method == "DELETE":
-                self._settle(self.edge.deleted_through_edge(path, response.status))
+                self._settle(edge.deleted_through_edge(path, response.status))
             elif method == "PUT":
                 self._settle(
-                    self.edge.created_through_edge(path, response.status, headers, response.headers)
+                    edge.created_through_edge(path, response.status, headers, response.headers)
                 )
             else:
                 self._settle(
-                    self.edge.observed(method, path, response.status, headers, response.headers)
+                    edge.observed(method, path, response.status, headers, response.headers)
                 )
             if 200 <= response.status < 300:
                 if response.status == 201 or method == "DELETE":
                     self._tell(path, SCOPES)
                 self._wrote(path)
         return response.status
+
+    def _on(self, worker: int) -> str:
+        return f" (worker {worker})" if self.worker_count > 1 else ""
 
     def do_create(
         self,
@@ -780,32 +935,37 @@ class CatchupMachine(RuleBasedStateMachine):
         via_edge: bool,
         initial: int = 0,
         closed: bool = False,
+        worker: int = 0,
     ) -> int:
         headers = [("Content-Type", content_type)]
         if closed:
             headers.append(("Stream-Closed", "true"))
         body = self._body(content_type, self._take_ids(initial)) if initial else b""
-        return self._write("PUT", path, headers, body, via_edge=via_edge)
+        return self._write("PUT", path, headers, body, via_edge=via_edge, worker=worker)
 
-    def do_append(self, path: str, count: int, *, via_edge: bool, close: bool = False) -> int:
+    def do_append(
+        self, path: str, count: int, *, via_edge: bool, close: bool = False, worker: int = 0
+    ) -> int:
         current = self.model.current(path)
         content_type = current.content_type if current is not None else JSON_TYPE
         headers = [("Content-Type", content_type)]
         if close:
             headers.append(("Stream-Closed", "true"))
         body = self._body(content_type, self._take_ids(count))
-        return self._write("POST", path, headers, body, via_edge=via_edge)
+        return self._write("POST", path, headers, body, via_edge=via_edge, worker=worker)
 
-    def do_close(self, path: str, *, via_edge: bool) -> int:
-        return self._write("POST", path, [("Stream-Closed", "true")], b"", via_edge=via_edge)
+    def do_close(self, path: str, *, via_edge: bool, worker: int = 0) -> int:
+        headers = [("Stream-Closed", "true")]
+        return self._write("POST", path, headers, b"", via_edge=via_edge, worker=worker)
 
-    def do_delete(self, path: str, *, via_edge: bool) -> int:
-        return self._write("DELETE", path, [], b"", via_edge=via_edge)
+    def do_delete(self, path: str, *, via_edge: bool, worker: int = 0) -> int:
+        return self._write("DELETE", path, [], b"", via_edge=via_edge, worker=worker)
 
     def do_purge(self, path: str) -> None:
-        assert self.edge is not None
+        """From the admin listener: the supervisor's ``POST /purge`` goes to every worker."""
         note(f"purge {path}")
-        self._settle(self.edge.purge(path))
+        for edge in self.workers:
+            self._settle(edge.purge(path))
         self._tell(path, SCOPES)
 
     def do_advance(self, ms: int) -> None:
@@ -822,13 +982,13 @@ class CatchupMachine(RuleBasedStateMachine):
         if_none_match: str | None = None,
         accept_encoding: str | None = None,
         origin: str | None = None,
+        worker: int = 0,
     ) -> Seen:
-        relaxed = self._relaxed(path, scope)
-        ctx = self._context(path, offset, scope, relaxed)
+        ctx = self._context(path, offset, scope, worker)
         seen = self.loop.run_until_complete(
-            self._edge_read(path, offset, scope, if_none_match, accept_encoding, origin)
+            self._edge_read(path, offset, scope, if_none_match, accept_encoding, origin, worker)
         )
-        self._grade(ctx, seen, if_none_match)
+        self._grade(ctx, seen, if_none_match, worker)
         self._grade_cors(seen, origin)
         return seen
 
@@ -840,9 +1000,9 @@ class CatchupMachine(RuleBasedStateMachine):
         if_none_match: str | None,
         accept_encoding: str | None,
         origin: str | None = None,
+        worker: int = 0,
     ) -> Seen:
-        assert self.edge is not None
-        return await self.edge.read(
+        return await self.workers[worker].read(
             path,
             offset,
             credentials=SCOPES[scope],
@@ -861,23 +1021,26 @@ class CatchupMachine(RuleBasedStateMachine):
                 f" (the origin grants it {granted!r})"
             )
 
-    def do_racing_compression(self, path: str, offset: str | None, mutation: str) -> None:
+    def do_racing_compression(
+        self, path: str, offset: str | None, mutation: str, *, worker: int = 0, writer: int = 0
+    ) -> None:
         """A gzip read whose compression is still in flight while ``mutation`` happens."""
-        edge = self.edge
+        edge = self.workers[worker]
         if not isinstance(edge, EdgeUnderTest) or isinstance(edge, ReferenceEdge):
             return
-        relaxed = self._relaxed(path, "public")
-        ctx = self._context(path, offset, "public", relaxed)
+        ctx = self._context(path, offset, "public", worker)
         edge.compression_gate = asyncio.Event()
         edge.compression_started = asyncio.Event()
-        task = self.loop.create_task(self._edge_read(path, offset, "public", None, "gzip"))
+        task = self.loop.create_task(
+            self._edge_read(path, offset, "public", None, "gzip", worker=worker)
+        )
         started = self.loop.create_task(edge.compression_started.wait())
         try:
             self.loop.run_until_complete(
                 asyncio.wait([task, started], return_when=asyncio.FIRST_COMPLETED)
             )
             note(f"{mutation} {'while compressing' if started.done() else 'after the read'}")
-            self._mutate(path, mutation)
+            self._mutate(path, mutation, writer)
         finally:
             edge.compression_gate.set()
             edge.compression_gate = None
@@ -889,7 +1052,7 @@ class CatchupMachine(RuleBasedStateMachine):
         if isinstance(seen, BaseException):
             raise seen
         assert isinstance(seen, Seen)
-        self._grade(replace(ctx, relaxed=relaxed or self._relaxed(path, "public")), seen, None)
+        self._grade(self._still_relaxed(ctx, worker), seen, None, worker)
 
     def do_racing_read(
         self,
@@ -899,27 +1062,33 @@ class CatchupMachine(RuleBasedStateMachine):
         *,
         scope: str = "public",
         readers: int = 1,
+        on: Sequence[int] = (),
+        writer: int = 0,
     ) -> list[Seen]:
-        """Reads whose origin fill is in flight while ``mutation`` happens."""
-        relaxed = self._relaxed(path, scope)
-        ctx = self._context(path, offset, scope, relaxed)
-        arrived = self.origin.hold()
+        """Reads whose origin fill is in flight while ``mutation`` happens: ``readers`` of them,
+        the i-th on worker ``on[i]`` (0 past its end); ``writer`` relays the mutation."""
+        workers = [on[i] if i < len(on) else 0 for i in range(readers)]
+        contexts = [self._context(path, offset, scope, worker) for worker in workers]
+        arrivals = [origin.hold() for origin in self.origins]
         tasks = [
-            self.loop.create_task(self._edge_read(path, offset, scope, None, None))
-            for _ in range(readers)
+            self.loop.create_task(self._edge_read(path, offset, scope, None, None, worker=worker))
+            for worker in workers
         ]
-        waiter = self.loop.create_task(arrived.wait())
+        waiters = [self.loop.create_task(arrived.wait()) for arrived in arrivals]
         try:
             self.loop.run_until_complete(
-                asyncio.wait([*tasks, waiter], return_when=asyncio.FIRST_COMPLETED)
+                asyncio.wait([*tasks, *waiters], return_when=asyncio.FIRST_COMPLETED)
             )
-            note(f"racing {mutation} ({'in flight' if arrived.is_set() else 'after the read'})")
-            self._mutate(path, mutation)
+            in_flight = any(arrived.is_set() for arrived in arrivals)
+            note(f"racing {mutation} ({'in flight' if in_flight else 'after the read'})")
+            self._mutate(path, mutation, writer)
         finally:
-            self.origin.release()
-            waiter.cancel()
+            for origin in self.origins:
+                origin.release()
+            for waiter in waiters:
+                waiter.cancel()
             results = self.loop.run_until_complete(
-                asyncio.gather(*tasks, waiter, return_exceptions=True)
+                asyncio.gather(*tasks, *waiters, return_exceptions=True)
             )
         answers: list[Seen] = []
         for result in results[:readers]:
@@ -927,36 +1096,36 @@ class CatchupMachine(RuleBasedStateMachine):
                 raise result
             assert isinstance(result, Seen)
             answers.append(result)
-        ctx = replace(ctx, relaxed=relaxed or self._relaxed(path, scope))
-        for seen in answers:
-            self._grade(ctx, seen, None)
+        for ctx, worker, seen in zip(contexts, workers, answers, strict=True):
+            self._grade(self._still_relaxed(ctx, worker), seen, None, worker)
         return answers
 
-    def _mutate(self, path: str, mutation: str) -> None:
+    def _mutate(self, path: str, mutation: str, writer: int = 0) -> None:
         current = self.model.current(path)
         content_type = current.content_type if current is not None else JSON_TYPE
         if mutation == "append-edge":
-            self.do_append(path, 1, via_edge=True)
+            self.do_append(path, 1, via_edge=True, worker=writer)
         elif mutation == "append-direct":
             self.do_append(path, 1, via_edge=False)
         elif mutation == "close-edge":
-            self.do_close(path, via_edge=True)
+            self.do_close(path, via_edge=True, worker=writer)
         elif mutation == "delete-edge":
-            self.do_delete(path, via_edge=True)
+            self.do_delete(path, via_edge=True, worker=writer)
         elif mutation == "delete-direct":
             self.do_delete(path, via_edge=False)
         elif mutation in ("recreate-edge", "recreate-direct"):
             via_edge = mutation == "recreate-edge"
-            self.do_delete(path, via_edge=via_edge)
-            self.do_create(path, content_type, via_edge=via_edge, initial=1)
+            self.do_delete(path, via_edge=via_edge, worker=writer)
+            self.do_create(path, content_type, via_edge=via_edge, initial=1, worker=writer)
         elif mutation == "purge":
             self.do_purge(path)
         else:
             raise ValueError(mutation)
 
-    def _grade(self, ctx: Context, seen: Seen, if_none_match: str | None) -> None:
+    def _grade(self, ctx: Context, seen: Seen, if_none_match: str | None, worker: int = 0) -> None:
         self.read_offsets.setdefault(ctx.path, []).append(ctx.offset)
-        note(f"read {ctx.path}?offset={ctx.offset} [{ctx.scope}] -> {seen.describe()}")
+        where = f"[{ctx.scope}]{self._on(worker)}"
+        note(f"read {ctx.path}?offset={ctx.offset} {where} -> {seen.describe()}")
         event(f"status {seen.status}{' relaxed' if ctx.relaxed else ''}")
         if seen.status == 304:
             self._grade_304(ctx, seen, if_none_match)
@@ -970,13 +1139,14 @@ class CatchupMachine(RuleBasedStateMachine):
             self.edge_offsets.setdefault(ctx.path, set()).add(seen.next_offset)
         if seen.etag is None:
             return
-        # Tags belong to a URL's resource: what a tag vouches for is kept per (scope, path).
+        # Tags belong to a URL's resource: what a tag vouches for is kept per (scope, path),
+        # whichever worker handed it out (a client's next request may reach any).
         key = (ctx.scope, ctx.path, seen.etag)
         epoch = self.epoch.get((ctx.path, ctx.scope), 0)
         handed = self.tags.get(key)
         if handed is not None and handed.seen.representation != seen.representation:
             across_told = handed.epoch != epoch
-            if across_told or not (ctx.relaxed or handed.relaxed):
+            if across_told or not (ctx.anywhere or handed.relaxed):
                 why = (
                     "after the edge was told the stream changed"
                     if across_told
@@ -987,7 +1157,7 @@ class CatchupMachine(RuleBasedStateMachine):
                     f"  before (offset={handed.offset}): {handed.seen.describe()}\n"
                     f"  now ({ctx.path}?offset={ctx.offset}): {seen.describe()}"
                 )
-        self.tags[key] = Handed(seen=seen, offset=ctx.offset, epoch=epoch, relaxed=ctx.relaxed)
+        self.tags[key] = Handed(seen=seen, offset=ctx.offset, epoch=epoch, relaxed=ctx.anywhere)
 
     def _grade_304(self, ctx: Context, seen: Seen, if_none_match: str | None) -> None:
         if if_none_match is None:
@@ -1001,8 +1171,10 @@ class CatchupMachine(RuleBasedStateMachine):
             raise Violation(f"304 for {if_none_match}, a tag never given for {ctx.path}")
         # What a tag vouches for is the bytes (body, Stream-Next-Offset, Stream-Closed), not
         # Stream-Up-To-Date, a fact about time: the held bytes must be a correct answer now,
-        # saying up-to-date or not.
+        # saying up-to-date or not. They may come from another worker, which may have been fed
+        # another instance (an untold recreation: then the tags of both may collide).
         held = handed.seen
+        ctx = replace(ctx, relaxed=ctx.relaxed or ctx.anywhere)
         try:
             try:
                 self.grader.check(ctx, held)
@@ -1022,28 +1194,38 @@ class CatchupMachine(RuleBasedStateMachine):
         via_edge=st.booleans(),
         initial=st.sampled_from([0, 0, 1, 2]),
         closed=st.sampled_from([False, False, False, True]),
+        worker=WORKER,
     )
     def create(
-        self, path: str, content_type: str, via_edge: bool, initial: int, closed: bool
+        self,
+        path: str,
+        content_type: str,
+        via_edge: bool,
+        initial: int,
+        closed: bool,
+        worker: int = 0,
     ) -> None:
-        self.do_create(path, content_type, via_edge=via_edge, initial=initial, closed=closed)
+        self.do_create(
+            path, content_type, via_edge=via_edge, initial=initial, closed=closed, worker=worker
+        )
 
     @rule(
         path=st.sampled_from(PATHS),
         count=st.sampled_from([1, 1, 2, 3]),
         via_edge=st.booleans(),
         close=st.sampled_from([False, False, False, False, True]),
+        worker=WORKER,
     )
-    def append(self, path: str, count: int, via_edge: bool, close: bool) -> None:
-        self.do_append(path, count, via_edge=via_edge, close=close)
+    def append(self, path: str, count: int, via_edge: bool, close: bool, worker: int = 0) -> None:
+        self.do_append(path, count, via_edge=via_edge, close=close, worker=worker)
 
-    @rule(path=st.sampled_from(PATHS), via_edge=st.booleans())
-    def close_stream(self, path: str, via_edge: bool) -> None:
-        self.do_close(path, via_edge=via_edge)
+    @rule(path=st.sampled_from(PATHS), via_edge=st.booleans(), worker=WORKER)
+    def close_stream(self, path: str, via_edge: bool, worker: int = 0) -> None:
+        self.do_close(path, via_edge=via_edge, worker=worker)
 
-    @rule(path=st.sampled_from(PATHS), via_edge=st.booleans())
-    def delete(self, path: str, via_edge: bool) -> None:
-        self.do_delete(path, via_edge=via_edge)
+    @rule(path=st.sampled_from(PATHS), via_edge=st.booleans(), worker=WORKER)
+    def delete(self, path: str, via_edge: bool, worker: int = 0) -> None:
+        self.do_delete(path, via_edge=via_edge, worker=worker)
 
     @rule(
         path=st.sampled_from(PATHS),
@@ -1051,6 +1233,8 @@ class CatchupMachine(RuleBasedStateMachine):
         create_via_edge=st.sampled_from([True, False]),
         content_type=st.sampled_from([JSON_TYPE, TEXT_TYPE]),
         initial=st.sampled_from([0, 1, 2]),
+        worker=WORKER,
+        creator=WORKER,
     )
     def recreate(
         self,
@@ -1059,9 +1243,13 @@ class CatchupMachine(RuleBasedStateMachine):
         create_via_edge: bool,
         content_type: str,
         initial: int,
+        worker: int = 0,
+        creator: int = 0,
     ) -> None:
-        self.do_delete(path, via_edge=delete_via_edge)
-        self.do_create(path, content_type, via_edge=create_via_edge, initial=initial)
+        self.do_delete(path, via_edge=delete_via_edge, worker=worker)
+        self.do_create(
+            path, content_type, via_edge=create_via_edge, initial=initial, worker=creator
+        )
 
     @rule(path=st.sampled_from(PATHS))
     def purge(self, path: str) -> None:
@@ -1100,6 +1288,7 @@ class CatchupMachine(RuleBasedStateMachine):
         conditional=st.booleans(),
         gzip_ok=st.sampled_from([False, False, True]),
         origin=st.sampled_from([None, None, GOOD_ORIGIN, EVIL_ORIGIN]),
+        worker=WORKER,
     )
     def read(
         self,
@@ -1109,6 +1298,7 @@ class CatchupMachine(RuleBasedStateMachine):
         conditional: bool,
         gzip_ok: bool,
         origin: str | None,
+        worker: int = 0,
     ) -> None:
         offset = self._draw_offset(data, path)
         if_none_match = None
@@ -1120,31 +1310,60 @@ class CatchupMachine(RuleBasedStateMachine):
         )
         if conditional and tags:
             if_none_match = data.draw(st.sampled_from([t for _, t in tags]), label="if_none_match")
-        self.do_read(path, offset, scope, if_none_match, "gzip" if gzip_ok else None, origin)
+        gzip = "gzip" if gzip_ok else None
+        self.do_read(path, offset, scope, if_none_match, gzip, origin, worker=worker)
 
-    @rule(path=st.sampled_from(PATHS), via_edge=st.booleans(), wait=st.sampled_from([0, 1001]))
-    def poll(self, path: str, via_edge: bool, wait: int) -> None:
+    @rule(
+        path=st.sampled_from(PATHS),
+        via_edge=st.booleans(),
+        wait=st.sampled_from([0, 1001]),
+        worker=WORKER,
+        writer=WORKER,
+    )
+    def poll(self, path: str, via_edge: bool, wait: int, worker: int = 0, writer: int = 0) -> None:
         """A writer appends, a reader reads again from where it read last: chains of segments
         grow by deltas, and small --max-response-bytes answers get capped."""
-        self.do_append(path, 1, via_edge=via_edge)
+        self.do_append(path, 1, via_edge=via_edge, worker=writer)
         if wait:
             self.do_advance(wait)
         offsets = self.read_offsets.get(path) or ["-1"]
-        self.do_read(path, offsets[-1])
+        self.do_read(path, offsets[-1], worker=worker)
 
     @rule(
         data=st.data(),
         path=st.sampled_from(PATHS),
         mutation=st.sampled_from(RACING),
         readers=st.sampled_from([1, 1, 2]),
+        worker=WORKER,
+        second=WORKER,
+        writer=WORKER,
     )
-    def racing_read(self, data: st.DataObject, path: str, mutation: str, readers: int) -> None:
+    def racing_read(
+        self,
+        data: st.DataObject,
+        path: str,
+        mutation: str,
+        readers: int,
+        worker: int = 0,
+        second: int = 0,
+        writer: int = 0,
+    ) -> None:
         offset = self._draw_offset(data, path)
-        self.do_racing_read(path, offset, mutation, readers=readers)
+        on = (worker, second)
+        self.do_racing_read(path, offset, mutation, readers=readers, on=on, writer=writer)
 
-    @rule(data=st.data(), path=st.sampled_from(PATHS), mutation=st.sampled_from(RACING))
-    def racing_compression(self, data: st.DataObject, path: str, mutation: str) -> None:
-        self.do_racing_compression(path, self._draw_offset(data, path), mutation)
+    @rule(
+        data=st.data(),
+        path=st.sampled_from(PATHS),
+        mutation=st.sampled_from(RACING),
+        worker=WORKER,
+        writer=WORKER,
+    )
+    def racing_compression(
+        self, data: st.DataObject, path: str, mutation: str, worker: int = 0, writer: int = 0
+    ) -> None:
+        offset = self._draw_offset(data, path)
+        self.do_racing_compression(path, offset, mutation, worker=worker, writer=writer)
 
 
 CatchupMachine.TestCase.settings = settings(
@@ -1171,6 +1390,34 @@ ReferenceMachine.TestCase.settings = settings(
 )
 TestOracleAcceptsAReferenceCache = ReferenceMachine.TestCase
 TestOracleAcceptsAReferenceCache.pytestmark = [pytest.mark.timeout(900)]
+
+
+class TwoWorkersMachine(CatchupMachine):
+    """``--workers 2``: every read and every write through the edge goes to a worker Hypothesis
+    chooses; graded as one edge (what one worker was told, every worker was)."""
+
+    worker_count = 2
+
+
+TwoWorkersMachine.TestCase.settings = settings(
+    CatchupMachine.TestCase.settings, max_examples=max(10, EXAMPLES // 2)
+)
+TestCatchupMachineTwoWorkers = TwoWorkersMachine.TestCase
+TestCatchupMachineTwoWorkers.pytestmark = [pytest.mark.timeout(900)]
+
+
+class ReferenceTwoWorkersMachine(TwoWorkersMachine):
+    """Two reference caches as workers (each tells the other what makes it forget): the two-worker
+    grading raises no false alarms."""
+
+    edge_factory = ReferenceEdge
+
+
+ReferenceTwoWorkersMachine.TestCase.settings = settings(
+    CatchupMachine.TestCase.settings, max_examples=max(10, EXAMPLES // 8)
+)
+TestOracleAcceptsTwoReferenceWorkers = ReferenceTwoWorkersMachine.TestCase
+TestOracleAcceptsTwoReferenceWorkers.pytestmark = [pytest.mark.timeout(900)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1338,3 +1585,65 @@ def test_an_append_of_another_content_type_is_another_instance() -> None:
         state.poll(path=B, via_edge=True, wait=0)  # the old instance's bytes were served here
     finally:
         state.teardown()
+
+
+def test_a_relayed_read_hands_out_no_tag_of_the_origins() -> None:
+    """Found by the two-worker machine (its falsifying example, step for step): the origin's
+    CORS varies by Origin, so a read from an Origin a worker has no word on is relayed, and
+    the origin's ETag (path and offsets: the same for a recreated stream) went to the client.
+    After a DELETE and PUT through the edge, the other worker, whose CORS book had not seen that
+    Origin either, relayed the new stream's bytes under the same tag (one edge: two Origins).
+    The edge hands out no tag it cannot honour: relayed reads carry no validator."""
+    state = TwoWorkersMachine()
+    state.setup(
+        freshness=1.0, max_response_bytes=4 * MiB, cache_bytes=256 * MiB, cors_by_origin=True
+    )
+    try:
+        state.streams(content_types=(JSON_TYPE, JSON_TYPE), initial=1)
+        first = state.do_read(A, None, origin=GOOD_ORIGIN, worker=0)
+        assert first.relayed
+        assert first.etag is None
+        state.recreate(
+            content_type=JSON_TYPE, create_via_edge=True, creator=0, delete_via_edge=True,
+            initial=1, path=A, worker=0,
+        )  # fmt: skip
+        state.do_read(A, None, origin=GOOD_ORIGIN, worker=1)
+    finally:
+        state.teardown()
+
+
+# --- --workers 2 ---
+
+
+@pytest.fixture
+def two_workers() -> Iterator[CatchupMachine]:
+    m = TwoWorkersMachine()
+    m.setup(freshness=1.0, max_response_bytes=4 * MiB, cache_bytes=256 * MiB, cors_by_origin=False)
+    yield m
+    m.teardown()
+
+
+def test_a_404_one_worker_learns_is_told_to_its_sibling(two_workers: CatchupMachine) -> None:
+    """A fill's 404 makes the worker that learned it forget the stream, a forgetting it decided:
+    its sibling forgets too before the 404 is answered, so it no longer serves the bytes it
+    holds of the deleted stream (within the freshness window it would not ask the origin)."""
+    two_workers.do_create(A, JSON_TYPE, via_edge=False, initial=1)
+    assert _ids(two_workers.do_read(A, "-1", worker=1)) == [100]
+    two_workers.do_delete(A, via_edge=False)
+    assert two_workers.do_read(A, "-1", worker=0).status == 404
+    assert two_workers.do_read(A, "-1", worker=1).status == 404
+
+
+def test_a_write_through_one_worker_is_read_back_from_the_other(
+    two_workers: CatchupMachine,
+) -> None:
+    """Read-after-write whichever worker the next read reaches: the relaying worker's siblings
+    observe the write before its answer goes out."""
+    two_workers.do_create(A, JSON_TYPE, via_edge=False, initial=1)
+    assert _ids(two_workers.do_read(A, "-1", worker=1)) == [100]
+    two_workers.do_append(A, 1, via_edge=True, worker=0)
+    assert _ids(two_workers.do_read(A, "-1", worker=1)) == [100, 101]
+    two_workers.do_close(A, via_edge=True, worker=0)
+    assert two_workers.do_read(A, "-1", worker=1).closed
+    two_workers.do_delete(A, via_edge=True, worker=0)
+    assert two_workers.do_read(A, "-1", worker=1).status == 404

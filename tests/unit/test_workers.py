@@ -4,6 +4,7 @@ worker's decisions to forget a stream are told to its siblings."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
+from edge.catchup import CatchupCache
 from edge.config import Address, Settings, per_worker
 from edge.log.stream_log import LogKey
 from edge.metrics import Metrics
@@ -21,7 +23,16 @@ from edge.store.local import LocalTier
 from edge.streams import InstanceChanged, Streams, Unsettled
 from edge.workers.child import Bootstrap, encode, read_bootstrap
 from edge.workers.mirror import Mirror
-from edge.workers.siblings import decode_forgot, encode_forgot, replay_forgets, should_tell
+from edge.workers.siblings import (
+    Siblings,
+    Transport,
+    at_supervisors_request,
+    decode_forgot,
+    encode_forgot,
+    replay_forgets,
+    should_tell,
+)
+from edge.workers.siblings import encode as encode_observation
 from edge.workers.supervisor import MAX_RESTART_DELAY_SECONDS, parse_report, restart_delay
 
 MiB = 1024 * 1024
@@ -270,3 +281,52 @@ def test_a_worker_is_cleared_to_listen_only_after_its_reachable_report() -> None
         parse_report(b'{"event": "reachable"}', "reachable")
     with pytest.raises(ValueError):  # noqa: PT011 - json's own error: no message to match
         parse_report(b"", "reachable")
+
+
+async def test_siblings_tell_through_their_transport_and_never_echo() -> None:
+    """Two workers whose transport is an in-process supervisor: each message is told once, by
+    the worker that learned it, and what a sibling applies is not told back."""
+    caches = [CatchupCache(BASE, OriginClient(BASE), Metrics()) for _ in range(2)]
+    sent: list[tuple[int, bytes]] = []
+    workers: list[Siblings] = []
+
+    def transport(index: int) -> Transport:
+        async def tell(body: bytes) -> None:
+            sent.append((index, body))
+            # The other worker, in a context of its own (as in its own process).
+            await asyncio.create_task(workers[1 - index].apply(body), context=contextvars.Context())
+
+        return tell
+
+    for index, cache in enumerate(caches):
+        siblings = Siblings(cache, cache.observe, transport(index))
+        cache.streams.on_forget.append(siblings.forgot)
+        workers.append(siblings)
+    held = [cache.local.instance_for("/s") for cache in caches]
+
+    # A DELETE relayed by worker 0: its own purge is covered by the replay, told once.
+    await workers[0].observe("DELETE", "/s", 204, [], [], caches[0].streams.ticket())
+    assert sent == [(0, encode_observation("DELETE", "/s", 204, [], []))]
+    assert all(not cache.local.current(old) for cache, old in zip(caches, held, strict=True))
+
+    # A forgetting worker 1 decides (a 404 to a credentialed fill) is told as such.
+    scoped = LogKey(stream="/s", scope="token-1")
+    caches[1].streams.stream_gone(scoped)
+    await caches[1].streams.settled("/s")
+    assert sent[1:] == [(1, encode_forgot(scoped))]
+
+    # What the supervisor asks of every worker itself (a purge) is not told.
+    with at_supervisors_request():
+        caches[0].purge("/s")
+    await caches[0].streams.settled("/s")
+    assert len(sent) == 2
+
+    # Nothing to tell with (not serving yet, or stopped): observed here alone.
+    cache = CatchupCache(BASE, OriginClient(BASE), Metrics())
+    alone = Siblings(cache, cache.observe, lambda _: None)
+    cache.streams.on_forget.append(alone.forgot)
+    before = cache.local.instance_for("/t")
+    await alone.observe("PUT", "/t", 201, [], [], cache.streams.ticket())
+    assert not cache.local.current(before)
+    assert alone.forgot(LogKey(stream="/t", scope="token-1")) is None
+    assert len(sent) == 2
