@@ -28,6 +28,7 @@ RAW = (
 def run_step(step: str, calls: int) -> None:
     """Inside valgrind: set up one stored answer, then call ``step`` ``calls`` times."""
     from edge.config import Address, Settings
+    from edge.log.stream_log import LogKey
     from edge.protocol.answer_key import AnswerKey
     from edge.protocol.http1 import RequestHead
     from edge.store.local import LocalTier, StoredHit
@@ -50,6 +51,7 @@ def run_step(step: str, calls: int) -> None:
         not_modified=b"HTTP/1.1 304 Not Modified\r\n",
         body=b"b" * 100,
         cors=cors.grant(None),
+        log=local.log_for(LogKey(stream=STREAM, scope="public")),  # it lives with its log
     )
     assert local.put_response(
         AnswerKey(stream=STREAM, query=QUERY, scope="public", gzip=False), stored

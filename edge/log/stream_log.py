@@ -173,6 +173,9 @@ class StreamLog:
     # replayed on answers the edge makes itself.
     header_template: tuple[tuple[str, str], ...] = ()
     tail: TailFact | None = None
+    # Whether the local tier still keeps this log: False once it is forgotten (its stream, its
+    # scope) or evicted, and what was stored from it (a pre-serialised answer) ends with it.
+    kept: bool = False
 
     @property
     def content_type(self) -> str | None:

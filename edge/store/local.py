@@ -61,8 +61,9 @@ class StoredHit:
     # The CORS headers (``OriginCors.for_request``) the answer was built with: another set
     # means the full path would answer differently now.
     cors: tuple[tuple[str, str], ...]
-    # The log it was built from (its stream and credential scope).
-    log_key: LogKey
+    # The log it was built from (its stream instance and credential scope): the answer is
+    # given only while the tier keeps that log (``StreamLog.kept``).
+    log: StreamLog
     # An at-tail answer of an open stream: the tail it ends at. It is given only while that is
     # still the log's trusted tail (``edge.log.policy.at_tail_holds``); None: immutable.
     tail_end: str | None = None
@@ -144,6 +145,8 @@ class LocalTier:
         self._templates: dict[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]] = {}
 
     def _removed(self, key: EntryKey, value: object, evicted: bool) -> None:
+        if isinstance(value, StreamLog):
+            value.kept = False  # whatever was stored from it ends with it
         stream = _stream_of(key)
         keys = self._index.get(stream)
         if keys is not None:
@@ -168,6 +171,8 @@ class LocalTier:
             self._entries.pop(key, None)
             return False
         self._index.setdefault(stream, set()).add(key)
+        if isinstance(value, StreamLog):
+            value.kept = True
         return True
 
     # --- instances ---

@@ -180,8 +180,8 @@ class FastPath:
             return None
         # A stored answer lives only while the log it was built from does: whatever forgets
         # that log (its stream, or only its scope: a 404 to a credential) ends the answer too.
-        log_ = self._local.log(entry.log_key)
-        if log_ is None or log_.instance is not instance:
+        log_ = entry.log
+        if not log_.kept:
             return None
         if entry.tail_end is not None and not self._tail_holds(log_, entry, now):
             return None
@@ -264,6 +264,9 @@ class FastPath:
         cors = self._cors.for_request(origin)
         if cors is None:
             return False
+        log_ = self._local.log(LogKey(stream=derivation.instance.stream, scope=derivation.scope))
+        if log_ is None or log_.instance is not derivation.instance:
+            return False  # forgotten meanwhile: nothing of it is stored
         stored = StoredHit(
             instance=derivation.instance,
             etag=tag,
@@ -271,7 +274,7 @@ class FastPath:
             not_modified=not_modified,
             body=answer.body,
             cors=cors,
-            log_key=LogKey(stream=derivation.instance.stream, scope=derivation.scope),
+            log=log_,
             tail_end=derivation.end if holds_with_tail else None,
             tail_closed=key.head and derivation.closed,
         )

@@ -55,7 +55,7 @@ def responses(local: LocalTier, n: int) -> None:
         hit = StoredHit(
             instance=instance, etag=f'"{i}"', ok=b"HTTP/1.1 200 OK\r\n" + b"h" * 60,
             not_modified=b"HTTP/1.1 304 Not Modified\r\n" + b"h" * 60, body=b"x", cors=(),
-            log_key=LogKey(stream=stream, scope="public"),
+            log=local.log_for(LogKey(stream=stream, scope="public")),
         )  # fmt: skip
         assert local.put_response(key(stream, "offset=-1", gzip=i % 2 == 0), hit)
 
@@ -109,7 +109,7 @@ def key(stream: str, query: str, *, gzip: bool, scope: str = "public") -> Answer
 def stored(local: LocalTier, stream: str) -> StoredHit:
     return StoredHit(
         instance=local.instance_for(stream), etag='"t"', ok=b"ok", not_modified=b"nm",
-        body=b"body" * 100, cors=(), log_key=LogKey(stream=stream, scope="public"),
+        body=b"body" * 100, cors=(), log=local.log_for(LogKey(stream=stream, scope="public")),
     )  # fmt: skip
 
 
@@ -152,7 +152,8 @@ def test_forgetting_a_scope_forgets_the_answers_stored_for_it() -> None:
     for answer_key_ in (mine, theirs):
         hit = stored(local, KEY.stream)
         assert local.put_response(
-            answer_key_, replace(hit, log_key=LogKey(stream=KEY.stream, scope=answer_key_.scope))
+            answer_key_,
+            replace(hit, log=local.log_for(LogKey(stream=KEY.stream, scope=answer_key_.scope))),
         )
     local.purge_scope(LogKey(stream=KEY.stream, scope="cred-a"))
     assert local.response(mine) is None
