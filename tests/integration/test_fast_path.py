@@ -8,6 +8,7 @@ answer is compared byte for byte (status line, headers in order, body) but for `
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -42,19 +43,28 @@ def full_path_edge(origin: Origin, logs_dir: Path) -> Iterator[Edge]:
     started.stop()
 
 
-@pytest.fixture(scope="module")
-def capped_edges(origin: Origin, logs_dir: Path) -> Iterator[tuple[Edge, Edge]]:
-    """Edges that cap answers at 1 KiB, so that ranges of open streams are immutable too."""
-    small = ("--max-response-bytes", "1KiB", *ONE)
-    fast = start_edge(origin.url, logs_dir, *small, name="capped-fast")
+@contextlib.contextmanager
+def edge_pair(origin: Origin, logs_dir: Path, name: str, *args: str) -> Iterator[tuple[Edge, Edge]]:
+    """Two edges started with ``args`` in front of ``origin``: with the hit path, and without
+    (``--fast-path off``), whose answers the first one's must equal."""
+    fast = start_edge(origin.url, logs_dir, *args, name=f"{name}-fast")
     try:
-        full = start_edge(origin.url, logs_dir, *small, "--fast-path", "off", name="capped-full")
+        full = start_edge(origin.url, logs_dir, *args, "--fast-path", "off", name=f"{name}-full")
     except BaseException:
         fast.stop()
         raise
-    yield fast, full
-    full.stop()
-    fast.stop()
+    try:
+        yield fast, full
+    finally:
+        full.stop()
+        fast.stop()
+
+
+@pytest.fixture(scope="module")
+def capped_edges(origin: Origin, logs_dir: Path) -> Iterator[tuple[Edge, Edge]]:
+    """Edges that cap answers at 1 KiB, so that ranges of open streams are immutable too."""
+    with edge_pair(origin, logs_dir, "capped", "--max-response-bytes", "1KiB", *ONE) as pair:
+        yield pair
 
 
 @dataclass
@@ -366,15 +376,8 @@ FRESH = ("--tail-freshness", "30", *ONE)
 @pytest.fixture(scope="module")
 def fresh_edges(origin: Origin, logs_dir: Path) -> Iterator[tuple[Edge, Edge]]:
     """Edges that trust a tail they saw for 30 s, with and without the hit path."""
-    fast = start_edge(origin.url, logs_dir, *FRESH, name="fresh-fast")
-    try:
-        full = start_edge(origin.url, logs_dir, *FRESH, "--fast-path", "off", name="fresh-full")
-    except BaseException:
-        fast.stop()
-        raise
-    yield fast, full
-    full.stop()
-    fast.stop()
+    with edge_pair(origin, logs_dir, "fresh", *FRESH) as pair:
+        yield pair
 
 
 async def stored_hit(edge: Edge, target: str, *headers: str) -> Raw:

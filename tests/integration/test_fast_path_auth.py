@@ -12,10 +12,16 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from devstack.processes import Edge, Origin, start_edge
+from devstack.processes import Edge, Origin
 from tests.auth_support import claims_for, hs_key, jwks, sign, token
 from tests.integration.auth_services import AuthService
-from tests.integration.test_fast_path import fast_answers, get, make_stream, stored_hit
+from tests.integration.test_fast_path import (
+    edge_pair,
+    fast_answers,
+    get,
+    make_stream,
+    stored_hit,
+)
 from tests.integration.test_passthrough import metric_value
 
 HS = hs_key("hs-fast")
@@ -43,15 +49,8 @@ def jwt_edges(
         "--auth", "jwt", "--jwt-jwks", str(keys), "--jwt-leeway", "0",
         "--origin-header", f"Authorization: {EDGE_SECRET}", *ONE,
     )  # fmt: skip
-    fast = start_edge(origin.url, logs_dir, *args, name="jwt-fast")
-    try:
-        full = start_edge(origin.url, logs_dir, *args, "--fast-path", "off", name="jwt-full")
-    except BaseException:
-        fast.stop()
-        raise
-    yield fast, full
-    full.stop()
-    fast.stop()
+    with edge_pair(origin, logs_dir, "jwt", *args) as pair:
+        yield pair
 
 
 async def closed_stream(http: aiohttp.ClientSession, origin: Origin, path: str) -> None:
@@ -135,15 +134,8 @@ def forward_edges(
         "--auth-cache-seconds", str(VERDICT_SECONDS),
         "--origin-header", f"Authorization: {EDGE_SECRET}", *ONE,
     )  # fmt: skip
-    fast = start_edge(origin.url, logs_dir, *args, name="forward-fast")
-    try:
-        full = start_edge(origin.url, logs_dir, *args, "--fast-path", "off", name="forward-full")
-    except BaseException:
-        fast.stop()
-        raise
-    yield fast, full
-    full.stop()
-    fast.stop()
+    with edge_pair(origin, logs_dir, "forward", *args) as pair:
+        yield pair
 
 
 async def test_a_remembered_forward_verdict_serves_stored_answers_until_it_is_revoked(
