@@ -601,11 +601,14 @@ def main(argv: list[str] | None = None) -> int:
         profile_text = (
             f"\n\n`--profile`: py-spy ({pyspy.SAMPLE_RATE_HZ} Hz, idle left out) on the edge "
             f"from 0.3 s before its first viewer joined until every viewer was live, "
-            f"{frames.samples} samples; folded stacks in `{profiled}`.\n\n{pyspy.table(frames)}"
+            f"{frames.samples} samples (py-spy stops the edge to sample it: that counts in the "
+            f"edge's wait for a core above); folded stacks in `{profiled}`.\n\n"
+            f"{pyspy.table(frames)}"
         )
         print(profile_text.strip())
     if not args.no_write:
-        write_doc(args, rendered + profile_text, cores.describe(edge_cores), started, load_before)
+        pinning = cores.describe(edge_cores, "the origin")
+        write_doc(args, rendered + profile_text, pinning, started, load_before)
         print(f"written to {args.output}")
     unfinished = [r for r in rows if r["unfinished"]]
     for r in unfinished:
