@@ -220,14 +220,15 @@ def start_edge(
     name: str = "edge",
     listen: str = "127.0.0.1:0",
     admin_listen: str = "127.0.0.1:0",
+    launcher: tuple[str, ...] = ("-m", "edge"),
 ) -> Edge:
     """``edge serve`` as a process; ``--workers`` is ``workers_under_test()`` unless ``extra_args``
-    name it (a test that depends on one process's state pins ``--workers 1``)."""
+    name it (a test that depends on one process's state pins ``--workers 1``). ``launcher``: what
+    runs it (``loadtest.join --gc-pauses`` wraps it in ``loadtest.gcwatch``)."""
     workers = [] if "--workers" in extra_args else ["--workers", workers_under_test()]
     argv = [
         sys.executable,
-        "-m",
-        "edge",
+        *launcher,
         "serve",
         "--origin",
         origin_url,

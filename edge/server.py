@@ -22,7 +22,7 @@ from aiohttp import web
 from edge.config import Address, Settings
 from edge.metrics import Metrics
 from edge.origin import OriginClient
-from edge.startup import StartupError, bound_url, check_redis, run_loop, why
+from edge.startup import StartupError, bound_url, check_redis, run_loop, settle_heap, why
 from edge.web.app import FAST, HUB, create_admin_app, create_app
 from edge.web.bounded_site import BoundedSite
 from edge.web.connection_table import Limits, default_max_connections
@@ -234,6 +234,7 @@ async def serve(
         )
     if settings.redis_url and worker is None:
         await check_redis(settings.redis_url)
+    settle_heap()
 
     ready = {
         "event": "listening",

@@ -131,3 +131,23 @@ def test_the_long_poll_benchmark_checks_every_waiter(tmp_path: Path) -> None:
         p50, p99, peak = (float(x) for x in cells[4:7])
         assert 0 < p50 <= p99 <= peak, cells
     assert "## Long-poll release (" in (tmp_path / "benchmarks.md").read_text()
+
+
+def test_the_join_storm_benchmark_checks_every_viewer() -> None:
+    """A smoke test of the script, not of speed: 50 viewers join each server, every one's bytes
+    checked against the stream's."""
+    command = [sys.executable, "-m", "loadtest.join", "--viewers", "50", "--no-write"]
+    command += ["--follow", "1"]
+    result = subprocess.run(
+        command, cwd=REPO, capture_output=True, text=True, timeout=90, check=False
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for target in ("origin", "edge"):
+        cells = _row(result.stdout, target + " | sse")
+        assert cells[2:3] + cells[7:8] == ["50", "50/50"], cells
+        ttfb_p50, ttfb_p99, live_p50, live_p99 = (float(x) for x in cells[3:7])
+        assert 0 < ttfb_p50 <= ttfb_p99, cells
+        assert 0 < live_p50 <= live_p99, cells
+        assert int(cells[8]) > 0, cells  # origin reads
+    assert "edge / origin, p99: TTFB" in result.stdout
+    assert "| server | connect + catch-up | SSE open | close | a whole join |" in result.stdout

@@ -87,3 +87,17 @@ def test_the_edge_worker_count_is_read_from_its_arguments() -> None:
     assert edge_workers([]) == 1
     assert edge_workers(["--tail-linger", "2", "--workers", "2"]) == 2
     assert edge_workers(["--workers=3"]) == 3
+
+
+def test_the_join_viewers_decode_both_servers_sse_and_chunked_bodies() -> None:
+    from loadtest.join_clients import dechunk, dechunk_partial, sse_events
+
+    origin = 'event: data\ndata:abc def\ndata:\n\nevent: control\ndata:{"streamNextOffset":"5"}\n\n'
+    edge = "retry: 1000\n\n: keep-alive\n\nevent: data\ndata:abc def\ndata:\n\nevent: cont"
+    assert sse_events(origin) == [("data", "abc def\n"), ("control", '{"streamNextOffset":"5"}')]
+    assert sse_events(edge) == [("data", "abc def\n")]  # the cut-off frame is not an event
+    assert sse_events("event: data\r\ndata: x\r\n\r\n") == [("data", "x")]
+    body = b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\nnext"
+    assert dechunk(body) == (b"abcde", len(body) - 4)
+    assert dechunk(body[:9]) is None
+    assert dechunk_partial(body[:12]) == b"abc"
