@@ -205,6 +205,7 @@ def run_case(
     workers: int,
     logs: Path,
     edge_workers: int = 1,
+    max_connections: int = 15000,
 ) -> dict[str, Any]:
     origin = start_origin(logs, name=f"origin-{target}-{viewers}")
     edge = (
@@ -212,7 +213,7 @@ def run_case(
             origin.url,
             logs,
             "--max-connections",
-            "15000",
+            str(max_connections),
             "--workers",
             str(edge_workers),
             name=f"edge-{target}-{viewers}",
@@ -313,6 +314,12 @@ def main() -> int:
     parser.add_argument(
         "--edge-workers", type=int, nargs="+", default=[1], help="edge --workers values to run"
     )
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=15000,
+        help="the edge's --max-connections (the whole edge's, shared by its workers)",
+    )
     parser.add_argument("--output", type=Path, default=REPO / "docs" / "benchmarks.md")
     args = parser.parse_args()
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -323,8 +330,9 @@ def main() -> int:
         for target in args.targets:
             for edge_workers in args.edge_workers if target == "edge" else [0]:
                 row = run_case(
-                    target, viewers, args.seconds, args.rate, args.workers, logs, edge_workers
-                )
+                    target, viewers, args.seconds, args.rate, args.workers, logs, edge_workers,
+                    args.max_connections,
+                )  # fmt: skip
                 row["edge_workers"] = edge_workers
                 rows.append(row)
                 print(json.dumps(row), flush=True)
