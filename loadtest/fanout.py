@@ -48,8 +48,21 @@ class RawViewer(asyncio.Protocol):
     """One SSE connection over HTTP/1.0 (no chunked framing to undo). Most only count bytes;
     sampled ones decode events and time them against the stamp the agent put in each item."""
 
-    def __init__(self, request: bytes, sampled: bool, latencies: list[float]) -> None:
+    # The edge rotates SSE connections (--sse-max-seconds, §10.2): a sampled viewer resumes
+    # from its last event id as real clients do; set once the run is over.
+    stopping = False
+
+    def __init__(
+        self,
+        request: bytes,
+        sampled: bool,
+        latencies: list[float],
+        address: tuple[str, int, str] = ("", 0, ""),
+    ) -> None:
         self.request = request
+        self.address = address  # host, port, path: where a sampled viewer resumes
+        self.last_id: str | None = None
+        self.resumed = 0
         self.sampled = sampled
         self.latencies = latencies
         self.decoder = SseDecoder()
@@ -76,6 +89,8 @@ class RawViewer(asyncio.Protocol):
             return
         now = time.time()
         for event in self.decoder.feed(data):
+            if event.id is not None:
+                self.last_id = event.id
             if event.event == "data":
                 for item in json.loads(event.data):
                     if item["seq"] not in self.seen:
@@ -86,6 +101,20 @@ class RawViewer(asyncio.Protocol):
         self.closed = True
         if not self.connected.done():
             self.connected.set_result(False)
+        elif self.sampled and not RawViewer.stopping and self.last_id is not None:
+            self.resume()
+
+    def resume(self) -> None:
+        host, port, path = self.address
+        self.request = (
+            f"GET {path}?offset={self.last_id}&live=sse HTTP/1.0\r\nHost: {host}:{port}\r\n\r\n"
+        ).encode()
+        self.in_body, self.head, self.closed = False, b"", False
+        self.decoder = SseDecoder()
+        self.resumed += 1
+        asyncio.get_running_loop().create_task(
+            asyncio.get_running_loop().create_connection(lambda: self, host, port)
+        )
 
 
 async def _worker_main(
@@ -107,7 +136,7 @@ async def _worker_main(
     for start in range(0, count, CONNECT_BATCH):
         batch = []
         for index in range(start, min(count, start + CONNECT_BATCH)):
-            viewer = RawViewer(request, index < SAMPLED_PER_WORKER, latencies)
+            viewer = RawViewer(request, index < SAMPLED_PER_WORKER, latencies, (host, port, path))
             batch.append(loop.create_connection(lambda v=viewer: v, host, port))
             viewers.append(viewer)
         for result in await asyncio.gather(*batch, return_exceptions=True):
@@ -123,6 +152,7 @@ async def _worker_main(
     # Hold until the parent says the agent is done (and a grace period has passed), however long
     # a saturated server made the agent's appends take; hold_seconds is only a safety net.
     await loop.run_in_executor(None, stop.wait, hold_seconds)
+    RawViewer.stopping = True
     for transport in transports:
         transport.close()
     complete = sum(1 for v in viewers if v.sampled and len(v.seen) >= events)
