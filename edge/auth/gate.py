@@ -269,22 +269,20 @@ class Gate:
         once per token string and key set: ``KeyRing`` remembers it), with that key set;
         None: it must wait."""
         assert self.jwks is not None
-        header = token_header(token)
-        if header is None:
-            return MALFORMED, None
-        kid = header.get("kid")
-        ring = self.jwks.ring_now(kid if isinstance(kid, str) else None)
+        kid = _kid_of(token)
+        if isinstance(kid, Refusal):
+            return kid, None
+        ring = self.jwks.ring_now(kid)
         if ring is None:
             return None
         return self._judge(ring, token, stream, access), ring
 
     async def _verify(self, token: str, stream: str, access: Access) -> Grant | Refusal:
         assert self.jwks is not None
-        header = token_header(token)
-        if header is None:
-            return MALFORMED
-        kid = header.get("kid")
-        ring: KeyRing | None = await self.jwks.ring_for(kid if isinstance(kid, str) else None)
+        kid = _kid_of(token)
+        if isinstance(kid, Refusal):
+            return kid
+        ring: KeyRing | None = await self.jwks.ring_for(kid)
         if ring is None:
             return UNAVAILABLE  # no key set loaded yet: the edge cannot judge any token
         return self._judge(ring, token, stream, access)
@@ -298,6 +296,15 @@ class Gate:
         return check_claims(
             claims, stream=stream, access=access, rules=self._rules, now=self._clock()
         )
+
+
+def _kid_of(token: str) -> str | Refusal | None:
+    """The key id a token names (None: none named), or why it cannot be judged."""
+    header = token_header(token)
+    if header is None:
+        return MALFORMED
+    kid = header.get("kid")
+    return kid if isinstance(kid, str) else None
 
 
 # The hit path's heads: (method, target as sent, its stream, the headers the gate reads as sent).

@@ -128,7 +128,8 @@ class FastPath:
             if credentials
             else PUBLIC_SCOPE  # most heads carry none: no call (scope_of agrees)
         )
-        # By position: the memoised function's cache key is then one flat tuple.
+        # By position: the memoised function's cache key is then one flat tuple (a GET's with
+        # six values, the common case; a HEAD has one representation).
         if head.head:
             return answer_key(
                 head.path, head.query, scope, None, head.origin, self._cors.varies, True
@@ -189,15 +190,13 @@ class FastPath:
         if second != self._date_second:
             self._date_second, self._date = second, date_line(second)
         trailer = KEEP_ALIVE_TRAILER if head.keep_alive else CLOSE_TRAILER
-        if key.head:
-            if head.if_none_match is not None:
-                return None  # a conditional HEAD is the origin's to judge (as on the full path)
-            self.heads += 1
-            if self._gate is not None:
-                self.admitted += 1
-            return [entry.ok + self._date + trailer]
+        if key.head and head.if_none_match is not None:
+            return None  # a conditional HEAD is the origin's to judge (as on the full path)
         if self._gate is not None:
             self.admitted += 1
+        if key.head:
+            self.heads += 1
+            return [entry.ok + self._date + trailer]
         if if_none_match_hits(head.if_none_match, entry.etag):
             self.not_modified += 1
             return [entry.not_modified + self._date + trailer]

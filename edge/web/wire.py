@@ -28,7 +28,7 @@ from multidict import CIMultiDict
 
 from edge.answer import Answer
 from edge.live.polls import Framing, Written
-from edge.protocol.headers import VIA_PSEUDONYM
+from edge.protocol.headers import VIA_PSEUDONYM, default_cache_control
 from edge.protocol.http1 import bodiless, date_line, serialise, trailer
 from edge.web.proxy import OriginCors, make_private, without_cors
 
@@ -45,9 +45,10 @@ def client_headers(
     where the origin puts them (it sets them before routing)."""
     headers = CIMultiDict(cors.grant(origin))
     headers.extend(without_cors(answer.headers))
-    if "Cache-Control" not in headers:
-        # A relayed refusal (404, 410) or answer: a cache downstream must not keep it.
-        headers.add("Cache-Control", "private, no-store" if reader_only else "no-store")
+    # A relayed refusal (404, 410) or answer without one: a cache downstream must not keep it.
+    control = default_cache_control(answer.headers, method="GET", private=reader_only)
+    if control is not None:
+        headers.add("Cache-Control", control)
     headers.add("Cache-Status", answer.cache_status)
     headers.add("Via", VIA)
     if reader_only:
