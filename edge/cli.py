@@ -142,6 +142,19 @@ def _header_lines(text: str) -> tuple[tuple[str, str], ...]:
     return tuple(headers)
 
 
+def _kind_targets(text: str) -> tuple[tuple[str, str], ...]:
+    """``KIND=TARGET`` pairs, one per line (each use of a repeatable flag is one line)."""
+    pairs: list[tuple[str, str]] = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        kind, sep, target = line.strip().partition("=")
+        if not sep or not kind or not target:
+            raise ValueError("expected KIND=TARGET")
+        pairs.append((kind.strip().lower(), target.strip()))
+    return tuple(pairs)
+
+
 SERVE_OPTIONS = (
     Option("--origin", str, None, "Base URL of the origin stream server (required)."),
     Option("--listen", Address.parse, "127.0.0.1:8080", "HOST:PORT for stream traffic."),
@@ -417,6 +430,16 @@ SERVE_OPTIONS = (
         "shared scope (jwt and forward modes), instead of any client's credentials. Repeatable; "
         "the environment variable takes one per line.",
         field="origin_headers",
+        repeatable=True,
+    ),
+    Option(
+        "--cdn-purge",
+        _kind_targets,
+        "",
+        "KIND=TARGET: where purges of a forgotten stream's CDN copies are sent: varnish=URL "
+        "(PURGE by key, the shipped VCL), webhook=URL (a POST of the keys), fastly=SERVICE_ID, "
+        "cloudflare=ZONE_ID (their purge-by-key APIs; tokens from the environment). Repeatable; "
+        "the environment variable takes one per line.",
         repeatable=True,
     ),
 )

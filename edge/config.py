@@ -70,6 +70,11 @@ class Address:
         return f"{host}:{self.port}"
 
 
+# ``--cdn-purge`` kinds: an HTTP PURGE by key to the shipped VCL, a POST of the keys to any URL,
+# and the purge-by-key APIs of Fastly (a service id) and Cloudflare (a zone id).
+CDN_PURGE_KINDS = ("varnish", "webhook", "fastly", "cloudflare")
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Settings:
     origin: str
@@ -152,6 +157,10 @@ class Settings:
     # Worker processes sharing the stream port (edge.workers); 1 is a single process, no
     # supervisor. The bounds above are the edge's totals: ``per_worker`` divides them.
     workers: int = 1
+    # Where purges of a stream's CDN copies are sent when the edge forgets it
+    # (``--cdn-purge KIND=TARGET``, repeatable): (kind, target) pairs, kinds ``CDN_PURGE_KINDS``.
+    # With none, nobody downstream can be told, so CDN lifetimes stay as short as the browser's.
+    cdn_purge: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.origin)
@@ -229,6 +238,25 @@ class Settings:
         if self.admin_protect == "all" and self.purge_token is None:
             raise ConfigError("{admin_protect}=all needs {purge_token}")
         self._check_auth()
+        self._check_cdn_purge()
+
+    def _check_cdn_purge(self) -> None:
+        for kind, target in self.cdn_purge:
+            if kind not in CDN_PURGE_KINDS:
+                raise ConfigError(
+                    "{cdn_purge} kinds are " + ", ".join(CDN_PURGE_KINDS), f", got {kind!r}"
+                )
+            if kind in ("varnish", "webhook"):
+                parts = urlsplit(target)
+                if parts.scheme not in ("http", "https") or not parts.hostname:
+                    raise ConfigError(
+                        "{cdn_purge} " + kind + "= needs an http(s) URL", f", got {target!r}"
+                    )
+            elif not target or not all(c.isalnum() or c in "-_" for c in target):
+                raise ConfigError(
+                    "{cdn_purge} " + kind + "= needs an id of letters, digits, - and _",
+                    f", got {target!r}",
+                )
 
     def _check_auth(self) -> None:
         if self.auth_mode not in ("none", "jwt", "forward"):
