@@ -70,6 +70,7 @@ def test_every_flag_reads_its_env_and_the_flag_wins() -> None:
         "EDGE_AUTH_CACHE_SECONDS": "20",
         "EDGE_ORIGIN_HEADER": "Authorization: Bearer edge-secret\nX-Edge: one",
         "EDGE_WORKERS": "3",
+        "EDGE_CDN_PURGE": "varnish=http://varnish:6081/\nfastly=svc-1",
     }
     assert {option.env for option in SERVE_OPTIONS} == set(env)
     settings = parse_settings(["serve", "--listen", "0.0.0.0:82"], env)
@@ -77,6 +78,7 @@ def test_every_flag_reads_its_env_and_the_flag_wins() -> None:
     assert settings.listen == Address(host="0.0.0.0", port=82)
     assert settings.admin_listen == Address(host="0.0.0.0", port=9999)
     assert settings.log_level == "DEBUG"
+    assert settings.cdn_purge == (("varnish", "http://varnish:6081/"), ("fastly", "svc-1"))
     assert settings.upstream_connect_timeout_seconds == 1.5
     assert settings.upstream_headers_timeout_seconds == 40
     assert settings.upstream_read_timeout_seconds == 7
