@@ -36,15 +36,20 @@ $(STAMPS)/origin: $(ORIGIN_DIR)/package.json $(ORIGIN_DIR)/package-lock.json
 	cd $(ORIGIN_DIR) && npm ci --no-audit --no-fund --loglevel=error
 	@touch $@
 
-# Debian's redis-server, haproxy, prometheus (promtool), nginx and wrk (benchmarks) for the tests and `make cluster`, and
-# chromium for the browser tests (Playwright drives it; it downloads no browser of its own);
-# installed only when missing.
+# Debian's redis-server, haproxy, prometheus (promtool), nginx and wrk (benchmarks) for the tests and `make cluster`,
+# chromium for the browser tests (Playwright drives it; it downloads no browser of its own), and
+# varnish with varnish-modules for the CDN tests (the shipped VCL needs vmod xkey, a library with
+# no command: looked for as its .so); installed only when missing.
 DEBIAN_TOOLS := redis-server:redis-server haproxy:haproxy promtool:prometheus nginx:nginx wrk:wrk
-DEBIAN_TOOLS += chromium:chromium
+DEBIAN_TOOLS += chromium:chromium varnishd:varnish
+XKEY_VMOD := libvmod_xkey.so
 debian-tools:
 	@missing=""; for pair in $(DEBIAN_TOOLS); do \
 		command -v $${pair%%:*} >/dev/null || [ -x /usr/sbin/$${pair%%:*} ] || missing="$$missing $${pair#*:}"; \
 	done; \
+	ls /usr/lib/*/varnish/vmods/$(XKEY_VMOD) >/dev/null 2>&1 \
+		|| ls /usr/lib/varnish/vmods/$(XKEY_VMOD) >/dev/null 2>&1 \
+		|| missing="$$missing varnish-modules"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing$$missing (apt-get)"; \
 		apt-get -o DPkg::Lock::Timeout=600 update -qq && DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq $$missing; \
