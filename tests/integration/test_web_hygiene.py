@@ -425,6 +425,7 @@ async def test_a_viewer_leaving_before_its_headers_is_a_499_not_an_error(
     writer.close()
     await asyncio.sleep(0.2)
     metrics = app[stream_app.METRICS].render().decode()
-    assert metric_value(metrics, "edge_requests_total", kind="sse", code="499") == 1
+    assert metric_value(metrics, "edge_clients_gone_total", kind="sse") == 1
+    assert metric_value(metrics, "edge_requests_total", kind="sse", code="499") == 0
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
     assert "client left" in caplog.text
