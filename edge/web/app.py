@@ -50,6 +50,7 @@ from edge.web.gatekeeper import GATE, admit, reader_scope, seconds_left, shared_
 from edge.web.proxy import (
     ClientGone,
     EdgeResponse,
+    EdgeStreamResponse,
     OriginCors,
     Relay,
     edge_answer,
@@ -285,7 +286,7 @@ async def _serve_sse_viewer(request: web.Request, classified: Classified) -> web
     if refused is not None:
         return to_response(request, refused)
     log_ = hub.cache.local.log_for(key)
-    response = web.StreamResponse(status=200)
+    response = EdgeStreamResponse(status=200)
     cors = request.app[CORS]
     response.headers.extend(cors.grant(request_origin(request)))  # first, as the origin sends
     response.headers.extend(log_.header_template)
@@ -426,7 +427,7 @@ async def handle_stream_request(request: web.Request) -> web.StreamResponse:
         )
         metrics.client_gone(kind).inc()
         # Never sent: the transport is closing, and aiohttp drops an answer it cannot write.
-        return web.Response(status=CLIENT_CLOSED)
+        return EdgeResponse(status=CLIENT_CLOSED)
     except asyncio.CancelledError:
         metrics.client_gone(kind).inc()  # aiohttp cancels a handler whose client left
         raise
