@@ -1,103 +1,18 @@
-"""What live tests share: an SSE viewer that resumes like a real client, and a writer."""
+"""What live tests share: an SSE viewer that resumes like a real client (``devstack.sse_viewer``),
+a writer, a slow phone."""
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import json
 import socket
 import time
-from dataclasses import dataclass, field
 
 import aiohttp
 
+from devstack.sse_viewer import View, view_sse
 from edge.protocol.sse import SseDecoder
 
-
-@dataclass
-class View:
-    """What one viewer received: the bytes (text and binary streams) or items (JSON)."""
-
-    body: bytearray = field(default_factory=bytearray)
-    items: list[object] = field(default_factory=list)
-    closed: bool = False
-    last_event_id: str | None = None
-    next_offset: str | None = None
-    connections: int = 0
-    # (monotonic time, total bytes) after each control event: when each byte arrived
-    progress: list[tuple[float, int]] = field(default_factory=list)
-
-
-async def view_sse(
-    session: aiohttp.ClientSession,
-    url: str,
-    *,
-    offset: str = "-1",
-    view: View | None = None,
-    headers: dict[str, str] | None = None,
-    stop_after_events: int | None = None,
-    read_delay: float = 0.0,
-    read_size: int = 65536,
-    resume: bool = True,
-    deadline: float = 60.0,
-    query: str = "",
-) -> View:
-    """Read ``url`` by SSE from ``offset`` until the stream closes. Bytes count only once their
-    control event names the offset after them, as the official clients do; a connection that
-    ends early is resumed from the last ``streamNextOffset`` when ``resume``. ``query`` is
-    appended to each request's query (``&token=...``)."""
-    view = view or View()
-    give_up = time.monotonic() + deadline
-    controls = 0
-    while not view.closed and time.monotonic() < give_up:
-        view.connections += 1
-        decoder = SseDecoder()
-        pending: list[str] = []
-        binary = False
-        try:
-            async with session.get(
-                f"{url}?offset={offset}&live=sse{query}", headers=headers
-            ) as response:
-                assert response.status == 200, response.status
-                binary = response.headers.get("stream-sse-data-encoding") == "base64"
-                json_stream = False
-                while True:
-                    chunk = await response.content.read(read_size)
-                    if not chunk:
-                        break
-                    for event in decoder.feed(chunk):
-                        if event.event == "data":
-                            pending.append(event.data)
-                        elif event.event == "control":
-                            control = json.loads(event.data)
-                            for data in pending:
-                                if binary:
-                                    view.body += base64.b64decode(data)
-                                elif data.startswith("["):
-                                    json_stream = True
-                                    view.items += json.loads(data)
-                                else:
-                                    view.body += data.encode()
-                            pending.clear()
-                            offset = view.next_offset = control["streamNextOffset"]
-                            view.last_event_id = event.id
-                            size = len(view.items) if json_stream else len(view.body)
-                            view.progress.append((time.monotonic(), size))
-                            controls += 1
-                            if control.get("streamClosed"):
-                                view.closed = True
-                    if view.closed:
-                        return view
-                    if stop_after_events is not None and controls >= stop_after_events:
-                        return view
-                    if read_delay:
-                        await asyncio.sleep(read_delay)
-        except (aiohttp.ClientError, TimeoutError):
-            pass
-        if not resume:
-            return view
-        await asyncio.sleep(0.05)
-    return view
+__all__ = ["View", "append_all", "dechunk", "slow_phone", "view_sse"]
 
 
 async def append_all(

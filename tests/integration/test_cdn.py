@@ -21,9 +21,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from devstack.processes import Origin
-from edge.protocol.purge_keys import purge_keys
-from tests.integration.cdn_support import (
+from devstack.cdn_stack import (
     Answer,
     Stack,
     append,
@@ -32,10 +30,14 @@ from tests.integration.cdn_support import (
     edge_reads,
     fetch,
     herd,
+    long_lived_at_edge,
+    long_polls_waiting,
     reads_after,
     start_stack,
 )
-from tests.integration.live_support import View, view_sse
+from devstack.processes import Origin
+from devstack.sse_viewer import arrival_lags, view_sse
+from edge.protocol.purge_keys import purge_keys
 
 LONG_POLL_SECONDS = 2.0
 MAX_RESPONSE_BYTES = 64 * 1024
@@ -147,7 +149,7 @@ async def parked_herd(
     """``HERD`` long-polls of ``url`` under way, the one the CDN forwards waiting at the edge."""
     waiting = asyncio.create_task(herd(crowd, url, HERD, give_up_after=LONG_POLL_SECONDS * 4))
     deadline = time.monotonic() + LONG_POLL_SECONDS
-    while "edge_long_polls_waiting 1.0" not in stack.edge.metrics_text():
+    while long_polls_waiting(stack.edge) < 1:
         assert time.monotonic() < deadline, "no long-poll reached the edge"
         await asyncio.sleep(0.02)
     return waiting
@@ -224,6 +226,8 @@ async def old_copy_in_varnish(session: aiohttp.ClientSession, url: str, old: byt
     again = await fetch(session, url)
     assert (again.status, again.body) == (200, old)
     assert again.nearest_cache.startswith("varnish; hit"), again.cache_status
+    # Kept long: only a purge can make it go in time.
+    assert (again.stored_for or 0) > 60, again.cache_status
     return again
 
 
@@ -265,6 +269,7 @@ async def test_operator_purge_reaches_varnish_within_2s(
     through = stack.varnish.url + stream_path
     old, new = b"old instance " * 10, b"NEW instance " * 10
     await create(crowd, at_origin, [old], close=True)
+    await long_lived_at_edge(crowd, stack.edge.url + stream_path + "?offset=-1")
     stored = await old_copy_in_varnish(crowd, through + "?offset=-1", old)
     await delete(crowd, at_origin)
     await create(crowd, at_origin, [new], close=True)
@@ -435,18 +440,6 @@ async def test_purge_by_key_only_from_the_acl(
 # --- SSE ---------------------------------------------------------------------------------------
 
 
-def latencies(view: View, sent_at: list[float], part_size: int) -> list[float]:
-    """For each part, the time from its append being sent to this viewer having it."""
-    out = []
-    progress = iter(view.progress)
-    at, size = 0.0, 0
-    for index, sent in enumerate(sent_at):
-        while size < (index + 1) * part_size:
-            at, size = next(progress)
-        out.append(at - sent)
-    return out
-
-
 async def test_sse_through_varnish_and_nginx_is_exact_and_as_prompt_as_direct(
     stack: Stack, crowd: aiohttp.ClientSession, stream_path: str
 ) -> None:
@@ -473,7 +466,7 @@ async def test_sse_through_varnish_and_nginx_is_exact_and_as_prompt_as_direct(
     for name, tasks in viewers.items():
         views = await asyncio.gather(*tasks)
         assert all(bytes(view.body) == b"".join(parts) for view in views), name
-        lags = [lag for view in views for lag in latencies(view, sent_at, part_size)]
+        lags = [lag for view in views for lag in arrival_lags(view, sent_at, part_size)]
         medians[name] = statistics.median(lags)
     for name in ("varnish", "nginx"):
         assert medians[name] - medians["direct"] < 0.005, medians

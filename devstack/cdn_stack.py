@@ -1,6 +1,14 @@
-"""What the CDN tests share: the stack (real origin, real edge, Varnish and nginx running the
-shipped configs in front of it), answers with their arrival time, herds, and the edge's own
-count of the requests that reached it."""
+"""A CDN stack and its clients, for the CDN tests and ``loadtest.cdn``: the real origin, a real
+edge told to purge the Varnish in front of it, and Varnish and nginx running the shipped configs
+(``devstack.cdn``); answers with their arrival time, herds of identical requests, and the edge's
+own count of the requests that reached it.
+
+Rules this module owns:
+* What reached the edge is the edge's own count (``edge_requests_total`` on its admin
+  ``/metrics``, hit-path answers and every worker folded in), never inferred from timing.
+* A stream is made with the protocol's own requests (PUT with a content type, POSTs, POST
+  ``Stream-Closed: true``), each answer checked.
+"""
 
 from __future__ import annotations
 
@@ -63,6 +71,11 @@ def start_stack(origin: Origin, logs_dir: Path, *edge_args: str, name: str = "cd
     raise RuntimeError("Varnish could not keep a port three times")
 
 
+def tier_url(stack: Stack, tier: str) -> str:
+    """Where clients go for ``tier``: "edge" (straight at it), "varnish" or "nginx"."""
+    return stack.edge.url if tier == "edge" else stack.cdn(tier).url
+
+
 def edge_reads(edge: Edge) -> int:
     """Requests that reached the edge other than writes, by the edge's own /metrics (folded
     across workers, hit-path answers included)."""
@@ -110,6 +123,22 @@ class Answer:
     def nearest_cache(self) -> str:
         return self.cache_status[-1] if self.cache_status else ""
 
+    @property
+    def stored_for(self) -> int | None:
+        """The ``ttl`` the nearest cache gave its stored copy (RFC 9211), if it said."""
+        found = re.search(r";\s*ttl=(-?\d+)", self.nearest_cache)
+        return int(found.group(1)) if found else None
+
+    @property
+    def cdn_lifetime(self) -> int | None:
+        """The lifetime the edge gives a CDN: ``Surrogate-Control``'s max-age, else
+        ``Cache-Control``'s (None: no max-age)."""
+        for name in ("Surrogate-Control", "Cache-Control"):
+            found = re.search(r"(?:^|[\s,])max-age=(\d+)", self.header(name) or "")
+            if found:
+                return int(found.group(1))
+        return None
+
 
 async def fetch(
     session: aiohttp.ClientSession,
@@ -124,10 +153,11 @@ async def fetch(
         return Answer(response.status, response.headers, body, time.monotonic())
 
 
-async def herd(
+async def herd_outcomes(
     session: aiohttp.ClientSession, url: str, count: int, *, give_up_after: float = 20.0
-) -> list[Answer]:
-    """``count`` identical GETs of ``url`` at once; each answer with its arrival time."""
+) -> list[Answer | BaseException]:
+    """``count`` identical GETs of ``url`` at once: each answer with its arrival time, or why it
+    never came (a client timeout after ``give_up_after`` seconds)."""
     budget = aiohttp.ClientTimeout(total=give_up_after)
 
     async def one() -> Answer:
@@ -135,7 +165,27 @@ async def herd(
             body = await response.read()
             return Answer(response.status, response.headers, body, time.monotonic())
 
-    return await asyncio.gather(*(one() for _ in range(count)))
+    return await asyncio.gather(*(one() for _ in range(count)), return_exceptions=True)
+
+
+async def herd(
+    session: aiohttp.ClientSession, url: str, count: int, *, give_up_after: float = 20.0
+) -> list[Answer]:
+    """As ``herd_outcomes``, failing if any answer never came."""
+    answers = []
+    for outcome in await herd_outcomes(session, url, count, give_up_after=give_up_after):
+        if isinstance(outcome, BaseException):
+            raise outcome
+        answers.append(outcome)
+    return answers
+
+
+def long_polls_waiting(edge: Edge) -> int:
+    """Long-polls the edge holds now (``edge_long_polls_waiting``)."""
+    for line in edge.metrics_text().splitlines():
+        if line.startswith("edge_long_polls_waiting "):
+            return int(float(line.split()[1]))
+    return 0
 
 
 async def create(
@@ -158,6 +208,22 @@ async def create(
         async with session.post(url, headers={"Stream-Closed": "true"}) as response:
             assert response.status in (200, 204), response.status
     return tail
+
+
+async def long_lived_at_edge(
+    session: aiohttp.ClientSession, url: str, *, at_least: int = 60, within: float = 5.0
+) -> Answer:
+    """Read ``url`` at the edge until it gives a CDN a lifetime of ``at_least`` seconds (a
+    stream the edge has only read gets a short one until it has learned, by a HEAD in the
+    background, that the stream has no end of life)."""
+    deadline = time.monotonic() + within
+    while True:
+        answer = await fetch(session, url)
+        if (answer.cdn_lifetime or 0) >= at_least:
+            return answer
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{url}: the edge still gives {answer.headers!r}")
+        await asyncio.sleep(0.05)
 
 
 async def delete(session: aiohttp.ClientSession, url: str) -> None:
