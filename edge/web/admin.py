@@ -97,14 +97,14 @@ def purge_refusal(
         return PurgeRefusal(
             status=403,
             reason="purge is disabled: the admin listener is reachable from other machines; "
-            "set --purge-token (EDGE_PURGE_TOKEN) and send Authorization: Bearer <token>",
+            "set --admin-token (EDGE_ADMIN_TOKEN) and send Authorization: Bearer <token>",
         )
     scheme, _, credentials = (authorization or "").partition(" ")
     if scheme.lower() == "bearer" and hmac.compare_digest(
         credentials.strip().encode("utf-8", "surrogateescape"), token.encode()
     ):
         return None
-    return PurgeRefusal(status=401, reason="purge needs Authorization: Bearer <--purge-token>")
+    return PurgeRefusal(status=401, reason="purge needs Authorization: Bearer <--admin-token>")
 
 
 def purge_target(request: web.Request, settings: Settings) -> str | web.Response:
