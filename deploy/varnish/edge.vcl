@@ -176,10 +176,10 @@ sub vcl_backend_response {
         return (deliver);
     }
     # The CDN's lifetime: Surrogate-Control (the edge's word to Varnish and Fastly) wins over
-    # Cache-Control (the browser's), as for Fastly. Varnish computed beresp.ttl from
-    # Cache-Control (s-maxage, else max-age, counted from the edge's Age); the same Age counts
-    # against Surrogate-Control's max-age, so the edge's own time holding an answer never stacks
-    # with Varnish's.
+    # Cache-Control (the browser's), as for Fastly. Varnish computed beresp.ttl (what remains
+    # from now) from Cache-Control: s-maxage, else max-age, less the edge's Age. The same Age
+    # counts against Surrogate-Control's max-age, so the time the edge held an answer (an
+    # at-tail hit) never stacks with Varnish's.
     if (beresp.http.Surrogate-Control) {
         if (beresp.http.Surrogate-Control ~ "(?i)(^|[\s,])no-store") {
             call edge_uncacheable;
@@ -187,7 +187,7 @@ sub vcl_backend_response {
         }
         if (beresp.http.Surrogate-Control ~ "(?i)(^|[\s,])max-age=\d+") {
             set beresp.ttl = std.duration(regsub(beresp.http.Surrogate-Control,
-                "(?i)^(?:.*[\s,])?max-age=(\d+).*$", "\1") + "s", 0s);
+                "(?i)^(?:.*[\s,])?max-age=(\d+).*$", "\1") + "s", 0s) - beresp.age;
         }
     } elsif (beresp.http.Cache-Control ~ "(?i)(^|[\s,])(no-store|no-cache)") {
         call edge_uncacheable;
