@@ -238,8 +238,12 @@ sub vcl_deliver {
         } else {
             set req.http.X-Cdn-Status = "varnish; fwd=uri-miss";
         }
-    } elsif (obj.hits > 0) {
+    } elsif (obj.hits > 0 && obj.ttl >= 0s) {
         set req.http.X-Cdn-Status = "varnish; hit; ttl=" + std.integer(duration=obj.ttl, fallback=0);
+    } elsif (obj.hits > 0) {
+        # Served stale (within stale-while-revalidate): RFC 9211's ttl goes negative. The
+        # conversion truncates towards zero, so a copy 0.3 s stale would say 0, as if fresh.
+        set req.http.X-Cdn-Status = "varnish; hit; ttl=" + (std.integer(duration=obj.ttl, fallback=0) - 1);
     } else {
         set req.http.X-Cdn-Status = "varnish; fwd=uri-miss; stored";
     }
