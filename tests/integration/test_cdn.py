@@ -21,7 +21,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from devstack.cdn import free_port, start_varnish
 from devstack.cdn_stack import (
+    TEXT,
     Answer,
     Stack,
     append,
@@ -35,9 +37,10 @@ from devstack.cdn_stack import (
     reads_after,
     start_stack,
 )
-from devstack.processes import Origin
+from devstack.processes import Origin, start_edge
 from devstack.sse_viewer import arrival_lags, view_sse
 from edge.protocol.purge_keys import purge_keys
+from tests.integration.test_passthrough import metric_value
 
 LONG_POLL_SECONDS = 2.0
 MAX_RESPONSE_BYTES = 64 * 1024
@@ -497,6 +500,31 @@ async def test_sse_resumes_by_last_event_id_through_the_cdn(
     )
     assert after.closed
     assert bytes(before.body) + bytes(after.body) == b"".join(first_half + second_half)
+
+
+async def test_a_loop_through_varnish_is_stopped_at_the_first_hop(
+    origin: Origin, logs_dir: Path, crowd: aiohttp.ClientSession, stream_path: str
+) -> None:
+    """A misconfigured edge whose origin is the Varnish in front of it: a write through Varnish
+    comes back to the edge once, naming it in Via, and is refused there (it made 171 hops in
+    0.24 s before loop detection)."""
+    varnish_port = free_port()
+    looped = start_edge(f"http://127.0.0.1:{varnish_port}", logs_dir, name="looped-edge")
+    try:
+        varnish = start_varnish(looped.url, port=varnish_port)
+        try:
+            started = time.monotonic()
+            async with crowd.put(varnish.url + stream_path, headers=TEXT) as response:
+                assert response.status == 508
+            assert time.monotonic() - started < 2
+            # One hop came back and was refused: the write itself, then its loop.
+            metrics = looped.metrics_text()
+            assert metric_value(metrics, "edge_requests_total", kind="other", code="508") == 1
+            assert metric_value(metrics, "edge_requests_total", kind="write", code="508") == 1
+        finally:
+            varnish.stop()
+    finally:
+        looped.stop()
 
 
 def test_the_shipped_configs_are_what_runs(stack: Stack) -> None:
