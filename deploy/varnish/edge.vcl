@@ -42,9 +42,11 @@ acl purgers {
 }
 
 sub vcl_recv {
-    # Internal markers (below) are never taken from a client.
+    # Internal markers (below) are never taken from a client, nor passed on to the edge.
     unset req.http.X-Cdn-Fwd;
     unset req.http.X-Cdn-Accept-Encoding;
+    unset req.http.X-Cdn-Status;
+    unset req.http.X-Cdn-Purged;
 
     if (req.method == "PURGE") {
         if (client.ip !~ purgers) {
@@ -159,12 +161,6 @@ sub vcl_backend_response {
         call edge_uncacheable;
         return (deliver);
     }
-    # Every answer of the edge states a lifetime; one that does not came from something else
-    # (a balancer's error page) and Varnish would keep it default_ttl (120 s).
-    if (!beresp.http.Surrogate-Control && !beresp.http.Cache-Control) {
-        call edge_uncacheable;
-        return (deliver);
-    }
     # private: the answer is one credential's; a shared cache must not keep it (RFC 9111 §5.2.2.7),
     # whatever the CDN lifetime says.
     if (beresp.http.Cache-Control ~ "(?i)(^|[\s,])private") {
@@ -175,21 +171,22 @@ sub vcl_backend_response {
         call edge_uncacheable;
         return (deliver);
     }
-    # The CDN's lifetime: Surrogate-Control (the edge's word to Varnish and Fastly) wins over
-    # Cache-Control (the browser's), as for Fastly. Varnish computed beresp.ttl (what remains
-    # from now) from Cache-Control: s-maxage, else max-age, less the edge's Age. The same Age
-    # counts against Surrogate-Control's max-age, so the time the edge held an answer (an
-    # at-tail hit) never stacks with Varnish's.
-    if (beresp.http.Surrogate-Control) {
-        if (beresp.http.Surrogate-Control ~ "(?i)(^|[\s,])no-store") {
-            call edge_uncacheable;
-            return (deliver);
-        }
-        if (beresp.http.Surrogate-Control ~ "(?i)(^|[\s,])max-age=\d+") {
-            set beresp.ttl = std.duration(regsub(beresp.http.Surrogate-Control,
-                "(?i)^(?:.*[\s,])?max-age=(\d+).*$", "\1") + "s", 0s) - beresp.age;
-        }
-    } elsif (beresp.http.Cache-Control ~ "(?i)(^|[\s,])(no-store|no-cache)") {
+    # The CDN's lifetime: Surrogate-Control's max-age (the edge's word to Varnish and Fastly)
+    # wins over Cache-Control (the browser's), as for Fastly; Varnish computed beresp.ttl (what
+    # remains from now) from Cache-Control's s-maxage, else max-age, less the edge's Age, and the
+    # same Age counts against Surrogate-Control's, so the time the edge held an answer (an
+    # at-tail hit) never stacks with Varnish's. Only an explicit max-age makes a lifetime: an
+    # answer without one (not the edge's: every answer of the edge states one; a balancer's
+    # error page) is not stored, where Varnish would give it default_ttl (120 s).
+    if (beresp.http.Surrogate-Control ~ "(?i)(^|[\s,])no-store") {
+        call edge_uncacheable;
+        return (deliver);
+    }
+    if (beresp.http.Surrogate-Control ~ "(?i)(^|[\s,])max-age=\d+") {
+        set beresp.ttl = std.duration(regsub(beresp.http.Surrogate-Control,
+            "(?i)^(?:.*[\s,])?max-age=(\d+).*$", "\1") + "s", 0s) - beresp.age;
+    } elsif (beresp.http.Cache-Control ~ "(?i)(^|[\s,])(no-store|no-cache)" ||
+             beresp.http.Cache-Control !~ "(?i)(^|[\s,])(s-maxage|max-age)=\d+") {
         call edge_uncacheable;
         return (deliver);
     }

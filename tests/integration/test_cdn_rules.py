@@ -44,6 +44,12 @@ SCRIPT: dict[str, tuple[int, list[tuple[str, str]]]] = {
     "/sc-5-age-4": (200, [("Surrogate-Control", "max-age=5"), ("Age", "4")]),
     "/cc-1": (200, [("Cache-Control", "public, max-age=1")]),
     "/cc-1-swr": (200, [("Cache-Control", "public, max-age=1, stale-while-revalidate=30")]),
+    "/sc-without-max-age": (
+        200,
+        [("Cache-Control", "no-store"), ("Surrogate-Control", "stale-while-revalidate=10")],
+    ),
+    "/public-without-max-age": (200, [("Cache-Control", "public")]),
+    "/expires-only": (200, [("Expires", "Thu, 01 Jan 2099 00:00:00 GMT")]),
     "/cdn-only": (
         200,
         [
@@ -177,6 +183,10 @@ def reached_backend(
         ("/missing-60", True),
         ("/vary-star", False),
         ("/set-cookie", False),
+        # No explicit max-age anywhere: never Varnish's default_ttl.
+        ("/sc-without-max-age", False),
+        ("/public-without-max-age", False),
+        ("/expires-only", False),
     ],
 )
 def test_varnish_stores_only_what_the_edge_allows_a_cdn(rig: Rig, path: str, stored: bool) -> None:
