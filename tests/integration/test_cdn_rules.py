@@ -205,6 +205,7 @@ def test_varnish_stores_only_what_the_edge_allows_a_cdn(rig: Rig, path: str, sto
         ("/missing-no-store", False),
         ("/vary-star", False),
         ("/set-cookie", False),
+        ("/public-without-max-age", False),
     ],
 )
 def test_nginx_stores_only_what_cache_control_allows(rig: Rig, path: str, stored: bool) -> None:
