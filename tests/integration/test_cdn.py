@@ -44,7 +44,11 @@ from tests.integration.test_passthrough import metric_value
 
 LONG_POLL_SECONDS = 2.0
 MAX_RESPONSE_BYTES = 64 * 1024
-HERD = 200
+READERS = 200
+# Long-polls parked at once. The spread of a herd's answers is measured where they arrive, in
+# this one client process, which takes about a millisecond per answer on a busy machine: a
+# hundred keeps that well inside the bounds below.
+HERD = 100
 # Within this long of purging, no reader may see the old instance (issue 18).
 PURGE_WITHIN_SECONDS = 2.0
 # A herd "at once": Varnish wakes its waiting list together; nginx's waiters each look at the
@@ -127,14 +131,14 @@ async def test_cold_and_warm_readers_of_a_closed_stream_cost_one_edge_request(
     url = cdn_url(stack, cdn) + stream_path + "?offset=-1"
     before, origin_before = edge_reads(stack.edge), stack.origin.counts(stream_path)["total"]
 
-    cold = await herd(crowd, url, HERD)
+    cold = await herd(crowd, url, READERS)
     assert {(a.status, a.body) for a in cold} == {(200, body)}
     assert await reads_after(stack.edge, before, 1) == 1
     # The edge asked the origin once for the bytes (the write that created the stream aside).
     origin_reads = stack.origin.counts(stream_path)["total"] - origin_before
     assert origin_reads <= 1
 
-    warm = await herd(crowd, url, HERD)
+    warm = await herd(crowd, url, READERS)
     assert {(a.status, a.body) for a in warm} == {(200, body)}
     assert all(a.nearest_cache.startswith(f"{cdn}; hit") for a in warm)
     assert await reads_after(stack.edge, before, 2, within=0.2) == 1
