@@ -12,6 +12,8 @@ from edge.protocol.http1 import (
     CONSULTED,
     FOR_GOOD,
     HANDOFF,
+    MAX_HEAD_BYTES,
+    MAX_HEADERS,
     ONE_REQUEST,
     SINGLETONS,
     HeadParser,
@@ -241,6 +243,14 @@ def test_header_values_are_the_strings_aiohttp_makes_of_their_bytes() -> None:
     assert scope_of(parsed.credentials[:1]) != scope_of(aliased.credentials)
 
 
+def test_the_header_limit_is_aiohttps() -> None:
+    from aiohttp import web_protocol
+
+    defaults = inspect.signature(web_protocol.RequestHandler.__init__).parameters
+    assert defaults["max_headers"].default == MAX_HEADERS
+    assert defaults["max_field_size"].default < MAX_HEAD_BYTES
+
+
 def test_heads_past_aiohttps_limits_are_never_the_fast_paths() -> None:
     """aiohttp refuses (400) more than 128 header fields, a field over 8190 bytes and the old
     WebSocket handshake header; the hit path must not answer such a head 200."""
@@ -248,9 +258,6 @@ def test_heads_past_aiohttps_limits_are_never_the_fast_paths() -> None:
     refused = {
         "129 fields": start + b"".join(b"X%d: b\r\n" % i for i in range(128)) + b"\r\n",
         "a long field": start + b"X-Pad: " + b"a" * 9000 + b"\r\n\r\n",
-        "127 fields of 100 bytes": start
-        + b"".join(b"X%d: %s\r\n" % (i, b"b" * 100) for i in range(127))
-        + b"\r\n",
         "Sec-WebSocket-Key1": start + b"Sec-WebSocket-Key1: x\r\n\r\n",
     }
     for why, head in refused.items():
