@@ -76,12 +76,11 @@ def edge_for(request: web.Request) -> str:
         return edge
     try:
         visitor_host = URL(f"http://{request.host}").host
-        port = URL(edge).port
+        if not visitor_host:
+            raise ValueError("no host")
+        return str(URL.build(scheme="http", host=visitor_host, port=URL(edge).port))
     except ValueError:
-        visitor_host = None
-    if not visitor_host:
-        raise web.HTTPBadRequest(text="the Host header names no host")
-    return str(URL.build(scheme="http", host=visitor_host, port=port))
+        raise web.HTTPBadRequest(text="the Host header names no host") from None
 
 
 async def favicon(request: web.Request) -> web.FileResponse:
