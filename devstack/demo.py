@@ -146,8 +146,9 @@ async def run(args: argparse.Namespace) -> int:
             "transcript, every message once, in order"
         )
         print(
-            f"reconnects    {sum(v.connections - 1 for v in viewers)} (a viewer whose "
-            "connection ends resumes from its last offset)"
+            f"reconnects    {sum(v.connections - 1 for v in viewers)} (the edge ends an SSE "
+            "connection after --sse-max-seconds, 60 s by default; each viewer resumed from its "
+            "last offset)"
         )
         requests = counts["requests"]
         writes = sum(r["count"] for r in requests if r["method"] in ("POST", "PUT"))
