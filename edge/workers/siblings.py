@@ -21,7 +21,10 @@ Rules this module owns:
   waits for the telling (``Streams.settled``), bounded as above.
 * Nothing is told twice, and nothing loops: what a worker does at its supervisor's request (on
   its private admin listener: a replayed observation or forgetting, a purge the supervisor sends
-  to every worker) the supervisor already tells every worker, so it is not told again; a
+  to every worker) the supervisor already tells every worker, so it is not told again, nor
+  downstream (``Streams.TELLS_DOWNSTREAM``: the worker that decided purges the CDN; of a purge
+  the supervisor sends to every worker, the one worker it names with ``TELLS_DOWNSTREAM_PARAM``
+  does); a
   forgetting caused by observing a relayed answer whose replay forgets the same
   (``replay_forgets``) is not told beside it. Forgetting is idempotent in effect: a sibling
   told twice only drops what it learned in between, which it fetches again.
@@ -48,8 +51,10 @@ from aiohttp.typedefs import Handler
 
 from edge.catchup import CatchupCache
 from edge.log.stream_log import LogKey
+from edge.streams import TELLS_DOWNSTREAM, Forgetting
 from edge.web.app import CACHE, RELAY
 from edge.web.proxy import Observer
+from edge.workers.admin import TELLS_DOWNSTREAM_PARAM
 
 log = logging.getLogger(__name__)
 
@@ -143,13 +148,16 @@ Transport = Callable[[bytes], Awaitable[None] | None]
 
 
 @contextmanager
-def at_supervisors_request() -> Iterator[None]:
+def at_supervisors_request(*, tells_downstream: bool = False) -> Iterator[None]:
     """What runs inside is done at the supervisor's request: its forgettings are not told (the
-    supervisor tells every worker itself)."""
+    supervisor tells every worker itself), nor purged downstream unless ``tells_downstream``
+    (the supervisor named this worker to, for a purge it sends to every worker)."""
     told = _AT_SUPERVISORS_REQUEST.set(True)
+    downstream = TELLS_DOWNSTREAM.set(tells_downstream)
     try:
         yield
     finally:
+        TELLS_DOWNSTREAM.reset(downstream)
         _AT_SUPERVISORS_REQUEST.reset(told)
 
 
@@ -190,8 +198,9 @@ class Siblings:
         # What observing it made this worker forget beyond that (a write below the tail it knew).
         await self.cache.streams.settled(stream)
 
-    def forgot(self, key: LogKey) -> asyncio.Future[None] | None:
+    def forgot(self, forgetting: Forgetting) -> asyncio.Future[None] | None:
         """A ``Streams.on_forget`` teller: a forgetting this worker decided, told to siblings."""
+        key = forgetting.key
         if not should_tell(
             key,
             at_supervisors_request=_AT_SUPERVISORS_REQUEST.get(),
@@ -232,7 +241,8 @@ def share_observations(
 
     @web.middleware
     async def supervisors_request(request: web.Request, handler: Handler) -> web.StreamResponse:
-        with at_supervisors_request():
+        named = request.path == "/purge" and TELLS_DOWNSTREAM_PARAM in request.query
+        with at_supervisors_request(tells_downstream=named):
             return await handler(request)
 
     async def lifetime(_: web.Application) -> AsyncIterator[None]:

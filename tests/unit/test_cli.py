@@ -71,6 +71,10 @@ def test_every_flag_reads_its_env_and_the_flag_wins() -> None:
         "EDGE_ORIGIN_HEADER": "Authorization: Bearer edge-secret\nX-Edge: one",
         "EDGE_WORKERS": "3",
         "EDGE_CDN_PURGE": "varnish=http://varnish:6081/\nfastly=svc-1",
+        "EDGE_FASTLY_TOKEN": "fastly-secret",
+        "EDGE_CLOUDFLARE_TOKEN": "cloudflare-secret",
+        "EDGE_FASTLY_API_URL": "http://fastly-stand-in:1/",
+        "EDGE_CLOUDFLARE_API_URL": "http://cloudflare-stand-in:2/client/v4",
     }
     assert {option.env for option in SERVE_OPTIONS} == set(env)
     settings = parse_settings(["serve", "--listen", "0.0.0.0:82"], env)
@@ -79,6 +83,10 @@ def test_every_flag_reads_its_env_and_the_flag_wins() -> None:
     assert settings.admin_listen == Address(host="0.0.0.0", port=9999)
     assert settings.log_level == "DEBUG"
     assert settings.cdn_purge == (("varnish", "http://varnish:6081/"), ("fastly", "svc-1"))
+    assert settings.fastly_token == "fastly-secret"
+    assert settings.cloudflare_token == "cloudflare-secret"
+    assert settings.fastly_api_url == "http://fastly-stand-in:1/"
+    assert settings.cloudflare_api_url == "http://cloudflare-stand-in:2/client/v4"
     assert settings.upstream_connect_timeout_seconds == 1.5
     assert settings.upstream_headers_timeout_seconds == 40
     assert settings.upstream_read_timeout_seconds == 7

@@ -20,7 +20,7 @@ from edge.metrics import Metrics
 from edge.origin import OriginClient
 from edge.protocol.reads import PUBLIC_SCOPE
 from edge.store.local import LocalTier
-from edge.streams import InstanceChanged, Streams, Unsettled
+from edge.streams import Forgetting, InstanceChanged, Streams, Unsettled
 from edge.workers.child import Bootstrap, encode, read_bootstrap
 from edge.workers.mirror import Mirror
 from edge.workers.siblings import (
@@ -185,10 +185,12 @@ class Told:
 
     def __init__(self) -> None:
         self.keys: list[LogKey] = []
+        self.forgettings: list[Forgetting] = []
         self.tellings: list[asyncio.Future[None]] = []
 
-    def __call__(self, key: LogKey) -> asyncio.Future[None]:
-        self.keys.append(key)
+    def __call__(self, forgetting: Forgetting) -> asyncio.Future[None]:
+        self.keys.append(forgetting.key)
+        self.forgettings.append(forgetting)
         telling: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.tellings.append(telling)
         return telling
@@ -208,7 +210,7 @@ async def test_every_cause_of_forgetting_is_told_once_through_one_place() -> Non
     streams, told = _streams()
     public = LogKey(stream="/s", scope=PUBLIC_SCOPE)
     scoped = LogKey(stream="/s", scope="token-1")
-    streams.purge("/s")
+    streams.purge("/s", reason="admin_purge")
     streams.stream_gone(public)
     streams.stream_gone(scoped)
     streams.observe("DELETE", "/s", 204, [], [], started=streams.ticket())
@@ -222,6 +224,13 @@ async def test_every_cause_of_forgetting_is_told_once_through_one_place() -> Non
             instance=instance, started=streams.ticket(),
         )  # fmt: skip
     assert told.keys == [public, public, scoped, public, public, public, public]
+    # Each says why (a webhook's reason), and that this process is the one to tell downstream.
+    assert [f.reason for f in told.forgettings] == [
+        "admin_purge", "gone", "gone", "deleted", "created", "gone", "new_instance",
+    ]  # fmt: skip
+    assert all(f.tells_downstream for f in told.forgettings)
+    # A 404 for a stream this process held nothing of says so (only the shared tier may know).
+    assert not told.forgettings[1].held_here
     # What every process hears from the shared tier itself is not told.
     streams.purged_elsewhere("/s", "another-generation")
     streams.resync()
@@ -231,8 +240,8 @@ async def test_every_cause_of_forgetting_is_told_once_through_one_place() -> Non
 async def test_settled_waits_for_the_tellings_of_its_stream_only() -> None:
     streams, told = _streams()
     await streams.settled("/s")  # nothing under way: at once
-    streams.purge("/s")
-    streams.purge("/other")
+    streams.purge("/s", reason="admin_purge")
+    streams.purge("/other", reason="admin_purge")
     waiting = asyncio.ensure_future(streams.settled("/s"))
     await asyncio.sleep(0)
     assert not waiting.done()
@@ -242,6 +251,17 @@ async def test_settled_waits_for_the_tellings_of_its_stream_only() -> None:
     told.tellings[0].set_result(None)
     await asyncio.wait_for(waiting, 1)
     await asyncio.wait_for(streams.settled("/s"), 1)  # done tellings are not kept
+
+
+async def test_what_is_done_at_the_supervisors_request_is_told_downstream_only_if_named() -> None:
+    streams, told = _streams()
+    with at_supervisors_request():
+        streams.purge("/s", reason="admin_purge")
+        streams.observe("DELETE", "/s", 204, [], [], started=streams.ticket())
+    with at_supervisors_request(tells_downstream=True):  # the one worker the supervisor names
+        streams.purge("/s", reason="admin_purge")
+    streams.purge("/s", reason="admin_purge")
+    assert [f.tells_downstream for f in told.forgettings] == [False, False, True, True]
 
 
 def test_a_forgot_message_round_trips_and_anything_else_is_not_one() -> None:
@@ -328,5 +348,5 @@ async def test_siblings_tell_through_their_transport_and_never_echo() -> None:
     before = cache.local.instance_for("/t")
     await alone.observe("PUT", "/t", 201, [], [], cache.streams.ticket())
     assert not cache.local.current(before)
-    assert alone.forgot(LogKey(stream="/t", scope="token-1")) is None
+    assert alone.forgot(Forgetting(key=LogKey(stream="/t", scope="token-1"), reason="gone")) is None
     assert len(sent) == 2
