@@ -17,8 +17,9 @@ Rules this module owns:
   until they are.
 * **Retries.** A failed send is retried after a backoff that doubles per failure, from
   ``Backoff.first_seconds`` to ``Backoff.most_seconds``, half of it random (edges that failed
-  together do not retry together), or after the answer's ``Retry-After`` when that is longer.
-  An entry failing for ``give_up_seconds`` is given up (``failed`` returns it).
+  together do not retry together). An answer's ``Retry-After`` (a rate limit) holds every send
+  to the target until then: the receiver asked the target, not one batch, to wait. An entry
+  failing for ``give_up_seconds`` is given up (``failed`` returns it).
 * **Bounded.** At most ``cap`` entries: a forgetting of a stream not owed yet is dropped past
   it (``Booked.DROPPED``; the caller counts and logs it), one that coalesces never is.
 * A send in flight is never handed out again (``due`` skips it).
@@ -85,6 +86,7 @@ class PurgeBook:
         self._backoff = backoff or Backoff()
         self._owed: dict[str, Owed] = {}
         self.draining = False
+        self.paused_until = NEVER  # the receiver's Retry-After
 
     def __len__(self) -> int:
         return len(self._owed)
@@ -155,10 +157,12 @@ class PurgeBook:
             for o in self._owed.values()
             if o.next_at is not None and o.in_flight_since is None
         ]
-        return min(times) if times else None
+        return max(min(times), self.paused_until) if times else None
 
     def due(self, now: float, limit: int) -> list[Owed]:
         """Up to ``limit`` entries due by ``now``, earliest first, now in flight."""
+        if now < self.paused_until:
+            return []
         ready = sorted(
             (
                 o
@@ -203,6 +207,8 @@ class PurgeBook:
         """Sends of ``streams`` failed at ``now``; returns those given up (removed, or kept only
         for forgettings still waiting)."""
         given_up: list[str] = []
+        if retry_after_seconds is not None:
+            self.paused_until = max(self.paused_until, now + retry_after_seconds)
         for stream in streams:
             owed = self._owed.get(stream)
             if owed is None or owed.in_flight_since is None:
@@ -228,7 +234,8 @@ class PurgeBook:
     # --- shutdown ---
 
     def drain(self, now: float) -> None:
-        """From now on everything owed is due at once (see the module rules)."""
+        """From now on everything owed is due at once (see the module rules), a rate limit
+        aside."""
         self.draining = True
         for owed in self._owed.values():
             if owed.next_at is not None or owed.final_at > NEVER:
