@@ -54,6 +54,7 @@ class BookMachine(RuleBasedStateMachine):
         self.needs: list[Need] = []
         self.flights: list[Flight] = []
         self.drained_at: float | None = None
+        self.paused_until = float("-inf")  # the latest Retry-After: nothing goes before it
 
     def _threshold(self, need: Need) -> float:
         """When the need's last send may start at the earliest (a drain collapses it)."""
@@ -89,10 +90,10 @@ class BookMachine(RuleBasedStateMachine):
         owed = self.book.get(stream)
         assert owed is not None
         if stream not in self._in_flight() and owed.failures == 0:
-            # As soon as possible: due at once.
+            # As soon as possible: due at once (or when the target's rate limit ends).
             wake = self.book.next_wake()
             assert wake is not None
-            assert wake <= self.now
+            assert wake <= max(self.now, self.paused_until)
 
     @rule(seconds=st.sampled_from((0.1, 0.5, 1.0, 2.0, 5.0, 30.0)))
     def wait(self, seconds: float) -> None:
@@ -102,6 +103,8 @@ class BookMachine(RuleBasedStateMachine):
     def start_send(self) -> None:
         due = self.book.due(self.now, LIMIT)
         assert len(due) <= LIMIT
+        if self.now < self.paused_until:
+            assert due == [], "sent while the target asked to wait (Retry-After)"
         streams = [o.stream for o in due]
         assert len(set(streams)) == len(streams)
         assert not set(streams) & self._in_flight(), "a send in flight was handed out again"
@@ -128,6 +131,8 @@ class BookMachine(RuleBasedStateMachine):
         given_up = self.book.failed(
             flight.streams, self.now, uniform=uniform, retry_after_seconds=retry_after
         )
+        if retry_after is not None:
+            self.paused_until = max(self.paused_until, self.now + retry_after)
         for stream in flight.streams:
             owed = self.book.get(stream)
             if stream in given_up:
