@@ -22,8 +22,9 @@ Rules this module owns:
   bounds its own work (a sibling that does not answer delays nothing further; the CDN's teller
   returns nothing to wait for). Forgetting learned from the shared tier is not told: every
   process hears the shared tier itself. A forgetting carried out for another process (a
-  sibling's, replayed at the supervisor's request) is told to siblings by nobody and downstream
-  by its decider only (``TELLS_DOWNSTREAM``).
+  sibling's, replayed at the supervisor's request) is told to siblings by nobody, and
+  downstream by its decider (``TELLS_DOWNSTREAM``), or, when the decider held nothing of the
+  stream (a 404 on a worker that never served it), by each sibling that held something.
 * **A forgetting is in effect** (``in_effect``) once this process has forgotten, its siblings
   have been told, and the shared tier's purge is durable (or ``PURGE_WAIT_SECONDS`` passed):
   only then may a cache in front of the edge be purged, or it would fetch the old bytes again.
@@ -42,6 +43,7 @@ Rules this module owns:
 from __future__ import annotations
 
 import asyncio
+import enum
 import itertools
 import logging
 import time
@@ -101,9 +103,28 @@ REASONS: tuple[Reason, ...] = (
     "deleted", "created", "gone", "expired", "new_instance", "admin_purge",
 )  # fmt: skip
 
-# False while this process carries out a forgetting another process decided (a sibling's, or
-# a purge its supervisor sends to every worker): the decider tells what lies downstream.
-TELLS_DOWNSTREAM: ContextVar[bool] = ContextVar("tells_downstream", default=True)
+
+class Downstream(enum.Enum):
+    """Who tells what lies downstream (the CDN) of the forgettings made in a context."""
+
+    DECIDED_HERE = "decided_here"  # this process decided them: it tells
+    DECIDED_ELSEWHERE = "decided_elsewhere"  # carried out for their decider, which tells
+    # Carried out for a sibling that held nothing of the stream (its 404): this process tells,
+    # if it held something (it may have served the stream downstream; the sibling did not).
+    DECIDER_HELD_NOTHING = "decider_held_nothing"
+
+
+TELLS_DOWNSTREAM: ContextVar[Downstream] = ContextVar(
+    "tells_downstream", default=Downstream.DECIDED_HERE
+)
+
+
+def tells_downstream(held_here: bool) -> bool:
+    """Is a forgetting made now, in this context, this process's to tell downstream?"""
+    mode = TELLS_DOWNSTREAM.get()
+    return mode is Downstream.DECIDED_HERE or (
+        mode is Downstream.DECIDER_HELD_NOTHING and held_here
+    )
 
 
 class Taken(NamedTuple):
@@ -546,7 +567,7 @@ class Streams:
         else:
             self.local.purge_scope(key)
             self._decided(
-                Forgetting(key=key, reason=reason, tells_downstream=TELLS_DOWNSTREAM.get())
+                Forgetting(key=key, reason=reason, tells_downstream=tells_downstream(True))
             )
 
     def _decided(self, forgetting: Forgetting) -> None:
@@ -608,7 +629,7 @@ class Streams:
         forgetting = Forgetting(
             key=LogKey(stream=stream, scope=PUBLIC_SCOPE), reason=reason,
             held_here=not only_if_known, generation=generation,
-            tells_downstream=TELLS_DOWNSTREAM.get(),
+            tells_downstream=tells_downstream(not only_if_known),
         )  # fmt: skip
         self._decided(forgetting)
         return dropped
