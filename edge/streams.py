@@ -654,13 +654,14 @@ class Streams:
 
     async def held_elsewhere(self, forgetting: Forgetting) -> bool:
         """For a forgetting of a stream this process held nothing of: did the shared tier hold
-        it (so some replica served it)? Its purge then wrote ``forgetting.generation``; one that
-        found nothing wrote nothing. False when the tier cannot say."""
+        segments of it (so another replica served it since it was last purged)? False when
+        the tier cannot say within ``PURGE_WAIT_SECONDS``."""
         shared = self._shared
         if shared is None or not forgetting.generation:
             return False
-        await self.purged(forgetting.stream)
-        return await shared.generation(forgetting.stream) == forgetting.generation
+        return await shared.purge_found_values(
+            forgetting.stream, forgetting.generation, PURGE_WAIT_SECONDS
+        )
 
     async def purged(self, stream: str, timeout_seconds: float = PURGE_WAIT_SECONDS) -> bool:
         """Is the purge of ``stream`` durable (every replica will stop serving it)?"""
