@@ -12,11 +12,13 @@ import logging
 import socket
 import time
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 import pytest
 
 import edge.cdn.purger as purger_module
+from devstack.processes import start_redis
 from edge.cdn.purger import CdnPurger
 from edge.config import Address, Settings
 from edge.log.stream_log import LogKey
@@ -24,6 +26,7 @@ from edge.metrics import Metrics
 from edge.origin import OriginClient
 from edge.protocol.purge_keys import stream_key
 from edge.store.local import LocalTier
+from edge.store.shared import SharedTier
 from edge.streams import Streams
 from edge.workers.siblings import at_supervisors_request
 from tests.cdn_stand_ins import (
@@ -306,3 +309,39 @@ def test_pending_gauge_and_counters_are_exported_for_each_configured_kind(
         for result in ("ok", "error", "dropped", "gave_up", "abandoned"):
             assert f'edge_cdn_purges_total{{kind="{kind}",result="{result}"}} 0.0' in text
     assert json.dumps(FASTLY_TOKEN) not in text
+
+
+async def test_a_purge_durable_only_after_redis_came_back_is_sent_once_more_after_it(
+    stand_ins: dict[str, StandIn], logs_dir: Path
+) -> None:
+    """Redis away when the stream is forgotten: the purge goes (at once, and after the window),
+    other replicas cannot hear of it until Redis is back, so once the shared tier makes it
+    durable the CDN is purged once more, a window after that."""
+    redis_server = start_redis(logs_dir, name="redis-cdn-away")
+    settings = replace(settings_for(stand_ins), redis_url=redis_server.url)
+    metrics = Metrics()
+    shared = SharedTier(redis_server.url, metrics, ttl_seconds=60, timeout_seconds=0.25)
+    await shared.start()
+    streams = Streams(settings, LocalTier(1 << 20), OriginClient(settings), metrics, shared=shared)
+    purger = CdnPurger(settings, streams, metrics)
+    streams.on_forget.append(purger.forgot)
+    await purger.start()
+    webhook = stand_ins["webhook"]
+    key = stream_key("/v1/stream/while-redis-away")
+    try:
+        port = redis_server.port
+        redis_server.stop()
+        streams.purge("/v1/stream/while-redis-away", reason="deleted")
+        assert await eventually(lambda: len(webhook.calls_for(key)) == 2, 10)
+        await asyncio.sleep(WINDOW * 2)
+        assert len(webhook.calls_for(key)) == 2  # nothing more while Redis is away
+        back = time.monotonic()
+        redis_server = start_redis(logs_dir, port=port, name="redis-cdn-away")
+        assert await eventually(lambda: len(webhook.calls_for(key)) == 3, 15)
+        assert webhook.calls_for(key)[2].at - back >= WINDOW * 0.9
+        assert await streams.purged("/v1/stream/while-redis-away")
+    finally:
+        await purger.close()
+        await streams.close()
+        await shared.close()
+        redis_server.stop()
