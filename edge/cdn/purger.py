@@ -205,22 +205,24 @@ class CdnPurger:
                         lane.book.in_effect(stream, now, settled=count)
                         lane.wake.set()
                 if not durable and self._deadline is None and stream not in self._confirming:
-                    self._confirming[stream] = asyncio.ensure_future(self._confirm(stream))
+                    reason = next(
+                        (o.reason for lane in self._lanes if (o := lane.book.get(stream))), "gone"
+                    )
+                    confirming = asyncio.ensure_future(self._confirm(stream, reason))
+                    self._confirming[stream] = confirming
         finally:
             self._settling.pop(stream, None)
             if self._unsettled.get(stream, 1) <= 0:
                 del self._unsettled[stream]
             self._progress.set()
 
-    async def _confirm(self, stream: str) -> None:
+    async def _confirm(self, stream: str, reason: str) -> None:
         """The shared tier was away: once it makes the purge durable, owe one more send."""
         try:
             if not await self._streams.durable(stream, GIVE_UP_SECONDS):
                 return
             now = self._clock()
             for lane in self._lanes:
-                owed = lane.book.get(stream)
-                reason = owed.reason if owed is not None else "gone"
                 self._booked(lane, stream, lane.book.confirmed(stream, reason, now))
                 lane.wake.set()
         finally:

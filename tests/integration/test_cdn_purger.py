@@ -40,7 +40,7 @@ from tests.cdn_stand_ins import (
     eventually,
 )
 
-WINDOW = 0.4  # the double purge's delay in these tests (the edge's own is 2 s)
+WINDOW = 0.8  # the double purge's delay in these tests (the edge's own is 2 s)
 FASTLY_TOKEN = "fastly-token-never-logged"
 CLOUDFLARE_TOKEN = "cloudflare-token-never-logged"
 
@@ -148,7 +148,7 @@ async def test_a_forgetting_is_purged_at_every_target_at_once_and_again_after_th
         for kind, stand_in in stand_ins.items():
             first, second = stand_in.calls_for(key)
             assert first.at - forgot_at < WINDOW, kind  # at once: in effect here at once
-            assert second.at - first.at >= WINDOW * 0.9, kind  # the double purge
+            assert second.at - forgot_at >= WINDOW, kind  # the double purge, after the window
             assert r.count(kind, "ok") == 2
         await asyncio.sleep(WINDOW * 2)
         assert all(len(s.calls_for(key)) == 2 for s in stand_ins.values())  # no more
@@ -179,7 +179,7 @@ async def test_purges_are_coalesced_batched_and_retried_after_a_rate_limit(
         for stream in streams:
             purged = cloudflare.calls_for(stream_key(stream))
             assert purged
-            assert purged[-1].at >= forgot_at + WINDOW * 0.9
+            assert purged[-1].at >= forgot_at + WINDOW
     calls = cloudflare.received
     assert all(len(call.keys) <= 30 for call in calls)
     assert max(len(call.keys) for call in calls) > 1  # batched, not one call per stream
@@ -338,7 +338,8 @@ async def test_a_purge_durable_only_after_redis_came_back_is_sent_once_more_afte
         back = time.monotonic()
         redis_server = start_redis(logs_dir, port=port, name="redis-cdn-away")
         assert await eventually(lambda: len(webhook.calls_for(key)) == 3, 15)
-        assert webhook.calls_for(key)[2].at - back >= WINDOW * 0.9
+        assert webhook.calls_for(key)[2].at - back >= WINDOW
+        assert [c.reason for c in webhook.calls_for(key)] == ["deleted"] * 3
         assert await streams.purged("/v1/stream/while-redis-away")
     finally:
         await purger.close()
