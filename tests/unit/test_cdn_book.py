@@ -201,7 +201,7 @@ class BookMachine(RuleBasedStateMachine):
 
 TestBook = BookMachine.TestCase
 # EDGE_PROPERTY_EXAMPLES (as for tests/unit/test_properties.py) hunts longer.
-EXAMPLES = int(os.environ.get("EDGE_PROPERTY_EXAMPLES", "300"))
+EXAMPLES = int(os.environ.get("EDGE_PROPERTY_EXAMPLES", "200"))
 TestBook.settings = settings(max_examples=EXAMPLES, stateful_step_count=40, deadline=None)
 
 
