@@ -12,6 +12,7 @@ import edge.live.answers
 import edge.live.board
 import edge.log
 import edge.protocol
+import edge.summary
 import edge.web.connection_table
 
 FORBIDDEN = ("aiohttp", "redis", "asyncio", "prometheus_client", "socket", "uvloop")
@@ -27,6 +28,7 @@ PURE_MODULES += [
     Path(edge.web.connection_table.__file__),
     Path(edge.cdn.api.__file__),
     Path(edge.cdn.book.__file__),
+    Path(edge.summary.__file__),
 ]
 
 
