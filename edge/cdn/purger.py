@@ -133,7 +133,7 @@ class CdnPurger:
         )
         for lane in self._lanes:
             lane.task = asyncio.ensure_future(self._run(lane))
-        log.info(
+        log.debug(  # the start-up summary (edge.summary) names the kinds
             "CDN purges go to %s",
             ", ".join(lane.target.label for lane in self._lanes) or "nobody",
         )
