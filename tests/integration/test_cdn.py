@@ -108,7 +108,7 @@ async def wait_until_answer(
 
 # Streams are made at the origin, behind the edge's back, where a test needs a CDN's stored copy
 # of them: a write through the edge forgets the stream there and purges the CDN, once at once
-# and once more a second later (the double purge), which could remove the copy a test had just
+# and once more 2 s later (the double purge), which could remove the copy a test had just
 # checked was stored. The edge learns their lifetime (no end: a long CDN lifetime) by reading.
 
 
