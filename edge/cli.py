@@ -192,7 +192,9 @@ SERVE_OPTIONS = (
         "--upstream-max-connections",
         _positive_int,
         "0",
-        "Cap on concurrent origin connections (0 = unlimited).",
+        "Cap on concurrent origin connections: relays, cache fills, live tails and long-poll "
+        "groups share it. 0 = an eighth of the open-file limit (ulimit -n) after 64 for the "
+        "process itself.",
     ),
     Option(
         "--drain-seconds",
@@ -255,7 +257,14 @@ SERVE_OPTIONS = (
         "256KiB",
         "Per-viewer socket buffer; a viewer slower than this lags and catches up from the log.",
     ),
-    Option("--max-viewers", _positive_int, "20000", "SSE viewers per edge; beyond it, 503."),
+    Option(
+        "--max-viewers",
+        _positive_int,
+        "0",
+        "Cap on live readers (SSE viewers and long-polls) of the edge; beyond it a new one "
+        "gets 503 with Retry-After. 0 = as many as --max-connections leaves after the short "
+        "requests' reserve (a sixteenth); a viewer holds one descriptor.",
+    ),
     Option(
         "--tail-mode",
         str,
@@ -331,10 +340,13 @@ SERVE_OPTIONS = (
         "--max-connections",
         _positive_int,
         "0",
-        "Cap on open client connections on the stream listener; at the cap a newcomer evicts "
-        "the longest-idle connection, or gets 503 when all are busy. 0 = half the open-file "
-        "limit (ulimit -n), leaving the rest for one origin connection each, Redis and the "
-        "admin listener.",
+        "Cap on open client connections on the stream listener, every kind (one descriptor "
+        "each); live readers may take all but a sixteenth of it, kept for short requests "
+        "(writes, catch-up reads, HEAD). Past it, while every connection is busy, a thirty-"
+        "second more are admitted to read their heads: idle ones are evicted for a request, "
+        "a live reader is never cut, and only past that does a newcomer get a plain 503. 0 = "
+        "derived from the open-file limit (ulimit -n): what is left after 64 for the process "
+        "and an eighth for origin connections.",
     ),
     Option(
         "--fast-path",

@@ -74,7 +74,6 @@ class LiveHub:
         self.draining = asyncio.Event()
         self.clock = clock
         self.rng = rng or random.Random()
-        self.viewers = 0
         cache.streams.forgotten.append(self._stream_forgotten)
 
     async def close(self) -> None:

@@ -22,7 +22,8 @@ Rules this module owns:
   nothing.
 * Workers start together; the edge is listening (the one ``{"event": "listening"}`` line on
   stdout, with the real port and the supervisor's admin URL) only when every worker is. A worker
-  that fails to start then is a start-up failure of the edge (exit 2).
+  that fails to start then is a start-up failure of the edge (exit 2). The supervisor then logs
+  the one line of what the edge holds (``edge.web.descriptors.holds_line``), for every worker.
 * A worker that exits while the edge is not stopping is restarted: at once the first time, then
   after doubling delays up to ``MAX_RESTART_DELAY_SECONDS``, so a crash loop does not spin; a
   worker that stayed up ``STABLE_SECONDS`` starts the count again. Its live gauges leave the
@@ -53,7 +54,8 @@ from dataclasses import dataclass, field, replace
 from prometheus_client import multiprocess
 
 from edge.config import Address, Settings, per_worker
-from edge.startup import StartupError, check_redis, why
+from edge.startup import StartupError, check_redis, raise_open_file_limit, why
+from edge.web.descriptors import budget_for, holds_line
 from edge.workers.admin import Fleet, start_admin, start_internal
 from edge.workers.child import CLEARED, Bootstrap, encode
 
@@ -323,6 +325,9 @@ async def supervise(settings: Settings) -> int:
                 admin_url,
                 settings.workers,
             )
+            # Workers inherit this process's limit (raised to the hard one) and split it alike.
+            each = budget_for(supervisor.worker_settings, raise_open_file_limit())
+            log.info("%s", holds_line(each, workers=settings.workers))
             stop = asyncio.Event()
             loop = asyncio.get_running_loop()
             for signum in (signal.SIGTERM, signal.SIGINT):

@@ -190,6 +190,8 @@ def test_new_defaults() -> None:
     assert settings.header_timeout_seconds == 10
     assert settings.keepalive_timeout_seconds == 60
     assert settings.max_connections == 0  # derived from the open-file limit at start-up
+    assert settings.max_viewers == 0  # what the connections leave after the short reserve
+    assert settings.upstream_max_connections == 0  # an eighth of the open-file limit
     assert settings.origin_health_path is None
     assert settings.purge_token is None
     assert settings.workers == len(os.sched_getaffinity(0))  # auto: the CPUs we may use
@@ -215,7 +217,7 @@ def test_every_setting_has_exactly_one_flag() -> None:
         (["--tail-linger", "-1"], "--tail-linger must be >= 0"),
         (["--upstream-connect-timeout", "0"], "--upstream-connect-timeout must be positive"),
         (["--long-poll-timeout", "0"], "--long-poll-timeout must be positive"),
-        (["--max-viewers", "0"], "--max-viewers must be at least 1"),
+        (["--max-viewers", "-1"], "--max-viewers='-1': must be >= 0"),
         (["--redis-url", "redis://r:port"], "--redis-url has an invalid port"),
         (["--purge-token", "caf\u00e9"], "--purge-token must be printable ASCII"),
     ],
