@@ -17,10 +17,12 @@ Rules this module owns:
   Only at ``max_connections + at_cap`` does a newcomer evict at once, and when nothing can be
   evicted it is refused (the tracker answers it a plain 503: there is no room to read it).
 * A request whose kind is known while more than ``max_connections`` are open evicts the
-  connection that left BUSY the longest ago, so idle keep-alive and half-sent connections go
-  first and a flood of them evicts its own oldest. Eviction never takes a BUSY connection: a
-  live reader is never cut to make room, and a short request past the cap is held by the
-  ``at_cap`` descriptors (``edge.web.descriptors`` budgets them).
+  keep-alive connection idle the longest (IDLE, not HEAD: a head may be on its way), so idle
+  keep-alive connections go first. At ``max_connections + at_cap`` a newcomer evicts the
+  connection that left BUSY the longest ago, HEAD or IDLE, so a flood of idle or half-sent
+  connections evicts its own oldest. Eviction never takes a BUSY connection: a live reader is
+  never cut to make room, and a short request past the cap is held by the ``at_cap``
+  descriptors (``edge.web.descriptors`` budgets them).
 * At most ``max_live`` requests in progress are live readers (SSE viewers, long-polls); one
   past it is refused (the application answers 503 with ``Retry-After`` and CORS). The budget
   keeps ``max_live`` below ``max_connections``, so live readers never take the short
@@ -151,21 +153,17 @@ class ConnectionTable(Generic[K]):
         self, key: K, *, live: bool, flushing: Callable[[K], bool] = _never
     ) -> Admission[K]:
         """The request in progress on ``key`` is a live reader or a short request: admitted
-        (evicting the longest-idle connection while more than ``max_connections`` are open) or,
-        a live reader past ``max_live``, refused. A key the table does not hold (a server
-        without the connection hook) is counted as a live reader all the same."""
+        (evicting the keep-alive connection idle the longest while more than
+        ``max_connections`` are open) or, a live reader past ``max_live``, refused. A key the
+        table does not hold (a server without the connection hook) is counted as a live
+        reader all the same."""
         if live:
             if key in self._live:
                 return Admission(admitted=True)
             if len(self._live) >= self.limits.live_cap:
                 return Admission(admitted=False, refusal=Refusal.VIEWERS)
             self._live.add(key)
-        evict: K | None = None
-        if len(self._phase) > self.limits.max_connections:
-            evict = self._longest_idle(flushing)
-            if evict is not None:
-                self.forget(evict)
-        return Admission(admitted=True, evict=evict)
+        return Admission(admitted=True, evict=self._idle_past_cap(flushing))
 
     def live_ended(self, key: K) -> None:
         self._live.discard(key)
@@ -206,15 +204,28 @@ class ConnectionTable(Generic[K]):
         self._wait(key, Phase.IDLE, now)
         self._idle_order[key] = None
 
-    def answered(self, key: K, now: float) -> None:
-        """A request the connection answered at once: ``request_started`` then
-        ``request_finished`` in one step (the fast path's, per hit)."""
+    def answered(self, key: K, now: float, *, flushing: Callable[[K], bool] = _never) -> K | None:
+        """A request the connection answered at once: ``request_started``, ``request_kind``
+        (a short request) and ``request_finished`` in one step (the fast path's, per hit).
+        Returns the connection it evicted, if any."""
         phase = self._phase.get(key)
         if phase is None or phase is Phase.BUSY:
-            return
+            return None
         del self._deadlines[phase][key]
+        evict = self._idle_past_cap(flushing)
         self._wait(key, Phase.IDLE, now)
         self._idle_order.move_to_end(key)
+        return evict
+
+    def _idle_past_cap(self, flushing: Callable[[K], bool]) -> K | None:
+        """While more than ``max_connections`` are open, forget and return the keep-alive
+        connection idle the longest (the IDLE queue's order is the order they went idle)."""
+        if len(self._phase) <= self.limits.max_connections:
+            return None
+        evict = next((k for k in self._deadlines[Phase.IDLE] if not flushing(k)), None)
+        if evict is not None:
+            self.forget(evict)
+        return evict
 
     def forget(self, key: K) -> bool:
         """The connection is closed (or being closed by us); False if it was not known."""

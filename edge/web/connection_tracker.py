@@ -148,7 +148,9 @@ class ConnectionTracker:
 
     def answered(self, transport: asyncio.Transport) -> None:
         """A request the connection answered itself, start to end."""
-        self.table.answered(transport, self.loop.time())
+        evict = self.table.answered(transport, self.loop.time(), flushing=_flushing)
+        if evict is not None:
+            self._evict(evict)
 
     def _make_middleware(self) -> Middleware:
         @web.middleware

@@ -364,6 +364,7 @@ class ConnectionMachine(RuleBasedStateMachine):
         )
         self.now = 0.0
         self.model: dict[str, int] = {}  # key -> requests in progress
+        self.kept_alive: set[str] = set()  # between requests (IDLE), not sending a head
         self.live: set[str] = set()  # keys whose request in progress is a live reader
         self.flushing: set[str] = set()  # still sending an answer: never cut
         self.made = 0
@@ -372,14 +373,18 @@ class ConnectionMachine(RuleBasedStateMachine):
         keys = sorted(k for k, requests in self.model.items() if requests or not busy)
         return data.draw(st.sampled_from(keys))
 
-    def _room(self) -> bool:
-        return any(not busy and k not in self.flushing for k, busy in self.model.items())
+    def _room(self, *, kept_alive_only: bool = False) -> bool:
+        return any(
+            not busy and k not in self.flushing and (k in self.kept_alive or not kept_alive_only)
+            for k, busy in self.model.items()
+        )
 
     def _made_room(self, evicted: str | None) -> None:
         if evicted is not None:
             assert evicted not in self.live, "cut a live reader"
             assert evicted not in self.flushing, "evicted a flushing connection"
             assert self.model.pop(evicted) == 0, "evicted a busy connection"
+            self.kept_alive.discard(evicted)
 
     @rule()
     def connect(self) -> None:
@@ -399,7 +404,9 @@ class ConnectionMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.model)
     @rule(data=st.data())
     def bytes_arrive(self, data: st.DataObject) -> None:
-        self.table.bytes_received(self._pick(data), self.now)
+        key = self._pick(data)
+        self.table.bytes_received(key, self.now)
+        self.kept_alive.discard(key)  # a head is on its way
 
     @precondition(lambda self: self.model)
     @rule(data=st.data())
@@ -407,12 +414,13 @@ class ConnectionMachine(RuleBasedStateMachine):
         key = self._pick(data)
         self.table.request_started(key)
         self.model[key] += 1
+        self.kept_alive.discard(key)
 
     @precondition(lambda self: any(self.model.values()))
     @rule(data=st.data(), live=st.booleans())
     def request_is_classified(self, data: st.DataObject, live: bool) -> None:
         key = self._pick(data, busy=True)
-        past_cap, room = len(self.model) > CAP, self._room()
+        past_cap, room = len(self.model) > CAP, self._room(kept_alive_only=True)
         already = key in self.live
         admission = self.table.request_kind(key, live=live, flushing=self.flushing.__contains__)
         if live and already:
@@ -425,7 +433,21 @@ class ConnectionMachine(RuleBasedStateMachine):
         if live:
             self.live.add(key)
         assert (admission.evict is not None) == (past_cap and room), "idle kept past the cap"
+        assert admission.evict is None or admission.evict in self.kept_alive, "cut a head"
         self._made_room(admission.evict)
+
+    @precondition(lambda self: not all(self.model.values()))
+    @rule(data=st.data())
+    def answered_at_once(self, data: st.DataObject) -> None:
+        """The fast path's hit: a short request started and finished in one step."""
+        key = data.draw(st.sampled_from(sorted(k for k, busy in self.model.items() if not busy)))
+        self.kept_alive.discard(key)
+        past_cap, room = len(self.model) > CAP, self._room(kept_alive_only=True)
+        evicted = self.table.answered(key, self.now, flushing=self.flushing.__contains__)
+        assert (evicted is not None) == (past_cap and room), "idle kept past the cap"
+        assert evicted is None or evicted in self.kept_alive, "cut a head"
+        self._made_room(evicted)
+        self.kept_alive.add(key)
 
     @precondition(lambda self: any(self.model.values()))
     @rule(data=st.data())
@@ -435,6 +457,7 @@ class ConnectionMachine(RuleBasedStateMachine):
         self.model[key] -= 1
         if not self.model[key]:
             self.live.discard(key)
+            self.kept_alive.add(key)
 
     @precondition(lambda self: self.live)
     @rule(data=st.data())
@@ -451,6 +474,7 @@ class ConnectionMachine(RuleBasedStateMachine):
         del self.model[key]
         self.live.discard(key)
         self.flushing.discard(key)
+        self.kept_alive.discard(key)
         assert not self.table.forget(key)
 
     @precondition(lambda self: self.model)
@@ -464,6 +488,8 @@ class ConnectionMachine(RuleBasedStateMachine):
         for expiry in self.table.expire(self.now, flushing=self.flushing.__contains__):
             assert expiry.key not in self.flushing
             assert self.model.pop(expiry.key) == 0, "expired a busy connection"
+            assert (expiry.phase is Phase.IDLE) == (expiry.key in self.kept_alive)
+            self.kept_alive.discard(expiry.key)
         for key in self.model:
             deadline = self.table.deadline(key)
             assert deadline is None or deadline > self.now
@@ -475,7 +501,8 @@ class ConnectionMachine(RuleBasedStateMachine):
         assert all(self.model.get(k) for k in self.live), "a live reader that is not busy"
         for key, requests in self.model.items():
             assert (self.table.deadline(key) is None) == bool(requests)
-            assert (self.table.phase(key) is Phase.BUSY) == bool(requests)
+            phase = Phase.BUSY if requests else Phase.IDLE if key in self.kept_alive else Phase.HEAD
+            assert self.table.phase(key) is phase
 
 
 ConnectionMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40)
