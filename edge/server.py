@@ -14,10 +14,10 @@ import logging
 import signal
 import threading
 from typing import TYPE_CHECKING, TypeVar
-from urllib.parse import urlsplit
 
 from aiohttp import web
 
+from edge import __version__
 from edge.config import Address, Settings
 from edge.metrics import Metrics
 from edge.origin import OriginClient
@@ -30,6 +30,7 @@ from edge.startup import (
     settle_heap,
     why,
 )
+from edge.summary import limits_summary, startup_lines
 from edge.web.app import FAST, HUB, create_admin_app, create_app
 from edge.web.bounded_site import BoundedSite
 from edge.web.connection_tracker import ConnectionTracker
@@ -231,19 +232,16 @@ async def serve(
     }
     # One machine-readable line on stdout: launchers (tests, demo) read the bound ports from it.
     print(json.dumps(ready), flush=True)
-    log.info(
-        "edge listening on %s (admin %s), origin %s",
-        ready["listen"],
-        ready["admin"],
-        urlsplit(settings.origin).netloc,
-    )
-    # Said once for the edge: by its supervisor when there are workers (edge.workers).
-    log.log(logging.DEBUG if worker is not None else logging.INFO, "%s", holds_line(each))
-    log.info(
-        "stream listener: header timeout %g s, keep-alive timeout %g s",
-        settings.header_timeout_seconds,
-        settings.keepalive_timeout_seconds,
-    )
+    limits_line = limits_summary(holds_line(each), settings)
+    if worker is None:
+        lines = startup_lines(
+            settings, listen=ready["listen"], admin=ready["admin"], version=__version__,
+            limits=limits_line,
+        )  # fmt: skip
+        log.info("%s", "\n".join(lines))
+    else:  # its supervisor speaks for the edge; a worker's own ports are for debugging
+        log.debug("worker listening on %s (admin %s); %s", ready["listen"], ready["admin"],
+                  limits_line)  # fmt: skip
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

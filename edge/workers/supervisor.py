@@ -22,8 +22,8 @@ Rules this module owns:
   nothing.
 * Workers start together; the edge is listening (the one ``{"event": "listening"}`` line on
   stdout, with the real port and the supervisor's admin URL) only when every worker is. A worker
-  that fails to start then is a start-up failure of the edge (exit 2). The supervisor then logs
-  the one line of what the edge holds (``edge.web.descriptors.holds_line``), for every worker.
+  that fails to start then is a start-up failure of the edge (exit 2). Its start-up summary's
+  limits line says what the edge holds (``edge.web.descriptors.holds_line``), for every worker.
 * A worker that exits while the edge is not stopping is restarted: at once the first time, then
   after doubling delays up to ``MAX_RESTART_DELAY_SECONDS``, so a crash loop does not spin; a
   worker that stayed up ``STABLE_SECONDS`` starts the count again. Its live gauges leave the
@@ -53,8 +53,10 @@ from dataclasses import dataclass, field, replace
 
 from prometheus_client import multiprocess
 
+from edge import __version__
 from edge.config import Address, Settings, per_worker
 from edge.startup import StartupError, check_redis, raise_open_file_limit, why
+from edge.summary import limits_summary, startup_lines
 from edge.web.descriptors import budget_for, holds_line
 from edge.workers.admin import Fleet, start_admin, start_internal
 from edge.workers.child import CLEARED, Bootstrap, encode
@@ -207,7 +209,7 @@ class Supervisor:
             reason = "no report line in time" if isinstance(error, TimeoutError) else None
             raise WorkerFailed(reason or f"exited with code {code} (see its error above)") from None
         worker.listening.set()
-        log.info("worker %d (pid %d) listening, admin %s", worker.index, proc.pid, worker.admin)
+        log.debug("worker %d (pid %d) listening, admin %s", worker.index, proc.pid, worker.admin)
         # Nothing else is expected on a worker's stdout; whatever comes goes to stderr.
         worker.forwarder = asyncio.ensure_future(_forward(proc.stdout, worker.index))
 
@@ -319,15 +321,17 @@ async def supervise(settings: Settings) -> int:
                 "workers": settings.workers,
             }
             print(json.dumps(ready), flush=True)
-            log.info(
-                "edge listening on %s (admin %s) with %d workers",
-                ready["listen"],
-                admin_url,
-                settings.workers,
-            )
             # Workers inherit this process's limit (raised to the hard one) and split it alike.
             each = budget_for(supervisor.worker_settings, raise_open_file_limit())
-            log.info("%s", holds_line(each, workers=settings.workers))
+            holds = holds_line(each, workers=settings.workers)
+            lines = startup_lines(
+                settings,
+                listen=str(ready["listen"]),
+                admin=admin_url,
+                version=__version__,
+                limits=limits_summary(holds, settings),
+            )
+            log.info("%s", "\n".join(lines))
             stop = asyncio.Event()
             loop = asyncio.get_running_loop()
             for signum in (signal.SIGTERM, signal.SIGINT):
