@@ -16,13 +16,14 @@ Rules this module owns:
   kind decides (``request_kind``), so a writer is told from a viewer before anyone is cut.
   Only at ``max_connections + at_cap`` does a newcomer evict at once, and when nothing can be
   evicted it is refused (the tracker answers it a plain 503: there is no room to read it).
-* A request whose kind is known while more than ``max_connections`` are open evicts the
-  keep-alive connection idle the longest (IDLE, not HEAD: a head may be on its way), so idle
-  keep-alive connections go first. At ``max_connections + at_cap`` a newcomer evicts the
-  connection that left BUSY the longest ago, HEAD or IDLE, so a flood of idle or half-sent
-  connections evicts its own oldest. Eviction never takes a BUSY connection: a live reader is
-  never cut to make room, and a short request past the cap is held by the ``at_cap``
-  descriptors (``edge.web.descriptors`` budgets them).
+* A request whose kind is known (``request_kind``, or a hit answered at once: ``answered``)
+  while more than ``max_connections`` are open evicts the keep-alive connection idle the
+  longest (IDLE, not HEAD: a head may be on its way), so idle keep-alive connections go first.
+  At ``max_connections + at_cap`` a newcomer evicts the connection that left BUSY the longest
+  ago, HEAD or IDLE, so a flood of idle or half-sent connections evicts its own oldest.
+  Eviction never takes a BUSY connection: a live reader is never cut to make room, and a short
+  request past the cap is held by the ``at_cap`` descriptors (``edge.web.descriptors``
+  budgets them).
 * At most ``max_live`` requests in progress are live readers (SSE viewers, long-polls); one
   past it is refused (the application answers 503 with ``Retry-After`` and CORS). The budget
   keeps ``max_live`` below ``max_connections``, so live readers never take the short
