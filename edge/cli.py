@@ -229,6 +229,16 @@ SERVE_OPTIONS = (
         field="tail_freshness_seconds",
     ),
     Option(
+        "--browser-max-age",
+        _positive_int,
+        "60",
+        "Seconds a browser (or any cache nobody can purge) may keep an answer that can never "
+        "change (a closed or capped range): a deleted stream's bytes stay visible there that "
+        "long. A CDN keeps such answers a year when --cdn-purge names where to purge it, else "
+        "this long too.",
+        field="browser_max_age_seconds",
+    ),
+    Option(
         "--long-poll-timeout",
         float,
         "30",
