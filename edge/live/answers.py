@@ -164,8 +164,8 @@ def origin_refusal(
     private: bool = False,
 ) -> Answer:
     """The origin's own answer to a live read it refused (404, 400, ...), passed on as it came
-    but for hop-by-hop headers and any lifetime (no tier keeps a refusal: ``no-store``, and
-    ``private`` too for a credential's, ``private``); ``forwarded`` is how the edge asked
+    but for hop-by-hop headers and any lifetime: no tier keeps a refusal (``no-store``;
+    ``private, no-store`` for a credential's, ``private``). ``forwarded`` is how the edge asked
     (``Cache-Status`` ``fwd``)."""
     return Answer(
         result="live",

@@ -95,7 +95,8 @@ class Reuse:
     shared: bool  # any client of the shared scope may be given it; else its scope's only
     immutable: bool  # the same bytes for as long as its stream instance lives
     browser: Lifetime  # Cache-Control: browsers, and any cache that knows nothing else
-    cdn: Lifetime | None = None  # CDN-Cache-Control and Surrogate-Control; None: none sent
+    # CDN-Cache-Control and Surrogate-Control, sent on shared answers only; None: none sent.
+    cdn: Lifetime | None = None
     # Its freshness is its tail's: it carries ``Age`` (``tail_age_seconds``) wherever it is served.
     at_tail: bool = False
     no_store: bool = False  # no browser may keep it at all (the CDN only by its own lifetime)
@@ -106,9 +107,9 @@ class Reuse:
 
     @property
     def cache_control(self) -> str:
-        visibility = "public" if self.shared else "private"
         if self.no_store:
             return "no-store"
+        visibility = "public" if self.shared else "private"
         control = f"{visibility}, {self.browser.directives}"
         return control + ", immutable" if self.immutable else control
 

@@ -9,7 +9,10 @@ Rules this module owns:
 * Nothing is added upstream that the client did not send, except the forwarding trail
   (``Forwarded``, ``X-Forwarded-For``, ``X-Forwarded-Proto``, ``Via``). A default ``Content-Type``
   or ``Accept-Encoding`` would change the origin's answer (PROTOCOL-NOTES trap 10).
-* Everything else is relayed verbatim and in order, repeated headers included.
+* Everything else is relayed verbatim and in order, repeated headers included, but for the
+  lifetime of a read's answer the edge relays: ``no-store`` in place of any the origin gave, a
+  CDN's own (``CDN-Cache-Control``, ``Surrogate-Control``) included
+  (``relayed_read_cache_control``, ``with_cache_control``), as no purge would reach a copy.
 
 Headers are handled as ordered lists of ``(name, value)`` pairs so repeats survive.
 """
