@@ -276,6 +276,28 @@ def test_accepts_gzip(header: str | None, ok: bool) -> None:
 # --- the local tier ---
 
 
+def test_a_stored_answer_is_kept_only_under_its_instances_generation() -> None:
+    """Its bytes carry purge keys naming the generation it was built under: the tier refuses
+    it once the instance has another (``FastPath.answer`` checks the same at every hit)."""
+    from edge.protocol.answer_key import AnswerKey
+    from edge.store.local import StoredHit
+
+    local = LocalTier(MiB)
+    log = local.log_for(KEY)
+    key = AnswerKey(stream=KEY.stream, query="offset=-1", scope=KEY.scope, gzip=False)
+
+    def hit(generation: str) -> StoredHit:
+        return StoredHit(
+            instance=log.instance, generation=generation, etag='"t"', ok=b"ok", not_modified=b"",
+            body=b"", cors=(), log=log,
+        )  # fmt: skip
+
+    log.instance.generation = "g1"
+    assert not local.put_response(key, hit(""))
+    assert local.put_response(key, hit("g1"))
+    assert local.response(key) is not None
+
+
 def test_budget_evicts_least_recently_used_and_counts() -> None:
     one = entry_cost(seg("0_0", "0_1", b"x" * 1000))
     local = LocalTier(3 * one + entry_cost(StreamInstance(stream=KEY.stream)))
