@@ -176,7 +176,8 @@ class CatchupCache:
             await self.streams.purged(stream)
 
     def purge(self, stream: str) -> int:
-        return self.streams.purge(stream)
+        """An operator's purge (the admin listener's ``POST /purge``)."""
+        return self.streams.purge(stream, reason="admin_purge")
 
     async def purged(self, stream: str) -> bool:
         return await self.streams.purged(stream)

@@ -483,10 +483,39 @@ SERVE_OPTIONS = (
         "the environment variable takes one per line.",
         repeatable=True,
     ),
+    Option(
+        "--fastly-token",
+        _optional_str,
+        "",
+        "Fastly API token for --cdn-purge fastly= (purge_select scope). Give it in the "
+        "environment: a command line is visible to every user of the machine.",
+    ),
+    Option(
+        "--cloudflare-token",
+        _optional_str,
+        "",
+        "Cloudflare API token for --cdn-purge cloudflare= (Cache Purge permission). Give it in "
+        "the environment: a command line is visible to every user of the machine.",
+    ),
+    Option(
+        "--fastly-api-url",
+        str,
+        "https://api.fastly.com",
+        "Base URL of Fastly's API (--cdn-purge fastly=): another for a stand-in or a proxy.",
+    ),
+    Option(
+        "--cloudflare-api-url",
+        str,
+        "https://api.cloudflare.com/client/v4",
+        "Base URL of Cloudflare's API (--cdn-purge cloudflare=): another for a stand-in or a "
+        "proxy.",
+    ),
 )
 
 FLAG_OF_SETTING = {option.setting: option.flag for option in SERVE_OPTIONS}
-SECRET_FLAGS = frozenset({"--admin-token", "--origin-header"})
+SECRET_FLAGS = frozenset(
+    {"--admin-token", "--origin-header", "--fastly-token", "--cloudflare-token"}
+)
 
 # ``edge serve --help`` in topics, in this order; every flag is in one (a unit test checks).
 TOPICS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -526,7 +555,13 @@ TOPICS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "limits",
         ("--max-viewers", "--max-connections", "--header-timeout", "--keepalive-timeout"),
     ),
-    ("cdn in front", ("--cdn-purge", "--browser-max-age")),
+    (
+        "cdn in front",
+        (
+            "--cdn-purge", "--fastly-token", "--cloudflare-token", "--fastly-api-url",
+            "--cloudflare-api-url", "--browser-max-age",
+        ),
+    ),
     ("observability", ("--log-level", "--origin-health-path")),
     ("admin", ("--admin-token", "--admin-protect")),
 )  # fmt: skip

@@ -163,6 +163,12 @@ class Settings:
     # (``--cdn-purge KIND=TARGET``, repeatable): (kind, target) pairs, kinds ``CDN_PURGE_KINDS``.
     # With none, nobody downstream can be told, so CDN lifetimes stay as short as the browser's.
     cdn_purge: tuple[tuple[str, str], ...] = ()
+    # The purge-by-key APIs (edge.cdn.api): tokens (from the environment; needed by their kind)
+    # and base URLs (overridable for stand-ins and private endpoints).
+    fastly_token: str | None = field(default=None, repr=False)
+    cloudflare_token: str | None = field(default=None, repr=False)
+    fastly_api_url: str = "https://api.fastly.com"
+    cloudflare_api_url: str = "https://api.cloudflare.com/client/v4"
     # How long a browser (any cache nobody can purge) may keep an answer that can never change:
     # a deleted stream's bytes stay visible there that long (edge.log.freshness).
     browser_max_age_seconds: int = 60
@@ -250,6 +256,27 @@ class Settings:
         self._check_cdn_purge()
 
     def _check_cdn_purge(self) -> None:
+        for name in ("fastly_api_url", "cloudflare_api_url"):
+            parts = urlsplit(getattr(self, name))
+            if parts.scheme not in ("http", "https") or not parts.hostname or parts.query:
+                raise ConfigError("{" + name + "} must be an http(s) URL without a query")
+        for name in ("fastly_token", "cloudflare_token"):
+            token = getattr(self, name)
+            if token is not None and not (token.isascii() and token.isprintable() and token):
+                raise ConfigError("{" + name + "} must be printable ASCII")
+        kinds = {kind for kind, _ in self.cdn_purge}
+        if "fastly" in kinds and not self.fastly_token:
+            raise ConfigError(
+                "{cdn_purge} fastly= needs a Fastly API token (with purge_select scope): set "
+                "EDGE_FASTLY_TOKEN ({fastly_token})"
+            )
+        if "cloudflare" in kinds and not self.cloudflare_token:
+            raise ConfigError(
+                "{cdn_purge} cloudflare= needs a Cloudflare API token (Cache Purge permission): "
+                "set EDGE_CLOUDFLARE_TOKEN ({cloudflare_token})"
+            )
+        if len(set(self.cdn_purge)) != len(self.cdn_purge):
+            raise ConfigError("{cdn_purge} names the same target twice")
         for kind, target in self.cdn_purge:
             if kind not in CDN_PURGE_KINDS:
                 raise ConfigError(

@@ -26,6 +26,8 @@ from edge.protocol.reads import RequestKind
 
 ORIGIN_ERRORS = ("connect", "timeout", "reset", "protocol")
 CACHE_RESULTS = ("hit", "delta", "miss", "bypass")
+# What became of a stream's purge at a CDN target (edge.cdn.purger).
+CDN_PURGE_RESULTS = ("ok", "error", "dropped", "gave_up", "abandoned")
 
 # Long-polls last up to ~30 s and SSE connections minutes, so the buckets reach far.
 DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
@@ -260,6 +262,22 @@ class Metrics:
             "edge_fast_path_answers",
             "Catch-up hits answered from stored, pre-serialised responses (also counted in "
             "edge_requests_total and edge_cache_requests_total; folded in at scrape time).",
+            registry=self.registry,
+        )
+        self.cdn_purges = Counter(
+            "edge_cdn_purges",
+            "Purges of forgotten streams at the CDN targets of --cdn-purge, one per stream and "
+            "send, by kind and result: ok (acknowledged), error (failed or unanswered: "
+            "retried), dropped (past the cap of owed purges), gave_up (failing for an hour), "
+            "abandoned (still owed when a drain ended).",
+            ["kind", "result"],
+            registry=self.registry,
+        )
+        self.cdn_purges_pending = Gauge(
+            "edge_cdn_purges_pending",
+            "Streams owed a purge at the CDN targets of --cdn-purge, by kind (waiting for the "
+            "forgetting to be in effect, due, in flight, retried, or owed the double purge).",
+            ["kind"],
             registry=self.registry,
         )
         # Label children bound once: a labels() lookup per request costs more than the count.

@@ -24,7 +24,7 @@ from edge.metrics import Metrics
 from edge.origin import OriginClient
 from edge.startup import StartupError, bound_url, check_redis, run_loop, settle_heap, why
 from edge.summary import startup_lines
-from edge.web.app import FAST, HUB, create_admin_app, create_app
+from edge.web.app import FAST, HUB, PURGER, create_admin_app, create_app
 from edge.web.bounded_site import BoundedSite
 from edge.web.connection_table import Limits, default_max_connections
 from edge.web.connection_tracker import CONNECTIONS, ConnectionTracker
@@ -269,8 +269,12 @@ async def serve(
     await stop.wait()
     log.info("stopping: draining for up to %.0f s", settings.drain_seconds)
     # Live readers end cleanly first (clients resume elsewhere by offset); then the runner stops
-    # accepting and waits for what is left, up to --drain-seconds.
+    # accepting and waits for what is left, up to --drain-seconds, while the CDN purges still
+    # owed are sent in the same time.
     stream_app[HUB].start_draining()
+    purger = stream_app.get(PURGER)
+    if purger is not None:
+        purger.start_draining()
     await stream_runner.cleanup()
     await admin_runner.cleanup()
 

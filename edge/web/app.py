@@ -31,6 +31,7 @@ from multidict import CIMultiDict
 from edge.answer import Answer
 from edge.auth.gate import Gate
 from edge.catchup import CatchupCache, RelayInstead
+from edge.cdn.purger import CdnPurger
 from edge.config import Settings
 from edge.live.answers import sse_encoding
 from edge.live.hub import LiveHub
@@ -71,6 +72,7 @@ HUB = web.AppKey("hub", LiveHub)
 CORS = web.AppKey("cors", OriginCors)
 FAST = web.AppKey("fast", FastPath)
 FRONT = web.AppKey("front", CatchupFront)
+PURGER = web.AppKey("purger", CdnPurger)  # only with --cdn-purge
 
 
 # The status of the answer aiohttp is handed for a client that went away (nginx's 499); it is
@@ -488,6 +490,10 @@ def create_app(settings: Settings, metrics: Metrics, origin: OriginClient) -> we
     app[FAST] = fast
     app[FRONT] = CatchupFront(cache=cache, fast=fast, cors=cors)
     metrics.fold_at_scrape(fast.fold_into)
+    purger = CdnPurger(settings, cache.streams, metrics) if settings.cdn_purge else None
+    if purger is not None:
+        app[PURGER] = purger
+        cache.streams.on_forget.append(purger.forgot)
 
     async def lifetime(_: web.Application) -> AsyncIterator[None]:
         await origin.start()
@@ -496,7 +502,11 @@ def create_app(settings: Settings, metrics: Metrics, origin: OriginClient) -> we
         if shared is not None:
             await shared.start()  # before the listener opens: readiness knows Redis from the first
             shared.listen_for_purges(cache.streams.purged_elsewhere, cache.streams.resync)
+        if purger is not None:
+            await purger.start()
         yield
+        if purger is not None:
+            await purger.close()  # drained: within --drain-seconds of start_draining
         await hub.close()
         if gate is not None:
             await gate.close()

@@ -49,9 +49,10 @@ def test_no_secret_is_shown() -> None:
         auth_url="http://auth:9000/check",
         origin_headers=(("Authorization", "Bearer origin-secret"),),
         cdn_purge=(("fastly", "svc"),),
+        fastly_token="fastly-secret",
     )
     text = "\n".join(lines(settings))
-    for secret in ("hunter2", "t0ken-secret", "origin-secret"):
+    for secret in ("hunter2", "t0ken-secret", "origin-secret", "fastly-secret"):
         assert secret not in text
     assert "redis://user:***@redis:6379/0" in text
     assert "forward: each verdict asked of http://auth:9000/check" in text
