@@ -106,6 +106,14 @@ def _duration(text: str) -> float:
     return seconds  # its range is the setting's to check (edge.config)
 
 
+def _whole_duration(text: str) -> int:
+    """A duration (``_duration``) of whole seconds, as ``max-age`` says them."""
+    seconds = _duration(text)
+    if not seconds.is_integer():
+        raise ValueError("whole seconds (a max-age)")
+    return int(seconds)
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 0:
@@ -251,6 +259,16 @@ SERVE_OPTIONS = (
         "Writes through this edge invalidate at once; a reader is at most this far behind "
         "writes made elsewhere, and loses nothing (it goes live from there).",
         field="tail_freshness_seconds",
+    ),
+    Option(
+        "--browser-max-age",
+        _whole_duration,
+        "60",
+        "Seconds a browser (or any cache nobody can purge) may keep an answer that can never "
+        "change (a closed or capped range): a deleted stream's bytes stay visible there that "
+        "long. A CDN keeps such answers a year when --cdn-purge names where to purge it, else "
+        "this long too.",
+        field="browser_max_age_seconds",
     ),
     Option(
         "--long-poll-timeout",
@@ -553,7 +571,7 @@ TOPICS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "cdn in front",
         (
             "--cdn-purge", "--fastly-token", "--cloudflare-token", "--fastly-api-url",
-            "--cloudflare-api-url",
+            "--cloudflare-api-url", "--browser-max-age",
         ),
     ),
     ("observability", ("--log-level", "--origin-health-path")),
@@ -564,6 +582,7 @@ OTHER_TOPIC = "other"
 # What a value looks like, by its parser (--help's metavar).
 _METAVARS: dict[Callable[[str], Any], str] = {
     _duration: "DURATION",
+    _whole_duration: "DURATION",
     _byte_size: "SIZE",
     _positive_int: "N",
     Address.parse: "HOST:PORT",

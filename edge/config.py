@@ -13,6 +13,8 @@ from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit
 
 SECONDS = 1.0
+# The longest lifetime any cache is told (RFC 9111 §5.2.2.1: no more than a year).
+IMMUTABLE_MAX_AGE_SECONDS = 31_536_000
 MIN_SSE_SECONDS = 5 * SECONDS
 KiB = 1024
 MiB = 1024 * KiB
@@ -171,6 +173,9 @@ class Settings:
     cloudflare_token: str | None = field(default=None, repr=False)
     fastly_api_url: str = "https://api.fastly.com"
     cloudflare_api_url: str = "https://api.cloudflare.com/client/v4"
+    # How long a browser (any cache nobody can purge) may keep an answer that can never change:
+    # a deleted stream's bytes stay visible there that long (edge.log.freshness).
+    browser_max_age_seconds: int = 60
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.origin)
@@ -249,6 +254,10 @@ class Settings:
             raise ConfigError("{admin_protect} must be purge or all")
         if self.admin_protect == "all" and self.purge_token is None:
             raise ConfigError("{admin_protect}=all needs {purge_token}")
+        if not 0 <= self.browser_max_age_seconds <= IMMUTABLE_MAX_AGE_SECONDS:
+            raise ConfigError(
+                "{browser_max_age_seconds} must be 0 to " + f"{IMMUTABLE_MAX_AGE_SECONDS} (a year)"
+            )
         self._check_auth()
         self._check_cdn_purge()
 

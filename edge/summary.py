@@ -92,7 +92,10 @@ def startup_lines(
     lines.append(f"  auth     {auth}")
     if settings.cdn_purge:
         kinds = ", ".join(kind for kind, _ in settings.cdn_purge)
-        lines.append(f"  cdn      purges sent to: {kinds}")
+        lines.append(
+            f"  cdn      purges sent to: {kinds}; closed ranges kept a year there, "
+            f"{_seconds(settings.browser_max_age_seconds)} by browsers (--browser-max-age)"
+        )
     if limits is not None:
         lines.append(f"  limits   {limits}")
     return lines

@@ -297,7 +297,8 @@ async def serve_sse(request: web.Request, classified: Classified) -> web.StreamR
     response.headers.extend(log_.header_template)
     cors.mark_vary(response.headers)
     response.headers["Content-Type"] = "text/event-stream"
-    response.headers["Cache-Control"] = "no-cache, no-transform"
+    # No cache keeps it (no-store), and no proxy buffers or alters it (PROTOCOL-NOTES trap 4).
+    response.headers["Cache-Control"] = "no-cache, no-store, no-transform"
     response.headers["X-Accel-Buffering"] = "no"
     if sse_encoding(log_.content_type) == "base64":
         response.headers["stream-sse-data-encoding"] = "base64"

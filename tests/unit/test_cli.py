@@ -39,6 +39,7 @@ def test_every_flag_reads_its_env_and_the_flag_wins() -> None:
         "EDGE_MAX_RESPONSE_BYTES": "512KiB",
         "EDGE_MAX_SEGMENT_BYTES": "1048576",
         "EDGE_TAIL_FRESHNESS": "0.5",
+        "EDGE_BROWSER_MAX_AGE": "5m",
         "EDGE_LONG_POLL_TIMEOUT": "12",
         "EDGE_SSE_MAX_SECONDS": "0",
         "EDGE_SSE_HEARTBEAT": "3",
@@ -96,6 +97,7 @@ def test_every_flag_reads_its_env_and_the_flag_wins() -> None:
     assert settings.max_response_bytes == 512 * 1024
     assert settings.max_segment_bytes == 1024 * 1024
     assert settings.tail_freshness_seconds == 0.5
+    assert settings.browser_max_age_seconds == 300  # 5m
     assert settings.redis_url == "redis://127.0.0.1:6390/2"
     assert settings.fast_path is False
     assert settings.redis_ttl_seconds == 60
@@ -178,6 +180,9 @@ def test_redis_is_off_unless_asked_for() -> None:
         (["serve", "--origin", "http://x", "--sse-max-seconds", "1"], "at least"),
         (["serve", "--origin", "http://x", "--tail-mode", "carrier-pigeon"], "--tail-mode"),
         (["serve", "--origin", "http://x", "--workers", "0"], "--workers"),
+        (["serve", "--origin", "http://x", "--browser-max-age", "31536001"], "a year"),
+        (["serve", "--origin", "http://x", "--browser-max-age", "-1"], "--browser-max-age"),
+        (["serve", "--origin", "http://x", "--browser-max-age", "1.5"], "whole seconds"),
         (["serve", "--origin", "http://x", "--workers", "many"], "--workers"),
     ],
 )
