@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any, cast
 
 from prometheus_client import (
@@ -34,8 +35,21 @@ DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 
 
 
 Usage = Callable[[], dict[str, tuple[int, int]]]
-# (open, limit, closed by reason) of the stream listener's client connections.
-ConnectionStats = Callable[[], tuple[int, int, dict[str, int]]]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ListenerStats:
+    """The stream listener's client connections as the tracker counts them, read at scrape."""
+
+    open: int
+    limit: int  # --max-connections in effect
+    live: int  # live readers (SSE viewers, long-polls) in progress
+    live_limit: int  # the live-reader cap in effect
+    closed: Mapping[str, int]  # closed by the edge, by reason
+    refusals: Mapping[tuple[str, str], int]  # refused, by (request kind, reason)
+
+
+ConnectionStats = Callable[[], ListenerStats]
 
 
 class ScrapeTimeCollector(Collector):
@@ -75,27 +89,51 @@ class ScrapeTimeCollector(Collector):
             tasks.add_metric([], len(asyncio.all_tasks()))
         yield tasks
         if self.connections is not None:
-            open_, limit, closed = self.connections()
-            yield GaugeMetricFamily(
-                "edge_client_connections",
-                "Open client connections on the stream listener.",
-                value=open_,
-            )
-            yield GaugeMetricFamily(
-                "edge_client_connections_limit",
-                "--max-connections in effect (derived from the open-file limit when 0).",
-                value=limit,
-            )
-            closed_family = CounterMetricFamily(
-                "edge_client_connections_closed",
-                "Client connections the edge closed itself, by reason: header_timeout, "
-                "keepalive_timeout, evicted (the longest idle, at --max-connections), refused "
-                "(503: every connection busy).",
-                labels=["reason"],
-            )
-            for reason, count in closed.items():
-                closed_family.add_metric([reason], count)
-            yield closed_family
+            yield from _listener_families(self.connections())
+
+
+def _listener_families(stats: ListenerStats) -> Iterator[Metric]:
+    yield GaugeMetricFamily(
+        "edge_client_connections",
+        "Open client connections on the stream listener.",
+        value=stats.open,
+    )
+    yield GaugeMetricFamily(
+        "edge_client_connections_limit",
+        "--max-connections in effect (derived from the open-file limit when 0).",
+        value=stats.limit,
+    )
+    yield GaugeMetricFamily(
+        "edge_live_readers",
+        "Live readers (SSE viewers and long-polls) in progress, counted against their cap.",
+        value=stats.live,
+    )
+    yield GaugeMetricFamily(
+        "edge_live_readers_limit",
+        "The live-reader cap in effect: --max-viewers, or what the connections leave after the "
+        "short requests' reserve.",
+        value=stats.live_limit,
+    )
+    closed_family = CounterMetricFamily(
+        "edge_client_connections_closed",
+        "Client connections the edge closed itself, by reason: header_timeout, "
+        "keepalive_timeout, evicted (the longest idle, to make room at --max-connections), "
+        "refused (a plain 503: no room even to read the request).",
+        labels=["reason"],
+    )
+    for reason, count in stats.closed.items():
+        closed_family.add_metric([reason], count)
+    yield closed_family
+    refusals = CounterMetricFamily(
+        "edge_refusals",
+        "Requests the edge turned away for room (503 with Retry-After), by request kind (sse, "
+        "long_poll, write, catchup, head, other; unknown: gone before its request line) and "
+        "reason (viewers: the live-reader cap; connections: every connection busy).",
+        labels=["kind", "reason"],
+    )
+    for (kind, reason), count in stats.refusals.items():
+        refusals.add_metric([kind, reason], count)
+    yield refusals
 
 
 class Metrics:

@@ -39,6 +39,7 @@ def test_every_flag_reads_its_env_and_the_flag_wins() -> None:
         "EDGE_MAX_RESPONSE_BYTES": "512KiB",
         "EDGE_MAX_SEGMENT_BYTES": "1048576",
         "EDGE_TAIL_FRESHNESS": "0.5",
+        "EDGE_BROWSER_MAX_AGE": "5m",
         "EDGE_LONG_POLL_TIMEOUT": "12",
         "EDGE_SSE_MAX_SECONDS": "0",
         "EDGE_SSE_HEARTBEAT": "3",
@@ -96,6 +97,7 @@ def test_every_flag_reads_its_env_and_the_flag_wins() -> None:
     assert settings.max_response_bytes == 512 * 1024
     assert settings.max_segment_bytes == 1024 * 1024
     assert settings.tail_freshness_seconds == 0.5
+    assert settings.browser_max_age_seconds == 300  # 5m
     assert settings.redis_url == "redis://127.0.0.1:6390/2"
     assert settings.fast_path is False
     assert settings.redis_ttl_seconds == 60
@@ -178,6 +180,9 @@ def test_redis_is_off_unless_asked_for() -> None:
         (["serve", "--origin", "http://x", "--sse-max-seconds", "1"], "at least"),
         (["serve", "--origin", "http://x", "--tail-mode", "carrier-pigeon"], "--tail-mode"),
         (["serve", "--origin", "http://x", "--workers", "0"], "--workers"),
+        (["serve", "--origin", "http://x", "--browser-max-age", "31536001"], "a year"),
+        (["serve", "--origin", "http://x", "--browser-max-age", "-1"], "--browser-max-age"),
+        (["serve", "--origin", "http://x", "--browser-max-age", "1.5"], "whole seconds"),
         (["serve", "--origin", "http://x", "--workers", "many"], "--workers"),
     ],
 )
@@ -239,6 +244,8 @@ def test_new_defaults() -> None:
     assert settings.header_timeout_seconds == 10
     assert settings.keepalive_timeout_seconds == 60
     assert settings.max_connections == 0  # derived from the open-file limit at start-up
+    assert settings.max_viewers == 0  # what the connections leave after the short reserve
+    assert settings.upstream_max_connections == 0  # an eighth of the open-file limit
     assert settings.origin_health_path is None
     assert settings.purge_token is None
     assert settings.workers == len(os.sched_getaffinity(0))  # auto: the CPUs we may use
@@ -264,7 +271,7 @@ def test_every_setting_has_exactly_one_flag() -> None:
         (["--tail-linger", "-1"], "--tail-linger must be >= 0"),
         (["--upstream-connect-timeout", "0"], "--upstream-connect-timeout must be positive"),
         (["--long-poll-timeout", "0"], "--long-poll-timeout must be positive"),
-        (["--max-viewers", "0"], "--max-viewers must be at least 1"),
+        (["--max-viewers", "-1"], "--max-viewers='-1': must be >= 0"),
         (["--redis-url", "redis://r:port"], "--redis-url has an invalid port"),
         (["--purge-token", "caf\u00e9"], "--admin-token must be printable ASCII"),
     ],

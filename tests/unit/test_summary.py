@@ -56,7 +56,7 @@ def test_no_secret_is_shown() -> None:
         assert secret not in text
     assert "redis://user:***@redis:6379/0" in text
     assert "forward: each verdict asked of http://auth:9000/check" in text
-    assert "cdn      purges sent to: fastly" in text
+    assert "cdn      purges sent to: fastly; closed ranges kept a year there, 60 s by" in text
 
 
 def test_urls_without_a_password_are_unchanged() -> None:

@@ -65,10 +65,14 @@ def test_the_edges_bounds_are_divided_so_the_totals_hold() -> None:
     assert share.max_viewers == 5000
     assert share.max_connections == 250
     assert share.upstream_max_connections == 2
-    # Per-process defaults (0: derived from the open-file limit, or unlimited) stay 0.
-    assert (
-        per_worker(replace(edge, max_connections=0, upstream_max_connections=0)).max_connections
-        == 0
+    # Per-process defaults (0: derived from each worker's open-file limit) stay 0.
+    derived = per_worker(
+        replace(edge, max_connections=0, upstream_max_connections=0, max_viewers=0)
+    )
+    assert (derived.max_connections, derived.upstream_max_connections, derived.max_viewers) == (
+        0,
+        0,
+        0,
     )
     # Everything else is the same edge.
     assert share.origin == edge.origin
