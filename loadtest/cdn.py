@@ -64,6 +64,16 @@ from loadtest.hits import git_revision
 TIERS = ("edge", "varnish", "nginx")
 MAX_RESPONSE_BYTES = 64 * 1024
 DOUBLE_PURGE_PASSED_SECONDS = 3.0
+READING = (
+    "How to read it. Every wait and spread is measured where the answers arrive, in one Python "
+    "client process, so absolute milliseconds are mostly the client's (about 1 ms per answer at "
+    'these herd sizes); compare the tiers within a run. The "edge" rows are the clients '
+    "straight at the edge: every request reaches it by definition. Through nginx, DELETE + "
+    "recreate and the operator purge keep serving the old instance (and 304 to its ETag) past the "
+    "probe by design: nginx open source cannot purge by key, so it keeps only the edge's "
+    "`Cache-Control`, the browser's lifetime (`--browser-max-age`), and serves old bytes for at "
+    'most that long (docs/cdn.md, "nginx").'
+)
 PURGE_BOUND_SECONDS = 2.0
 
 
@@ -355,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
             "at the edge. One client process (aiohttp), one connection per request. Load "
             f"average (1/5/15 min) {'/'.join(f'{x:.2f}' for x in load_before)} before, "
             f"{'/'.join(f'{x:.2f}' for x in load_after)} after (a machine shared with other "
-            f"engineers' tests).\n\n{rendered}\n"
+            f"engineers' tests).\n\n{rendered}\n\n{READING}\n"
         )
         insert_section(args.output, heading, section)
         print(f"wrote {args.output}", file=sys.stderr)
