@@ -417,3 +417,10 @@ def test_the_cdn_tokens_come_from_the_environment_and_are_never_shown() -> None:
         parse_settings([*argv, "--fastly-token", "s3cr\u00e9t"], env)
     assert "s3cr" not in str(raised.value)
     assert str(raised.value) == "--fastly-token must be printable ASCII"
+
+
+def test_the_configuration_reference_names_every_flag_and_variable() -> None:
+    reference = (REPO / "docs" / "configuration.md").read_text()
+    for option in SERVE_OPTIONS:
+        assert f"`{option.flag}`" in reference, option.flag
+        assert f"`{option.env}`" in reference, option.env
