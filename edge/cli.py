@@ -274,7 +274,22 @@ SERVE_OPTIONS = (
         "--redis-url",
         _optional_str,
         "",
-        "Shared cache tier, e.g. redis://127.0.0.1:6379/0; empty disables it.",
+        "Shared cache tier, e.g. redis://127.0.0.1:6379/0; empty disables it. In cluster mode "
+        "one or more seed nodes, in sentinel mode the sentinels (comma-separated).",
+    ),
+    Option(
+        "--redis-mode",
+        str,
+        "standalone",
+        "standalone (one Redis), cluster (a Redis Cluster; --redis-url names seed nodes) or "
+        "sentinel (the primary the sentinels in --redis-url name, see "
+        "--redis-sentinel-service).",
+    ),
+    Option(
+        "--redis-sentinel-service",
+        _optional_str,
+        "",
+        "In sentinel mode: the name the sentinels monitor the primary by.",
     ),
     Option(
         "--redis-ttl",
