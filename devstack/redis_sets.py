@@ -85,6 +85,7 @@ class RedisClusterSet:
     nodes: list[Redis]
     logs_dir: Path
     _extra: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    _rejoining: list[int] = field(default_factory=list)
 
     @property
     def seeds(self) -> str:
@@ -138,17 +139,20 @@ class RedisClusterSet:
         return promoted[0]
 
     def restart(self, port: int) -> None:
-        """Start a killed node again on its port: it rejoins as a replica."""
+        """Start a killed node again on its port: it rejoins as a replica (``settle`` waits
+        until it has)."""
         old = self.node(port)
         again = start_redis(
             self.logs_dir, port=port, name=f"cluster-{port}-again", extra_args=self._extra[port]
         )
         self.nodes[self.nodes.index(old)] = again
-        _wait(
-            f"node {port} never rejoined as a replica",
-            lambda: _role(port) == "slave" and _link_up(port),
-            15.0,
-        )
+        self._rejoining.append(port)
+
+    def settle(self) -> None:
+        """Until every restarted node is a replica in sync again: the set is whole."""
+        while self._rejoining:
+            port = self._rejoining.pop(0)
+            _wait(f"node {port} never rejoined", lambda: _in_sync(port), 20.0)  # noqa: B023
 
     def stop(self) -> None:
         for node in self.nodes:
@@ -160,6 +164,10 @@ def _role(port: int) -> str:
     assert isinstance(role, list)
     kind = role[0]
     return kind.decode() if isinstance(kind, bytes) else str(kind)
+
+
+def _in_sync(port: int) -> bool:
+    return _role(port) == "slave" and _link_up(port)
 
 
 def _link_up(port: int) -> bool:
@@ -237,6 +245,7 @@ class SentinelSet:
     sentinels: list[Redis]
     logs_dir: Path
     service: str = SENTINEL_SERVICE
+    _rejoining: list[int] = field(default_factory=list)
 
     @property
     def urls(self) -> str:
@@ -281,15 +290,41 @@ class SentinelSet:
         return promoted[0]
 
     def restart(self, port: int) -> None:
-        """Start a killed data node again: the sentinels make it a replica of the primary."""
+        """Start a killed data node again, as a replica of the primary now (as the sentinels
+        would make it, without waiting for them to notice); ``settle`` waits until it syncs."""
         old = self.node(port)
-        again = start_redis(self.logs_dir, port=port, name=f"sentinel-data-{port}")
-        self.data[self.data.index(old)] = again
-        _wait(
-            f"node {port} never became a replica again",
-            lambda: _role(port) == "slave" and _link_up(port),
-            20.0,
+        primary = self.primary_port()
+        again = start_redis(
+            self.logs_dir,
+            port=port,
+            name=f"sentinel-data-{port}-again",
+            extra_args=("--replicaof", "127.0.0.1", str(primary)),
         )
+        self.data[self.data.index(old)] = again
+        self._rejoining.append(port)
+
+    def settle(self) -> None:
+        """Until every restarted node is a replica in sync and the sentinels know it: the set
+        is whole."""
+        while self._rejoining:
+            port = self._rejoining.pop(0)
+            _wait(
+                f"node {port} never became a replica again",
+                lambda: _in_sync(port) and self._replica_known(port),  # noqa: B023 - called here
+                20.0,
+            )
+
+    def _replica_known(self, port: int) -> bool:
+        """Every sentinel lists ``port`` as a replica it does not think down."""
+        for sentinel in self.sentinels:
+            client = _client(sentinel.port)
+            try:
+                replicas = client.sentinel_slaves(self.service)
+            finally:
+                client.close()
+            if not any(r["port"] == port and not r["is_sdown"] for r in replicas):
+                return False
+        return True
 
     def stop(self) -> None:
         for process in [*self.sentinels, *self.data]:

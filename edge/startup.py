@@ -28,10 +28,9 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from aiohttp import web
-from redis.exceptions import RedisError
 
 from edge.config import Address, RedisTarget
-from edge.store.redis_modes import connect
+from edge.store.redis_modes import REDIS_ERRORS, connect
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +97,7 @@ async def check_redis(target: RedisTarget) -> bool:
     link = connect(target, timeout_seconds=REDIS_STARTUP_PING_SECONDS)
     try:
         await asyncio.wait_for(link.ping(), REDIS_STARTUP_PING_SECONDS * 2)
-    except (RedisError, OSError, TimeoutError) as error:
+    except REDIS_ERRORS as error:
         log.warning(
             "--redis-url: Redis at %s does not answer (%s); serving without the shared tier "
             "until it does",

@@ -128,9 +128,11 @@ def shared_redis_in(mode: str, request: pytest.FixtureRequest) -> SharedRedis:
     """The session's Redis of ``mode`` (started on first use)."""
     if mode == "cluster":
         cluster: RedisClusterSet = request.getfixturevalue("redis_cluster_set")
+        cluster.settle()
         return SharedRedis(mode="cluster", url=cluster.seeds)
     if mode == "sentinel":
         sentinels: SentinelSet = request.getfixturevalue("sentinel_set")
+        sentinels.settle()
         return SharedRedis(mode="sentinel", url=sentinels.urls, service=sentinels.service)
     standalone: Redis = request.getfixturevalue("standalone_redis")
     return SharedRedis(mode="standalone", url=standalone.url)

@@ -42,7 +42,7 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError
+from redis.exceptions import ConnectionError, RedisClusterException, RedisError
 
 from edge.config import RedisTarget
 
@@ -56,6 +56,8 @@ REPLICA_ACKS = 1
 WAIT_SHARE_OF_TIMEOUT = 0.5
 
 Commands = redis.Redis | RedisCluster
+# What reaching Redis may raise, in every mode (redis-py's cluster errors are not RedisErrors).
+REDIS_ERRORS = (RedisError, RedisClusterException, OSError, TimeoutError)
 
 
 class Durability(enum.Enum):
@@ -172,9 +174,12 @@ class SentinelLink(RedisLink):
         credentials = _credentials(target.first)
         self._sentinel = Sentinel(  # type: ignore[no-untyped-call]
             [_host_port(url, DEFAULT_SENTINEL_PORT) for url in target.urls],
+            # A sentinel that does not answer is skipped for the next one at once (redis-py's
+            # default retries it with seconds of backoff).
             sentinel_kwargs={
                 "socket_timeout": timeout_seconds,
                 "socket_connect_timeout": timeout_seconds,
+                "retry": Retry(NoBackoff(), retries=0),
                 **credentials,
             },
             decode_responses=False,

@@ -45,15 +45,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from redis.exceptions import RedisError
-
 from edge.config import RedisTarget
 from edge.log.segment import InvalidSegment, Segment
 from edge.log.stream_log import LogKey
 from edge.metrics import Metrics
 from edge.protocol.offsets import is_offset_token
 from edge.store.breaker import BreakerState, CircuitBreaker
-from edge.store.redis_modes import Durability, connect
+from edge.store.redis_modes import REDIS_ERRORS, Durability, connect
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +71,7 @@ PURGE_RETRY_GIVE_UP_SECONDS = 3600.0
 MAX_CONTENT_TYPE_CHARS = 256
 PROBE_SECONDS = 1.0
 
-Errors = (RedisError, OSError, TimeoutError)
+Errors = REDIS_ERRORS
 
 
 class BadValue(ValueError):

@@ -14,6 +14,7 @@ from multidict import CIMultiDict
 
 from devstack.processes import Edge, Origin, Redis, start_edge, start_redis, workers_under_test
 from tests.conftest import REDIS_MODES, shared_redis_in
+from tests.integration.replicas import start_replicas
 from tests.integration.test_faults import closed_port
 from tests.integration.test_passthrough import call, metric_value
 
@@ -328,8 +329,7 @@ async def test_a_replica_serves_what_another_fetched(
     """In every ``--redis-mode``: what replica A fetched, replica B serves from Redis; a DELETE
     through A ends it on B (which holds it) and on a replica C started afterwards."""
     shared = shared_redis_in(mode, request).edge_args
-    a = start_edge(origin.url, logs_dir, *shared, name=f"edge-a-{mode}")
-    b = start_edge(origin.url, logs_dir, *shared, name=f"edge-b-{mode}")
+    a, b = start_replicas(origin.url, logs_dir, [f"edge-a-{mode}", f"edge-b-{mode}"], *shared)
     try:
         for edge in (a, b):
             _, _, ready = await call(http, "GET", edge.admin_url + "/readyz")
