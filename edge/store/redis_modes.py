@@ -12,9 +12,14 @@ Rules this module owns:
   (``edge.store.shared``), so they are in one slot of a cluster: one node, one round trip.
 * **A generation is durable once a replica has it** (``write_generation``: ``SET`` then ``WAIT``
   on the same connection) in cluster and sentinel mode, since a failover promotes a replica and
-  a write only the dead primary had would bring purged bytes back. A primary with no replica
-  connected has no better copy to make: the write is its only copy (``ONLY_COPY``), said once in
-  the log. Standalone Redis has no failover: its write is the only copy.
+  a write only the dead primary had would bring purged bytes back. Until one confirms it, the
+  write is retried (``NOT_YET``) while any replica is connected or could still be promoted
+  (for a cluster, ``CLUSTER NODES`` lists it without ``fail``; for sentinels, they do not think
+  it down). Only a primary with no such replica has no better copy to make: its write is the
+  only copy (``ONLY_COPY``), said once in the log. A replica confirmed failed, that comes back
+  and is promoted before it syncs, can still lack a purge written meanwhile: Redis replication
+  is asynchronous, and ``WAIT`` narrows that window to this. Standalone Redis has no failover:
+  its write is the only copy.
 * **The purge channel is classic pub/sub in every mode.** In a cluster a classic ``PUBLISH`` is
   carried to every node over the cluster bus, so one subscription to any node (primary or
   replica) hears every purge of every stream; the subscriber picks a node from the current
@@ -129,22 +134,46 @@ class RedisLink:
     async def aclose(self) -> None:
         await self.commands.aclose()
 
-    def _judge(self, acks: object, role: object) -> Durability:
-        """After ``SET``: ``WAIT``'s count and ``ROLE``'s list of connected replicas."""
+    def _judge(self, acks: object, role: object, standby: int | None) -> Durability:
+        """After ``SET``: ``WAIT``'s count, ``ROLE``'s list of the replicas connected now, and
+        how many replicas the topology knows that a failover could still promote (None: it
+        cannot say)."""
         if isinstance(acks, int) and acks >= REPLICA_ACKS:
             self._told_only_copy = False
             return Durability.ON_A_REPLICA
-        replicas = role[2] if isinstance(role, list) and len(role) > 2 else None
-        if replicas == []:
-            if not self._told_only_copy:
-                log.warning(
-                    "%s mode: the primary has no replica connected; purges are durable on it "
-                    "alone until one is",
-                    self.mode,
-                )
-                self._told_only_copy = True
-            return Durability.ONLY_COPY
-        return Durability.NOT_YET
+        connected = role[2] if isinstance(role, list) and len(role) > 2 else None
+        if connected != [] or standby != 0:
+            return Durability.NOT_YET
+        if not self._told_only_copy:
+            log.warning(
+                "%s mode: the primary has no replica a failover could promote; purges are "
+                "durable on it alone until it has one",
+                self.mode,
+            )
+            self._told_only_copy = True
+        return Durability.ONLY_COPY
+
+
+def promotable_replicas(cluster_nodes: object) -> int | None:
+    """How many replicas of the answering node (``myself``) a ``CLUSTER NODES`` answer lists
+    that are not confirmed failed (``fail``; a suspected ``fail?`` one may still be promoted).
+    None when the answer is not one."""
+    if isinstance(cluster_nodes, bytes):
+        cluster_nodes = cluster_nodes.decode(errors="replace")
+    if not isinstance(cluster_nodes, str):
+        return None
+    rows = [line.split() for line in cluster_nodes.splitlines() if line.strip()]
+    mine = [row[0] for row in rows if len(row) > 3 and "myself" in row[2].split(",")]
+    if len(mine) != 1:
+        return None
+    return sum(
+        1
+        for row in rows
+        if len(row) > 3
+        and row[3] == mine[0]
+        and "slave" in row[2].split(",")
+        and "fail" not in row[2].split(",")
+    )
 
 
 class StandaloneLink(RedisLink):
@@ -186,7 +215,7 @@ class SentinelLink(RedisLink):
             db=_database(target.first),
             **credentials,
         )
-        service = target.sentinel_service
+        service = self._service = target.sentinel_service
         super().__init__(
             self._sentinel.master_for(service, **_bounded(timeout_seconds)), timeout_seconds
         )
@@ -204,7 +233,19 @@ class SentinelLink(RedisLink):
             pipe.execute_command("WAIT", REPLICA_ACKS, self._wait_ms)
             pipe.execute_command("ROLE")
             _, acks, role = await pipe.execute()
-        return self._judge(acks, role)
+        if isinstance(acks, int) and acks >= REPLICA_ACKS:
+            return self._judge(acks, role, None)
+        return self._judge(acks, role, await self._standby())
+
+    async def _standby(self) -> int | None:
+        """Replicas the sentinels do not think down: one of them may be promoted next."""
+        for sentinel in self._sentinel.sentinels:
+            try:
+                replicas = await sentinel.sentinel_slaves(self._service)
+            except REDIS_ERRORS:
+                continue
+            return sum(1 for r in replicas if not (r.get("is_sdown") or r.get("is_odown")))
+        return None
 
     async def aclose(self) -> None:
         await super().aclose()
@@ -259,20 +300,23 @@ class ClusterLink(RedisLink):
         cluster = self._cluster
         await cluster.initialize()
         node = cluster.get_node_from_key(key)
-        # All three to the slot's primary, in one pipeline: one connection, so WAIT counts the
+        # All to the slot's primary, in one pipeline: one connection, so WAIT counts the
         # replicas that have this SET.
         async with cluster.pipeline(transaction=False) as pipe:
             pipe.execute_command("SET", key, value, "EX", ttl_seconds, target_nodes=node)
             pipe.execute_command("WAIT", REPLICA_ACKS, self._wait_ms, target_nodes=node)
             pipe.execute_command("ROLE", target_nodes=node)
-            written, acks, role = await pipe.execute(raise_on_error=False, allow_redirections=False)
+            pipe.execute_command("CLUSTER NODES", target_nodes=node)
+            written, acks, role, nodes = await pipe.execute(
+                raise_on_error=False, allow_redirections=False
+            )
         if isinstance(written, BaseException):
             # The slot moved (MOVED) or the node failed: a keyed command through the cluster
             # client follows the redirect and updates its slot map (or raises the failure), so
             # the next attempt goes to the slot's primary now.
             await cluster.exists(key)
             return Durability.NOT_YET
-        return self._judge(acks, role)
+        return self._judge(acks, role, promotable_replicas(nodes))
 
 
 def connect(target: RedisTarget, *, timeout_seconds: float) -> RedisLink:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+import redis.asyncio as aredis
 
 from devstack.processes import Edge, Origin, start_edge
 from devstack.redis_sets import RedisClusterSet, SentinelSet
@@ -35,6 +36,10 @@ from tests.integration.test_passthrough import metric_value
 # its probe finds Redis again (5 s cooldown, probed every second), plus slack.
 PURGE_AFTER_PROMOTION = 9.0
 STREAMS_READ_DURING_FAILOVER = 12
+# Filler that backs up a stopped replica's replication link: socket buffers on loopback are a
+# few MiB (tcp_rmem autotunes up to 32 MiB only while the reader reads).
+BACKLOG_CHUNK_BYTES = 4 * 1024 * 1024
+BACKLOG_CHUNKS = 16
 
 
 async def _redis_state(http: aiohttp.ClientSession, edge: Edge) -> str:
@@ -49,6 +54,24 @@ async def _until_redis(http: aiohttp.ClientSession, edge: Edge, state: str, boun
         await asyncio.sleep(0.2)
         seen = await _redis_state(http, edge)
     return seen
+
+
+async def _back_up_replication(port: int, key: str) -> int:
+    """With the replica stopped, write filler (in ``key``'s slot: the primary's) until the
+    kernel's socket buffers to the replica are full and the primary holds replication bytes in
+    its own memory (``omem`` of its replica client): whatever it writes next dies with it. The
+    bytes so held."""
+    client = aredis.Redis(host="127.0.0.1", port=port, socket_timeout=5)
+    try:
+        for chunk in range(BACKLOG_CHUNKS):
+            await client.set(f"{key}:{chunk}", b"x" * BACKLOG_CHUNK_BYTES, ex=60)
+            replicas = await client.client_list(_type="replica")
+            held = sum(int(entry.get("omem", 0)) for entry in replicas)
+            if held > 0:
+                return held
+        return 0
+    finally:
+        await client.aclose()
 
 
 async def _read_each(
@@ -75,7 +98,8 @@ async def test_a_purge_during_a_failover_is_kept_and_reads_stay_exact(
 ) -> None:
     """Replicas A and B share a Redis whose primary P (for a cluster, the one serving the
     stream's slot) has one replica R. A closed stream is held by A, B and Redis. R is frozen
-    (SIGSTOP), the stream is deleted through A, P is killed (SIGKILL) and R thawed, so R is
+    (SIGSTOP) and its replication link backed up (filler written to P until P itself holds
+    bytes for R), the stream is deleted through A, P is killed (SIGKILL) and R thawed, so R is
     promoted without ever having seen the purge. Meanwhile B serves streams it never read,
     each one exactly (from Redis or, while the tier is away, the origin), never an error.
 
@@ -121,6 +145,8 @@ async def test_a_purge_during_a_failover_is_kept_and_reads_stay_exact(
         reads = asyncio.create_task(_read_each(http, b, others, pace=0.3))
         os.kill(replica_pid, signal.SIGSTOP)
         try:
+            queued = await _back_up_replication(primary, generation_key(stream_path) + ":backlog")
+            assert queued > 0, "the premise: what the primary writes next stays in its memory"
             started = time.monotonic()
             deleted = await fetch(http, "DELETE", a.url + stream_path)
             answered_in = time.monotonic() - started
