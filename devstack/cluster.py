@@ -2,8 +2,11 @@
 
 The reference origin (with a data dir), Debian's redis-server, N edge replicas sharing Redis,
 and Debian's HAProxy in front, health-checking each replica's ``/readyz`` on its admin port and
-spreading viewers with ``leastconn``. ``make loadtest`` and the multi-replica tests use it;
-``python -m devstack.cluster`` prints the URLs and keeps it up until Ctrl-C.
+routing each stream to one replica the way ``deploy/haproxy/haproxy.cfg`` does (its
+``balance``/``hash-type``/``hash-balance-factor`` lines are read from that file, so both
+route alike; ``routing`` overrides them for a comparison). ``make loadtest`` and the
+multi-replica tests use it; ``python -m devstack.cluster`` prints the URLs and keeps it up
+until Ctrl-C.
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ defaults
     option redispatch
     retries 3
     timeout connect 2s
+    # A replica that is slow on a busy machine is not a dead one (a dead one refuses at once).
+    timeout check 2s
     timeout client 300s
     timeout server 300s
     timeout tunnel 300s
@@ -53,13 +58,37 @@ defaults
 frontend streams
     bind 127.0.0.1:{port}
     default_backend edges
+    # Which replica answered (tests place streams by it); not in the deployed config.
+    http-response set-header X-Edge-Replica %[srv_name]
 
 backend edges
-    balance leastconn
+{routing}
     option httpchk GET /readyz
     http-check expect status 200
 {servers}
 """
+
+
+DEPLOYED_HAPROXY = Path(__file__).resolve().parent.parent / "deploy" / "haproxy" / "haproxy.cfg"
+ROUTING_DIRECTIVES = ("balance", "hash-type", "hash-balance-factor")
+
+
+def deployed_routing() -> tuple[str, ...]:
+    """The routing lines of ``deploy/haproxy/haproxy.cfg``'s ``edges`` backend, and the server
+    weight its ``default-server`` gives (the points each server has on the hash ring)."""
+    lines: list[str] = []
+    in_backend = False
+    for line in DEPLOYED_HAPROXY.read_text().splitlines():
+        words = line.split("#", 1)[0].split()
+        if line and not line[0].isspace():
+            in_backend = words[:2] == ["backend", "edges"]
+        elif in_backend and words and words[0] in ROUTING_DIRECTIVES:
+            lines.append(" ".join(words))
+        elif in_backend and words[:1] == ["default-server"] and "weight" in words:
+            lines.append(f"default-server weight {words[words.index('weight') + 1]}")
+    if not lines or not lines[0].startswith("balance "):
+        raise ProcessFailed(f"no balance line in {DEPLOYED_HAPROXY}'s backend edges")
+    return tuple(lines)
 
 
 @dataclass
@@ -130,6 +159,7 @@ def start_cluster(
     replicas: int = 2,
     edge_args: tuple[str, ...] = (),
     long_poll_timeout_ms: int = 30_000,
+    routing: tuple[str, ...] | None = None,
 ) -> Cluster:
     haproxy_bin = shutil.which("haproxy") or "/usr/sbin/haproxy"
     if not Path(haproxy_bin).exists():
@@ -155,7 +185,12 @@ def start_cluster(
         for i, e in enumerate(edges)
     )
     config = logs_dir / "haproxy.cfg"
-    config.write_text(HAPROXY_TEMPLATE.format(port=port, servers=servers))
+    lines = deployed_routing() if routing is None else routing
+    config.write_text(
+        HAPROXY_TEMPLATE.format(
+            port=port, servers=servers, routing="\n".join(f"    {line}" for line in lines)
+        )
+    )
     log = logs_dir / "haproxy.log"
     with log.open("ab") as out:
         haproxy = subprocess.Popen(
