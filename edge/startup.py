@@ -86,7 +86,9 @@ def _redis_location(target: RedisTarget) -> str:
     where = ",".join(places)
     if target.mode == "sentinel":
         return f"the primary {target.sentinel_service!r} of the sentinels at {where}"
-    return f"{where} ({target.mode})"
+    if target.mode == "cluster":
+        return f"the cluster of seeds {where}"
+    return where
 
 
 async def check_redis(target: RedisTarget) -> bool:
