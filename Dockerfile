@@ -8,7 +8,7 @@
 # `edge serve --help`). Stream traffic listens on 8080, /healthz /readyz /metrics on 9090.
 #
 # The admin listener binds every interface here, so its POST /purge answers 403 until a token is
-# set: pass EDGE_PURGE_TOKEN at run time (from a secret, never baked into the image) and send
+# set: pass EDGE_ADMIN_TOKEN at run time (from a secret, never baked into the image) and send
 # `Authorization: Bearer <token>`. Publish 9090 only to your monitoring network.
 #
 # BASE_IMAGE is python:3.11-slim. Any Debian-like image with python3 (and its venv module) at

@@ -8,11 +8,13 @@ PY := $(VENV)/bin/python
 ORIGIN_DIR := deploy/origin
 STAMPS := .stamps
 
-.PHONY: debian-tools help bootstrap cluster loadtest demo serve test test-fast test-workers2 check fmt conformance clean image
+.PHONY: debian-tools help bootstrap cluster loadtest demo origin serve test test-fast test-workers2 check fmt conformance clean image
 
 help:
 	@echo "make demo       run the origin, the edge, an agent and 200 SSE viewers; print a summary"
 	@echo "make demo ARGS=--keep-running   ... and keep serving for your own clients"
+	@echo "make origin     the reference origin alone on 127.0.0.1:4437 (for a session by hand)"
+	@echo "make serve      the edge alone on 127.0.0.1:8080 in front of it (ARGS= more flags)"
 	@echo "make test       format/lint/type checks, then every test (unit, integration, conformance)"
 	@echo "make test-workers2  every test, each edge with --workers 2"
 	@echo "make check      ruff format --check, ruff check, mypy --strict edge/"
@@ -58,6 +60,15 @@ bootstrap: $(STAMPS)/venv $(STAMPS)/origin debian-tools
 
 demo: bootstrap
 	$(PY) -m devstack.demo $(ARGS)
+
+# A session by hand (README): `make origin` in one terminal, `make serve` in another. One worker,
+# so that reading a stream twice shows the second read as a hit (each worker has its own cache).
+ORIGIN_PORT ?= 4437
+origin: bootstrap
+	node $(ORIGIN_DIR)/origin.mjs --port $(ORIGIN_PORT)
+
+serve: bootstrap
+	$(VENV)/bin/edge serve --origin http://127.0.0.1:$(ORIGIN_PORT) --workers 1 $(ARGS)
 
 cluster: bootstrap
 	$(PY) -m devstack.cluster $(ARGS)

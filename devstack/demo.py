@@ -7,7 +7,9 @@ token by token while a reviewer comments on each line, both idempotent producers
 following the session through the edge, and N SSE viewers read it through the edge, resuming
 by offset when a connection ends early. Prints a summary and exits 0 when every viewer got
 exactly the messages the origin holds, in order, once; ``--keep-running`` paces the agent for
-people (3 tokens/s unless ``--rate`` says otherwise) and then leaves everything up until Ctrl-C.
+people (3 tokens/s unless ``--rate`` says otherwise) and then leaves everything up until Ctrl-C;
+``--public`` binds the page and the edge on every interface (the edge's admin listener stays on
+loopback) and prints the page's URL at this machine's address, for a phone on the same network.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from devstack import session
 from devstack.agents import Follower, create_session, start_run
 from devstack.demo_auth import DemoAuth
 from devstack.processes import new_logs_dir, start_edge, start_origin
+from devstack.reach import local_url, machine_addresses, shown_host, url_at
 from devstack.watch import STREAM_PREFIX, serve_watch, watch_path
 
 WORDS = (
@@ -57,11 +60,16 @@ async def run(args: argparse.Namespace) -> int:
     print(f"logs in {logs}")
     origin = start_origin(logs)
     auth = DemoAuth(logs) if args.auth == "jwt" else None
-    edge = start_edge(origin.url, logs, *(auth.edge_args() if auth else []), *args.edge_arg)
+    listen = f"{args.public}:0" if args.public else "127.0.0.1:0"
+    edge = start_edge(
+        origin.url, logs, *(auth.edge_args() if auth else []), *args.edge_arg, listen=listen
+    )
+    # This machine's own clients (viewers, agents) reach the edge on loopback, whatever it binds.
+    edge_url = local_url(edge.url)
     watch_runner = None
     name = f"demo-run-{int(time.time())}"
     path = f"{STREAM_PREFIX}{name}"
-    stream_url = f"{edge.url}{path}"
+    stream_url = f"{edge_url}{path}"
 
     def credentials(who: str, scope: str = "read write") -> dict[str, str]:
         return auth.headers(who, path, scope) if auth else {}
@@ -70,10 +78,22 @@ async def run(args: argparse.Namespace) -> int:
         watch_runner, watch_url = await serve_watch(
             edge.url,
             edge.admin_url,
+            host=args.public or "127.0.0.1",
             port=args.watch_port,
             tokens=auth.page_token if auth else None,
+            public=bool(args.public),
         )
-        print(f"origin {origin.url}  edge {edge.url}  metrics {edge.admin_url}/metrics")
+        print(f"origin {origin.url}  edge {edge_url}  metrics {edge.admin_url}/metrics")
+        public_edge = edge_url
+        if args.public:
+            host = shown_host(args.public)
+            watch_url, public_edge = url_at(watch_url, host), url_at(edge_url, host)
+            print(
+                f"public: the watch page and the edge listen on {args.public} (page port "
+                f"{watch_url.rsplit(':', 1)[1]}, edge port {edge_url.rsplit(':', 1)[1]}): any "
+                "device that reaches this machine can watch and write; the metrics stay on "
+                f"127.0.0.1; this machine's addresses: {', '.join(machine_addresses())}"
+            )
         if auth:
             auth.runs.add(path)
         rate = args.rate if args.rate is not None else (PEOPLE_RATE if args.keep_running else 50.0)
@@ -95,9 +115,9 @@ async def run(args: argparse.Namespace) -> int:
             await shared.wait(args.tokens / rate + 3600)
             await asyncio.wait_for(asyncio.gather(*watchers), timeout=60)
             elapsed = time.perf_counter() - started
+            counts = origin.counts()  # before the check's own read below
             stored = await read_back(http, f"{origin.url}{path}")
         items = json.loads(stored)
-        counts = origin.counts()
         exact = [v for v in viewers if v.closed and session.encode_transcript(v.messages) == stored]
         per_writer = {p.producer_id: len(p.written) for p in shared.producers}
         writers_exact = all(
@@ -105,27 +125,44 @@ async def run(args: argparse.Namespace) -> int:
             for p in shared.producers
         )
         state = session.fold(items)
+        followers = len(shared.followers)
         print()
-        print(f"stream        {stream_url}")
+        print(f"stream        {stream_url} (one JSON stream holds the whole run)")
         print(
-            f"agents wrote  {sum(per_writer.values())} messages "
-            f"({', '.join(f'{k} {v}' for k, v in per_writer.items())}), "
-            f"{len(stored)} transcript bytes in {elapsed:.1f} s"
+            f"agents wrote  {sum(per_writer.values())} messages in {elapsed:.1f} s "
+            f"({', '.join(f'{k} {v}' for k, v in per_writer.items())}; "
+            f"{len(stored):,} bytes in all)"
         )
         others = len(items) - sum(per_writer.values())
         ended = "stopped by " + state.stopped_by if state.stopped_by else "done"
-        print(f"people wrote  {others} messages; the run {ended}")
+        print(f"people wrote  {others} messages from watch pages; the run {ended}")
         signed = ", each with its own JWT (--auth jwt)" if auth else ""
-        print(f"viewers       {len(viewers)} via SSE through the edge{signed}")
-        print(f"exact copies  {len(exact)}/{len(viewers)} got exactly the transcript, once")
-        print(f"reconnects    {sum(v.connections - 1 for v in viewers)}")
+        print(
+            f"viewers       {len(viewers)} bots reading by SSE through the edge, as browsers "
+            f"would{signed}"
+        )
+        print(
+            f"exact copies  {len(exact)}/{len(viewers)} viewers ended with exactly the origin's "
+            "transcript, every message once, in order"
+        )
+        print(
+            f"reconnects    {sum(v.connections - 1 for v in viewers)} (the edge ends an SSE "
+            "connection after --sse-max-seconds, 60 s by default; each viewer resumed from its "
+            "last offset)"
+        )
         requests = counts["requests"]
         writes = sum(r["count"] for r in requests if r["method"] in ("POST", "PUT"))
         live = sum(r["count"] for r in requests if r["live"])
+        reads = counts["total"] - writes - live
         print(
-            f"origin        {counts['total']} requests ({writes} writes, {live} live reads "
-            f"from the edge's one tail); peak {counts['peak_open_live']} live connection(s) "
-            f"held open for {len(viewers) + len(shared.followers)} viewers"
+            f"origin        {counts['total']} requests reached it: {writes} writes (every "
+            f"append goes through), {live} live read(s) (the edge's one upstream tail) and "
+            f"{reads} catch-up read(s) (the edge's cache fills, shared by every viewer)"
+        )
+        print(
+            f"              at most {counts['peak_open_live']} live connection(s) open at the "
+            f"origin, for {len(viewers) + followers} readers at the edge ({len(viewers)} "
+            f"viewers + {followers} agents following the run)"
         )
         if auth:
             print(f"viewer        {auth.viewer_url(stream_url)}")
@@ -134,7 +171,7 @@ async def run(args: argparse.Namespace) -> int:
         if args.keep_running:
             print(
                 f"\nstill running: open {watch_url}{watch_path(name)} or point clients at "
-                f"{edge.url} (Ctrl-C to stop)",
+                f"{public_edge} (Ctrl-C to stop)",
                 flush=True,
             )
             stop = asyncio.Event()
@@ -168,6 +205,16 @@ def main(argv: list[str] | None = None) -> int:
         "--keep-running",
         action="store_true",
         help="pace the run for people, then keep origin, edge and page up",
+    )
+    parser.add_argument(
+        "--public",
+        nargs="?",
+        const="0.0.0.0",
+        default=None,
+        metavar="ADDRESS",
+        help="bind the watch page and the edge on ADDRESS (default 0.0.0.0: every interface) "
+        "instead of 127.0.0.1 and print the page's URL at this machine's address, so another "
+        "device on the network can open it; the edge's admin listener stays on 127.0.0.1",
     )
     parser.add_argument(
         "--edge-arg", action="append", default=[], help="extra flag for `edge serve` (repeatable)"

@@ -5,7 +5,11 @@ Rules this module owns:
 * It serves only the page (``/run/<stream name>``), its two static files and ``/api/viewers``;
   the page reads and writes the session itself, cross-origin, through the edge.
 * The page learns where the edge is from a JSON config embedded in the HTML, never from its own
-  URL, so the page and the edge can be on different hosts and ports.
+  URL, so the page and the edge can be on different hosts and ports. Served for other devices
+  (``public``, ``make demo ARGS=--public``), the config names the edge's port at the host the
+  visitor reached the page by (its ``Host``), so a phone that opened the page by this machine's
+  LAN address reads the edge there too; a ``Host`` that is not a host and port is a 400.
+* It serves a favicon, so a browser asks for nothing the server does not have.
 * ``/api/viewers`` is the edge's ``edge_sse_viewers`` gauge (viewers on that edge, every stream),
   read from its admin listener, which a browser should not reach directly.
 * With ``tokens`` (``--auth jwt``), each page embeds a token minted for its own run's stream
@@ -23,11 +27,14 @@ from pathlib import Path
 
 import aiohttp
 from aiohttp import web
+from yarl import URL
 
 PAGE_DIR = Path(__file__).resolve().parent / "watch_page"
 STREAM_PREFIX = "/v1/stream/"
 NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
 EDGE_URL = web.AppKey("edge_url", str)
+# True: the page's edge is the edge's port at the host the visitor used (see the rules).
+EDGE_AT_VISITOR_HOST = web.AppKey("edge_at_visitor_host", bool)
 # With --auth jwt: (sub, stream path) -> the page's token for that stream, None if not a run here.
 Mint = Callable[[str, str], str | None]
 TOKENS = web.AppKey("tokens", Mint)
@@ -45,7 +52,7 @@ async def page(request: web.Request) -> web.Response:
         raise web.HTTPNotFound(text="no such run")
     path = STREAM_PREFIX + stream
     config = {
-        "edge": request.app[EDGE_URL],
+        "edge": edge_for(request),
         "path": path,
         "stream": stream,
         "viewers": "/api/viewers",
@@ -60,6 +67,24 @@ async def page(request: web.Request) -> web.Response:
     embedded = json.dumps(config).replace("</", "<\\/")
     html = (PAGE_DIR / "watch.html").read_text().replace("{{CONFIG}}", embedded)
     return web.Response(text=html, content_type="text/html", headers={"Cache-Control": "no-store"})
+
+
+def edge_for(request: web.Request) -> str:
+    """The edge's URL as this visitor's page should use it."""
+    edge = request.app[EDGE_URL]
+    if not request.app[EDGE_AT_VISITOR_HOST]:
+        return edge
+    try:
+        visitor_host = URL(f"http://{request.host}").host
+        if not visitor_host:
+            raise ValueError("no host")
+        return str(URL.build(scheme="http", host=visitor_host, port=URL(edge).port))
+    except ValueError:
+        raise web.HTTPBadRequest(text="the Host header names no host") from None
+
+
+async def favicon(request: web.Request) -> web.FileResponse:
+    return web.FileResponse(PAGE_DIR / "favicon.svg", headers={"Content-Type": "image/svg+xml"})
 
 
 async def viewers(request: web.Request) -> web.Response:
@@ -83,15 +108,19 @@ async def _http(app: web.Application) -> AsyncIterator[None]:
         yield
 
 
-def create_watch_app(edge_url: str, admin_url: str, tokens: Mint | None = None) -> web.Application:
+def create_watch_app(
+    edge_url: str, admin_url: str, tokens: Mint | None = None, *, public: bool = False
+) -> web.Application:
     app = web.Application()
     app[EDGE_URL] = edge_url
+    app[EDGE_AT_VISITOR_HOST] = public
     if tokens is not None:
         app[TOKENS] = tokens
     app[ADMIN_URL] = admin_url
     app.cleanup_ctx.append(_http)
     app.router.add_get("/run/{name}", page)
     app.router.add_get("/api/viewers", viewers)
+    app.router.add_get("/favicon.ico", favicon)
     app.router.add_static("/static/", PAGE_DIR, show_index=False)
     return app
 
@@ -102,9 +131,13 @@ async def serve_watch(
     host: str = "127.0.0.1",
     port: int = 0,
     tokens: Mint | None = None,
+    *,
+    public: bool = False,
 ) -> tuple[web.AppRunner, str]:
-    """Start the watch server; returns its runner and base URL."""
-    runner = web.AppRunner(create_watch_app(edge_url, admin_url, tokens), access_log=None)
+    """Start the watch server; returns its runner and base URL (as bound: ``0.0.0.0`` for
+    every interface). ``public``: pages use the edge at the host the visitor reached them by."""
+    app = create_watch_app(edge_url, admin_url, tokens, public=public)
+    runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from edge import __version__
-from edge.config import Address, ConfigError, Settings
+from edge.config import REDIS_MODES, Address, ConfigError, Settings
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
@@ -85,6 +86,26 @@ def _byte_size(text: str) -> int:
     return int(number) * BYTE_UNITS[unit]
 
 
+DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def _duration(text: str) -> float:
+    """Seconds, as a number (``1.5``) or with a unit (``500ms``, ``30s``, ``2m``, ``1h``)."""
+    value = text.strip().lower()
+    unit = 1.0
+    for suffix in ("ms", "s", "m", "h"):  # "ms" before "s" and "m"
+        if value.endswith(suffix):
+            value, unit = value[: -len(suffix)].strip(), DURATION_UNITS[suffix]
+            break
+    try:
+        seconds = float(value) * unit
+    except ValueError:
+        raise ValueError("a duration: seconds, or a number with ms, s, m or h") from None
+    if not math.isfinite(seconds):
+        raise ValueError("a duration must be a finite number")
+    return seconds  # its range is the setting's to check (edge.config)
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 0:
@@ -123,6 +144,7 @@ def _choice(*choices: str) -> Callable[[str], str]:
             raise ValueError(f"one of {', '.join(choices)}")
         return text
 
+    parse.choices = choices  # type: ignore[attr-defined]  # shown by --help
     return parse
 
 
@@ -167,14 +189,14 @@ SERVE_OPTIONS = (
     Option("--log-level", _log_level, "INFO", "Logging threshold: DEBUG also logs each request."),
     Option(
         "--upstream-connect-timeout",
-        float,
+        _duration,
         "5",
         "Seconds to open a connection to the origin before answering 502.",
         field="upstream_connect_timeout_seconds",
     ),
     Option(
         "--upstream-headers-timeout",
-        float,
+        _duration,
         "75",
         "Seconds to wait for the origin's response headers before answering 504; keep it "
         "above the origin's long-poll timeout (30 s for both real origins).",
@@ -182,7 +204,7 @@ SERVE_OPTIONS = (
     ),
     Option(
         "--upstream-read-timeout",
-        float,
+        _duration,
         "60",
         "Seconds a non-live origin body may stall between chunks before the client's "
         "connection is aborted. Live (SSE) bodies have no idle limit.",
@@ -196,7 +218,7 @@ SERVE_OPTIONS = (
     ),
     Option(
         "--drain-seconds",
-        float,
+        _duration,
         "10",
         "On SIGTERM, how long in-flight requests may finish before connections are closed.",
     ),
@@ -221,7 +243,7 @@ SERVE_OPTIONS = (
     ),
     Option(
         "--tail-freshness",
-        float,
+        _duration,
         "1",
         "Seconds an at-tail answer of an open stream is reused without asking the origin. "
         "Writes through this edge invalidate at once; a reader is at most this far behind "
@@ -230,21 +252,21 @@ SERVE_OPTIONS = (
     ),
     Option(
         "--long-poll-timeout",
-        float,
+        _duration,
         "30",
         "Seconds a long-poll at the tail waits for data before answering 204.",
         field="long_poll_timeout_seconds",
     ),
     Option(
         "--sse-max-seconds",
-        float,
+        _duration,
         "60",
         "Rotate SSE connections after this long, at a batch boundary (clients resume by "
         "offset); 0 = never. At least 5, since short SSE connections make clients fall back.",
     ),
     Option(
         "--sse-heartbeat",
-        float,
+        _duration,
         "15",
         "Seconds of silence after which an SSE viewer gets a comment heartbeat.",
         field="sse_heartbeat_seconds",
@@ -258,14 +280,14 @@ SERVE_OPTIONS = (
     Option("--max-viewers", _positive_int, "20000", "SSE viewers per edge; beyond it, 503."),
     Option(
         "--tail-mode",
-        str,
+        _choice("auto", "sse", "long-poll"),
         "auto",
         "How a stream is followed upstream: sse, long-poll, or auto (SSE for JSON and binary "
         "streams, long-poll for text, whose SSE framing the reference origin makes lossy).",
     ),
     Option(
         "--tail-linger",
-        float,
+        _duration,
         "5",
         "Seconds an upstream tail stays after its last reader leaves.",
         field="tail_linger_seconds",
@@ -279,7 +301,7 @@ SERVE_OPTIONS = (
     ),
     Option(
         "--redis-mode",
-        str,
+        _choice(*REDIS_MODES),
         "standalone",
         "standalone (one Redis), cluster (a Redis Cluster; --redis-url names seed nodes) or "
         "sentinel (the primary the sentinels in --redis-url name, see "
@@ -300,7 +322,7 @@ SERVE_OPTIONS = (
     ),
     Option(
         "--redis-timeout",
-        float,
+        _duration,
         "0.25",
         "Seconds one shared-tier operation may take before it counts as a failure; a few "
         "failures in a row open a circuit breaker for 5 s.",
@@ -329,7 +351,7 @@ SERVE_OPTIONS = (
     ),
     Option(
         "--header-timeout",
-        float,
+        _duration,
         "10",
         "Seconds a client connection may take to send a complete request head, counted from "
         "its connect or from the first byte of its next request; then it is closed.",
@@ -337,7 +359,7 @@ SERVE_OPTIONS = (
     ),
     Option(
         "--keepalive-timeout",
-        float,
+        _duration,
         "60",
         "Seconds a client connection may stay idle between requests before it is closed.",
         field="keepalive_timeout_seconds",
@@ -376,13 +398,14 @@ SERVE_OPTIONS = (
         "the CPUs this process may use. 1: one process, no supervisor.",
     ),
     Option(
-        "--purge-token",
+        "--admin-token",
         _optional_str,
         "",
         "Bearer token the admin listener requires for POST /purge (and, with --admin-protect "
         "all, for every path). Empty: /purge is open on a loopback admin listener and refused "
-        "(403) on any other. --admin-token is the same flag.",
-        aliases=("--admin-token",),
+        "(403) on any other. (--purge-token, its older name, still works.)",
+        field="purge_token",
+        aliases=("--purge-token",),
     ),
     Option(
         "--admin-protect",
@@ -410,14 +433,14 @@ SERVE_OPTIONS = (
     Option("--jwt-issuer", _optional_str, "", "When set, tokens must carry it as iss."),
     Option(
         "--jwt-leeway",
-        float,
+        _duration,
         "30",
         "Seconds of clock skew allowed on exp and nbf.",
         field="jwt_leeway_seconds",
     ),
     Option(
         "--jwt-jwks-min-refresh",
-        float,
+        _duration,
         "10",
         "Least seconds between two JWKS URL fetches caused by unknown kids.",
         field="jwks_min_refresh_seconds",
@@ -425,14 +448,14 @@ SERVE_OPTIONS = (
     Option("--auth-url", _optional_str, "", "Forward mode: the auth service each verdict asks."),
     Option(
         "--auth-timeout",
-        float,
+        _duration,
         "2",
         "Forward mode: seconds the auth service may take; then 503 (fail closed).",
         field="auth_timeout_seconds",
     ),
     Option(
         "--auth-cache-seconds",
-        float,
+        _duration,
         "10",
         "Forward mode: the longest a verdict is reused: the auth answer's Cache-Control "
         "max-age when shorter (no-store, no-cache or max-age=0: not reused).",
@@ -460,7 +483,103 @@ SERVE_OPTIONS = (
 )
 
 FLAG_OF_SETTING = {option.setting: option.flag for option in SERVE_OPTIONS}
-SECRET_FLAGS = frozenset({"--purge-token", "--origin-header"})
+SECRET_FLAGS = frozenset({"--admin-token", "--origin-header"})
+
+# ``edge serve --help`` in topics, in this order; every flag is in one (a unit test checks).
+TOPICS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("listeners and workers", ("--listen", "--admin-listen", "--workers", "--drain-seconds")),
+    (
+        "origin",
+        (
+            "--origin", "--upstream-connect-timeout", "--upstream-headers-timeout",
+            "--upstream-read-timeout", "--upstream-max-connections",
+        ),
+    ),
+    (
+        "cache",
+        (
+            "--cache-bytes", "--max-response-bytes", "--max-segment-bytes",
+            "--fill-buffer-bytes", "--tail-freshness", "--scope-headers", "--scope-cookies",
+            "--fast-path",
+        ),
+    ),
+    (
+        "live reads",
+        (
+            "--long-poll-timeout", "--sse-max-seconds", "--sse-heartbeat", "--sse-buffer-bytes",
+            "--tail-mode", "--tail-linger",
+        ),
+    ),
+    (
+        "redis (the shared tier)",
+        (
+            "--redis-url", "--redis-mode", "--redis-sentinel-service", "--redis-ttl",
+            "--redis-timeout",
+        ),
+    ),
+    (
+        "reader authorization",
+        (
+            "--auth", "--jwt-jwks", "--jwt-audience", "--jwt-issuer", "--jwt-leeway",
+            "--jwt-jwks-min-refresh", "--auth-url", "--auth-timeout", "--auth-cache-seconds",
+            "--origin-header",
+        ),
+    ),
+    (
+        "limits",
+        ("--max-viewers", "--max-connections", "--header-timeout", "--keepalive-timeout"),
+    ),
+    ("cdn in front", ("--cdn-purge",)),
+    ("observability", ("--log-level", "--origin-health-path")),
+    ("admin", ("--admin-token", "--admin-protect")),
+)  # fmt: skip
+OTHER_TOPIC = "other"
+
+# What a value looks like, by its parser (--help's metavar).
+_METAVARS: dict[Callable[[str], Any], str] = {
+    _duration: "DURATION",
+    _byte_size: "SIZE",
+    _positive_int: "N",
+    Address.parse: "HOST:PORT",
+    _workers: "N|auto",
+    _on_off: "{on,off}",
+    _log_level: "{" + ",".join(LOG_LEVELS) + "}",
+    _header_names: "NAME,...",
+    _name_list: "NAME,...",
+    _header_lines: "'NAME: VALUE'",
+    _kind_targets: "KIND=TARGET",
+}
+
+
+def metavar(option: Option) -> str:
+    choices = getattr(option.parse, "choices", None)
+    if choices is not None:
+        return "{" + ",".join(choices) + "}"
+    known = _METAVARS.get(option.parse)
+    if known is not None:
+        return known
+    if option.flag.endswith("-path"):
+        return "PATH"
+    return "URL" if option.flag.endswith(("-url", "origin", "-jwks")) else "TEXT"
+
+
+def _shown_default(option: Option) -> str:
+    if option.default is None:
+        return "required"
+    if option.default == "":
+        return "none"
+    if option.parse is _duration:
+        return option.default + "s"
+    return option.default
+
+
+def topic_of(flag: str) -> str:
+    return next((topic for topic, flags in TOPICS if flag in flags), OTHER_TOPIC)
+
+
+class _ServeParser(argparse.ArgumentParser):
+    """``edge serve``'s parser: its own usage for flags it does not know (argparse would
+    otherwise answer them with the top-level usage)."""
 
 
 def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
@@ -468,33 +587,43 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         prog="edge", description="A caching edge proxy for the Durable Streams protocol."
     )
     parser.add_argument("--version", action="version", version=f"edge {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True)
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_ServeParser)
     serve = commands.add_parser(
         "serve",
         help="run the edge in front of an origin",
+        usage="edge serve --origin URL [options]  (edge serve --help: every option, by topic)",
         description="Run the edge. Every flag can also be set as EDGE_<FLAG> in the environment "
-        "(e.g. EDGE_ORIGIN, EDGE_LISTEN); a flag on the command line wins.",
+        "(e.g. EDGE_ORIGIN, EDGE_LISTEN); a flag on the command line wins. DURATION is seconds "
+        "or a number with ms, s, m or h (30s, 500ms); SIZE is bytes or a number with KiB, MiB "
+        "or GiB.",
     )
+    groups = {topic: serve.add_argument_group(topic) for topic, _ in TOPICS}
     for option in SERVE_OPTIONS:
         default = next((env[name] for name in option.envs if name in env), option.default)
-        serve.add_argument(
+        topic = topic_of(option.flag)
+        group = groups.get(topic) or groups.setdefault(topic, serve.add_argument_group(topic))
+        group.add_argument(
             option.flag,
             *option.aliases,
             dest=option.dest,
             default=None if option.repeatable else default,
             action="append" if option.repeatable else "store",
-            metavar=option.dest.upper(),
-            help=f"{option.help} [env {option.env}; default {option.default or 'none'}]",
+            metavar=metavar(option),
+            help=f"{option.help} (default: {_shown_default(option)}; env {option.env})",
         )
         if option.repeatable:
             serve.set_defaults(**{option.dest + "_env": default})
+    parser.set_defaults(serve_parser=serve)
     return parser
 
 
 def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
     """Settings from the command line and environment; raises ConfigError with a clear reason."""
     parser = build_parser(env)
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        serve: argparse.ArgumentParser = args.serve_parser
+        serve.error(f"unrecognized arguments: {' '.join(unknown)}")
     values: dict[str, Any] = {}
     for option in SERVE_OPTIONS:
         raw = getattr(args, option.dest)

@@ -162,7 +162,7 @@ class Settings:
     # any path), a path is probed with GET instead. Ready only on 2xx/3xx.
     origin_health_path: str | None = None
     # When set, POST /purge on the admin listener needs ``Authorization: Bearer <token>``
-    # (``--admin-token``, alias ``--purge-token``); with ``admin_protect="all"`` every admin
+    # (``--admin-token``, older name ``--purge-token``); with ``admin_protect="all"`` every admin
     # path does.
     purge_token: str | None = field(default=None, repr=False)
     admin_protect: str = "purge"  # purge | all

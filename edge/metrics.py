@@ -108,6 +108,15 @@ class Metrics:
             ["kind", "code"],
             registry=self.registry,
         )
+        # Apart from the answered requests, so a dashboard never reads leaving as failing:
+        # leaving is what viewers do (a long-poll's client gone before its release, a reader
+        # that hung up before its answer was written).
+        self.clients_gone = Counter(
+            "edge_clients_gone",
+            "Client requests whose client left before their answer was written, by kind.",
+            ["kind"],
+            registry=self.registry,
+        )
         self.request_duration = Histogram(
             "edge_request_duration_seconds",
             "Time from request arrival to the end of the response, by kind.",
@@ -285,6 +294,12 @@ class Metrics:
                 ("requests", kind, str(code)),
                 lambda: self.requests.labels(kind=kind.value, code=str(code)),
             ),
+        )
+
+    def client_gone(self, kind: RequestKind) -> Counter:
+        return cast(
+            Counter,
+            self._child(("gone", kind), lambda: self.clients_gone.labels(kind=kind.value)),
         )
 
     def duration(self, kind: RequestKind) -> Histogram:

@@ -15,14 +15,15 @@ import resource
 import signal
 import threading
 from typing import TYPE_CHECKING, TypeVar
-from urllib.parse import urlsplit
 
 from aiohttp import web
 
+from edge import __version__
 from edge.config import Address, Settings
 from edge.metrics import Metrics
 from edge.origin import OriginClient
 from edge.startup import StartupError, bound_url, check_redis, run_loop, settle_heap, why
+from edge.summary import startup_lines
 from edge.web.app import FAST, HUB, create_admin_app, create_app
 from edge.web.bounded_site import BoundedSite
 from edge.web.connection_table import Limits, default_max_connections
@@ -245,21 +246,22 @@ async def serve(
     }
     # One machine-readable line on stdout: launchers (tests, demo) read the bound ports from it.
     print(json.dumps(ready), flush=True)
-    log.info(
-        "edge listening on %s (admin %s), origin %s",
-        ready["listen"],
-        ready["admin"],
-        urlsplit(settings.origin).netloc,
-    )
     limits = tracker.table.limits
-    log.info(
-        "stream listener: at most %d client connections (--max-connections; open-file limit "
-        "%d), header timeout %g s, keep-alive timeout %g s",
-        limits.max_connections,
-        resource.getrlimit(resource.RLIMIT_NOFILE)[0],
-        limits.header_timeout_seconds,
-        limits.keepalive_timeout_seconds,
+    limits_line = (
+        f"at most {limits.max_connections} client connections (--max-connections; open-file "
+        f"limit {resource.getrlimit(resource.RLIMIT_NOFILE)[0]}), header timeout "
+        f"{limits.header_timeout_seconds:g} s, keep-alive timeout "
+        f"{limits.keepalive_timeout_seconds:g} s"
     )
+    if worker is None:
+        lines = startup_lines(
+            settings, listen=ready["listen"], admin=ready["admin"], version=__version__,
+            limits=limits_line,
+        )  # fmt: skip
+        log.info("%s", "\n".join(lines))
+    else:  # its supervisor speaks for the edge; a worker's own ports are for debugging
+        log.debug("worker listening on %s (admin %s); %s", ready["listen"], ready["admin"],
+                  limits_line)  # fmt: skip
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

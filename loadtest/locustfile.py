@@ -10,7 +10,9 @@ User classes, weighted like a shared agent run:
 * ``LongPoller``: follows the live stream with long-polls and cursors.
 * ``Agent``: appends JSON events to the live stream at a steady rate (one agent per run).
 
-The streams are created when the test starts: ``--stream-prefix`` names them.
+The streams are created when the test starts: ``--stream-prefix`` names them. Then
+``loadtest.progress`` takes its first sample (the live progress line, and the timeline that
+``make loadtest``'s summary and chart are made from).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from locust import HttpUser, between, constant, events, task
 from locust.env import Environment
 
 from edge.protocol.sse import SseDecoder
+from loadtest import progress
 
 ARCHIVE_ITEMS = 200
 STREAMS: dict[str, str] = {}
@@ -54,6 +57,9 @@ def _create_streams(environment: Environment, **_: Any) -> None:
         ).raise_for_status()
     requests.post(host + archive, headers={"Stream-Closed": "true"}, timeout=10).raise_for_status()
     STREAMS.update(live=live, archive=archive, archive_json=json.dumps(items))
+
+
+progress.install()  # after _create_streams: setup is not part of the load
 
 
 class SseViewer(HttpUser):

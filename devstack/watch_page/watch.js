@@ -18,6 +18,8 @@
 // * Anyone with write access can append any JSON value: a value that is not an object (null, a
 //   number, a string, an array) is kept in the transcript, shown raw and skipped by the fold;
 //   no message stops the ones after it from being shown.
+// * The transcript is shown as a chat (see "showing"): grouping and wording change how messages
+//   look, never which ones are shown or in what order.
 "use strict";
 (() => {
   const cfg = JSON.parse(document.getElementById("config").textContent);
@@ -28,7 +30,7 @@
 
   // Everything the page knows, for people (the DOM) and for tests (window.watch).
   const w = (window.watch = {
-    me, messages: [], offset: "-1", state: "connecting", ended: false,
+    me, messages: [], offset: "-1", bytes: 0, state: "connecting", ended: false,
     connections: 0, reopens: 0, errors: [], sent: [], viewers: null, states: ["connecting"],
     stopClickedAt: null, stopAckSeenAt: null,
   });
@@ -154,9 +156,13 @@
     }
   }
 
+  const encoder = new TextEncoder();
   function commit(offset, closed) {
     const fresh = [];
-    for (const data of pending) fresh.push(...parse(data));
+    for (const data of pending) {
+      fresh.push(...parse(data));
+      w.bytes += encoder.encode(data).length;
+    }
     pending = [];
     w.offset = offset;
     for (const m of fresh) { w.messages.push(m); show(m); }
@@ -170,72 +176,146 @@
   }
 
   // --- showing ------------------------------------------------------------------------------
+  // The transcript reads like a chat: consecutive messages from one author (tokens, tool calls
+  // and their results, reviews, a person's messages) are one bubble that grows as they stream,
+  // tokens running on as one text; status and control messages are a line of plain words
+  // between bubbles ("Alex took over", "the worker resumed"). Each message is shown once, in
+  // stream order, in the bubble or line it arrived in.
   const transcript = $("transcript");
-  let last = null;
+  let turn = null; // the bubble still growing: { from, parts, text }
   const cls = (value) => String(value).replace(/[^A-Za-z0-9_-]/g, "_");
-  const actions = { stop: "pressed Stop", take_over: "took over", release: "released" };
 
-  function describe(m) {
-    switch (m.type) {
-      case "tool_call": return `${m.name}(${JSON.stringify(m.args)})`;
-      case "tool_result": return `→ ${typeof m.result === "string" ? m.result : JSON.stringify(m.result)}`;
-      case "control": return actions[m.action] || String(m.action);
-      case "status": return `${m.state}${m.ref ? ` (after ${m.ref})` : ""}`;
-      default: return typeof m.text === "string" ? m.text : JSON.stringify(m);
+  // Names everyone's page agrees on: a page's producer id becomes a first name picked by a hash
+  // of it (a second id with the same name gets a suffix, in order of first appearance in the
+  // stream, so every page that read the same prefix shows the same names); agents keep theirs.
+  const NAMES = ["Alex", "Sam", "Robin", "Kim", "Jo", "Charlie", "Max", "Noa", "Eli", "Ari",
+    "Lou", "Dani", "Mika", "Ren", "Sky", "Jules", "Nico", "Tess", "Ida", "Omar", "Lena", "Ravi",
+    "Yuki", "Zoe", "Finn", "Maya", "Theo", "Ines", "Hugo", "Lia", "Otto", "Vera"];
+  const names = new Map(), taken = new Set();
+  const isPage = (id) => /^page-[0-9a-f]+$/.test(id);
+  function hashed(id) {
+    let h = 2166136261;
+    for (let i = 0; i < id.length; i++) h = Math.imul(h ^ id.charCodeAt(i), 16777619);
+    return NAMES[(h >>> 0) % NAMES.length];
+  }
+  function nameOf(id, register = true) {
+    id = String(id);
+    if (names.has(id)) return names.get(id);
+    let shown = isPage(id) ? hashed(id) : id.charAt(0).toUpperCase() + id.slice(1);
+    if (taken.has(shown)) shown = `${shown} ${id.slice(-4)}`;
+    if (register) { names.set(id, shown); taken.add(shown); }
+    return shown;
+  }
+  // In a sentence: "you" for this page, "the worker" for one of the run's agents, else a name.
+  const AGENTS = new Set(["user", "worker", "reviewer"]);
+  function who(id) {
+    const name = nameOf(id);
+    if (id === me) return "you";
+    return AGENTS.has(String(id)) ? `the ${String(id)}` : name;
+  }
+  const authorOf = (ref) =>
+    typeof ref === "string" && ref.includes(":") ? ref.slice(0, ref.lastIndexOf(":")) : null;
+  const upper = (text) => text.charAt(0).toUpperCase() + text.slice(1);
+
+  function sentence(m) {
+    const by = who(m.from);
+    const asked = authorOf(m.ref);
+    if (m.type === "control") {
+      switch (m.action) {
+        case "take_over": return `${by} took over`;
+        case "release": return `${by} handed the run back`;
+        case "stop": return `${by} pressed Stop`;
+        default: return `${by} sent “${String(m.action)}”`;
+      }
+    }
+    switch (m.state) {
+      case "started": return `${by} started`;
+      case "yielded": return asked ? `${by} paused for ${who(asked)}` : `${by} paused`;
+      case "resumed": return `${by} resumed`;
+      case "stopped": return asked ? `${by} was stopped by ${who(asked)}` : `${by} stopped`;
+      case "done": return `${by} finished`;
+      case "signed_off": return `${by} signed off`;
+      default: return `${by}: ${String(m.state)}`;
     }
   }
 
   // Every message is shown: one that cannot be rendered is shown raw, so none breaks the page
   // or hides what follows it.
   function show(m) {
+    // Follow the run while the reader is at the bottom; leave them be when they scrolled up.
+    const follow = transcript.scrollTop + transcript.clientHeight >= transcript.scrollHeight - 80;
     try {
-      if (isMessage(m)) { render(m); return; }
+      if (isMessage(m)) render(m);
+      else raw(m);
     } catch (error) {
       w.errors.push(`could not show a message: ${error.message}`);
+      raw(m);
     }
-    raw(m);
+    if (follow) transcript.scrollTop = transcript.scrollHeight;
+  }
+
+  function block(classes, label, title) {
+    const el = document.createElement("div");
+    el.className = `msg ${classes}`;
+    const head = document.createElement("span");
+    head.className = "who";
+    head.textContent = label;
+    if (title) head.title = title;
+    const body = document.createElement("div");
+    body.className = "body";
+    el.append(head, body);
+    transcript.append(el);
+    return { el, body };
   }
 
   function raw(m) {
-    const follow = transcript.scrollTop + transcript.clientHeight >= transcript.scrollHeight - 80;
-    const block = document.createElement("div");
-    block.className = "msg raw";
-    const who = document.createElement("span");
-    who.className = "who";
-    who.textContent = "not a message";
-    const body = document.createElement("span");
-    body.className = "body";
+    turn = null;
     let text;
     try { text = JSON.stringify(m); } catch (error) { text = undefined; }
-    body.textContent = typeof text === "string" ? text : String(m);
-    block.append(who, body);
-    transcript.append(block);
-    last = null;
-    if (follow) transcript.scrollTop = transcript.scrollHeight;
+    block("raw", "not a message").body.textContent = typeof text === "string" ? text : String(m);
+  }
+
+  function part(type, text) {
+    const el = document.createElement("div");
+    el.className = `part type-${cls(type)}`;
+    el.textContent = text;
+    turn.body.append(el);
+    turn.text = null;
+    return el;
   }
 
   function render(m) {
-    // Follow the run while the reader is at the bottom; leave them be when they scrolled up.
-    const follow = transcript.scrollTop + transcript.clientHeight >= transcript.scrollHeight - 80;
-    const key = `${m.type}:${m.from}`;
-    if (m.type === "token" && last && last.key === key) {
-      last.body.textContent += m.text;
-    } else {
-      const block = document.createElement("div");
-      block.className = `msg type-${cls(m.type)} from-${cls(m.from)}`;
-      if (m.type === "status") block.classList.add(`state-${cls(m.state)}`);
-      const who = document.createElement("span");
-      who.className = "who";
-      const role = m.type === "human" ? "human " : "";
-      who.textContent = `${role}${m.from}${m.from === me ? " (you)" : ""} · ${m.type}`;
-      const body = document.createElement("span");
-      body.className = "body";
-      body.textContent = describe(m);
-      block.append(who, body);
-      transcript.append(block);
-      last = { key, body };
+    if (m.type === "status" || m.type === "control") {
+      turn = null;
+      const line = block(`event type-${cls(m.type)} from-${cls(m.from)}`, "", m.from);
+      if (m.type === "status") line.el.classList.add(`state-${cls(m.state)}`);
+      line.body.textContent = upper(sentence(m));
+      line.el.title = `${m.from}:${m.seq}${m.ref ? ` (after ${m.ref})` : ""}`;
+      return;
     }
-    if (follow) transcript.scrollTop = transcript.scrollHeight;
+    if (turn === null || turn.from !== m.from) {
+      const mine = m.from === me;
+      const name = nameOf(m.from);
+      const label = mine ? "You" : name;
+      const kind = isPage(String(m.from)) ? "person" : "agent";
+      turn = { from: m.from, ...block(`turn ${kind} from-${cls(m.from)}${mine ? " mine" : ""}`,
+        label, String(m.from)), text: null };
+    }
+    switch (m.type) {
+      case "token":
+        if (turn.text === null) turn.text = part("token", "");
+        turn.text.textContent += typeof m.text === "string" ? m.text : JSON.stringify(m.text);
+        return;
+      case "tool_call":
+        part("tool_call", `calls ${m.name}(${JSON.stringify(m.args)})`);
+        return;
+      case "tool_result":
+        part("tool_result",
+          `→ ${typeof m.result === "string" ? m.result : JSON.stringify(m.result)}`);
+        return;
+      default:
+        part(m.type, typeof m.text === "string" ? m.text : JSON.stringify(m));
+    }
   }
 
   function setConn(state) {
@@ -251,11 +331,23 @@
     if (text !== null) w.errors.push(text);
   }
 
+  function size(bytes) {
+    if (bytes >= 1e6) return `${(bytes / 1e6).toFixed(1)} MB`;
+    if (bytes >= 1e3) return `${(bytes / 1e3).toFixed(1)} KB`;
+    return `${bytes} B`;
+  }
+
   function update() {
     const state = fold(w.messages);
-    $("offset").textContent = w.offset;
+    const count = w.messages.length;
+    $("position").textContent =
+      `${count.toLocaleString("en")} message${count === 1 ? "" : "s"} · ${size(w.bytes)} received`;
+    $("position").title = `offset ${w.offset}`;
+    $("position").dataset.offset = w.offset;
+    $("me").textContent = nameOf(me, false);
     $("holder-line").hidden = state.holder === null;
-    $("holder").textContent = state.holder === me ? "you" : state.holder || "";
+    $("holder").textContent = state.holder === me ? "you" : nameOf(state.holder || "", false);
+    $("holder").title = state.holder || "";
     const mine = state.holder === me;
     const over = w.ended || state.stoppedBy !== null;
     // A control being sent disables its button: a double click is one control.
@@ -342,7 +434,9 @@
   }
 
   $("stream").textContent = cfg.stream;
-  $("me").textContent = me;
+  document.title = `${cfg.stream} · edge watch`;
+  $("me").title = me;
+  w.nameOf = (id) => nameOf(id, false);
   update();
   connect();
   pollViewers();

@@ -120,8 +120,9 @@ class Gate:
                 timeout_seconds=settings.auth_timeout_seconds,
                 cache_seconds=settings.auth_cache_seconds,
             )
+        # Bounded in bytes, not only in count: each holds its target, which a reader chooses.
         self._admissions: LRUCache[AdmissionKey, _KeptAdmission] = LRUCache(
-            maxsize=MAX_KEPT_ADMISSIONS
+            maxsize=MAX_KEPT_ADMISSION_BYTES, getsizeof=_KeptAdmission.cost
         )
         # Never relayed on a shared read: whatever names a reader, the bearer token included
         # even when --scope-headers does not list it.
@@ -159,7 +160,8 @@ class Gate:
         admission is kept for the same method, target and headers, with what it was derived
         from, and reused only while that holds: the key set that checked the token is still
         the current one and the grant has not expired (``exp`` + leeway), or the service's
-        verdict is still within its lifetime. Refusals are never kept."""
+        verdict is still within its lifetime. Refusals are never kept; what is kept is bounded
+        in bytes (``MAX_KEPT_ADMISSION_BYTES``), since a reader chooses its targets."""
         key: AdmissionKey | None = None
         if remember:
             target = client.target
@@ -190,7 +192,11 @@ class Gate:
             kept_until, verdict = remembered
         decision = self._admission(prepared, verdict)
         if key is not None and isinstance(decision, Admission) and kept_until is not None:
-            self._admissions[key] = _KeptAdmission(admission=decision, ring=ring, until=kept_until)
+            kept_now = _KeptAdmission(
+                admission=decision, ring=ring, until=kept_until, size=_bytes_of(key, decision)
+            )
+            if kept_now.size <= MAX_KEPT_ADMISSION_BYTES // 64:  # never one that evicts many
+                self._admissions[key] = kept_now
         return decision
 
     def _still_holds(self, kept: _KeptAdmission) -> bool:
@@ -309,8 +315,25 @@ def _kid_of(token: str) -> str | Refusal | None:
 
 # The hit path's heads: (method, target as sent, its stream, the headers the gate reads as sent).
 AdmissionKey = tuple[str, str, str, tuple[tuple[str, str], ...]]
-# Distinct (reader, stream) pairs kept: past it the oldest are judged again.
-MAX_KEPT_ADMISSIONS = 65_536
+# What the kept admissions may hold, their keys and targets counted (``_bytes_of``): past it
+# the oldest are judged again. About 55,000 of the common ones (a short target and a 200-byte
+# JWT are accounted 1.2 KB; tracemalloc measures ~0.7 KB beside the head's own strings); a
+# reader who sends 8 KiB targets gets fewer kept, never gigabytes outside ``--cache-bytes``.
+MAX_KEPT_ADMISSION_BYTES = 64 * 1024 * 1024
+# The key tuple, the LRU's slots, the admission, its target and the record (measured ~700).
+KEPT_ADMISSION_OVERHEAD_BYTES = 900
+
+
+def _bytes_of(key: AdmissionKey, admission: Admission) -> int:
+    """What keeping ``admission`` under ``key`` costs: the strings it holds, and overhead."""
+    method, upstream, stream, headers = key
+    target = admission.target
+    return (
+        KEPT_ADMISSION_OVERHEAD_BYTES
+        + len(method) + len(upstream) + len(stream)
+        + sum(len(name) + len(value) for name, value in headers)
+        + len(target.upstream) + len(target.query)  # its stream is the key's
+    )  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -318,6 +341,10 @@ class _KeptAdmission:
     admission: Admission
     ring: KeyRing | None  # jwt: the key set that checked the token
     until: float  # jwt: wall clock (exp + leeway); forward: the verdict's, on its clock
+    size: int  # what keeping it costs (``_bytes_of``)
+
+    def cost(self) -> int:
+        return self.size
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -13,9 +13,13 @@ Rules this module owns:
   (``HANDOFF``), is not the fast path's. The configured credential headers are collected as
   sent: the scope they name is computed by the full path's own function
   (``edge.protocol.answer_key``), never approximated here.
-* A head the full path would refuse (no ``Host``, a repeated header aiohttp allows once) is the
-  full path's, so the fast path never answers what the full path answers 400. Header values are
-  stripped of surrounding whitespace, as aiohttp strips them.
+* A head the full path would refuse (no ``Host``, a repeated header aiohttp allows once, more
+  than ``MAX_HEADERS`` fields, a head past ``MAX_HEAD_BYTES`` and so possibly a field or target
+  past aiohttp's 8190-byte limits, the old ``Sec-WebSocket-Key1`` handshake) is the full
+  path's, so the fast path never answers what the full path answers 400. Header values are
+  stripped of surrounding whitespace and decoded as aiohttp decodes them (UTF-8, surrogate
+  escapes for other bytes), so a value names what it names on the full path: decoded any other
+  way, the bytes of one credential would read as another's, and name its scope.
 * A head with ``Expect`` hands the connection over for good, whatever its method: aiohttp
   answers an expectation it does not meet (417) before the application runs, so no middleware
   would tell the connection that answer was written, and the requests behind it would wait.
@@ -42,11 +46,17 @@ from edge.protocol.headers import names_this_proxy
 
 # Longer heads are aiohttp's to judge (its limits are 8190 bytes a line, and it answers 431).
 MAX_HEAD_BYTES = 8192
+# aiohttp's ``RequestHandler`` refuses more header fields than this (400; a test pins it).
+MAX_HEADERS = 128
+# How aiohttp's parser turns header bytes into strings (``_http_parser.pyx``).
+VALUE_ENCODING, VALUE_ERRORS = "utf-8", "surrogateescape"
 
 IF_NONE_MATCH = b"if-none-match"
 ACCEPT_ENCODING = b"accept-encoding"
 ORIGIN = b"origin"
 EXPECT = b"expect"
+# The pre-RFC 6455 WebSocket handshake: aiohttp refuses any head carrying it (400).
+SEC_WEBSOCKET_KEY1 = b"sec-websocket-key1"
 VIA = b"via"
 CONSULTED = frozenset({IF_NONE_MATCH, ACCEPT_ENCODING, ORIGIN, VIA, b"connection"})
 HOST = b"host"
@@ -82,8 +92,11 @@ HANDOFF = frozenset(
         b"if-modified-since",
         b"if-unmodified-since",
         b"if-range",
+        SEC_WEBSOCKET_KEY1,  # for good: aiohttp refuses it before the application runs
     }
 )
+# Of those, the ones that hand the connection over for good, not one request.
+FOR_GOOD_NAMES = frozenset({EXPECT, SEC_WEBSOCKET_KEY1})
 
 
 class RequestHead(NamedTuple):
@@ -152,6 +165,8 @@ class HeadParser:
         self._credentials = frozenset(name.lower().encode("latin-1") for name in credential_headers)
 
     def parse(self, head: bytes) -> RequestHead | Handoff:
+        if len(head) > MAX_HEAD_BYTES:
+            return FOR_GOOD  # a field or the target may be past aiohttp's limits: its to judge
         collector = self._collector
         try:
             self._parser.feed_data(head)
@@ -159,6 +174,8 @@ class HeadParser:
             return FOR_GOOD
         if not collector.complete:
             return FOR_GOOD  # a body follows: its framing is the full path's
+        if len(collector.headers) > MAX_HEADERS:
+            return FOR_GOOD  # aiohttp answers 400 and closes
         # One pass over the headers for every method: an Expect anywhere is FOR_GOOD, even
         # after a header that alone would hand over one request.
         handoff = False
@@ -166,12 +183,12 @@ class HeadParser:
         credentials: tuple[tuple[str, str], ...] = ()
         for name, value in collector.headers:
             if name in HANDOFF:
-                if name == EXPECT:
+                if name in FOR_GOOD_NAMES:
                     return FOR_GOOD
                 handoff = True
             elif name in self._credentials:  # rare on hits: a tuple grown only when present
-                # Stripped as aiohttp strips values: the scope is computed from the same bytes.
-                credentials += ((name.decode("latin-1"), value.strip(b" \t").decode("latin-1")),)
+                # Read as aiohttp reads values: the scope is computed from the same string.
+                credentials += ((name.decode("latin-1"), _text(value)),)
             elif name in ONCE:
                 if name in consulted:
                     # Repeated: which one counts is the full path's call (a singleton's repeat
@@ -194,9 +211,9 @@ class HeadParser:
             return ONE_REQUEST
         path, _, query = url.decode("ascii").partition("?")
         via = consulted.get(VIA)
-        if via is not None and names_this_proxy((via.decode("latin-1"),)):
+        if via is not None and names_this_proxy((_text(via),)):
             return ONE_REQUEST  # a loop: the full path answers 508
-        # Values stripped as aiohttp strips them (only those read: most heads carry none).
+        # Values read as aiohttp reads them (only those read: most heads carry none).
         inm = consulted.get(IF_NONE_MATCH)
         ae = consulted.get(ACCEPT_ENCODING)
         origin = consulted.get(ORIGIN)
@@ -204,13 +221,18 @@ class HeadParser:
         return RequestHead(
             path,
             query,
-            inm.strip(b" \t").decode("latin-1") if inm is not None else None,
-            ae.strip(b" \t").decode("latin-1") if ae is not None else None,
+            _text(inm) if inm is not None else None,
+            _text(ae) if ae is not None else None,
             connection == b"keep-alive",
-            origin.strip(b" \t").decode("latin-1") if origin is not None else None,
+            _text(origin) if origin is not None else None,
             credentials,
             method == b"HEAD",
         )
+
+
+def _text(value: bytes) -> str:
+    """A header value as aiohttp gives it to the full path: stripped, then decoded as it is."""
+    return value.strip(b" \t").decode(VALUE_ENCODING, VALUE_ERRORS)
 
 
 # What aiohttp refuses in a header (http_writer._FORBIDDEN_HEADER_CHARS_RE): every control

@@ -31,6 +31,7 @@ from edge.catchup import CatchupCache
 from edge.config import Settings
 from edge.metrics import Metrics
 from edge.protocol.paths import BadTarget, normalise_path
+from edge.web.proxy import EdgeResponse
 
 # Probes from a load balancer arrive every few seconds from several checkers; one origin
 # round trip per second is enough to answer all of them.
@@ -96,14 +97,14 @@ def purge_refusal(
         return PurgeRefusal(
             status=403,
             reason="purge is disabled: the admin listener is reachable from other machines; "
-            "set --purge-token (EDGE_PURGE_TOKEN) and send Authorization: Bearer <token>",
+            "set --admin-token (EDGE_ADMIN_TOKEN) and send Authorization: Bearer <token>",
         )
     scheme, _, credentials = (authorization or "").partition(" ")
     if scheme.lower() == "bearer" and hmac.compare_digest(
         credentials.strip().encode("utf-8", "surrogateescape"), token.encode()
     ):
         return None
-    return PurgeRefusal(status=401, reason="purge needs Authorization: Bearer <--purge-token>")
+    return PurgeRefusal(status=401, reason="purge needs Authorization: Bearer <--admin-token>")
 
 
 def purge_target(request: web.Request, settings: Settings) -> str | web.Response:
@@ -116,14 +117,14 @@ def purge_target(request: web.Request, settings: Settings) -> str | web.Response
     )
     if refusal is not None:
         headers = {"WWW-Authenticate": "Bearer"} if refusal.status == 401 else None
-        return web.Response(status=refusal.status, text=refusal.reason + "\n", headers=headers)
+        return EdgeResponse(status=refusal.status, text=refusal.reason + "\n", headers=headers)
     path = request.query.get("path", "")
     if not path.startswith("/"):
-        return web.Response(status=400, text="purge needs ?path=/the/stream/path\n")
+        return EdgeResponse(status=400, text="purge needs ?path=/the/stream/path\n")
     try:
         return normalise_path(path)
     except BadTarget:
-        return web.Response(status=400, text="purge needs a stream path the origin can name\n")
+        return EdgeResponse(status=400, text="purge needs a stream path the origin can name\n")
 
 
 def admin_guard(settings: Settings) -> Middleware:
@@ -139,7 +140,7 @@ def admin_guard(settings: Settings) -> Middleware:
                 authorization=request.headers.get("Authorization"),
             )
             if refusal is not None:
-                return web.Response(
+                return EdgeResponse(
                     status=401,
                     text="the admin listener needs Authorization: Bearer <--admin-token>\n",
                     headers={"WWW-Authenticate": "Bearer"},
@@ -161,7 +162,7 @@ def add_admin_routes(
     app.middlewares.append(admin_guard(settings))
 
     async def healthz(_: web.Request) -> web.Response:
-        return web.Response(text="ok\n")
+        return EdgeResponse(text="ok\n")
 
     async def readyz(_: web.Request) -> web.Response:
         ready, detail = await probe.check()
@@ -174,14 +175,14 @@ def add_admin_routes(
             "draining": draining.is_set(),
         }
         ready = bool(body["ready"])
-        return web.Response(
+        return EdgeResponse(
             status=200 if ready else 503,
             text=json.dumps(body) + "\n",
             content_type="application/json",
         )
 
     async def metrics_page(_: web.Request) -> web.Response:
-        response = web.Response(body=metrics.render())
+        response = EdgeResponse(body=metrics.render())
         response.headers["Content-Type"] = CONTENT_TYPE_LATEST
         return response
 
@@ -193,8 +194,9 @@ def add_admin_routes(
         # Durable: every replica, including ones partitioned now, stops serving it. If the shared
         # tier has not taken it yet, say so (it keeps being retried): 202, not 200.
         durable = await cache.purged(path)
-        return web.json_response(
-            {"purged": path, "segments": dropped, "durable": durable},
+        return EdgeResponse(
+            text=json.dumps({"purged": path, "segments": dropped, "durable": durable}),
+            content_type="application/json",
             status=200 if durable else 202,
         )
 

@@ -10,8 +10,9 @@ Rules this module owns:
 * With ``--auth jwt|forward``, one decision (``edge.web.gatekeeper.admit``) comes before all of
   that: a refusal never reaches the origin, and an authorized read is classified into the shared
   scope with the edge's own credential upstream.
-* A client that leaves before its answer is written is counted with code 499 and logged at DEBUG:
-  leaving is what viewers do.
+* A client that leaves before its answer is written is counted in ``edge_clients_gone_total``,
+  never as an answered request (``edge_requests_total``), and logged at DEBUG: leaving is what
+  viewers do, and a dashboard must not read it as failing.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from edge.web.gatekeeper import GATE, admit, reader_scope, seconds_left, shared_
 from edge.web.proxy import (
     ClientGone,
     EdgeResponse,
+    EdgeStreamResponse,
     OriginCors,
     Relay,
     edge_answer,
@@ -71,7 +73,8 @@ FAST = web.AppKey("fast", FastPath)
 FRONT = web.AppKey("front", CatchupFront)
 
 
-# Status recorded for a request whose client went away before it was answered (nginx's 499).
+# The status of the answer aiohttp is handed for a client that went away (nginx's 499); it is
+# never written, and never counted as an answered request.
 CLIENT_CLOSED = 499
 
 
@@ -283,7 +286,7 @@ async def _serve_sse_viewer(request: web.Request, classified: Classified) -> web
     if refused is not None:
         return to_response(request, refused)
     log_ = hub.cache.local.log_for(key)
-    response = web.StreamResponse(status=200)
+    response = EdgeStreamResponse(status=200)
     cors = request.app[CORS]
     response.headers.extend(cors.grant(request_origin(request)))  # first, as the origin sends
     response.headers.extend(log_.header_template)
@@ -413,7 +416,7 @@ async def handle_stream_request(request: web.Request) -> web.StreamResponse:
     open_gauge = metrics.open_requests(kind)
     open_gauge.inc()
     started = time.perf_counter()
-    code = CLIENT_CLOSED
+    code: int | None = None  # None: the client left (or the handler failed) first
     try:
         response = await dispatch(request, classified)
         code = response.status
@@ -422,12 +425,20 @@ async def handle_stream_request(request: web.Request) -> web.StreamResponse:
         log.debug(
             "client left before its answer to %s %r was written", request.method, target.upstream
         )
+        metrics.client_gone(kind).inc()
         # Never sent: the transport is closing, and aiohttp drops an answer it cannot write.
-        return web.Response(status=CLIENT_CLOSED)
+        return EdgeResponse(status=CLIENT_CLOSED)
+    except asyncio.CancelledError:
+        metrics.client_gone(kind).inc()  # aiohttp cancels a handler whose client left
+        raise
+    except Exception:
+        code = 500  # what aiohttp answers for a handler that fails
+        raise
     finally:
         open_gauge.dec()
         metrics.duration(kind).observe(time.perf_counter() - started)
-        metrics.request_count(kind, code).inc()
+        if code is not None:
+            metrics.request_count(kind, code).inc()
 
 
 @web.middleware

@@ -237,6 +237,14 @@ class EdgeResponse(web.Response):
         self.headers.popall("Server", None)
 
 
+class EdgeStreamResponse(web.StreamResponse):
+    """A streamed answer the edge made itself (SSE): no aiohttp ``Server`` either."""
+
+    async def _prepare_headers(self) -> None:
+        await super()._prepare_headers()
+        self.headers.popall("Server", None)
+
+
 def edge_answer(
     status: int,
     text: str,

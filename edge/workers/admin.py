@@ -12,7 +12,7 @@ Rules this module owns:
   listening worker is ready (each probes the origin itself). A worker being restarted does not
   make the edge unready: the kernel gives its connections to the others. The body says how many
   workers are up and what each reported.
-* ``POST /purge`` keeps the single-process contract: the same guard (``--purge-token``, or a
+* ``POST /purge`` keeps the single-process contract: the same guard (``--admin-token``, or a
   loopback admin listener), the same 400s, then the purge goes to every worker (with the
   supervisor's private token) and the answer is 200 only when every worker purged it durably,
   202 when all purged and some still retry the shared tier, 503 when a worker did not confirm

@@ -52,8 +52,10 @@ from dataclasses import dataclass, field, replace
 
 from prometheus_client import multiprocess
 
+from edge import __version__
 from edge.config import Address, Settings, per_worker
 from edge.startup import StartupError, check_redis, why
+from edge.summary import startup_lines
 from edge.workers.admin import Fleet, start_admin, start_internal
 from edge.workers.child import CLEARED, Bootstrap, encode
 
@@ -205,7 +207,7 @@ class Supervisor:
             reason = "no report line in time" if isinstance(error, TimeoutError) else None
             raise WorkerFailed(reason or f"exited with code {code} (see its error above)") from None
         worker.listening.set()
-        log.info("worker %d (pid %d) listening, admin %s", worker.index, proc.pid, worker.admin)
+        log.debug("worker %d (pid %d) listening, admin %s", worker.index, proc.pid, worker.admin)
         # Nothing else is expected on a worker's stdout; whatever comes goes to stderr.
         worker.forwarder = asyncio.ensure_future(_forward(proc.stdout, worker.index))
 
@@ -318,12 +320,10 @@ async def supervise(settings: Settings) -> int:
                 "workers": settings.workers,
             }
             print(json.dumps(ready), flush=True)
-            log.info(
-                "edge listening on %s (admin %s) with %d workers",
-                ready["listen"],
-                admin_url,
-                settings.workers,
+            lines = startup_lines(
+                settings, listen=str(ready["listen"]), admin=admin_url, version=__version__
             )
+            log.info("%s", "\n".join(lines))
             stop = asyncio.Event()
             loop = asyncio.get_running_loop()
             for signum in (signal.SIGTERM, signal.SIGINT):

@@ -9,6 +9,7 @@ on the same ports), the watch page's server, and pages in separate browser conte
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -128,15 +129,36 @@ class WatchPage:
         )
 
     async def shown(self) -> str:
-        """What the transcript shows: each block's kind and text (not the "(you)" label, which
-        differs from page to page)."""
+        """What the transcript shows, one line per bubble or event line, the same on every page
+        (authors and events by producer id, not by the name or "you" a page calls them):
+        ``turn <from> | <part> ¦ <part>`` (a token run is one part), ``event <from>:<seq>
+        [(after <ref>)]``, ``raw | <json>``."""
         return str(
             await self.page.evaluate(
-                """Array.from(document.querySelectorAll("#transcript .msg"))
-                  .map((b) => b.className + " | " + b.querySelector(".body").textContent)
-                  .join("\\n")"""
+                """Array.from(document.querySelectorAll("#transcript .msg")).map((b) => {
+                  if (b.classList.contains("event")) return "event " + b.title;
+                  if (b.classList.contains("raw"))
+                    return "raw | " + b.querySelector(".body").textContent;
+                  const parts = Array.from(b.querySelectorAll(".part"), (p) => p.textContent);
+                  return "turn " + b.querySelector(".who").title + " | " + parts.join(" ¦ ");
+                }).join("\\n")"""
             )
         )
+
+    async def reads(self) -> list[str]:
+        """What a person reads, one line per bubble (``<name>: <text>``) or event (its words)."""
+        lines = await self.page.evaluate(
+            """Array.from(document.querySelectorAll("#transcript .msg"), (b) => {
+              const who = b.querySelector(".who").textContent;
+              const body = b.querySelector(".body").textContent;
+              return who ? who + ": " + body : body;
+            })"""
+        )
+        return [str(line) for line in lines]
+
+    async def name_of(self, producer_id: str) -> str:
+        """The name this page shows for a writer (a page's id becomes a first name)."""
+        return str(await self.watch(f"w.nameOf({json.dumps(producer_id)})"))
 
 
 @pytest_asyncio.fixture(loop_scope="session")

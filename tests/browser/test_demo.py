@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import sys
 
@@ -51,6 +52,15 @@ async def test_demo_prints_the_watch_url_and_its_summary_and_exits_0() -> None:
     result = await line_starting(demo, "RESULT", seen)
     assert result == "RESULT        ok"
     assert any(line.startswith("exact copies  5/5") for line in seen)
+    # Each figure says what it counts: the 2 readers beyond the 5 viewers are the agents.
+    assert any(line.startswith("viewers       5 bots reading by SSE") for line in seen), seen
+    assert any(
+        line.endswith("for 7 readers at the edge (5 viewers + 2 agents following the run)")
+        for line in seen
+    ), seen
+    assert any(
+        line.startswith("origin        ") and "writes (every append" in line for line in seen
+    )
     await asyncio.wait_for(demo.communicate(), timeout=30)
     assert demo.returncode == 0
 
@@ -78,7 +88,9 @@ async def test_keep_running_a_person_takes_over_and_stops_the_run(
         result = await line_starting(demo, "RESULT", seen)
         assert result == "RESULT        ok"
         me = await page.watch("w.me")
-        assert f"people wrote  4 messages; the run stopped by {me}:3" in seen, "\n".join(seen)
+        assert f"people wrote  4 messages from watch pages; the run stopped by {me}:3" in seen, (
+            "\n".join(seen)
+        )
         await page.until("w.ended")
         assert await page.page.locator(".state-stopped").count() == 1
         await line_starting(demo, "still running", seen)
@@ -86,6 +98,38 @@ async def test_keep_running_a_person_takes_over_and_stops_the_run(
         late = await open_page(browser, url)
         await late.until("w.ended")
         assert await late.transcript() == await page.transcript()
+    finally:
+        if demo.returncode is None:
+            demo.send_signal(signal.SIGINT)
+        await asyncio.wait_for(demo.communicate(), timeout=30)
+    assert demo.returncode == 0
+
+
+async def test_public_binds_the_page_and_the_edge_where_asked_and_says_so(browser: Browser) -> None:
+    """``--public ADDRESS`` (the default, every interface, is what a person uses; tests stay on
+    loopback): the page and the edge listen there, the summary says so, and the page reads
+    the edge at the host it was opened by."""
+    demo = await start_demo(
+        "--public", "127.0.0.1", "--viewers", "2", "--tokens", "30", "--rate", "60",
+        "--keep-running",
+    )  # fmt: skip
+    seen: list[str] = []
+    try:
+        public = await line_starting(demo, "public: ", seen)
+        found = re.search(r"listen on 127\.0\.0\.1 \(page port (\d+), edge port (\d+)\)", public)
+        assert found is not None, public
+        page_port, edge_port = found.groups()
+        assert "the metrics stay on 127.0.0.1" in public
+        url = (await line_starting(demo, "watch ", seen)).split(" ", 1)[1]
+        assert url.startswith(f"http://127.0.0.1:{page_port}/run/demo-run-")
+        page = await open_page(browser, url)
+        assert await page.page.evaluate("JSON.parse(config.textContent).edge") == (
+            f"http://127.0.0.1:{edge_port}"
+        )
+        await page.until("w.ended")
+        assert (await line_starting(demo, "RESULT", seen)) == "RESULT        ok"
+        still = await line_starting(demo, "still running", seen)
+        assert f"point clients at http://127.0.0.1:{edge_port} " in still
     finally:
         if demo.returncode is None:
             demo.send_signal(signal.SIGINT)

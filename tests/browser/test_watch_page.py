@@ -1,9 +1,12 @@
 """The watch page in headless Chromium, reading and writing a shared run through the edge.
 
 What a person would check: every open page (late joiners too) ends with the transcript the
-origin holds, byte for byte; Stop on one device stops the agent and every page shows it; a
-human's messages appear on every page in order, once; the edge dying or the page going offline
-costs nothing. Figures (Stop click to acknowledgement, reconnects) are printed, not asserted.
+origin holds, byte for byte, and shows it as a chat: each run of one author's messages one
+bubble (a token run one growing text), status and control messages in plain words, every
+message once and in order (``chat``, a model of the grouping, says what each page must show);
+Stop on one device stops the agent and every page shows it; a human's messages appear on every
+page in order, once; the edge dying or the page going offline costs nothing. Figures (Stop
+click to acknowledgement, reconnects) are printed, not asserted.
 """
 
 from __future__ import annotations
@@ -11,8 +14,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import time
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -25,7 +30,7 @@ from tests.browser.conftest import Stack, WatchPage, open_page
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 # Tests never write tracked files: the screenshot goes to a temporary file unless
-# EDGE_SCREENSHOT names where to keep it (`EDGE_SCREENSHOT=docs/watch-page.png pytest -k three`
+# EDGE_SCREENSHOT names where to keep it (`EDGE_SCREENSHOT=docs/watch-page.png pytest -k take_over`
 # refreshes the README's picture).
 SCREENSHOT_TO = os.environ.get("EDGE_SCREENSHOT")
 _names = iter(range(1_000_000))
@@ -61,6 +66,43 @@ async def origin_transcript(stack: Stack, http: aiohttp.ClientSession, name: str
         return await response.read()
 
 
+def _describe(message: dict[str, Any]) -> str:
+    if message["type"] == "tool_call":
+        return f"calls {message['name']}({session.encode(message['args']).decode()})"
+    if message["type"] == "tool_result":
+        result = message["result"]
+        return f"→ {result if isinstance(result, str) else session.encode(result).decode()}"
+    text = message.get("text")
+    return text if isinstance(text, str) else session.encode(message).decode()
+
+
+def chat(items: list[Any]) -> str:
+    """What ``WatchPage.shown`` must be for ``items``: one bubble per run of messages from one
+    author (consecutive tokens one text), status and control messages lines of their own, raw
+    values shown whole; nothing left out, nothing twice, stream order."""
+    lines: list[str] = []
+    turn: dict[str, Any] | None = None
+    for m in items:
+        if not isinstance(m, dict):
+            lines.append(f"raw | {session.encode(m).decode()}")  # type: ignore[arg-type]
+            turn = None
+        elif m["type"] in ("status", "control"):
+            after = f" (after {m['ref']})" if m.get("ref") else ""
+            lines.append(f"event {m['from']}:{m['seq']}{after}")
+            turn = None
+        else:
+            if turn is None or turn["from"] != m["from"]:
+                turn = {"from": m["from"], "parts": [], "line": len(lines), "text": False}
+                lines.append("")
+            if m["type"] == "token" and turn["text"]:
+                turn["parts"][-1] += m["text"]
+            else:
+                turn["parts"].append(m["text"] if m["type"] == "token" else _describe(m))
+            turn["text"] = m["type"] == "token"
+            lines[turn["line"]] = f"turn {turn['from']} | " + " ¦ ".join(turn["parts"])
+    return "\n".join(lines)
+
+
 async def assert_exact(
     stack: Stack, http: aiohttp.ClientSession, name: str, run: Run, pages: list[WatchPage]
 ) -> list[session.Message]:
@@ -74,8 +116,19 @@ async def assert_exact(
         assert (await page.transcript()).encode() == stored
         assert page.errors == []
     shown = {await page.shown() for page in pages}
-    assert len(shown) == 1, "every page shows the same transcript"
+    assert shown == {chat(items)}, "every page shows the transcript as the chat model does"
     return items
+
+
+async def assert_position(page: WatchPage) -> None:
+    """Messages and bytes received in words; the raw offset on hover."""
+    count = await page.watch("w.messages.length")
+    position = await page.page.inner_text("#position")
+    assert re.fullmatch(rf"{count:,} messages · [\d.]+ (B|KB|MB) received", position), position
+    assert (
+        await page.page.get_attribute("#position", "title")
+        == f"offset {await page.watch('w.offset')}"
+    )
 
 
 async def viewers_reach(stack: Stack, count: int) -> None:
@@ -100,22 +153,29 @@ async def test_three_pages_one_late_end_with_the_origins_transcript(
     await page_a.until("w.messages.filter((m) => m.type === 'token').length >= 35")
     page_c = await open_page(browser, stack.page_url(name))  # joins mid-run: history, then live
     await page_a.until("w.viewers !== null && w.viewers >= 3", within=10)
-    screenshot = Path(SCREENSHOT_TO) if SCREENSHOT_TO else tmp_path / "watch-page.png"
-    await page_a.page.screenshot(path=str(screenshot))
     await run.wait(60)
     for page in (page_a, page_b, page_c):
         await page.until("w.ended")
         assert await page.watch("w.state") == "ended"
     items = await assert_exact(stack, agents_http, name, run, [page_a, page_b, page_c])
-    # Who wrote what is on the page.
+    # Who wrote what is on the page, each name once per bubble, in plain words.
     for role in ("user", "worker", "reviewer"):
         assert await page_c.page.locator(f".from-{role}").count() >= 1
     assert await page_c.page.locator(".type-tool_call").count() == 1
-    assert await page_a.page.inner_text("#offset") == await page_a.watch("w.offset")
+    reads = await page_c.reads()
+    assert reads[0] == "User: Explain how the edge keeps every viewer exact."
+    assert reads[1] == "The worker started"
+    assert reads[2].startswith("Worker: ")
+    assert reads[-2:] == ["The worker finished", "The reviewer signed off"]
+    assert {line.split(":")[0] for line in reads if ": " in line} == {"User", "Worker", "Reviewer"}
+    is_token = [m["type"] == "token" for m in items]
+    runs = sum(1 for i, token in enumerate(is_token) if token and not (i and is_token[i - 1]))
+    assert await page_c.page.locator(".type-token").count() == runs
+    assert runs < sum(is_token) / 4, "tokens are grouped into growing texts, not a card each"
+    await assert_position(page_a)
     page_d = await open_page(browser, stack.page_url(name))  # after the end: same transcript
     await page_d.until("w.ended")
     await assert_exact(stack, agents_http, name, run, [page_a, page_d])
-    assert screenshot.stat().st_size > 10_000
     stored = await origin_transcript(stack, agents_http, name)
     print(f"\n[three pages] {len(items)} messages, {len(stored)} transcript bytes on 4 pages")
 
@@ -149,9 +209,14 @@ async def test_stop_on_one_page_stops_the_agent_everywhere(
     assert items.index(stop) < ack_index
     worker_tokens = sum(1 for m in run.worker.written if m["type"] == "token")
     assert worker_tokens < 400
+    name_b = await page_a.name_of(me_b)
     for page in (page_a, page_c):
         assert await page.page.locator(".state-stopped").count() == 1
         assert await page.page.is_disabled("#stop")
+        reads = await page.reads()
+        assert f"{name_b} pressed Stop" in reads
+        assert f"The worker was stopped by {name_b}" in reads
+    assert {"You pressed Stop", "The worker was stopped by you"} <= set(await page_b.reads())
     clicked_ms, shown_ms = await page_b.watch("[w.stopClickedAt, w.stopAckSeenAt]")
     seen, acked = run.report.stop_seen_at, run.report.stop_acked_at
     assert seen is not None
@@ -171,7 +236,7 @@ async def say(page: WatchPage, text: str) -> None:
 
 
 async def test_take_over_two_peoples_messages_appear_everywhere_in_order_once(
-    stack: Stack, browser: Browser, agents_http: aiohttp.ClientSession
+    stack: Stack, browser: Browser, agents_http: aiohttp.ClientSession, tmp_path: Path
 ) -> None:
     name = run_name("human")
     pages = await open_pages(stack, browser, agents_http, name, 3)
@@ -182,9 +247,12 @@ async def test_take_over_two_peoples_messages_appear_everywhere_in_order_once(
     await page_a.page.click("#take")
     for page in pages:
         await page.until("w.messages.some((m) => m.type === 'status' && m.state === 'yielded')")
+    name_a = await page_b.name_of(me_a)
     for page in (page_b, page_c):
         assert await page.page.is_hidden("#say-form"), "only the holder types"
-        assert await page.page.inner_text("#holder") == me_a
+        assert await page.page.inner_text("#holder") == name_a
+        assert await page.page.get_attribute("#holder", "title") == me_a
+    assert await page_a.page.inner_text("#holder") == "you"
     # The second message's first answer is lost on the way back (the append landed): the page
     # retries with the same Producer-Seq and the origin does not append it twice.
     lost: list[str] = []
@@ -212,6 +280,15 @@ async def test_take_over_two_peoples_messages_appear_everywhere_in_order_once(
     said_b = ["fourth, from a second person"]
     await say(page_b, said_b[0])
     await page_b.page.click("#release")
+    # The picture of the page (docs/session.md): a third person's view once the agent resumed.
+    await page_c.page.set_viewport_size({"width": 1000, "height": 900})
+    await page_c.until(
+        "(() => { const i = w.messages.findIndex((m) => m.state === 'resumed');"
+        " return i >= 0 && w.messages.slice(i).filter((m) => m.type === 'token').length >= 6; })()"
+    )
+    screenshot = Path(SCREENSHOT_TO) if SCREENSHOT_TO else tmp_path / "watch-page.png"
+    await page_c.page.screenshot(path=str(screenshot))
+    assert screenshot.stat().st_size > 10_000
     await run.wait(30)
     for page in pages:
         await page.until("w.ended")
@@ -238,8 +315,30 @@ async def test_take_over_two_peoples_messages_appear_everywhere_in_order_once(
     assert items[resumed]["ref"] == session.name(items[kinds.index((me_b, "control", "release"))])
     assert all(m["from"] != "worker" for m in items[yielded + 1 : resumed])
     assert kinds[-2:] == [("worker", "status", "done"), ("reviewer", "status", "signed_off")]
+    name_b = await page_a.name_of(me_b)
     for page in pages:
         assert await page.page.locator(".type-human").count() == len(humans)
+        assert await page.name_of(me_a) == name_a, "every page names a writer alike"
+    # In plain words, each person by name (or "you"), each bubble's author named once.
+    reads_a, reads_b, reads_c = [await page.reads() for page in pages]
+    for opening in (f"{name_a}: {said_a[0]}", f"{name_b}: {said_b[0]}"):
+        assert any(line.startswith(opening) for line in reads_c), (opening, reads_c)
+    for line in (
+        f"{name_a} took over",
+        f"The worker paused for {name_a}",
+        f"{name_b} took over",
+        f"{name_b} handed the run back",
+        "The worker resumed",
+    ):
+        assert line in reads_c, (line, reads_c)
+    assert "You took over" in reads_a
+    assert any(line.startswith(f"You: {said_a[0]}") for line in reads_a)
+    assert "You handed the run back" in reads_b
+    # Bubbles are labelled by a name alone (no "HUMAN PAGE-… (YOU) · HUMAN").
+    names = {"User", "Worker", "Reviewer", name_a, name_b}
+    for lines, mine in ((reads_a, name_a), (reads_b, name_b), (reads_c, None)):
+        labels = {line.split(": ", 1)[0] for line in lines if ": " in line}
+        assert labels <= (names - {mine}) | ({"You"} if mine else set()), labels
 
 
 async def test_pages_resume_after_the_edge_is_killed_and_restarted(
@@ -350,12 +449,16 @@ async def test_values_that_are_not_messages_are_shown_raw_and_the_page_goes_on(
     assert (await page.transcript()).encode() == stored
     assert page.errors == []
     shown = (await page.shown()).splitlines()
-    assert shown[:4] == [f"msg raw | {raw}" for raw in ("null", "3", '"x"', "[1]")]
-    assert shown[4] == "msg type-human from-someone | still shown"
-    assert shown[5].startswith("msg type-control from-someone")
+    assert shown == [
+        *(f"raw | {raw}" for raw in ("null", "3", '"x"', "[1]")),
+        "turn someone | still shown",
+        "event someone:1",
+    ]
+    assert (await page.reads())[4:] == ["Someone: still shown", "Someone took over"]
     # The fold skipped the values: the take-over after them counts.
-    assert await page.page.inner_text("#holder") == "someone"
+    assert await page.page.inner_text("#holder") == "Someone"
     async with agents_http.head(stack.stream_url(name)) as response:
         tail = response.headers["Stream-Next-Offset"]
     assert await page.watch("w.offset") == tail
-    assert await page.page.inner_text("#offset") == tail
+    assert await page.page.get_attribute("#position", "data-offset") == tail
+    await assert_position(page)

@@ -535,8 +535,8 @@ async def test_purge_is_refused_without_a_token_when_the_admin_listener_is_not_l
         async with http.post(server.make_url("/purge?path=/v1/stream/x")) as response:
             assert response.status == 403
             text = await response.text()
-            assert "--purge-token" in text
-            assert "EDGE_PURGE_TOKEN" in text
+            assert "--admin-token" in text
+            assert "EDGE_ADMIN_TOKEN" in text
         async with http.get(server.make_url("/healthz")) as response:
             assert response.status == 200
 

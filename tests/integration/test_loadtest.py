@@ -4,6 +4,7 @@ of the speed benchmarks: they print checked figures; how fast is for docs/benchm
 from __future__ import annotations
 
 import csv
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +28,33 @@ def test_a_short_locust_run_has_no_failures(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     (run_dir,) = tmp_path.iterdir()
     assert (run_dir / "report.html").exists()
+    out = result.stdout.splitlines()
+    # While it ran: progress lines (not a terminal here: one every few seconds), then the end.
+    progress = [line for line in out if re.match(r"^\d+:\d\d / 0:10", line)]
+    assert len(progress) >= 2, result.stdout
+    assert re.search(
+        r"users 24/24  [\d,]+ requests/s  [\d,]+ SSE events/s  failures 0", "\n".join(progress)
+    )
+    # The summary leads with what reached the origin, out of what the clients made.
+    summary = out[
+        out.index("24 users, 10s, through HAProxy to 2 edges in front of one origin") + 1 :
+    ]
+    share = re.fullmatch(
+        r"origin share  (\d+\.\d)% of requests reached the origin: ([\d,]+) of ([\d,]+) that "
+        r"clients made",
+        summary[0],
+    )
+    assert share is not None, summary
+    origin, clients = (int(share.group(i).replace(",", "")) for i in (2, 3))
+    assert 0 < origin < clients
+    assert float(share.group(1)) == pytest.approx(100 * origin / clients, abs=0.06)
+    assert re.search(r"of bytes: .* from the origin for .* served to clients", result.stdout)
+    assert re.search(r"^hit ratio     \d+\.\d% of catch-up reads", result.stdout, re.M)
+    assert any(line.startswith("  SSE delivery") and "end to end" in line for line in out)
+    chart = run_dir / "loadtest.png"
+    assert f"chart         {chart}" in out
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert chart.stat().st_size > 20_000
     with (run_dir / "locust_stats.csv").open() as handle:
         rows = {(row["Type"], row["Name"]): row for row in csv.DictReader(handle)}
     for name in (

@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from aiohttp.test_utils import TestClient, TestServer
 
 from devstack.processes import Edge
+from devstack.reach import local_url, machine_addresses, shown_host, url_at
 from devstack.watch import create_watch_app
 from tests.integration.test_faults import closed_port
 
@@ -85,3 +86,51 @@ async def test_with_tokens_a_page_is_served_only_for_a_hosted_run_with_that_runs
         assert (await client.get("/run/elsewhere")).status == 404
     assert [stream for _, stream in asked] == ["/v1/stream/hosted", "/v1/stream/elsewhere"]
     assert all(sub.startswith("page-") for sub, _ in asked)
+
+
+async def test_a_public_page_reads_the_edge_at_the_host_the_visitor_used(edge: Edge) -> None:
+    """``make demo ARGS=--public``: a phone that opened the page at this machine's LAN address
+    reads the edge there too (the edge's port, the visitor's host); only headers are sent."""
+    wildcard = url_at(edge.url, "0.0.0.0")
+    port = edge.url.rsplit(":", 1)[1]
+    app = create_watch_app(wildcard, edge.admin_url, public=True)
+    async with TestClient(TestServer(app)) as client:
+        for host, seen in (
+            ("192.0.2.50:8080", "192.0.2.50"),
+            ("laptop.local", "laptop.local"),
+            ("[fd00::1]:8080", "[fd00::1]"),
+        ):
+            response = await client.get("/run/demo-run-1", headers={"Host": host})
+            assert response.status == 200, host
+            assert embedded_config(await response.text())["edge"] == f"http://{seen}:{port}"
+        bad = await client.get("/run/demo-run-1", headers={"Host": "a b"})
+        assert bad.status == 400
+    # Not public: the configured edge, whatever the Host.
+    async with watch_client(edge.url, edge.admin_url) as client:
+        response = await client.get("/run/demo-run-1", headers={"Host": "192.0.2.50:8080"})
+        assert embedded_config(await response.text())["edge"] == edge.url
+
+
+async def test_the_page_has_a_favicon(edge: Edge) -> None:
+    async with watch_client(edge.url, edge.admin_url) as client:
+        html = await (await client.get("/run/demo-run-1")).text()
+        found = re.search(r'<link rel="icon" type="image/svg\+xml" href="([^"]+)">', html)
+        assert found is not None
+        for path in (found.group(1), "/favicon.ico"):
+            icon = await client.get(path)
+            assert icon.status == 200, path
+            assert icon.headers["Content-Type"] == "image/svg+xml"
+            assert (await icon.text()).startswith("<svg")
+
+
+def test_a_server_on_every_interface_is_reached_on_loopback_here_and_at_an_address_elsewhere() -> (
+    None
+):
+    assert local_url("http://0.0.0.0:8080") == "http://127.0.0.1:8080"
+    assert local_url("http://127.0.0.1:8080") == "http://127.0.0.1:8080"
+    assert url_at("http://0.0.0.0:8080/run/x", "192.0.2.7") == "http://192.0.2.7:8080/run/x"
+    addresses = machine_addresses()
+    assert addresses
+    assert not any(a.startswith("127.") for a in addresses)
+    assert shown_host("0.0.0.0") == addresses[0]
+    assert shown_host("127.0.0.1") == "127.0.0.1"

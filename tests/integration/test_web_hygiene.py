@@ -262,6 +262,11 @@ async def test_edge_made_answers_carry_cors_and_no_origin_address(
         # --max-viewers: the second viewer is refused, in a way a browser can read.
         async with http.get(url + "?offset=-1&live=sse") as first:
             assert first.status == 200
+            # No answer names the software and version serving it, streamed or on the admin port.
+            assert "Server" not in first.headers
+            for path in ("/healthz", "/metrics", "/readyz"):
+                async with http.get(edge.admin_url + path) as admin:
+                    assert "Server" not in admin.headers, path
             status, headers, body = await call(http, "GET", url + "?offset=-1&live=sse")
             assert status == 503
             assert {n.lower() for n, _ in headers} >= set(CORS_NAMES)
@@ -389,7 +394,7 @@ async def in_process_edge(origin: Origin) -> AsyncIterator[tuple[BaseTestServer,
         yield server, app
 
 
-async def test_a_viewer_leaving_before_its_headers_is_a_499_not_an_error(
+async def test_a_viewer_leaving_before_its_headers_is_counted_as_gone_not_as_an_error(
     http: aiohttp.ClientSession,
     origin: Origin,
     stream_path: str,
@@ -425,6 +430,7 @@ async def test_a_viewer_leaving_before_its_headers_is_a_499_not_an_error(
     writer.close()
     await asyncio.sleep(0.2)
     metrics = app[stream_app.METRICS].render().decode()
-    assert metric_value(metrics, "edge_requests_total", kind="sse", code="499") == 1
+    assert metric_value(metrics, "edge_clients_gone_total", kind="sse") == 1
+    assert metric_value(metrics, "edge_requests_total", kind="sse", code="499") == 0
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
     assert "client left" in caplog.text

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from edge.cli import FLAG_OF_SETTING, SERVE_OPTIONS, build_parser, parse_settings
+from edge.cli import FLAG_OF_SETTING, SERVE_OPTIONS, TOPICS, build_parser, parse_settings
 from edge.config import Address, ConfigError, RedisTarget, Settings
 from edge.web.admin import purge_refusal
 
@@ -59,7 +59,7 @@ def test_every_flag_reads_its_env_and_the_flag_wins() -> None:
         "EDGE_MAX_CONNECTIONS": "500",
         "EDGE_FAST_PATH": "off",
         "EDGE_ORIGIN_HEALTH_PATH": "/healthz",
-        "EDGE_PURGE_TOKEN": "s3cret",
+        "EDGE_ADMIN_TOKEN": "s3cret",
         "EDGE_ADMIN_PROTECT": "all",
         "EDGE_AUTH": "forward",
         "EDGE_JWT_JWKS": "/etc/edge/jwks.json",
@@ -149,7 +149,7 @@ def test_admin_token_is_the_purge_token() -> None:
         (["--auth", "forward", "--auth-url", "ftp://a"], "--auth-url, an http(s) URL"),
         (["--origin-header", "X-A: 1"], "--origin-header is for --auth jwt or forward"),
         (["--auth", "jwt", "--jwt-jwks", "k", "--origin-header", "nocolon"], "Name: value"),
-        (["--admin-protect", "all"], "--admin-protect=all needs --purge-token"),
+        (["--admin-protect", "all"], "--admin-protect=all needs --admin-token"),
         (["--auth", "jwt", "--jwt-jwks", "k", "--auth-timeout", "0"], "--auth-timeout must be"),
     ],
 )
@@ -186,7 +186,7 @@ def test_cluster_mode_takes_seed_nodes() -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--redis-mode", "ring"], "--redis-mode must be standalone, cluster, sentinel"),
+        (["--redis-mode", "ring"], "--redis-mode='ring': one of standalone, cluster, sentinel"),
         (["--redis-mode", "cluster"], "--redis-mode=cluster needs --redis-url"),
         (
             ["--redis-url", "redis://a:1,redis://b:1"],
@@ -240,11 +240,52 @@ def test_bad_settings_are_refused_with_a_reason(argv: list[str], message: str) -
         parse_settings(argv, {})
 
 
+def serve_help() -> str:
+    return build_parser({})._subparsers._group_actions[0].choices["serve"].format_help()  # type: ignore[union-attr,no-any-return]
+
+
 def test_help_explains_every_flag() -> None:
-    serve_help = build_parser({})._subparsers._group_actions[0].choices["serve"].format_help()  # type: ignore[union-attr]
+    text = serve_help()
     for option in SERVE_OPTIONS:
-        assert option.flag in serve_help
-        assert option.env in serve_help
+        assert option.flag in text
+        assert option.env in text
+        assert "(default: " in text
+
+
+def test_help_is_grouped_by_topic_and_every_flag_has_one() -> None:
+    text = serve_help()
+    flags = [flag for _, topic_flags in TOPICS for flag in topic_flags]
+    assert sorted(flags) == sorted(option.flag for option in SERVE_OPTIONS)  # once each
+    positions = [text.index(f"\n{topic}:\n") for topic, _ in TOPICS]
+    assert positions == sorted(positions)
+    assert "\nother:\n" not in text
+    # Choices and units are shown, not a bare metavar.
+    assert "--tail-mode {auto,sse,long-poll}" in text
+    assert "--tail-freshness DURATION" in text
+    assert "--cache-bytes SIZE" in text
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("1", 1.0), ("0.25", 0.25), ("30s", 30.0), ("500ms", 0.5), ("2m", 120.0), ("1h", 3600.0),
+     (" 1.5 S ", 1.5), ("0", 0.0)],
+)  # fmt: skip
+def test_durations_take_units(text: str, seconds: float) -> None:
+    settings = parse_settings(["serve", "--origin", "http://o", "--tail-freshness", text], {})
+    assert settings.tail_freshness_seconds == seconds
+
+
+@pytest.mark.parametrize("text", ["", "s", "-1", "1d", "nan", "inf", "1 2"])
+def test_bad_durations_are_refused(text: str) -> None:
+    with pytest.raises(ConfigError, match="--long-poll-timeout"):
+        parse_settings(["serve", "--origin", "http://o", "--long-poll-timeout", text], {})
+
+
+def test_an_unknown_flag_gets_serves_usage() -> None:
+    result = run_edge("--no-such-flag")
+    assert result.returncode == 2
+    assert result.stderr.startswith("usage: edge serve ")
+    assert "unrecognized arguments: --no-such-flag" in result.stderr
 
 
 def test_new_defaults() -> None:
@@ -279,7 +320,7 @@ def test_every_setting_has_exactly_one_flag() -> None:
         (["--long-poll-timeout", "0"], "--long-poll-timeout must be positive"),
         (["--max-viewers", "0"], "--max-viewers must be at least 1"),
         (["--redis-url", "redis://r:port"], "--redis-url has an invalid port"),
-        (["--purge-token", "caf\u00e9"], "--purge-token must be printable ASCII"),
+        (["--purge-token", "caf\u00e9"], "--admin-token must be printable ASCII"),
     ],
 )
 def test_validation_messages_name_the_flag(args: list[str], message: str) -> None:
@@ -298,11 +339,11 @@ def test_an_origin_with_a_path_is_refused(origin: str) -> None:
     )
 
 
-def test_the_purge_token_is_never_shown() -> None:
-    settings = parse_settings(["serve", "--origin", "http://x", "--purge-token", "s3cret"], {})
+def test_the_admin_token_is_never_shown() -> None:
+    settings = parse_settings(["serve", "--origin", "http://x", "--admin-token", "s3cret"], {})
     assert "s3cret" not in repr(settings)
     with pytest.raises(ConfigError) as raised:
-        parse_settings(["serve", "--origin", "http://x", "--purge-token", "s3cr\u00e9t"], {})
+        parse_settings(["serve", "--origin", "http://x", "--admin-token", "s3cr\u00e9t"], {})
     assert "s3cr" not in str(raised.value)
 
 
@@ -331,7 +372,7 @@ def test_purge_access() -> None:
     refused = purge_refusal(token=None, admin_on_loopback=False, authorization="Bearer x")
     assert refused is not None
     assert refused.status == 403
-    assert "--purge-token" in refused.reason
+    assert "--admin-token" in refused.reason
     for authorization in (None, "Bearer wrong", "Basic s3cret", "s3cret", "Bearer "):
         refused = purge_refusal(token="s3cret", admin_on_loopback=True, authorization=authorization)
         assert refused is not None

@@ -9,6 +9,7 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
+import pytest
 from hypothesis import HealthCheck, assume, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
@@ -329,5 +330,45 @@ async def test_a_kept_admission_holds_only_while_what_it_was_derived_from_does(
         now[0] = NOW + 10.5
         assert isinstance(gate.decide_now(head, remember=True), Refusal)
         assert isinstance(await gate.admit(head), Refusal)
+    finally:
+        await gate.close()
+
+
+async def test_kept_admissions_are_bounded_in_bytes_whatever_the_targets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One reader with one good token (a prefix claim) reading many distinct, long targets:
+    each admission the hit path keeps holds its target (twice: as sent, and as served), so a
+    count alone lets them grow to gigabytes outside ``--cache-bytes`` (65,536 heads of 8 KiB).
+    What is kept is bounded in bytes (``MAX_KEPT_ADMISSION_BYTES``)."""
+    import tracemalloc
+
+    import edge.auth.gate
+
+    bound = 1024 * 1024  # small, so the test is cheap; the rule is the same at any size
+    monkeypatch.setattr(edge.auth.gate, "MAX_KEPT_ADMISSION_BYTES", bound, raising=False)
+    keys = tmp_path / "jwks.json"
+    keys.write_bytes(jwks(KEY))
+    gate = Gate(settings(keys), Metrics())
+    await gate.start()
+    try:
+        grant = [("Authorization", f"Bearer {sign(KEY, claims_for('/v1/stream/'))}")]
+        long_name = "x" * 7000
+        count = 2 * bound // 7000 + 1  # twice the bound in targets alone
+        heads = [
+            client("GET", f"/v1/stream/{i}-{long_name}?offset=-1", grant) for i in range(count)
+        ]  # made first: only what the gate keeps is measured
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            for head in heads:
+                assert isinstance(gate.decide_now(head, remember=True), Admission)
+            kept = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+        assert kept < 1.5 * bound, kept
+        # The common admission (a short target) is still kept: the LRU still does its job.
+        short = client("GET", f"{STREAM}?offset=-1", grant)
+        assert gate.decide_now(short, remember=True) is gate.decide_now(short, remember=True)
     finally:
         await gate.close()

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import inspect
+
 import hypothesis.strategies as st
 from hypothesis import given, settings
 
+from edge.protocol.answer_key import scope_of
 from edge.protocol.http1 import (
     CONSULTED,
     FOR_GOOD,
     HANDOFF,
+    MAX_HEAD_BYTES,
+    MAX_HEADERS,
     ONE_REQUEST,
     SINGLETONS,
     HeadParser,
@@ -174,3 +179,122 @@ def test_a_head_the_full_path_refuses_is_never_the_fast_paths() -> None:
     parsed = parser.parse(b"GET /s HTTP/1.1\r\nHost: a\r\nCookie: s=1  \r\n\r\n")
     assert isinstance(parsed, RequestHead)
     assert parsed.credentials == (("cookie", "s=1"),)  # stripped, as aiohttp strips it
+
+
+# --- heads read as the full path reads them: aiohttp's own request parser as the oracle ---
+
+
+def aiohttp_reads(head: bytes) -> list[tuple[str, str]] | None:
+    """The headers aiohttp's request parser (the C one the full path runs, with the limits
+    ``web.Server`` gives it) makes of ``head``; None: it refuses the head (a 400)."""
+    import asyncio
+
+    from aiohttp import http_exceptions, web_protocol
+    from aiohttp.http_parser import HttpRequestParser
+
+    defaults = inspect.signature(web_protocol.RequestHandler.__init__).parameters
+    loop = asyncio.new_event_loop()
+    try:
+        parser = HttpRequestParser(
+            _Paused(), loop, 2**16,
+            max_line_size=defaults["max_line_size"].default,
+            max_field_size=defaults["max_field_size"].default,
+            max_headers=defaults["max_headers"].default,
+        )  # fmt: skip
+        try:
+            messages, _, _ = parser.feed_data(head)
+        except http_exceptions.HttpProcessingError:
+            return None
+        assert len(messages) == 1
+        return list(messages[0][0].headers.items())
+    finally:
+        loop.close()
+
+
+class _Paused:
+    transport = None
+
+    def pause_reading(self) -> None:
+        pass
+
+
+def test_header_values_are_the_strings_aiohttp_makes_of_their_bytes() -> None:
+    """Non-ASCII bytes in a credential are decoded as aiohttp decodes them (UTF-8, surrogate
+    escapes), so the scope the fast path computes is the full path's: read as Latin-1, the UTF-8
+    bytes of ``é`` would name the scope of the UTF-8 bytes of ``Ã©``, another reader's."""
+    head = (
+        b"GET /s HTTP/1.1\r\nHost: a\r\nCookie: s=\xc3\xa9; t=\xe9\r\n"
+        b'Origin: https://\xc3\xa9.test\r\nIf-None-Match: "\xe9"\r\n'
+        b"Accept-Encoding: gzip\xff\r\n\r\n"
+    )
+    parsed = HeadParser(CREDENTIALS).parse(head)
+    full = aiohttp_reads(head)
+    assert isinstance(parsed, RequestHead)
+    assert full is not None
+    values = dict(full)
+    assert parsed.credentials == (("cookie", values["Cookie"]),)
+    assert parsed.origin == values["Origin"]
+    assert parsed.if_none_match == values["If-None-Match"]
+    assert parsed.accept_encoding == values["Accept-Encoding"]
+    aliased = HeadParser(CREDENTIALS).parse(
+        b"GET /s HTTP/1.1\r\nHost: a\r\nCookie: s=\xc3\x83\xc2\xa9\r\n\r\n"
+    )
+    assert isinstance(aliased, RequestHead)
+    assert scope_of(parsed.credentials[:1]) != scope_of(aliased.credentials)
+
+
+def test_the_header_limit_is_aiohttps() -> None:
+    from aiohttp import web_protocol
+
+    defaults = inspect.signature(web_protocol.RequestHandler.__init__).parameters
+    assert defaults["max_headers"].default == MAX_HEADERS
+    assert defaults["max_field_size"].default < MAX_HEAD_BYTES
+
+
+def test_heads_past_aiohttps_limits_are_never_the_fast_paths() -> None:
+    """aiohttp refuses (400) more than 128 header fields, a field over 8190 bytes and the old
+    WebSocket handshake header; the hit path must not answer such a head 200."""
+    start = b"GET /s?offset=-1 HTTP/1.1\r\nHost: a\r\n"
+    refused = {
+        "129 fields": start + b"".join(b"X%d: b\r\n" % i for i in range(128)) + b"\r\n",
+        "a long field": start + b"X-Pad: " + b"a" * 9000 + b"\r\n\r\n",
+        "Sec-WebSocket-Key1": start + b"Sec-WebSocket-Key1: x\r\n\r\n",
+    }
+    for why, head in refused.items():
+        assert aiohttp_reads(head) is None, why  # the oracle refuses it
+        assert HeadParser(CREDENTIALS).parse(head) is FOR_GOOD, why
+    accepted = start + b"".join(b"X%d: b\r\n" % i for i in range(126)) + b"\r\n"  # 127 fields
+    assert aiohttp_reads(accepted) is not None
+    assert isinstance(HeadParser(CREDENTIALS).parse(accepted), RequestHead)
+
+
+FIELD_BYTES = st.binary(max_size=40).map(lambda b: b.replace(b"\r", b"").replace(b"\n", b""))
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([b"Cookie", b"Origin", b"X-A", b"Authorization"]), FIELD_BYTES),
+        max_size=4,
+    ),
+    st.integers(0, 140),
+    st.sampled_from([0, 100, 8000, 8200]),
+)
+def test_a_head_aiohttp_refuses_is_never_answered_and_one_it_accepts_is_read_alike(
+    fields: list[tuple[bytes, bytes]], padding_fields: int, pad_size: int
+) -> None:
+    lines = [b"GET /s HTTP/1.1", b"Host: a", *(n + b": " + v for n, v in fields)]
+    lines += [b"P%d: x" % i for i in range(padding_fields)]
+    if pad_size:
+        lines.append(b"X-Pad: " + b"p" * pad_size)
+    head = b"\r\n".join([*lines, b"", b""])
+    full = aiohttp_reads(head)
+    parsed = HeadParser(CREDENTIALS).parse(head)
+    if full is None:
+        assert not isinstance(parsed, RequestHead)
+        return
+    if not isinstance(parsed, RequestHead):
+        return  # the full path's to answer: never wrong, only slower
+    credentials = [(n.lower(), v) for n, v in full if n.lower() in CREDENTIALS]
+    assert list(parsed.credentials) == credentials
+    assert parsed.origin == next((v for n, v in full if n.lower() == "origin"), None)

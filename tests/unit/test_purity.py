@@ -10,6 +10,7 @@ import edge.live.answers
 import edge.live.board
 import edge.log
 import edge.protocol
+import edge.summary
 import edge.web.connection_table
 
 FORBIDDEN = ("aiohttp", "redis", "asyncio", "prometheus_client", "socket", "uvloop")
@@ -23,6 +24,7 @@ PURE_MODULES += [
     Path(edge.live.board.__file__),
     Path(edge.live.answers.__file__),
     Path(edge.web.connection_table.__file__),
+    Path(edge.summary.__file__),
 ]
 
 
