@@ -1,6 +1,7 @@
 """``make cluster``: the deployment topology on loopback, without Docker.
 
-The reference origin (with a data dir), Debian's redis-server, N edge replicas sharing Redis,
+The reference origin (with a data dir), Debian's redis-server (one, or with ``redis_mode=
+"cluster"`` a six-node Redis Cluster, ``devstack.redis_sets``), N edge replicas sharing it,
 and Debian's HAProxy in front, health-checking each replica's ``/readyz`` on its admin port and
 routing each stream to one replica the way ``deploy/haproxy/haproxy.cfg`` does (its
 ``balance``/``hash-type``/``hash-balance-factor`` lines are read from that file, so both
@@ -34,6 +35,7 @@ from devstack.processes import (
     start_origin,
     start_redis,
 )
+from devstack.redis_sets import RedisClusterSet, start_redis_cluster
 
 HAPROXY_TEMPLATE = """\
 # Written by devstack/cluster.py for a loopback cluster; deploy/haproxy/haproxy.cfg is the
@@ -94,7 +96,7 @@ def deployed_routing() -> tuple[str, ...]:
 @dataclass
 class Cluster:
     origin: Origin
-    redis: Redis
+    redis: Redis | RedisClusterSet
     edges: list[Edge]
     haproxy: subprocess.Popen[bytes]
     url: str
@@ -115,12 +117,19 @@ class Cluster:
         self.redis.stop()
         self.origin.stop()
 
+    @property
+    def redis_args(self) -> tuple[str, ...]:
+        """The ``edge serve`` flags that name this cluster's Redis."""
+        if isinstance(self.redis, RedisClusterSet):
+            return ("--redis-url", self.redis.seeds, "--redis-mode", "cluster")
+        return ("--redis-url", self.redis.url)
+
     def describe(self) -> dict[str, object]:
         return {
             "url": self.url,
             "origin": self.origin.url,
             "origin_stats": self.origin.stats_url,
-            "redis": self.redis.url,
+            "redis": self.redis_args[1],
             "edges": [{"url": e.url, "admin": e.admin_url} for e in self.edges],
             "logs": str(self.logs_dir),
         }
@@ -160,6 +169,7 @@ def start_cluster(
     edge_args: tuple[str, ...] = (),
     long_poll_timeout_ms: int = 30_000,
     routing: tuple[str, ...] | None = None,
+    redis_mode: str = "standalone",
 ) -> Cluster:
     haproxy_bin = shutil.which("haproxy") or "/usr/sbin/haproxy"
     if not Path(haproxy_bin).exists():
@@ -171,11 +181,15 @@ def start_cluster(
         data_dir=logs_dir / "origin-data",
         name="cluster-origin",
     )
-    redis = start_redis(logs_dir, name="cluster-redis")
+    redis: Redis | RedisClusterSet
+    if redis_mode == "cluster":
+        redis = start_redis_cluster(logs_dir / "redis-cluster")
+        shared: tuple[str, ...] = ("--redis-url", redis.seeds, "--redis-mode", "cluster")
+    else:
+        redis = start_redis(logs_dir, name="cluster-redis")
+        shared = ("--redis-url", redis.url)
     edges = [
-        start_edge(
-            origin.url, logs_dir, "--redis-url", redis.url, *edge_args, name=f"cluster-edge-{i + 1}"
-        )
+        start_edge(origin.url, logs_dir, *shared, *edge_args, name=f"cluster-edge-{i + 1}")
         for i in range(replicas)
     ]
     port = _free_port()
@@ -222,9 +236,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="make cluster", description=__doc__)
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--edge-arg", action="append", default=[], help="extra `edge serve` flag")
+    parser.add_argument(
+        "--redis-mode", choices=("standalone", "cluster"), default="standalone",
+        help="one redis-server, or a Redis Cluster of three primaries with a replica each",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     logs = Path(tempfile.mkdtemp(prefix="edge-cluster-"))
-    cluster = start_cluster(logs, replicas=args.replicas, edge_args=tuple(args.edge_arg))
+    cluster = start_cluster(
+        logs, replicas=args.replicas, edge_args=tuple(args.edge_arg), redis_mode=args.redis_mode
+    )
     print(json.dumps(cluster.describe(), indent=2), flush=True)
     print(f"\nstreams through HAProxy: {cluster.url}   (Ctrl-C stops everything)", flush=True)
     stopping = False
