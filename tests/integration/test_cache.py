@@ -331,8 +331,12 @@ async def test_a_replica_serves_what_another_fetched(
     shared = shared_redis_in(mode, request).edge_args
     a, b = start_replicas(origin.url, logs_dir, [f"edge-a-{mode}", f"edge-b-{mode}"], *shared)
     try:
-        for edge in (a, b):
-            _, _, ready = await call(http, "GET", edge.admin_url + "/readyz")
+        for edge in (a, b):  # its start-up ping may have been too slow: the probe finds it
+            for _ in range(50):
+                _, _, ready = await call(http, "GET", edge.admin_url + "/readyz")
+                if json.loads(ready)["redis"] == "up":
+                    break
+                await asyncio.sleep(0.1)
             assert json.loads(ready)["redis"] == "up", mode
         await create(http, a.url + stream_path, b"shared ", b"bytes", close=True)
         _, _, body = await call(http, "GET", a.url + stream_path + "?offset=-1")
