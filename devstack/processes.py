@@ -321,6 +321,10 @@ def start_redis(
             "no",
             "--protected-mode",
             "no",
+            # Where it writes files (a replica saves what its primary sends as dump.rdb): the
+            # logs, never the directory it was started from (a checkout). extra_args may move it.
+            "--dir",
+            str(logs_dir),
             *extra_args,
         ]
         with log.open("ab") as out:
