@@ -222,10 +222,12 @@ def start_edge(
     listen: str = "127.0.0.1:0",
     admin_listen: str = "127.0.0.1:0",
     launcher: tuple[str, ...] = ("-m", "edge"),
+    env: dict[str, str] | None = None,
 ) -> Edge:
     """``edge serve`` as a process; ``--workers`` is ``workers_under_test()`` unless ``extra_args``
     name it (a test that depends on one process's state pins ``--workers 1``). ``launcher``: what
-    runs it (``loadtest.join --gc-pauses`` wraps it in ``loadtest.gcwatch``)."""
+    runs it (``loadtest.join --gc-pauses`` wraps it in ``loadtest.gcwatch``). ``env``: ``EDGE_*``
+    variables it gets (none of the caller's own reach it), e.g. the CDN API tokens."""
     workers = [] if "--workers" in extra_args else ["--workers", workers_under_test()]
     argv = [
         sys.executable,
@@ -240,9 +242,10 @@ def start_edge(
         *workers,
         *extra_args,
     ]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EDGE_")}
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    return Edge(process=_spawn(name, argv, logs_dir, env), args=list(extra_args))
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("EDGE_")}
+    environment.update(env or {})
+    environment["PYTHONPATH"] = str(REPO) + os.pathsep + environment.get("PYTHONPATH", "")
+    return Edge(process=_spawn(name, argv, logs_dir, environment), args=list(extra_args))
 
 
 def new_logs_dir(prefix: str = "edge-") -> Path:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from edge.log.policy import Reuse
+from edge.log.freshness import Reuse
 from edge.log.stream_log import StreamInstance
 from edge.protocol.headers import HOP_BY_HOP
 
@@ -31,6 +31,9 @@ class Derivation:
     the instance is current (``LocalTier``), the scope and representation are the request's."""
 
     instance: StreamInstance
+    # The instance's shared-tier generation when the answer was built: its purge keys name it,
+    # so what is kept of the answer is given only while the instance still has it.
+    generation: str
     scope: str
     start: str
     end: str
@@ -54,6 +57,9 @@ class Answer:
     hold: Releasable | None = None
     # None for an answer relayed from the origin: nothing of it is the edge's to reuse.
     derivation: Derivation | None = None
+    # An at-tail answer's ``Age`` (``edge.log.freshness.tail_age_seconds``) when it was built;
+    # None: it carries none.
+    age_seconds: int | None = None
 
 
 def relayable(headers: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:

@@ -29,29 +29,30 @@ from edge.coalesce import SingleFlight
 from edge.compress import Compressor
 from edge.config import Settings
 from edge.fill_budget import FillBudget, Hold, read_body
+from edge.log.freshness import Reuse, Tiers, never_stored, reuse, tail_age_seconds
 from edge.log.intake import Arrival, Decision, header_template
 from edge.log.policy import (
     Coverage,
     Fetch,
     Hit,
-    Reuse,
     accepts_gzip,
     answer_headers,
     etag,
     if_none_match_hits,
+    keys_of,
     plan_catchup,
-    reuse,
 )
 from edge.log.segment import (
     Segment,
     content_digest,
     stitch,
 )
-from edge.log.stream_log import LogKey, StreamInstance, StreamLog
+from edge.log.stream_log import LogKey, StreamInstance, StreamLog, TailFact
 from edge.metrics import Metrics
 from edge.origin import BodyTooLarge, OriginClient
 from edge.protocol.headers import (
     first_value,
+    not_to_be_kept,
     own_request_headers,
 )
 from edge.protocol.offsets import START, is_client_offset, is_offset_token
@@ -73,6 +74,15 @@ def live_authority_seconds(settings: Settings) -> float:
     at least every long-poll timeout (the edge's --long-poll-timeout mirrors the origin's)."""
     timeout = settings.long_poll_timeout_seconds
     return timeout + max(1.0, 0.2 * timeout)
+
+
+def tiers_of(settings: Settings) -> Tiers:
+    """What the settings say of the caches downstream (``edge.log.freshness``)."""
+    return Tiers(
+        freshness_seconds=settings.tail_freshness_seconds,
+        browser_max_age_seconds=settings.browser_max_age_seconds,
+        cdn_purged=bool(settings.cdn_purge),
+    )
 
 
 class RelayInstead(BodyTooLarge):
@@ -133,6 +143,7 @@ class CatchupCache:
         self._metrics = metrics
         self._shared = shared
         self._clock = clock
+        self.tiers = tiers_of(settings)
         self.local = LocalTier(settings.cache_bytes, on_evict=metrics.cache_evictions.inc)
         self.streams = Streams(settings, self.local, origin, metrics, shared=shared, clock=clock)
         self.fill_budget = FillBudget(settings.fill_buffer_bytes)
@@ -165,7 +176,8 @@ class CatchupCache:
             await self.streams.purged(stream)
 
     def purge(self, stream: str) -> int:
-        return self.streams.purge(stream)
+        """An operator's purge (the admin listener's ``POST /purge``)."""
+        return self.streams.purge(stream, reason="admin_purge")
 
     async def purged(self, stream: str) -> bool:
         return await self.streams.purged(stream)
@@ -253,14 +265,15 @@ class CatchupCache:
         closed = plan.closed
         digest = content_digest(segments, log_.content_type)
         tag = etag(read.stream, START, end, digest=digest, closed=closed, encoding=None)
+        verdict = never_stored(shared=log_.key.scope == PUBLIC_SCOPE)
+        generation = instance.generation
         headers = answer_headers(
-            log_, next_offset=end, up_to_date=False, closed=closed, tag=tag, control="no-store",
-            varies_by_encoding=False,
+            log_, next_offset=end, up_to_date=False, closed=closed, tag=tag, verdict=verdict,
+            keys=keys_of(read.stream, generation), varies_by_encoding=False,
         )  # fmt: skip
-        verdict = Reuse(shared=log_.key.scope == PUBLIC_SCOPE, immutable=False, max_age_seconds=0)
         derivation = Derivation(
-            instance=instance, scope=key.scope, start=START, end=end, encoding=None,
-            reuse=verdict, kept=True, up_to_date=True, closed=closed,
+            instance=instance, generation=generation, scope=key.scope, start=START, end=end,
+            encoding=None, reuse=verdict, kept=True, up_to_date=True, closed=closed,
         )  # fmt: skip
         return Answer(
             status=200, headers=headers, body=b"", cache_status="edge; hit", result="hit",
@@ -288,7 +301,7 @@ class CatchupCache:
                 read, log_, offset, plan.coverage.segments, plan.coverage.end,
                 up_to_date=plan.up_to_date, closed=plan.closed,
                 if_none_match=if_none_match, accept_encoding=accept_encoding,
-                cache_status=status, result="hit", kept=True,
+                cache_status=status, result="hit", kept=True, observed=log_.tail,
             )  # fmt: skip
         assert fill is not None
         try:
@@ -325,6 +338,9 @@ class CatchupCache:
                 # The origin's validator does not tell stream instances apart; the edge will
                 # not hand out a tag it cannot honour.
                 headers = [(n, v) for n, v in headers if n.lower() != "etag"]
+            # True for this request only (a refusal, a read past the tail, what the origin
+            # forbade storing): no cache downstream keeps it either.
+            headers = not_to_be_kept(headers, private=key.scope != PUBLIC_SCOPE)
             return Answer(
                 status=fill.status, headers=headers, body=fill.body,
                 cache_status=cache_status, result=result if fill.status != 200 else "bypass",
@@ -352,10 +368,17 @@ class CatchupCache:
         return reuse(
             scope=log_.key.scope,
             immutable=immutable,
-            freshness_seconds=self._settings.tail_freshness_seconds,
+            tiers=self.tiers,
             lifetime_known=instance.lifetime_known,
             remaining_seconds=instance.remaining_seconds(self._clock()),
         )
+
+    def age_of(self, verdict: Reuse, observed: TailFact | None) -> int | None:
+        """The ``Age`` of an answer with ``verdict`` whose tail was ``observed`` (None: just
+        now, by the fill it came with); None: it carries none (``edge.log.freshness``)."""
+        if not verdict.at_tail:
+            return None
+        return 0 if observed is None else tail_age_seconds(observed, self._clock())
 
     async def _answer(
         self,
@@ -372,9 +395,13 @@ class CatchupCache:
         cache_status: str,
         result: str,
         kept: bool,
+        observed: TailFact | None = None,
     ) -> Answer:
+        """``observed``: the tail fact an at-tail answer from the log ends at (None: a fill's
+        answer, whose tail the origin has just told)."""
         # Fixed before any await: the answer is of this instance, whatever happens meanwhile.
         instance = log_.instance
+        generation = instance.generation
         body = stitch(segments, json=log_.json)
         final = closed and up_to_date
         # Past --max-response-bytes (a single large segment) the body goes as it is: compressing
@@ -388,23 +415,25 @@ class CatchupCache:
         verdict = self.reuse_for(log_, immutable=final or not up_to_date)
         headers = answer_headers(
             log_, next_offset=end, up_to_date=up_to_date, closed=final, tag=tag,
-            control=verdict.cache_control,
+            verdict=verdict, keys=keys_of(read.stream, generation),
         )  # fmt: skip
         derivation = Derivation(
-            instance=instance, scope=log_.key.scope, start=start, end=end, encoding=encoding,
-            reuse=verdict, kept=kept, up_to_date=up_to_date, closed=final,
+            instance=instance, generation=generation, scope=log_.key.scope, start=start,
+            end=end, encoding=encoding, reuse=verdict, kept=kept, up_to_date=up_to_date,
+            closed=final,
         )  # fmt: skip
+        age = self.age_of(verdict, observed)
         if if_none_match_hits(if_none_match, tag):
             return Answer(
                 status=304, headers=headers, body=b"", cache_status=cache_status, result=result,
-                derivation=derivation,
+                derivation=derivation, age_seconds=age,
             )  # fmt: skip
         if compress:
             body = await self.compressor.gzip(log_.key, instance, (start, end, digest), body)
             headers.append(("Content-Encoding", "gzip"))
         return Answer(
             status=200, headers=headers, body=body, cache_status=cache_status, result=result,
-            derivation=derivation,
+            derivation=derivation, age_seconds=age,
         )  # fmt: skip
 
     # --- the origin ---

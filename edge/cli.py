@@ -106,6 +106,14 @@ def _duration(text: str) -> float:
     return seconds  # its range is the setting's to check (edge.config)
 
 
+def _whole_duration(text: str) -> int:
+    """A duration (``_duration``) of whole seconds, as ``max-age`` says them."""
+    seconds = _duration(text)
+    if not seconds.is_integer():
+        raise ValueError("whole seconds (a max-age)")
+    return int(seconds)
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 0:
@@ -214,7 +222,9 @@ SERVE_OPTIONS = (
         "--upstream-max-connections",
         _positive_int,
         "0",
-        "Cap on concurrent origin connections (0 = unlimited).",
+        "Cap on concurrent origin connections: relays, cache fills, live tails and long-poll "
+        "groups share it. 0 = an eighth of the open-file limit (ulimit -n) after 64 for the "
+        "process itself.",
     ),
     Option(
         "--drain-seconds",
@@ -251,6 +261,16 @@ SERVE_OPTIONS = (
         field="tail_freshness_seconds",
     ),
     Option(
+        "--browser-max-age",
+        _whole_duration,
+        "60",
+        "Seconds a browser (or any cache nobody can purge) may keep an answer that can never "
+        "change (a closed or capped range): a deleted stream's bytes stay visible there that "
+        "long. A CDN keeps such answers a year when --cdn-purge names where to purge it, else "
+        "this long too.",
+        field="browser_max_age_seconds",
+    ),
+    Option(
         "--long-poll-timeout",
         _duration,
         "30",
@@ -277,7 +297,14 @@ SERVE_OPTIONS = (
         "256KiB",
         "Per-viewer socket buffer; a viewer slower than this lags and catches up from the log.",
     ),
-    Option("--max-viewers", _positive_int, "20000", "SSE viewers per edge; beyond it, 503."),
+    Option(
+        "--max-viewers",
+        _positive_int,
+        "0",
+        "Cap on live readers (SSE viewers and long-polls) of the edge; beyond it a new one "
+        "gets 503 with Retry-After. 0 = as many as --max-connections leaves after the short "
+        "requests' reserve (a sixteenth); a viewer holds one descriptor.",
+    ),
     Option(
         "--tail-mode",
         _choice("auto", "sse", "long-poll"),
@@ -368,10 +395,13 @@ SERVE_OPTIONS = (
         "--max-connections",
         _positive_int,
         "0",
-        "Cap on open client connections on the stream listener; at the cap a newcomer evicts "
-        "the longest-idle connection, or gets 503 when all are busy. 0 = half the open-file "
-        "limit (ulimit -n), leaving the rest for one origin connection each, Redis and the "
-        "admin listener.",
+        "Cap on open client connections on the stream listener, every kind (one descriptor "
+        "each); live readers may take all but a sixteenth of it, kept for short requests "
+        "(writes, catch-up reads, HEAD). Past it, while every connection is busy, a thirty-"
+        "second more are admitted to read their heads: idle ones are evicted for a request, "
+        "a live reader is never cut, and only past that does a newcomer get a plain 503. 0 = "
+        "derived from the open-file limit (ulimit -n): what is left after 64 for the process "
+        "and an eighth for origin connections.",
     ),
     Option(
         "--fast-path",
@@ -480,10 +510,39 @@ SERVE_OPTIONS = (
         "the environment variable takes one per line.",
         repeatable=True,
     ),
+    Option(
+        "--fastly-token",
+        _optional_str,
+        "",
+        "Fastly API token for --cdn-purge fastly= (purge_select scope). Give it in the "
+        "environment: a command line is visible to every user of the machine.",
+    ),
+    Option(
+        "--cloudflare-token",
+        _optional_str,
+        "",
+        "Cloudflare API token for --cdn-purge cloudflare= (Cache Purge permission). Give it in "
+        "the environment: a command line is visible to every user of the machine.",
+    ),
+    Option(
+        "--fastly-api-url",
+        str,
+        "https://api.fastly.com",
+        "Base URL of Fastly's API (--cdn-purge fastly=): another for a stand-in or a proxy.",
+    ),
+    Option(
+        "--cloudflare-api-url",
+        str,
+        "https://api.cloudflare.com/client/v4",
+        "Base URL of Cloudflare's API (--cdn-purge cloudflare=): another for a stand-in or a "
+        "proxy.",
+    ),
 )
 
 FLAG_OF_SETTING = {option.setting: option.flag for option in SERVE_OPTIONS}
-SECRET_FLAGS = frozenset({"--admin-token", "--origin-header"})
+SECRET_FLAGS = frozenset(
+    {"--admin-token", "--origin-header", "--fastly-token", "--cloudflare-token"}
+)
 
 # ``edge serve --help`` in topics, in this order; every flag is in one (a unit test checks).
 TOPICS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -529,7 +588,13 @@ TOPICS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "limits",
         ("--max-viewers", "--max-connections", "--header-timeout", "--keepalive-timeout"),
     ),
-    ("cdn in front", ("--cdn-purge",)),
+    (
+        "cdn in front",
+        (
+            "--cdn-purge", "--fastly-token", "--cloudflare-token", "--fastly-api-url",
+            "--cloudflare-api-url", "--browser-max-age",
+        ),
+    ),
     ("observability", ("--log-level", "--origin-health-path")),
     ("admin", ("--admin-token", "--admin-protect")),
 )  # fmt: skip
@@ -538,6 +603,7 @@ OTHER_TOPIC = "other"
 # What a value looks like, by its parser (--help's metavar).
 _METAVARS: dict[Callable[[str], Any], str] = {
     _duration: "DURATION",
+    _whole_duration: "DURATION",
     _byte_size: "SIZE",
     _positive_int: "N",
     Address.parse: "HOST:PORT",

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit
 
 SECONDS = 1.0
+# The longest lifetime any cache is told (RFC 9111 §5.2.2.1: no more than a year).
+IMMUTABLE_MAX_AGE_SECONDS = 31_536_000
 MIN_SSE_SECONDS = 5 * SECONDS
 KiB = 1024
 MiB = 1024 * KiB
@@ -113,6 +115,8 @@ class Settings:
     # Idle time allowed between two body chunks of a non-live answer. Live answers (SSE) have
     # none: the production origin sends nothing while idle.
     upstream_read_timeout_seconds: float = 60 * SECONDS
+    # Origin connections at most (the pool's cap); 0 = an eighth of the descriptors left after
+    # the process's own (edge.web.descriptors).
     upstream_max_connections: int = 0
     # On SIGTERM: stop accepting, give in-flight requests this long, then close what is left.
     drain_seconds: float = 10 * SECONDS
@@ -132,7 +136,9 @@ class Settings:
     sse_max_seconds: float = 60 * SECONDS  # rotate SSE connections (§10.2); 0 = never
     sse_heartbeat_seconds: float = 15 * SECONDS
     sse_buffer_bytes: int = 256 * KiB  # per-viewer socket buffer before writes wait
-    max_viewers: int = 20_000
+    # Live readers (SSE viewers and long-polls) at most; 0 = as many as the client connections
+    # leave after the short requests' reserve (edge.web.descriptors).
+    max_viewers: int = 0
     tail_mode: str = "auto"  # auto | sse | long-poll
     tail_linger_seconds: float = 5 * SECONDS
     redis_url: str | None = None
@@ -152,7 +158,7 @@ class Settings:
     # Client connections on the stream listener (edge.web.connection_table): a connection must
     # deliver a complete request head this soon after connecting (or after the first byte of its
     # next request), may sit idle this long between requests, and at most this many are open
-    # (0 = derived from the open-file limit at start-up, see default_max_connections).
+    # (0 = derived from the open-file limit at start-up: edge.web.descriptors).
     header_timeout_seconds: float = 10 * SECONDS
     keepalive_timeout_seconds: float = 60 * SECONDS
     max_connections: int = 0
@@ -188,6 +194,15 @@ class Settings:
     # (``--cdn-purge KIND=TARGET``, repeatable): (kind, target) pairs, kinds ``CDN_PURGE_KINDS``.
     # With none, nobody downstream can be told, so CDN lifetimes stay as short as the browser's.
     cdn_purge: tuple[tuple[str, str], ...] = ()
+    # The purge-by-key APIs (edge.cdn.api): tokens (from the environment; needed by their kind)
+    # and base URLs (overridable for stand-ins and private endpoints).
+    fastly_token: str | None = field(default=None, repr=False)
+    cloudflare_token: str | None = field(default=None, repr=False)
+    fastly_api_url: str = "https://api.fastly.com"
+    cloudflare_api_url: str = "https://api.cloudflare.com/client/v4"
+    # How long a browser (any cache nobody can purge) may keep an answer that can never change:
+    # a deleted stream's bytes stay visible there that long (edge.log.freshness).
+    browser_max_age_seconds: int = 60
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.origin)
@@ -239,12 +254,14 @@ class Settings:
             )
         if self.workers < 1:
             raise ConfigError("{workers} must be at least 1")
-        if self.max_viewers < 1:
-            raise ConfigError("{max_viewers} must be at least 1")
+        if self.max_viewers < 0:
+            raise ConfigError("{max_viewers} must be >= 0 (0 = what the open-file limit allows)")
         if self.tail_mode not in ("auto", "sse", "long-poll"):
             raise ConfigError("{tail_mode} must be auto, sse or long-poll")
         if self.upstream_max_connections < 0:
-            raise ConfigError("{upstream_max_connections} must be >= 0 (0 = unlimited)")
+            raise ConfigError(
+                "{upstream_max_connections} must be >= 0 (0 = derived from the open-file limit)"
+            )
         if self.origin_health_path is not None and not self.origin_health_path.startswith("/"):
             raise ConfigError("{origin_health_path} must start with /")
         if self.purge_token is not None and (
@@ -255,6 +272,10 @@ class Settings:
             raise ConfigError("{admin_protect} must be purge or all")
         if self.admin_protect == "all" and self.purge_token is None:
             raise ConfigError("{admin_protect}=all needs {purge_token}")
+        if not 0 <= self.browser_max_age_seconds <= IMMUTABLE_MAX_AGE_SECONDS:
+            raise ConfigError(
+                "{browser_max_age_seconds} must be 0 to " + f"{IMMUTABLE_MAX_AGE_SECONDS} (a year)"
+            )
         self._check_auth()
         self._check_cdn_purge()
 
@@ -302,6 +323,27 @@ class Settings:
         )
 
     def _check_cdn_purge(self) -> None:
+        for name in ("fastly_api_url", "cloudflare_api_url"):
+            parts = urlsplit(getattr(self, name))
+            if parts.scheme not in ("http", "https") or not parts.hostname or parts.query:
+                raise ConfigError("{" + name + "} must be an http(s) URL without a query")
+        for name in ("fastly_token", "cloudflare_token"):
+            token = getattr(self, name)
+            if token is not None and not (token.isascii() and token.isprintable() and token):
+                raise ConfigError("{" + name + "} must be printable ASCII")
+        kinds = {kind for kind, _ in self.cdn_purge}
+        if "fastly" in kinds and not self.fastly_token:
+            raise ConfigError(
+                "{cdn_purge} fastly= needs a Fastly API token (with purge_select scope): set "
+                "EDGE_FASTLY_TOKEN ({fastly_token})"
+            )
+        if "cloudflare" in kinds and not self.cloudflare_token:
+            raise ConfigError(
+                "{cdn_purge} cloudflare= needs a Cloudflare API token (Cache Purge permission): "
+                "set EDGE_CLOUDFLARE_TOKEN ({cloudflare_token})"
+            )
+        if len(set(self.cdn_purge)) != len(self.cdn_purge):
+            raise ConfigError("{cdn_purge} names the same target twice")
         for kind, target in self.cdn_purge:
             if kind not in CDN_PURGE_KINDS:
                 raise ConfigError(
@@ -356,8 +398,8 @@ class Settings:
 def per_worker(settings: Settings) -> Settings:
     """One worker's share of the edge's bounds, so that N workers together keep the memory,
     viewers, client and origin connections the operator configured (each rounded down, at
-    least 1). A bound of 0 (derived from the open-file limit, or unlimited) stays per process:
-    descriptors are per process. A segment no worker's cache can hold is not fetched to be
+    least 1). A bound of 0 (derived from the open-file limit) stays per process: descriptors
+    are per process. A segment no worker's cache can hold is not fetched to be
     dropped: ``--max-segment-bytes`` is capped at one worker's cache."""
     n = settings.workers
     if n == 1:
@@ -372,7 +414,7 @@ def per_worker(settings: Settings) -> Settings:
         cache_bytes=cache_bytes,
         max_segment_bytes=min(settings.max_segment_bytes, cache_bytes),
         fill_buffer_bytes=max(1, settings.fill_buffer_bytes // n),
-        max_viewers=max(1, settings.max_viewers // n),
+        max_viewers=share(settings.max_viewers),
         max_connections=share(settings.max_connections),
         upstream_max_connections=share(settings.upstream_max_connections),
     )

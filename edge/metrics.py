@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any, cast
 
 from prometheus_client import (
@@ -26,14 +27,29 @@ from edge.protocol.reads import RequestKind
 
 ORIGIN_ERRORS = ("connect", "timeout", "reset", "protocol")
 CACHE_RESULTS = ("hit", "delta", "miss", "bypass")
+# What became of a stream's purge at a CDN target (edge.cdn.purger).
+CDN_PURGE_RESULTS = ("ok", "error", "dropped", "gave_up", "abandoned")
 
 # Long-polls last up to ~30 s and SSE connections minutes, so the buckets reach far.
 DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 
 
 Usage = Callable[[], dict[str, tuple[int, int]]]
-# (open, limit, closed by reason) of the stream listener's client connections.
-ConnectionStats = Callable[[], tuple[int, int, dict[str, int]]]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ListenerStats:
+    """The stream listener's client connections as the tracker counts them, read at scrape."""
+
+    open: int
+    limit: int  # --max-connections in effect
+    live: int  # live readers (SSE viewers, long-polls) in progress
+    live_limit: int  # the live-reader cap in effect
+    closed: Mapping[str, int]  # closed by the edge, by reason
+    refusals: Mapping[tuple[str, str], int]  # refused, by (request kind, reason)
+
+
+ConnectionStats = Callable[[], ListenerStats]
 
 
 class ScrapeTimeCollector(Collector):
@@ -73,27 +89,51 @@ class ScrapeTimeCollector(Collector):
             tasks.add_metric([], len(asyncio.all_tasks()))
         yield tasks
         if self.connections is not None:
-            open_, limit, closed = self.connections()
-            yield GaugeMetricFamily(
-                "edge_client_connections",
-                "Open client connections on the stream listener.",
-                value=open_,
-            )
-            yield GaugeMetricFamily(
-                "edge_client_connections_limit",
-                "--max-connections in effect (derived from the open-file limit when 0).",
-                value=limit,
-            )
-            closed_family = CounterMetricFamily(
-                "edge_client_connections_closed",
-                "Client connections the edge closed itself, by reason: header_timeout, "
-                "keepalive_timeout, evicted (the longest idle, at --max-connections), refused "
-                "(503: every connection busy).",
-                labels=["reason"],
-            )
-            for reason, count in closed.items():
-                closed_family.add_metric([reason], count)
-            yield closed_family
+            yield from _listener_families(self.connections())
+
+
+def _listener_families(stats: ListenerStats) -> Iterator[Metric]:
+    yield GaugeMetricFamily(
+        "edge_client_connections",
+        "Open client connections on the stream listener.",
+        value=stats.open,
+    )
+    yield GaugeMetricFamily(
+        "edge_client_connections_limit",
+        "--max-connections in effect (derived from the open-file limit when 0).",
+        value=stats.limit,
+    )
+    yield GaugeMetricFamily(
+        "edge_live_readers",
+        "Live readers (SSE viewers and long-polls) in progress, counted against their cap.",
+        value=stats.live,
+    )
+    yield GaugeMetricFamily(
+        "edge_live_readers_limit",
+        "The live-reader cap in effect: --max-viewers, or what the connections leave after the "
+        "short requests' reserve.",
+        value=stats.live_limit,
+    )
+    closed_family = CounterMetricFamily(
+        "edge_client_connections_closed",
+        "Client connections the edge closed itself, by reason: header_timeout, "
+        "keepalive_timeout, evicted (the longest idle, to make room at --max-connections), "
+        "refused (a plain 503: no room even to read the request).",
+        labels=["reason"],
+    )
+    for reason, count in stats.closed.items():
+        closed_family.add_metric([reason], count)
+    yield closed_family
+    refusals = CounterMetricFamily(
+        "edge_refusals",
+        "Requests the edge turned away for room (503 with Retry-After), by request kind (sse, "
+        "long_poll, write, catchup, head, other; unknown: gone before its request line) and "
+        "reason (viewers: the live-reader cap; connections: every connection busy).",
+        labels=["kind", "reason"],
+    )
+    for (kind, reason), count in stats.refusals.items():
+        refusals.add_metric([kind, reason], count)
+    yield refusals
 
 
 class Metrics:
@@ -260,6 +300,22 @@ class Metrics:
             "edge_fast_path_answers",
             "Catch-up hits answered from stored, pre-serialised responses (also counted in "
             "edge_requests_total and edge_cache_requests_total; folded in at scrape time).",
+            registry=self.registry,
+        )
+        self.cdn_purges = Counter(
+            "edge_cdn_purges",
+            "Purges of forgotten streams at the CDN targets of --cdn-purge, one per stream and "
+            "send, by kind and result: ok (acknowledged), error (failed or unanswered: "
+            "retried), dropped (past the cap of owed purges), gave_up (failing for an hour), "
+            "abandoned (still owed when a drain ended).",
+            ["kind", "result"],
+            registry=self.registry,
+        )
+        self.cdn_purges_pending = Gauge(
+            "edge_cdn_purges_pending",
+            "Streams owed a purge at the CDN targets of --cdn-purge, by kind (waiting for the "
+            "forgetting to be in effect, due, in flight, retried, or owed the double purge).",
+            ["kind"],
             registry=self.registry,
         )
         # Label children bound once: a labels() lookup per request costs more than the count.

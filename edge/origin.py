@@ -23,6 +23,9 @@ Rules this module owns:
   origin's long-poll.
 * Pooled connections are dropped before the origin's own keep-alive timeout (Node: 5 s), so a
   request never lands on a socket the origin is closing.
+* Every origin connection (relays, cache fills, live tails, long-poll groups) comes from the one
+  pool, so its cap bounds the descriptors they hold; a request past it waits for a connection
+  (within ``upstream_headers_timeout_seconds``).
 * Every origin answer (relayed, a cache fill, a live tail) is shown to the answer listeners as it
   arrives, so the edge knows the origin's current headers (its CORS policy) without each caller
   reporting them.
@@ -93,8 +96,12 @@ def translate(error: BaseException) -> OriginError:
 
 
 class OriginClient:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, pool_limit: int | None = None) -> None:
+        """``pool_limit``: origin connections at most (0: unlimited); by default
+        ``--upstream-max-connections``. A serving edge passes its descriptor budget's share
+        (``edge.web.descriptors``), what that flag's 0 means there."""
         self._settings = settings
+        self._pool_limit = settings.upstream_max_connections if pool_limit is None else pool_limit
         self._session: aiohttp.ClientSession | None = None
         self._listeners: list[AnswerListener] = []
 
@@ -104,7 +111,7 @@ class OriginClient:
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(
-            limit=self._settings.upstream_max_connections,
+            limit=self._pool_limit,
             keepalive_timeout=POOL_IDLE_SECONDS,
             enable_cleanup_closed=False,
         )

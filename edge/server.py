@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import resource
 import signal
 import threading
 from typing import TYPE_CHECKING, TypeVar
@@ -22,12 +21,20 @@ from edge import __version__
 from edge.config import Address, Settings
 from edge.metrics import Metrics
 from edge.origin import OriginClient
-from edge.startup import StartupError, bound_url, check_redis, run_loop, settle_heap, why
-from edge.summary import startup_lines
-from edge.web.app import FAST, HUB, create_admin_app, create_app
+from edge.startup import (
+    StartupError,
+    bound_url,
+    check_redis,
+    raise_open_file_limit,
+    run_loop,
+    settle_heap,
+    why,
+)
+from edge.summary import limits_summary, startup_lines
+from edge.web.app import FAST, HUB, PURGER, create_admin_app, create_app
 from edge.web.bounded_site import BoundedSite
-from edge.web.connection_table import Limits, default_max_connections
-from edge.web.connection_tracker import CONNECTIONS, ConnectionTracker
+from edge.web.connection_tracker import ConnectionTracker
+from edge.web.descriptors import DescriptorBudget, budget_for, holds_line, limits_for
 from edge.web.gatekeeper import TokenFreeAccessLog
 
 if TYPE_CHECKING:
@@ -43,38 +50,29 @@ LISTEN_BACKLOG = 4096
 AIOHTTP_KEEPALIVE_BACKSTOP_SECONDS = 24 * 3600.0
 
 
-def raise_open_file_limit() -> int:
-    """Lift the soft open-file limit to the hard one (as Go's runtime does): a systemd default
-    of 1024 would otherwise cap a proxy at a few hundred viewers. Returns the soft limit now."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard != resource.RLIM_INFINITY and soft < hard:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-            soft = hard
-        except (ValueError, OSError):
-            pass
-    return soft
-
-
-def connection_limits(settings: Settings) -> Limits:
-    soft = raise_open_file_limit()
-    default = default_max_connections(soft)
-    if settings.max_connections:
-        cap = settings.max_connections
-        if cap > default:
-            log.warning(
-                "--max-connections %d leaves fewer descriptors than client connections for "
-                "origin connections (open-file limit %d)",
-                cap,
-                soft,
-            )
-    else:
-        cap = default
-    return Limits(
-        header_timeout_seconds=settings.header_timeout_seconds,
-        keepalive_timeout_seconds=settings.keepalive_timeout_seconds,
-        max_connections=cap,
-    )
+def descriptor_budget(settings: Settings) -> DescriptorBudget:
+    """This process's split of its open-file limit (raised to the hard limit first); settings
+    that ask for more than the limit holds are warned about, not cut."""
+    limit = raise_open_file_limit()
+    each = budget_for(settings, limit)
+    if not each.fits:
+        log.warning(
+            "--max-connections %d and --upstream-max-connections %d need %d descriptors, more "
+            "than the open-file limit %d: past it, connections fail (raise the limit: README, "
+            "'Limits and descriptors')",
+            each.clients,
+            each.origin,
+            each.descriptors,
+            limit,
+        )
+    if settings.max_viewers > each.live:
+        log.warning(
+            "--max-viewers %d is more than the connections leave live readers after the short "
+            "requests' reserve: this process holds %d",
+            settings.max_viewers,
+            each.live,
+        )
+    return each
 
 
 async def _start(
@@ -191,23 +189,12 @@ async def serve(
     supervisor's directory when asked (edge.workers.mirror); its supervisor checks Redis at
     start-up, once for all."""
     metrics = Metrics()
-    origin = OriginClient(settings)
-    stream_app = create_app(settings, metrics, origin)
-    tracker = ConnectionTracker(connection_limits(settings))
-    stream_app[CONNECTIONS] = tracker
+    each = descriptor_budget(settings)
+    origin = OriginClient(settings, pool_limit=each.origin)
+    tracker = ConnectionTracker(limits_for(settings, each))
+    stream_app = create_app(settings, metrics, origin, connections=tracker)
     tracker.fast = stream_app[FAST]
-    metrics.track_connections(
-        lambda: (
-            tracker.open,
-            tracker.table.limits.max_connections,
-            {
-                "header_timeout": tracker.header_timeouts,
-                "keepalive_timeout": tracker.keepalive_timeouts,
-                "evicted": tracker.evicted,
-                "refused": tracker.refused,
-            },
-        )
-    )
+    metrics.track_connections(tracker.stats)
     # Outermost, so it sees every request the application handles.
     stream_app.middlewares.insert(0, tracker.middleware)
     admin_app = create_admin_app(settings, metrics, stream_app)
@@ -246,13 +233,7 @@ async def serve(
     }
     # One machine-readable line on stdout: launchers (tests, demo) read the bound ports from it.
     print(json.dumps(ready), flush=True)
-    limits = tracker.table.limits
-    limits_line = (
-        f"at most {limits.max_connections} client connections (--max-connections; open-file "
-        f"limit {resource.getrlimit(resource.RLIMIT_NOFILE)[0]}), header timeout "
-        f"{limits.header_timeout_seconds:g} s, keep-alive timeout "
-        f"{limits.keepalive_timeout_seconds:g} s"
-    )
+    limits_line = limits_summary(holds_line(each), settings)
     if worker is None:
         lines = startup_lines(
             settings, listen=ready["listen"], admin=ready["admin"], version=__version__,
@@ -270,8 +251,12 @@ async def serve(
     await stop.wait()
     log.info("stopping: draining for up to %.0f s", settings.drain_seconds)
     # Live readers end cleanly first (clients resume elsewhere by offset); then the runner stops
-    # accepting and waits for what is left, up to --drain-seconds.
+    # accepting and waits for what is left, up to --drain-seconds, while the CDN purges still
+    # owed are sent in the same time.
     stream_app[HUB].start_draining()
+    purger = stream_app.get(PURGER)
+    if purger is not None:
+        purger.start_draining()
     await stream_runner.cleanup()
     await admin_runner.cleanup()
 

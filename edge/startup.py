@@ -8,6 +8,8 @@ Rules this module owns:
 * ``check_redis`` pings once at start-up, so an unreachable Redis is reported at once; the edge
   starts anyway.
 * ``run_loop`` runs a process's main coroutine on uvloop where it is installed.
+* ``raise_open_file_limit`` lifts the soft open-file limit to the hard one before anything is
+  split by it (``edge.web.descriptors``); a worker inherits its supervisor's.
 * ``settle_heap`` runs once a serving process is set up, before it takes its first request:
   what start-up made (modules, the application) is frozen out of every later collection, and
   the cyclic collector looks at its oldest generation a tenth as often (``GC_OLD_THRESHOLD``).
@@ -22,6 +24,7 @@ import asyncio
 import errno
 import gc
 import logging
+import resource
 import socket
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -52,6 +55,20 @@ REDIS_STARTUP_PING_SECONDS = 1.0
 
 class StartupError(Exception):
     """The edge cannot start; the message names the flag and says why, on one line."""
+
+
+def raise_open_file_limit() -> int:
+    """Lift the soft open-file limit to the hard one (as Go's runtime does): a systemd default
+    of 1024 would otherwise cap a proxy at a few hundred viewers. Returns the soft limit now
+    (-1: unlimited)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    return -1 if soft == resource.RLIM_INFINITY else soft
 
 
 def bound_url(runner: web.AppRunner, requested: Address) -> str:

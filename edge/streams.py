@@ -14,12 +14,20 @@ Rules this module owns:
   long-polls (``forgotten`` listeners), and starts a durable purge in the shared tier.
 * **What this process decides to forget, it tells.** Every forgetting this process decides from
   what it learned itself (``purge``, and a 404 that forgets one scope), whatever its cause, goes
-  through ``_decided``, which hands it to the ``on_forget`` tellers (the sibling workers of
-  ``--workers N``: edge.workers.siblings) and keeps what they return until it is done. Whoever
-  is about to answer with what revealed it awaits ``settled(stream)`` first, so no sibling
-  serves the old instance after that answer. A teller bounds its own work (a sibling that does
-  not answer delays nothing further). Forgetting learned from the shared tier is not told: every
-  process hears the shared tier itself.
+  through ``_decided`` as one ``Forgetting`` (what, why, and whether this process is the one to
+  tell what lies downstream), which hands it to the ``on_forget`` tellers (the sibling workers
+  of ``--workers N``: edge.workers.siblings; the CDN: edge.cdn.purger) and keeps what they
+  return until it is done. Whoever is about to answer with what revealed it awaits
+  ``settled(stream)`` first, so no sibling serves the old instance after that answer. A teller
+  bounds its own work (a sibling that does not answer delays nothing further; the CDN's teller
+  returns nothing to wait for). Forgetting learned from the shared tier is not told: every
+  process hears the shared tier itself. A forgetting carried out for another process (a
+  sibling's, replayed at the supervisor's request) is told to siblings by nobody, and
+  downstream by its decider (``TELLS_DOWNSTREAM``), or, when the decider held nothing of the
+  stream (a 404 on a worker that never served it), by each sibling that held something.
+* **A forgetting is in effect** (``in_effect``) once this process has forgotten, its siblings
+  have been told, and the shared tier's purge is durable (or ``PURGE_WAIT_SECONDS`` passed):
+  only then may a cache in front of the edge be purged, or it would fetch the old bytes again.
 * **Work started under an instance stores nothing once it is gone**: callers pass the instance
   they started with, and ``LocalTier.current`` decides.
 * **Replicas agree through generations.** With a shared tier, a replica confirms a stream's
@@ -35,11 +43,14 @@ Rules this module owns:
 from __future__ import annotations
 
 import asyncio
+import enum
 import itertools
 import logging
 import time
 from collections.abc import Callable, Hashable, Sequence
-from typing import Generic, NamedTuple, TypeVar
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Generic, Literal, NamedTuple, TypeVar
 
 from edge.coalesce import SingleFlight
 from edge.config import Settings
@@ -83,6 +94,37 @@ log = logging.getLogger(__name__)
 GENERATION_CHECK_SECONDS = 1.0
 # The durable part of a purge is awaited this long by those who wait for it.
 PURGE_WAIT_SECONDS = 2.0
+# While the shared tier is away, whether a purge has become durable is looked at this often.
+DURABLE_POLL_SECONDS = 1.0
+
+# Why a stream was forgotten (told downstream: a webhook's ``reason``, the logs).
+Reason = Literal["deleted", "created", "gone", "expired", "new_instance", "admin_purge"]
+REASONS: tuple[Reason, ...] = (
+    "deleted", "created", "gone", "expired", "new_instance", "admin_purge",
+)  # fmt: skip
+
+
+class Downstream(enum.Enum):
+    """Who tells what lies downstream (the CDN) of the forgettings made in a context."""
+
+    DECIDED_HERE = "decided_here"  # this process decided them: it tells
+    DECIDED_ELSEWHERE = "decided_elsewhere"  # carried out for their decider, which tells
+    # Carried out for a sibling that held nothing of the stream (its 404): this process tells,
+    # if it held something (it may have served the stream downstream; the sibling did not).
+    DECIDER_HELD_NOTHING = "decider_held_nothing"
+
+
+TELLS_DOWNSTREAM: ContextVar[Downstream] = ContextVar(
+    "tells_downstream", default=Downstream.DECIDED_HERE
+)
+
+
+def tells_downstream(held_here: bool) -> bool:
+    """Is a forgetting made now, in this context, this process's to tell downstream?"""
+    mode = TELLS_DOWNSTREAM.get()
+    return mode is Downstream.DECIDED_HERE or (
+        mode is Downstream.DECIDER_HELD_NOTHING and held_here
+    )
 
 
 class Taken(NamedTuple):
@@ -122,9 +164,29 @@ class Unsettled(Generic[T]):
         return tuple(self._by_stream.get(stream, ()))
 
 
-# Told of each forgetting this process decided: the stream, and the scope forgotten (the public
-# scope forgets the whole instance). Returns the telling under way, or None (nothing to tell).
-Teller = Callable[[LogKey], "asyncio.Future[None] | None"]
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Forgetting:
+    """One forgetting this process decided (``Streams._decided``)."""
+
+    # The stream, and the scope forgotten (the public scope forgets the whole instance).
+    key: LogKey
+    reason: Reason
+    # This process held something of the stream; if not (a 404 for a path it never served),
+    # only the shared tier can say whether any replica did (``Streams.held_elsewhere``).
+    held_here: bool = True
+    # The generation the shared tier's purge writes ("" without a shared tier, or for a scope).
+    generation: str = ""
+    # This process is the one to tell what lies downstream (``TELLS_DOWNSTREAM``).
+    tells_downstream: bool = True
+
+    @property
+    def stream(self) -> str:
+        return self.key.stream
+
+
+# Told of each forgetting this process decided. Returns the telling under way, or None
+# (nothing to wait for).
+Teller = Callable[[Forgetting], "asyncio.Future[None] | None"]
 
 
 def carries_body(headers: Sequence[tuple[str, str]]) -> bool:
@@ -279,7 +341,7 @@ class Streams:
         match action:
             case Forget(why=why):
                 log.info("%s: a new instance (%s)", key.stream, why)
-                self.purge(key.stream)
+                self.purge(key.stream, reason="new_instance")
             case ForgetScope():
                 self.stream_gone(key)
             case Bypass(until=until):
@@ -405,12 +467,13 @@ class Streams:
         if status == 404 and method in ("GET", "HEAD"):
             self.stream_gone(LogKey(stream=stream, scope=self.scope_of(request_headers)))
         elif method == "DELETE" and status < 400:
-            self.purge(stream)
+            self.purge(stream, reason="deleted")
             return True
         elif method in ("PUT", "POST"):
             created = method == "PUT" and status == 201
             if created:
-                self.purge(stream)  # created: whatever the edge knew of this path is another's
+                # Created: whatever the edge knew of this path is another's.
+                self.purge(stream, reason="created")
             self._written(stream, method, status, request_headers, response_headers, started)
             return created  # like a DELETE, answered once other replicas will not serve the old
         elif method == "HEAD" and status == 200:
@@ -441,7 +504,7 @@ class Streams:
             # changes nothing: a write that succeeds went to another stream at the path, or did
             # nothing at all. Forgetting is always safe; serving the old instance is not.
             log.info("%s written after its closure: a new instance", stream)
-            self.purge(stream)
+            self.purge(stream, reason="new_instance")
             instance = self.local.instance_for(stream)
         sent_type = first_value(request_headers, "content-type")
         if (
@@ -456,11 +519,11 @@ class Streams:
             # an append of another type that succeeded went to another stream at the path. A
             # close without a body is taken whatever its Content-Type (clients send a default).
             log.info("%s appended to as %s: a new instance", stream, media_type(sent_type))
-            self.purge(stream)
+            self.purge(stream, reason="new_instance")
             instance = self.local.instance_for(stream)
         if floor is not None and instance.contradicts(floor, closed=False, started=started):
             log.info("%s written below the tail it had reached: a new instance", stream)
-            self.purge(stream)
+            self.purge(stream, reason="new_instance")
             instance = self.local.instance_for(stream)
         ticket = self.ticket()
         if floor is not None:
@@ -491,19 +554,27 @@ class Streams:
         what a token cannot read), so only that scope forgets, and nobody can empty the cache
         for others by sending a bad token. A read the edge authorized carried the edge's own
         credential, so its 404 is the stream's fate too."""
+        instance = self.local.instance(key.stream)
+        # An instance known to have ended: the origin forgot it first (its lifetime).
+        ended = instance is not None and instance.expired(self._clock())
+        reason: Reason = "expired" if ended else "gone"
         if speaks_for_the_stream(key.scope):
             # A 404 for a path this replica never held (a scanner, a typo) costs the shared tier
             # one existence check, not a new generation and a message to every replica.
-            self.purge(key.stream, only_if_known=not self.local.holds_data(key.stream))
+            self.purge(
+                key.stream, reason=reason, only_if_known=not self.local.holds_data(key.stream)
+            )
         else:
             self.local.purge_scope(key)
-            self._decided(key)
+            self._decided(
+                Forgetting(key=key, reason=reason, tells_downstream=tells_downstream(True))
+            )
 
-    def _decided(self, key: LogKey) -> None:
+    def _decided(self, forgetting: Forgetting) -> None:
         """The one place a forgetting this process decided is told (see the module rules)."""
-        stream = key.stream
+        stream = forgetting.stream
         for teller in self.on_forget:
-            telling = teller(key)
+            telling = teller(forgetting)
             if telling is not None:
                 self._telling.add(stream, telling)
                 telling.add_done_callback(lambda done: self._telling.done(stream, done))
@@ -542,19 +613,55 @@ class Streams:
             if instance is not None:
                 instance.verified_at = float("-inf")
 
-    def purge(self, stream: str, *, only_if_known: bool = False) -> int:
+    def purge(self, stream: str, *, reason: Reason, only_if_known: bool = False) -> int:
         """Forget ``stream`` here and start a durable purge in the shared tier, which tells
         every other replica; a new instance (with the purge's generation) starts at once.
-        ``only_if_known``: purge the shared tier only if it holds anything of the stream."""
+        ``only_if_known``: purge the shared tier only if it holds anything of the stream (this
+        process holds nothing of it)."""
         dropped = self.forget_locally(stream)
+        generation = ""
         if self._shared is not None:
             generation = self._shared.purge(stream, only_if_known=only_if_known)
             if not only_if_known:
                 instance = self.local.instance_for(stream)
                 instance.generation = generation
                 instance.verified_at = self._clock()
-        self._decided(LogKey(stream=stream, scope=PUBLIC_SCOPE))
+        forgetting = Forgetting(
+            key=LogKey(stream=stream, scope=PUBLIC_SCOPE), reason=reason,
+            held_here=not only_if_known, generation=generation,
+            tells_downstream=tells_downstream(not only_if_known),
+        )  # fmt: skip
+        self._decided(forgetting)
         return dropped
+
+    async def in_effect(self, stream: str) -> bool:
+        """Wait until this process's forgetting of ``stream`` is in effect as far as the edge
+        can make it: forgotten here (at once), told to siblings (``settled``) and durable in the
+        shared tier (waited for up to ``PURGE_WAIT_SECONDS``). True when durable (always,
+        without a shared tier)."""
+        await self.settled(stream)
+        return await self.purged(stream)
+
+    async def durable(self, stream: str, give_up_seconds: float) -> bool:
+        """Wait, however long the shared tier is away (up to ``give_up_seconds``), until the
+        purge of ``stream`` is durable; False if it was not by then."""
+        deadline = time.monotonic() + give_up_seconds
+        while not await self.purged(stream):
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(DURABLE_POLL_SECONDS)
+        return True
+
+    async def held_elsewhere(self, forgetting: Forgetting) -> bool:
+        """For a forgetting of a stream this process held nothing of: did the shared tier hold
+        segments of it (so another replica served it since it was last purged)? False when
+        the tier cannot say within ``PURGE_WAIT_SECONDS``."""
+        shared = self._shared
+        if shared is None or not forgetting.generation:
+            return False
+        return await shared.purge_found_values(
+            forgetting.stream, forgetting.generation, PURGE_WAIT_SECONDS
+        )
 
     async def purged(self, stream: str, timeout_seconds: float = PURGE_WAIT_SECONDS) -> bool:
         """Is the purge of ``stream`` durable (every replica will stop serving it)?"""

@@ -5,8 +5,9 @@ Rules this module owns:
 
 * The lines state what decides how the edge behaves, each on one topic: where it listens, the
   origin, the workers (and what they mean for caching), the cache, the shared tier, reader
-  authorization and the connection limits. Secrets (the admin token, ``--origin-header``
-  values, a Redis password) are never shown.
+  authorization and the connection limits (how many viewers and short requests the stream
+  listener holds and what limits it: ``edge.web.descriptors.holds_line``). Secrets (the admin
+  token, ``--origin-header`` values, a Redis password) are never shown.
 * The machine-readable ``{"event": "listening"}`` line on stdout is the launchers' and is not
   made here.
 
@@ -58,6 +59,15 @@ def _redis_line(settings: Settings) -> str:
     return f"  redis    {where} (the shared tier)"
 
 
+def limits_summary(holds: str, settings: Settings) -> str:
+    """The limits line: what the stream listener holds and what limits it
+    (``edge.web.descriptors.holds_line``), and its timeouts."""
+    return (
+        f"{holds}; header timeout {_seconds(settings.header_timeout_seconds)}, keep-alive "
+        f"timeout {_seconds(settings.keepalive_timeout_seconds)}"
+    )
+
+
 def startup_lines(
     settings: Settings, *, listen: str, admin: str, version: str, limits: str | None = None
 ) -> list[str]:
@@ -91,7 +101,10 @@ def startup_lines(
     lines.append(f"  auth     {auth}")
     if settings.cdn_purge:
         kinds = ", ".join(kind for kind, _ in settings.cdn_purge)
-        lines.append(f"  cdn      purges sent to: {kinds}")
+        lines.append(
+            f"  cdn      purges sent to: {kinds}; closed ranges kept a year there, "
+            f"{_seconds(settings.browser_max_age_seconds)} by browsers (--browser-max-age)"
+        )
     if limits is not None:
         lines.append(f"  limits   {limits}")
     return lines

@@ -235,15 +235,16 @@ def run_case(
     workers: int,
     logs: Path,
     edge_workers: int = 1,
-    max_connections: int = 15000,
+    max_connections: int = 0,
 ) -> dict[str, Any]:
     origin = start_origin(logs, name=f"origin-{target}-{viewers}")
+    # 0: the edge's own default, derived from its open-file limit (edge.web.descriptors).
+    cap = ["--max-connections", str(max_connections)] if max_connections else []
     edge = (
         start_edge(
             origin.url,
             logs,
-            "--max-connections",
-            str(max_connections),
+            *cap,
             "--workers",
             str(edge_workers),
             name=f"edge-{target}-{viewers}",
@@ -279,7 +280,7 @@ def run_case(
         origin.reset_counts()
         pid = edge.process.pid if edge else origin.process.pid
         cpu_before, wall_before = proc_cpu_seconds(pid), time.monotonic()
-        asyncio.run(agent(base, path, rate, seconds))
+        appended = asyncio.run(agent(base, path, rate, seconds))
         cpu = (proc_cpu_seconds(pid) - cpu_before) / (time.monotonic() - wall_before)
         rss_now = proc_rss_mb(pid)
         time.sleep(3.0)  # the last events' way to the last viewers
@@ -290,6 +291,7 @@ def run_case(
         latencies = sorted(x for r in reports for x in r.latencies)
         counts = origin.counts(path)
         sampled = min(viewers, SAMPLED_PER_WORKER * workers)
+        refused = refusals(edge.metrics_text()) if edge else {}
         return {
             "target": target,
             "viewers": viewers,
@@ -304,6 +306,8 @@ def run_case(
             "cpu_cores": cpu,
             "rss_mb": rss_now,
             "rss_peak_mb": proc_peak_rss_mb(pid),
+            "appends_ok": f"{appended}/{events}",
+            "refused": refused,
         }
     finally:
         if edge:
@@ -311,21 +315,37 @@ def run_case(
         origin.stop()
 
 
+def refusals(metrics_text: str) -> dict[str, int]:
+    """The edge's ``edge_refusals_total`` by kind (every reason together)."""
+    by_kind: dict[str, int] = {}
+    for line in metrics_text.splitlines():
+        if line.startswith("edge_refusals_total{"):
+            kind = line.split('kind="', 1)[1].split('"', 1)[0]
+            by_kind[kind] = by_kind.get(kind, 0) + int(float(line.rsplit(" ", 1)[1]))
+    return by_kind
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| viewers | target | connected | p50 ms | p99 ms | sampled viewers with every event "
-        "| origin live conns (peak) | server CPU (cores) | server RSS MB (peak) |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| origin live conns (peak) | server CPU (cores) | server RSS MB (peak) "
+        "| agent appends ok | edge refusals (sse / write) |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         target = r["target"]
         if target == "edge" and r.get("edge_workers", 1) != 1:
             target = f"edge --workers {r['edge_workers']}"
+        counts = r["refused"]
+        refused = (
+            f"{counts.get('sse', 0)} / {counts.get('write', 0)}" if target != "origin" else "-"
+        )
         lines.append(
             f"| {r['viewers']} | {target} | {r['connected']} "
             f"| {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | "
             f"{r['complete']} | {r['origin_live_peak']} | "
-            f"{r['cpu_cores']:.2f} | {r['rss_mb']:.0f} ({r['rss_peak_mb']:.0f}) |"
+            f"{r['cpu_cores']:.2f} | {r['rss_mb']:.0f} ({r['rss_peak_mb']:.0f}) | "
+            f"{r['appends_ok']} | {refused} |"
         )
     return "\n".join(lines)
 
@@ -347,8 +367,9 @@ def main() -> int:
     parser.add_argument(
         "--max-connections",
         type=int,
-        default=15000,
-        help="the edge's --max-connections (the whole edge's, shared by its workers)",
+        default=0,
+        help="the edge's --max-connections (the whole edge's, shared by its workers); 0, the "
+        "default, passes none: the edge derives it from its open-file limit",
     )
     parser.add_argument("--output", type=Path, default=REPO / "docs" / "benchmarks.md")
     args = parser.parse_args()

@@ -7,13 +7,16 @@ Rules this module owns (PROTOCOL.md §5.7, §5.8, §10; PROTOCOL-NOTES trap 1):
   the coverage is not capped, and it ends a closed stream (``Stream-Closed``) only then. Its
   ``ETag`` and ``Cache-Control`` are the catch-up answer's for the same range (``edge.log.policy``
   makes both; the verdict is asked for an answer that can never change when it is capped or ends
-  a closed stream), so a client may revalidate either with the other's tag. It carries a
-  ``Stream-Cursor`` unless it ends a closed stream, and never ``Vary: Accept-Encoding``:
-  long-poll answers are not compressed.
+  a closed stream), so a client may revalidate either with the other's tag; so are its CDN
+  lifetime, purge keys and, at the tail, ``Age``. It carries a ``Stream-Cursor`` unless it ends
+  a closed stream, and never ``Vary: Accept-Encoding``: long-poll answers are not compressed.
 * A long-poll with nothing new answers 204 at its own offset with ``Stream-Up-To-Date``, and
-  ``Stream-Closed`` if the stream is closed there, else a ``Stream-Cursor``. It is never stored
-  (``no-store``): "nothing new" is only true until the next append.
-* An edge whose live upstream is failing answers 502, never "nothing new", which would be a guess.
+  ``Stream-Closed`` if the stream is closed there, else a ``Stream-Cursor``. No browser keeps it
+  (``no-store``): "nothing new" is only true until the next append. A CDN keeps a shared scope's
+  for about a second under its cursor URL (``edge.log.freshness.long_poll_empty_reuse``), so a
+  herd parked there is released at once; it carries the stream instance's purge keys.
+* An edge whose live upstream is failing answers 502, never "nothing new", which would be a guess;
+  it and the origin's refusals are ``no-store``.
 * SSE: a batch is one ``data`` event (text for text/* and JSON, else base64, §5.8) followed by its
   ``control`` event (``streamNextOffset``; ``streamClosed``, or ``streamCursor`` and, at the
   tail, ``upToDate``), both with ``id: <offset after the batch>`` so a client resumes exactly
@@ -32,9 +35,12 @@ from enum import Enum
 from typing import Protocol
 
 from edge.answer import Answer, relayable
-from edge.log.policy import Coverage, Reuse, answer_headers, etag
+from edge.log.freshness import Reuse, long_poll_empty_reuse
+from edge.log.policy import Coverage, answer_headers, etag, keys_of, purge_headers
 from edge.log.segment import content_digest, media_type, stitch
-from edge.log.stream_log import StreamLog
+from edge.log.stream_log import StreamLog, TailFact
+from edge.protocol.headers import not_to_be_kept
+from edge.protocol.reads import PUBLIC_SCOPE
 from edge.protocol.sse import encode_event
 
 
@@ -44,6 +50,13 @@ class ReuseFor(Protocol):
     the stream's lifetime, this module only which of the two an answer is."""
 
     def __call__(self, *, immutable: bool) -> Reuse: ...
+
+
+class AgeOf(Protocol):
+    """The ``Age`` of an answer with this verdict whose tail the edge ``observed`` (None: it
+    carries none; ``CatchupCache.age_of``, which knows the clock)."""
+
+    def __call__(self, verdict: Reuse, observed: TailFact | None, /) -> int | None: ...
 
 
 class Pending(Enum):
@@ -78,6 +91,7 @@ def long_poll_data(
     cursor: str,
     waited: bool,
     reuse_for: ReuseFor,
+    age_of: AgeOf,
 ) -> Answer:
     """The 200 for a long-poll at ``offset`` whose ``coverage`` holds at least one segment.
     ``waited``: it waited at the tail for these bytes (``Cache-Status`` says so)."""
@@ -85,6 +99,7 @@ def long_poll_data(
     tail = log_.tail
     at_tail = tail is not None and tail.offset == end and not coverage.capped
     closed = at_tail and tail is not None and tail.closed
+    verdict = reuse_for(immutable=closed or not at_tail)
     headers = answer_headers(
         log_,
         next_offset=end,
@@ -98,7 +113,8 @@ def long_poll_data(
             closed=closed,
             encoding=None,
         ),
-        control=reuse_for(immutable=closed or not at_tail).cache_control,
+        verdict=verdict,
+        keys=keys_of(log_.key.stream, log_.instance.generation),
         cursor=None if closed else cursor,
         varies_by_encoding=False,
     )
@@ -108,6 +124,7 @@ def long_poll_data(
         headers=headers,
         body=stitch(coverage.segments, json=log_.json),
         cache_status="edge; hit; detail=waited" if waited else "edge; hit",
+        age_seconds=age_of(verdict, tail),
     )
 
 
@@ -120,8 +137,9 @@ def long_poll_empty(log_: StreamLog, offset: str, *, cursor: str, closed: bool) 
         headers.append(("Stream-Closed", "true"))
     else:
         headers.append(("Stream-Cursor", cursor))
-    # Never store "nothing new" (PROTOCOL-NOTES trap 1).
-    headers.append(("Cache-Control", "no-store"))
+    # No browser keeps "nothing new" (PROTOCOL-NOTES trap 1); a CDN for a second (trap 13).
+    headers += long_poll_empty_reuse(shared=log_.key.scope == PUBLIC_SCOPE).headers()
+    headers += purge_headers(keys_of(log_.key.stream, log_.instance.generation))
     return Answer(status=204, headers=headers, body=b"", cache_status="edge; hit", result="live")
 
 
@@ -130,7 +148,7 @@ def upstream_failing() -> Answer:
     nothing new."""
     return Answer(
         status=502,
-        headers=[("Content-Type", "text/plain")],
+        headers=[("Content-Type", "text/plain"), ("Cache-Control", "no-store")],
         body=b"origin unavailable: the live upstream is failing\n",
         cache_status="edge; fwd=request; detail=upstream-failing",
         result="live",
@@ -138,14 +156,21 @@ def upstream_failing() -> Answer:
 
 
 def origin_refusal(
-    status: int, headers: Sequence[tuple[str, str]], body: bytes, *, forwarded: str
+    status: int,
+    headers: Sequence[tuple[str, str]],
+    body: bytes,
+    *,
+    forwarded: str,
+    private: bool = False,
 ) -> Answer:
     """The origin's own answer to a live read it refused (404, 400, ...), passed on as it came
-    but for hop-by-hop headers; ``forwarded`` is how the edge asked (``Cache-Status`` ``fwd``)."""
+    but for hop-by-hop headers and any lifetime: no tier keeps a refusal (``no-store``;
+    ``private, no-store`` for a credential's, ``private``). ``forwarded`` is how the edge asked
+    (``Cache-Status`` ``fwd``)."""
     return Answer(
         result="live",
         status=status,
-        headers=relayable(headers),
+        headers=not_to_be_kept(relayable(headers), private=private),
         body=body,
         cache_status=f"edge; fwd={forwarded}; fwd-status={status}",
     )

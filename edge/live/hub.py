@@ -52,6 +52,7 @@ from edge.metrics import Metrics
 from edge.origin import OriginClient
 from edge.protocol.cursor import current_interval, cursor_class, response_cursor
 from edge.protocol.offsets import is_offset_token
+from edge.protocol.reads import PUBLIC_SCOPE
 
 
 class LiveHub:
@@ -74,7 +75,6 @@ class LiveHub:
         self.draining = asyncio.Event()
         self.clock = clock
         self.rng = rng or random.Random()
-        self.viewers = 0
         cache.streams.forgotten.append(self._stream_forgotten)
 
     async def close(self) -> None:
@@ -122,7 +122,10 @@ class LiveHub:
         error = resolved.error
         if error is None:
             return None
-        return origin_refusal(error.status, error.headers, error.body, forwarded="uri-miss")
+        return origin_refusal(
+            error.status, error.headers, error.body, forwarded="uri-miss",
+            private=key.scope != PUBLIC_SCOPE,
+        )  # fmt: skip
 
     async def tail_now(self, key: LogKey, credentials: Sequence[tuple[str, str]]) -> str | Answer:
         """The tail offset for ``offset=now``: the live upstream's word if there is one, else the
@@ -133,7 +136,9 @@ class LiveHub:
         status, headers, body = await self.cache.probe_now(key, credentials)
         next_offset = {n.lower(): v for n, v in headers}.get("stream-next-offset")
         if status != 200 or next_offset is None or not is_offset_token(next_offset):
-            return origin_refusal(status, headers, body, forwarded="bypass")
+            return origin_refusal(
+                status, headers, body, forwarded="bypass", private=key.scope != PUBLIC_SCOPE
+            )
         return next_offset
 
     def fixed_cursor(self, client_cursor: str | None) -> str | None:
@@ -228,6 +233,7 @@ class LiveHub:
             return long_poll_data(
                 log_, offset, coverage, cursor=cursor, waited=waited,
                 reuse_for=functools.partial(self.cache.reuse_for, log_),
+                age_of=self.cache.age_of,
             )  # fmt: skip
         if tail.gone or log_ is None:
             return Pending.GONE

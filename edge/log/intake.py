@@ -46,6 +46,12 @@ PER_ANSWER = frozenset(
         "date",
         "etag",
         "cache-control",
+        # A CDN's lifetime and purge keys are the edge's to give for its own answers.
+        "cdn-cache-control",
+        "surrogate-control",
+        "surrogate-key",
+        "cache-tag",
+        "xkey",
         "vary",
         "via",
         "age",

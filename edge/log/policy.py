@@ -12,10 +12,15 @@ Rules this module owns (PROTOCOL.md §5.6, §10; PROTOCOL-NOTES "Cacheability"):
   closed stream, and a ``:gzip`` suffix for the compressed representation, so every
   representation has its own tag. The digest makes the tag a validator of the bytes: a stream
   deleted and recreated reuses offsets, never a tag, so an old tag cannot earn a 304.
-* Cache-Control: answers that can never change (capped, or ending a closed stream) are
-  ``immutable`` for a year, unless the stream is known to expire sooner: then ``max-age`` is its
-  remaining lifetime, and while its lifetime is unknown, the freshness window. An at-tail answer
-  of an open stream may be reused for the freshness window only; private scopes are ``private``.
+* ``If-None-Match`` is one rule for both paths (``if_none_match_hits``): a listed tag matches
+  the current one by weak comparison (RFC 9110 §8.8.3.2), and a *weak* tag also matches when it
+  names the same bytes in another content coding. A CDN that fetched the gzip representation
+  and decoded it for an identity client weakens its tag (RFC 9110 §8.8.1: ``W/"…:gzip"``); the
+  client holds the very bytes the identity tag names, so it gets its 304. A strong tag of another
+  coding names other bytes and does not match.
+* How long each tier may keep an answer is ``edge.log.freshness``'s (the ``Reuse`` verdict);
+  every answer the edge builds of a stream carries the verdict's headers and the stream
+  instance's purge keys (``edge.protocol.purge_keys``).
 """
 
 from __future__ import annotations
@@ -23,17 +28,16 @@ from __future__ import annotations
 import base64
 import functools
 import hashlib
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from edge.log.freshness import Reuse
 from edge.log.segment import Segment
 from edge.log.stream_log import LogKey, StreamLog
-from edge.protocol.reads import PUBLIC_SCOPE
+from edge.protocol.purge_keys import PurgeKeys, purge_keys
 
 SegmentLookup = Callable[[LogKey, str], Segment | None]
 
-IMMUTABLE_MAX_AGE_SECONDS = 31_536_000
 # A chain longer than this is answered in parts; it bounds the work one request can cause.
 MAX_SEGMENTS_PER_ANSWER = 4096
 
@@ -139,6 +143,12 @@ def stream_id(stream: str) -> str:
     return base64.urlsafe_b64encode(digest).decode().rstrip("=")
 
 
+@functools.lru_cache(maxsize=4096)
+def keys_of(stream: str, generation: str) -> PurgeKeys:
+    """The purge keys of the answers of ``stream``'s instance ``generation`` (computed once)."""
+    return purge_keys(stream, generation)
+
+
 def etag(
     stream: str, start: str, end: str, *, digest: str, closed: bool, encoding: str | None
 ) -> str:
@@ -150,55 +160,42 @@ def etag(
     return f'"{tag}"'
 
 
+# The content-coding suffixes of the edge's tags (``etag``): a tag without one names the bytes
+# once decoded. A digest is hexadecimal, so no tag of the identity coding ends with one.
+CODING_SUFFIXES = (':gzip"',)
+
+
+def decoded_tag(opaque: str) -> str:
+    """An edge tag (without ``W/``) without its content-coding suffix: what it names decoded."""
+    for suffix in CODING_SUFFIXES:
+        if opaque.endswith(suffix):
+            return opaque[: -len(suffix)] + '"'
+    return opaque
+
+
 def if_none_match_hits(header: str | None, current: str) -> bool:
-    """RFC 9110 §13.1.2: weak comparison against each listed tag, or ``*``."""
+    """Does ``If-None-Match`` name what would be sent (RFC 9110 §13.1.2)? ``*``, a tag equal to
+    ``current`` by weak comparison, or a weak tag of the same bytes in another content coding
+    (see the module rules)."""
     if header is None:
         return False
     opaque = current.removeprefix("W/")
+    decoded: str | None = None
     for candidate in header.split(","):
         candidate = candidate.strip()
-        if candidate == "*" or candidate.removeprefix("W/") == opaque:
+        if candidate == "*":
+            return True
+        if candidate.startswith("W/"):
+            candidate = candidate[2:]
+            if candidate == opaque:
+                return True
+            if decoded is None:
+                decoded = decoded_tag(opaque)
+            if decoded_tag(candidate) == decoded:
+                return True
+        elif candidate == opaque:
             return True
     return False
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Reuse:
-    """The policy's verdict on reusing an answer, made once when the answer is built: every
-    later decision (the ``Cache-Control`` sent, whether the pre-serialised hit path may keep it)
-    reads this value, never the header it produced."""
-
-    shared: bool  # any client of the shared scope may be given it; else its scope's only
-    immutable: bool  # the same bytes for as long as its stream instance lives
-    max_age_seconds: int
-
-    @property
-    def cache_control(self) -> str:
-        visibility = "public" if self.shared else "private"
-        if self.immutable:
-            return f"{visibility}, max-age={self.max_age_seconds}, immutable"
-        return f"{visibility}, max-age={self.max_age_seconds}"
-
-
-def reuse(
-    *,
-    scope: str,
-    immutable: bool,
-    freshness_seconds: float,
-    lifetime_known: bool = True,
-    remaining_seconds: float | None = None,
-) -> Reuse:
-    """``remaining_seconds``: how long the stream is known to live (None: no known end)."""
-    shared = scope == PUBLIC_SCOPE
-    fresh = max(0, math.floor(freshness_seconds))
-    if immutable and lifetime_known:
-        if remaining_seconds is None:
-            return Reuse(shared=shared, immutable=True, max_age_seconds=IMMUTABLE_MAX_AGE_SECONDS)
-        remaining = max(0, math.floor(remaining_seconds))
-        return Reuse(shared=shared, immutable=False, max_age_seconds=remaining)
-    if remaining_seconds is not None:
-        fresh = min(fresh, max(0, math.floor(remaining_seconds)))
-    return Reuse(shared=shared, immutable=False, max_age_seconds=fresh)
 
 
 def accepts_gzip(accept_encoding: str | None) -> bool:
@@ -228,12 +225,14 @@ def answer_headers(
     up_to_date: bool,
     closed: bool,
     tag: str,
-    control: str,
+    verdict: Reuse,
+    keys: PurgeKeys,
     cursor: str | None = None,
     varies_by_encoding: bool = True,
 ) -> list[tuple[str, str]]:
     """The Stream-* and caching headers of an answer the edge makes: a catch-up answer (also
-    its 304), whose body may be gzipped, or a long-poll's 200, which carries a cursor."""
+    its 304), whose body may be gzipped, or a long-poll's 200, which carries a cursor. The
+    caching headers are the verdict's, then the purge keys of the instance it was made of."""
     headers = list(log.header_template)
     if log.content_type is not None:
         headers.append(("Content-Type", log.content_type))
@@ -244,7 +243,15 @@ def answer_headers(
         headers.append(("Stream-Up-To-Date", "true"))
     if closed:
         headers.append(("Stream-Closed", "true"))
-    headers += [("ETag", tag), ("Cache-Control", control)]
+    headers.append(("ETag", tag))
+    headers += verdict.headers()
+    headers += purge_headers(keys)
     if varies_by_encoding:
         headers.append(("Vary", "Accept-Encoding"))
     return headers
+
+
+def purge_headers(keys: PurgeKeys) -> list[tuple[str, str]]:
+    """The keys a CDN purges an answer by: ``Surrogate-Key`` (Fastly, Varnish xkey) and
+    ``Cache-Tag`` (Cloudflare)."""
+    return [("Surrogate-Key", keys.surrogate_key), ("Cache-Tag", keys.cache_tag)]

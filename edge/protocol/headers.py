@@ -9,7 +9,10 @@ Rules this module owns:
 * Nothing is added upstream that the client did not send, except the forwarding trail
   (``Forwarded``, ``X-Forwarded-For``, ``X-Forwarded-Proto``, ``Via``). A default ``Content-Type``
   or ``Accept-Encoding`` would change the origin's answer (PROTOCOL-NOTES trap 10).
-* Everything else is relayed verbatim and in order, repeated headers included.
+* Everything else is relayed verbatim and in order, repeated headers included, but for the
+  lifetime of a read's answer the edge relays: ``no-store`` in place of any the origin gave, a
+  CDN's own (``CDN-Cache-Control``, ``Surrogate-Control``) included
+  (``relayed_read_cache_control``, ``with_cache_control``), as no purge would reach a copy.
 
 Headers are handled as ordered lists of ``(name, value)`` pairs so repeats survive.
 """
@@ -159,17 +162,67 @@ def names_this_proxy(via_values: Iterable[str]) -> bool:
     return False
 
 
+# Where a CDN takes a lifetime of its own from, over ``Cache-Control``: RFC 9213's targeted field,
+# and ``Surrogate-Control`` (Varnish through the shipped VCL, Fastly).
+CDN_LIFETIMES = frozenset({"cdn-cache-control", "surrogate-control"})
+LIFETIMES = CDN_LIFETIMES | {"cache-control"}
+
+
 def default_cache_control(
     headers: Sequence[tuple[str, str]], *, method: str, private: bool
 ) -> str | None:
-    """The ``Cache-Control`` to add to an answer to a read that has none: a relayed read, a
-    404 or 410, a HEAD (the origin sends none on some), so no cache downstream (a CDN, a
-    browser) keeps it by its own heuristics. None: it has one, or it is not a read's."""
+    """The ``Cache-Control`` to add to an answer to a read that has none, so no cache downstream
+    (a CDN, a browser) keeps it by its own heuristics. None: it has one, or it is not a read's."""
     if method.upper() not in ("GET", "HEAD"):
         return None
     if any(name.lower() == "cache-control" for name, _ in headers):
         return None
     return "private, no-store" if private else "no-store"
+
+
+def relayed_read_cache_control(
+    headers: Sequence[tuple[str, str]],
+    *,
+    method: str,
+    private: bool,
+    event_stream: bool = False,
+) -> str | None:
+    """The ``Cache-Control`` a relayed answer to a read gets instead of any lifetime it had:
+    ``no-store`` (``private, no-store`` with credentials). A read the edge relays was not
+    answered from its cache: it carries no validator, its bytes were never checked against the
+    stream instance, and no purge would reach a copy of it, so no tier keeps it; a HEAD reports
+    the tail now; a refusal is about its own request, and a stream created after a 404 must be
+    readable at once. None: leave the answer as it is: not a read's, or an event stream
+    (``event_stream``) that says how it may be cached (``no-cache, no-transform``: no proxy
+    may buffer or alter it)."""
+    if method.upper() not in ("GET", "HEAD"):
+        return None
+    if event_stream and any(name.lower() == "cache-control" for name, _ in headers):
+        return None
+    return "private, no-store" if private else "no-store"
+
+
+def with_cache_control(headers: Sequence[tuple[str, str]], control: str) -> HeaderList:
+    """``headers`` with ``control`` as their one lifetime: in the place of their first
+    ``Cache-Control`` (else last), and no lifetime a CDN would take over it."""
+    out: HeaderList = []
+    placed = False
+    for name, value in headers:
+        lowered = name.lower()
+        if lowered == "cache-control" and not placed:
+            out.append((name, control))
+            placed = True
+        elif lowered not in LIFETIMES:
+            out.append((name, value))
+    if not placed:
+        out.append(("Cache-Control", control))
+    return out
+
+
+def not_to_be_kept(headers: Sequence[tuple[str, str]], *, private: bool) -> HeaderList:
+    """``headers`` of an answer no tier may keep: any lifetime they gave (``Cache-Control``, a
+    CDN's own) replaced by ``no-store`` (``private, no-store`` with credentials)."""
+    return with_cache_control(headers, "private, no-store" if private else "no-store")
 
 
 def first_value(headers: Iterable[tuple[str, str]], name: str) -> str | None:

@@ -258,6 +258,20 @@ def serialise(
     status) and a default ``Content-Type`` for a body without one. ``trailer`` ends it. The
     headers are the edge's own answer headers: a ``Server`` is dropped, a ``Date`` or
     ``Connection`` refused (``ValueError``), as a header with a control character is."""
+    return b"".join(serialise_parts(status, headers, body_length, version=version, head=head))
+
+
+def serialise_parts(
+    status: int,
+    headers: Sequence[tuple[str, str]],
+    body_length: int,
+    *,
+    version: tuple[int, int] = (1, 1),
+    head: bool = False,
+) -> tuple[bytes, bytes]:
+    """``serialise`` in two parts: the status line and ``headers``, then what aiohttp adds
+    after them (``Content-Length``, a default ``Content-Type``). A header added last to an
+    answer's headers goes between the two: the hit path splices each hit's ``Age`` there."""
     lines = [f"HTTP/{version[0]}.{version[1]} {status} {HTTPStatus(status).phrase}"]
     names = set()
     for name, value in headers:
@@ -270,12 +284,14 @@ def serialise(
             continue  # the edge's answers name no server (``EdgeResponse``)
         names.add(lowered)
         lines.append(f"{name}: {value}")
+    added = []
     if not bodiless(status) and not head:  # aiohttp writes no length for a bodiless HEAD
         if "content-length" not in names:
-            lines.append(f"Content-Length: {body_length}")
+            added.append(f"Content-Length: {body_length}\r\n")
         if body_length and "content-type" not in names:
-            lines.append("Content-Type: application/octet-stream")
-    return ("\r\n".join(lines) + "\r\n").encode("utf-8")  # as aiohttp encodes headers
+            added.append("Content-Type: application/octet-stream\r\n")
+    # UTF-8, as aiohttp encodes headers.
+    return ("\r\n".join(lines) + "\r\n").encode("utf-8"), "".join(added).encode("utf-8")
 
 
 def trailer(version: tuple[int, int], keep_alive: bool) -> bytes:

@@ -21,6 +21,8 @@ Rules this module owns:
   scope is ``private`` to downstream caches; like the public scope, no client's credential
   reached the origin for it (``speaks_for_the_stream``).
 * Query parameters are parsed once, in order-independent form (PROTOCOL-NOTES trap 3).
+* A bare request line (all a connection refused at the cap sends before it is gone) has the
+  kind its method and query give (``kind_of_request_line``), so refusals are counted by kind.
 """
 
 from __future__ import annotations
@@ -151,6 +153,20 @@ def query_params(query_string: str) -> dict[str, str]:
 def only_protocol_params(query_string: str) -> bool:
     names = [name for name, _ in parse_qsl(query_string, keep_blank_values=True)]
     return len(names) == len(set(names)) and set(names) <= PROTOCOL_PARAMS
+
+
+def kind_of_request_line(data: bytes) -> RequestKind | None:
+    """The kind of the request whose head starts ``data``: None while its request line is not
+    complete, ``other`` for one that is not ``METHOD TARGET VERSION``."""
+    line, found, _ = data.partition(b"\r\n")
+    if not found:
+        return None
+    parts = line.split(b" ")
+    if len(parts) != 3 or not parts[0].isalpha():
+        return RequestKind.OTHER
+    method = parts[0].decode("ascii").upper()
+    query = parts[1].partition(b"?")[2].decode("latin-1")
+    return classify(method, "", query, ()).kind
 
 
 def classify(

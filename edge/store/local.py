@@ -17,7 +17,8 @@ Rules this module owns:
   path) are entries like any other: counted in the budget, LRU, indexed by stream and forgotten
   with its instance. They are keyed by the request's ``AnswerKey`` (``edge.protocol.answer_key``),
   whose stream is the normalised path; each carries the instance it was derived from and is
-  refused once that instance is not current. Derived entries (gzip bodies, SSE frames) too.
+  refused once that instance is not current (or names another generation of it than the one it
+  was built under). Derived entries (gzip bodies, SSE frames) too.
 """
 
 from __future__ import annotations
@@ -51,13 +52,20 @@ EntryKey = tuple[Any, ...]
 class StoredHit:
     """One representation of a stored answer (immutable, or at the tail while it holds),
     serialised once: ``ok`` and ``not_modified`` are heads up to their ``Date`` line
-    (``edge.protocol.http1``)."""
+    (``edge.protocol.http1``), or, for an answer that carries ``Age`` (``ages``), up to where
+    each hit's ``Age`` line goes, ``ok_rest`` and ``not_modified_rest`` after it."""
 
     instance: StreamInstance
     etag: str
     ok: bytes
     not_modified: bytes
     body: bytes
+    # The instance's generation it was built under: its purge keys name it, so it is given only
+    # while the instance still has it.
+    generation: str = ""
+    ages: bool = False  # an at-tail answer: each hit gets its own ``Age``, between the parts
+    ok_rest: bytes = b""
+    not_modified_rest: bytes = b""
     # The CORS headers (``OriginCors.for_request``) the answer was built with: another set
     # means the full path would answer differently now.
     cors: tuple[tuple[str, str], ...]
@@ -71,7 +79,8 @@ class StoredHit:
 
     @property
     def size(self) -> int:
-        return len(self.ok) + len(self.not_modified) + len(self.body) + len(self.etag)
+        heads = len(self.ok) + len(self.not_modified) + len(self.ok_rest)
+        return heads + len(self.not_modified_rest) + len(self.body) + len(self.etag)
 
 
 def _scope_of_entry(entry: Hashable) -> LogKey | None:
@@ -235,8 +244,11 @@ class LocalTier:
 
     def put_response(self, key: AnswerKey, hit: StoredHit) -> bool:
         """Keep ``hit`` for requests classified as ``key``, unless the instance it was derived
-        from is no longer current or is another stream's."""
-        if hit.instance.stream != key.stream or not self.current(hit.instance):
+        from is no longer current, is another stream's, or has another generation now."""
+        instance = hit.instance
+        if instance.stream != key.stream or not self.current(instance):
+            return False
+        if hit.generation != instance.generation:
             return False
         if hit.size + RESPONSE_OVERHEAD_BYTES > self._entries.maxsize // 4:
             return False

@@ -217,6 +217,9 @@ class SharedTier:
         self._issued: collections.deque[str] = collections.deque(maxlen=MAX_PENDING_PURGES)
         self._issued_set: set[str] = set()
         self._purges: dict[str, asyncio.Task[bool]] = {}
+        # Whether each recent purge of a stream this replica held nothing of found segments of
+        # it (another replica served it since its last purge): generation -> found.
+        self._found_values: collections.OrderedDict[str, bool] = collections.OrderedDict()
         # Redis has answered once: a closed breaker alone says only that nothing failed yet.
         self._reached = False
         self._prober: asyncio.Task[None] | None = None
@@ -491,6 +494,7 @@ class SharedTier:
                 if only_if_known and not await self._client.exists(
                     index_key(stream), generation_key(stream)
                 ):
+                    self._note_found(generation, False)
                     return True  # nothing of it anywhere: nothing to forget
                 durability = await self._link.write_generation(
                     generation_key(stream), generation, self._ttl * 2
@@ -505,6 +509,22 @@ class SharedTier:
         except Errors as error:
             self._failed("purge", error)
             return False
+        if only_if_known:
+            self._note_found(generation, bool(names))
         self._succeeded()
         self._count("purge", "ok")
         return True
+
+    def _note_found(self, generation: str, found: bool) -> None:
+        self._found_values[generation] = found
+        while len(self._found_values) > MAX_PENDING_PURGES:
+            self._found_values.popitem(last=False)
+
+    async def purge_found_values(
+        self, stream: str, generation: str, timeout_seconds: float
+    ) -> bool:
+        """Did the purge of a stream this replica held nothing of, the one that wrote
+        ``generation``, find segments of it (another replica served it since its last purge)?
+        Waits for that purge up to ``timeout_seconds``; False if it is not done by then."""
+        await self.purged(stream, timeout_seconds)
+        return self._found_values.pop(generation, False)

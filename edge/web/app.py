@@ -13,6 +13,10 @@ Rules this module owns:
 * A client that leaves before its answer is written is counted in ``edge_clients_gone_total``,
   never as an answered request (``edge_requests_total``), and logged at DEBUG: leaving is what
   viewers do, and a dashboard must not read it as failing.
+* Once a request is classified, the connection table hears its kind (``ConnectionTracker.
+  request_kind``) before anything is done for it: a live reader past the cap is answered 503
+  with ``Retry-After`` and the CORS headers the origin gives its ``Origin``, and its connection
+  closes; a live reader's slot is given back when its handler ends, whatever the outcome.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import resource
 import socket
 import time
 from collections.abc import AsyncIterator
@@ -31,6 +36,7 @@ from multidict import CIMultiDict
 from edge.answer import Answer
 from edge.auth.gate import Gate
 from edge.catchup import CatchupCache, RelayInstead
+from edge.cdn.purger import CdnPurger
 from edge.config import Settings
 from edge.live.answers import sse_encoding
 from edge.live.hub import LiveHub
@@ -44,6 +50,8 @@ from edge.protocol.paths import BadTarget
 from edge.protocol.reads import Classified, Read, RequestKind, classify, scope_credentials
 from edge.store.shared import SharedTier
 from edge.web.admin import ReadinessProbe, add_admin_routes
+from edge.web.connection_tracker import CONNECTIONS, ConnectionTracker
+from edge.web.descriptors import budget_for, limits_for
 from edge.web.fastpath import FastPath
 from edge.web.front import CatchupFront, CorsUnknown, catchup_request
 from edge.web.gatekeeper import GATE, admit, reader_scope, seconds_left, shared_credentials
@@ -71,6 +79,7 @@ HUB = web.AppKey("hub", LiveHub)
 CORS = web.AppKey("cors", OriginCors)
 FAST = web.AppKey("fast", FastPath)
 FRONT = web.AppKey("front", CatchupFront)
+PURGER = web.AppKey("purger", CdnPurger)  # only with --cdn-purge
 
 
 # The status of the answer aiohttp is handed for a client that went away (nginx's 499); it is
@@ -249,25 +258,21 @@ async def relay_uncached(
     )
 
 
+def refuse_for_room(request: web.Request) -> web.Response:
+    """A live reader past the cap: 503 a browser's EventSource can read, and the connection
+    closes after it (a refused viewer holds no room while it waits to retry)."""
+    refused = edge_answer(
+        503,
+        "edge is at --max-viewers",
+        request.app[CORS],
+        [("Retry-After", "5")],
+        origin=request_origin(request),
+    )
+    refused.force_close()
+    return refused
+
+
 async def serve_sse(request: web.Request, classified: Classified) -> web.StreamResponse:
-    hub, settings = request.app[HUB], request.app[SETTINGS]
-    if hub.viewers >= settings.max_viewers:
-        return edge_answer(
-            503,
-            "edge is at --max-viewers",
-            request.app[CORS],
-            [("Retry-After", "5")],
-            origin=request_origin(request),
-        )
-    # The slot is taken before the first await, so concurrent arrivals cannot overshoot.
-    hub.viewers += 1
-    try:
-        return await _serve_sse_viewer(request, classified)
-    finally:
-        hub.viewers -= 1
-
-
-async def _serve_sse_viewer(request: web.Request, classified: Classified) -> web.StreamResponse:
     read = classified.read
     assert read is not None
     assert read.offset is not None
@@ -292,7 +297,8 @@ async def _serve_sse_viewer(request: web.Request, classified: Classified) -> web
     response.headers.extend(log_.header_template)
     cors.mark_vary(response.headers)
     response.headers["Content-Type"] = "text/event-stream"
-    response.headers["Cache-Control"] = "no-cache, no-transform"
+    # No cache keeps it (no-store), and no proxy buffers or alters it (PROTOCOL-NOTES trap 4).
+    response.headers["Cache-Control"] = "no-cache, no-store, no-transform"
     response.headers["X-Accel-Buffering"] = "no"
     if sse_encoding(log_.content_type) == "base64":
         response.headers["stream-sse-data-encoding"] = "base64"
@@ -413,6 +419,11 @@ async def handle_stream_request(request: web.Request) -> web.StreamResponse:
         scope=reader_scope(request),
     )
     kind = classified.kind
+    connections, transport = request.app[CONNECTIONS], request.transport
+    # Decided before the first await for it, so concurrent arrivals cannot overshoot a cap.
+    if transport is not None and connections.request_kind(transport, kind) is not None:
+        metrics.request_count(kind, 503).inc()
+        return refuse_for_room(request)
     open_gauge = metrics.open_requests(kind)
     open_gauge.inc()
     started = time.perf_counter()
@@ -435,6 +446,8 @@ async def handle_stream_request(request: web.Request) -> web.StreamResponse:
         code = 500  # what aiohttp answers for a handler that fails
         raise
     finally:
+        if transport is not None:
+            connections.live_ended(transport)
         open_gauge.dec()
         metrics.duration(kind).observe(time.perf_counter() - started)
         if code is not None:
@@ -449,11 +462,25 @@ async def asterisk_form(request: web.Request, handler: Handler) -> web.StreamRes
     return await handler(request)
 
 
-def create_app(settings: Settings, metrics: Metrics, origin: OriginClient) -> web.Application:
-    """The stream application. The origin client and the cache tiers live and die with it."""
+def create_app(
+    settings: Settings,
+    metrics: Metrics,
+    origin: OriginClient,
+    *,
+    connections: ConnectionTracker | None = None,
+) -> web.Application:
+    """The stream application. The origin client and the cache tiers live and die with it.
+    ``connections``: the stream listener's tracker (``edge.server`` makes it from its
+    descriptor budget); without one, a tracker of this process's limit, whose table sees only
+    the kinds of requests (a test server has no connection hook)."""
     app = web.Application(middlewares=[asterisk_form])
     app[SETTINGS] = settings
     app[METRICS] = metrics
+    if connections is None:
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        limit = -1 if soft == resource.RLIM_INFINITY else soft
+        connections = ConnectionTracker(limits_for(settings, budget_for(settings, limit)))
+    app[CONNECTIONS] = connections
     cors = OriginCors()
     app[CORS] = cors
     origin.listen_to_answers(cors.remember)
@@ -488,6 +515,10 @@ def create_app(settings: Settings, metrics: Metrics, origin: OriginClient) -> we
     app[FAST] = fast
     app[FRONT] = CatchupFront(cache=cache, fast=fast, cors=cors)
     metrics.fold_at_scrape(fast.fold_into)
+    purger = CdnPurger(settings, cache.streams, metrics) if settings.cdn_purge else None
+    if purger is not None:
+        app[PURGER] = purger
+        cache.streams.on_forget.append(purger.forgot)
 
     async def lifetime(_: web.Application) -> AsyncIterator[None]:
         await origin.start()
@@ -496,7 +527,11 @@ def create_app(settings: Settings, metrics: Metrics, origin: OriginClient) -> we
         if shared is not None:
             await shared.start()  # before the listener opens: readiness knows Redis from the first
             shared.listen_for_purges(cache.streams.purged_elsewhere, cache.streams.resync)
+        if purger is not None:
+            await purger.start()
         yield
+        if purger is not None:
+            await purger.close()  # drained: within --drain-seconds of start_draining
         await hub.close()
         if gate is not None:
             await gate.close()

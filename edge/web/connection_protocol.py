@@ -15,7 +15,8 @@ Rules this module owns:
   the close flushes the answer first.
 * aiohttp's protocol is only made when the first request needs it; a connection aiohttp never
   saw is closed here (at a client's EOF, or at shutdown).
-* A connection the tracker refuses gets the tracker's 503; what it sends is discarded.
+* A connection the tracker refuses gets the tracker's 503; what it sends is discarded, but for
+  its request line (``MAX_REFUSED_LINE_BYTES`` at most), read to count the refusal by kind.
 * A client that pipelines faster than it reads waits with its reading paused, not in our memory.
 """
 
@@ -30,6 +31,7 @@ from typing import cast
 from aiohttp import web
 
 from edge.protocol.http1 import MAX_HEAD_BYTES, Handoff, HeadParser
+from edge.protocol.reads import RequestKind, kind_of_request_line
 from edge.web.connection_tracker import ConnectionTracker
 
 log = logging.getLogger(__name__)
@@ -37,6 +39,8 @@ log = logging.getLogger(__name__)
 # Bytes a connection may send while aiohttp answers its previous request; past it, aiohttp
 # takes the connection for good (it queues pipelined requests itself).
 MAX_WAITING_BYTES = 64 * 1024
+# What a refused connection's request line may take to arrive whole (the rest is discarded).
+MAX_REFUSED_LINE_BYTES = 8192
 
 
 def protocol_factory(
@@ -67,6 +71,7 @@ class _Connection(asyncio.Protocol):
         "_mode",
         "_parser",
         "_paused",
+        "_refused_kind",
         "_tracker",
         "_transport",
     )
@@ -83,6 +88,7 @@ class _Connection(asyncio.Protocol):
         self._parser: HeadParser | None = None
         self._buffer = bytearray()
         self._paused = False
+        self._refused_kind: RequestKind | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)
@@ -101,7 +107,10 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         mode = self._mode
-        if mode is _Mode.REFUSED or mode is _Mode.CLOSED:
+        if mode is _Mode.REFUSED:
+            self._read_refused_line(data)
+            return
+        if mode is _Mode.CLOSED:
             return
         assert self._transport is not None
         self._tracker.bytes_received(self._transport)
@@ -114,6 +123,17 @@ class _Connection(asyncio.Protocol):
                 self._delegate()
             return
         self._serve_safely()
+
+    def _read_refused_line(self, data: bytes) -> None:
+        if self._refused_kind is not None:
+            return
+        self._buffer += data
+        kind = kind_of_request_line(bytes(self._buffer))
+        if kind is None and len(self._buffer) > MAX_REFUSED_LINE_BYTES:
+            kind = RequestKind.OTHER  # no request line aiohttp would take either
+        if kind is not None:
+            self._refused_kind = kind
+            self._buffer.clear()
 
     def _serve_safely(self) -> None:
         try:
@@ -199,7 +219,7 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         assert self._transport is not None
         if self._mode is _Mode.REFUSED:
-            self._tracker.refusal_ended(self._linger)
+            self._tracker.refusal_ended(self._linger, self._refused_kind)
             return
         self._tracker.closed(self._transport)
         if self._inner is not None:

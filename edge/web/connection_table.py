@@ -1,6 +1,7 @@
-"""The state machine of the stream listener's client connections: their phases, deadlines and
-the cap, so that idle or half-sent connections cannot use up the process's file descriptors (and
-take ``/healthz`` down with them).
+"""The state machine of the stream listener's client connections: their phases, deadlines, the
+cap and who is admitted at it, so that idle or half-sent connections cannot use up the
+process's file descriptors (and take ``/healthz`` down with them), and a flood of viewers cannot
+silence the writers of what they watch.
 
 Rules this module owns:
 
@@ -10,14 +11,26 @@ Rules this module owns:
 * HEAD lasts at most ``header_timeout`` from the connect or from that first byte; IDLE at most
   ``keepalive_timeout`` from the end of the last request; then the connection is closed. BUSY
   has no deadline here: SSE, long-polls and relays are bounded by their own settings.
-* At most ``max_connections`` are open. A newcomer at the cap evicts the connection that left
-  BUSY the longest ago, so a flood of idle or half-sent connections evicts its own oldest and a
-  normal reader still gets in; when every connection is busy the newcomer is refused (the
-  tracker answers it 503).
+* At most ``max_connections`` are open, and ``at_cap`` more while every one of them is busy: a
+  newcomer past ``max_connections`` is admitted without evicting anyone, and its request's
+  kind decides (``request_kind``), so a writer is told from a viewer before anyone is cut.
+  Only at ``max_connections + at_cap`` does a newcomer evict at once, and when nothing can be
+  evicted it is refused (the tracker answers it a plain 503: there is no room to read it).
+* A request whose kind is known (``request_kind``, or a hit answered at once: ``answered``)
+  while more than ``max_connections`` are open evicts the keep-alive connection idle the
+  longest (IDLE, not HEAD: a head may be on its way), so idle keep-alive connections go first.
+  At ``max_connections + at_cap`` a newcomer evicts the connection that left BUSY the longest
+  ago, HEAD or IDLE, so a flood of idle or half-sent connections evicts its own oldest.
+  Eviction never takes a BUSY connection: a live reader is never cut to make room, and a short
+  request past the cap is held by the ``at_cap`` descriptors (``edge.web.descriptors``
+  budgets them).
+* At most ``max_live`` requests in progress are live readers (SSE viewers, long-polls); one
+  past it is refused (the application answers 503 with ``Retry-After`` and CORS). The budget
+  keeps ``max_live`` below ``max_connections``, so live readers never take the short
+  requests' reserve. A live request ends with ``live_ended``, its connection leaving BUSY, or
+  being forgotten.
 * Neither a deadline nor an eviction cuts a response short: a connection that still holds bytes
   to send (``flushing``) is never chosen, and its deadline is renewed instead.
-* Without ``--max-connections``, the cap is half the descriptors left after a small reserve
-  (``default_max_connections``).
 
 Pure: plain values, the clock an argument, no I/O; keys are whatever identifies a connection
 (``edge.web.connection_tracker``, its adapter, uses the transport).
@@ -33,21 +46,6 @@ from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
 
-# Descriptors kept back before halving the open-file limit (stdio, log files, the listeners,
-# Redis, the readiness probe's session, the event loop's own).
-RESERVED_DESCRIPTORS = 64
-# Without a limit (RLIM_INFINITY), this is what "half the limit" means.
-UNLIMITED_DESCRIPTORS = 1 << 20
-
-
-def default_max_connections(open_file_limit: int) -> int:
-    """Half the descriptors left after a small reserve: each client connection may hold one
-    origin connection at a time (a relayed request or a cache fill), so the other half covers
-    those, and the reserve covers Redis, the admin listener and the rest."""
-    if open_file_limit < 0:  # RLIM_INFINITY
-        open_file_limit = UNLIMITED_DESCRIPTORS
-    return max(1, (open_file_limit - RESERVED_DESCRIPTORS) // 2)
-
 
 class Phase(Enum):
     HEAD = "head"
@@ -55,17 +53,33 @@ class Phase(Enum):
     IDLE = "idle"
 
 
+class Refusal(Enum):
+    """Why a newcomer or a request was turned away (``edge_refusals_total{reason}``)."""
+
+    VIEWERS = "viewers"  # a live reader past max_live
+    CONNECTIONS = "connections"  # past max_connections + at_cap, every connection busy
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Limits:
     header_timeout_seconds: float
     keepalive_timeout_seconds: float
     max_connections: int
+    # Live readers at most; None: as many as there are connections.
+    max_live: int | None = None
+    # Connections past max_connections whose heads are read while every one under it is busy.
+    at_cap: int = 0
+
+    @property
+    def live_cap(self) -> int:
+        return self.max_connections if self.max_live is None else self.max_live
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Admission(Generic[K]):
     admitted: bool
     evict: K | None = None  # close this one: it made room
+    refusal: Refusal | None = None  # why, when not admitted
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -94,6 +108,8 @@ class ConnectionTable(Generic[K]):
         }
         # Connections not BUSY, the longest out of BUSY (or since connect) first.
         self._idle_order: OrderedDict[K, None] = OrderedDict()
+        # Connections whose request in progress is a live reader.
+        self._live: set[K] = set()
 
     def __len__(self) -> int:
         return len(self._phase)
@@ -117,16 +133,48 @@ class ConnectionTable(Generic[K]):
         self._deadlines[phase][key] = now + self._timeout(phase)
 
     def admit(self, key: K, now: float, *, flushing: Callable[[K], bool] = _never) -> Admission[K]:
-        """A new connection: admitted (maybe evicting another) or refused."""
+        """A new connection: admitted (maybe evicting another) or refused. Past
+        ``max_connections`` it is admitted as it is, while ``at_cap`` allows: its request's
+        kind decides who makes room (``request_kind``)."""
+        limits = self.limits
         evict: K | None = None
-        if len(self._phase) >= self.limits.max_connections:
-            evict = next((k for k in self._idle_order if not flushing(k)), None)
+        if len(self._phase) >= limits.max_connections + limits.at_cap:
+            evict = self._longest_idle(flushing)
             if evict is None:
-                return Admission(admitted=False)
+                return Admission(admitted=False, refusal=Refusal.CONNECTIONS)
             self.forget(evict)
         self._wait(key, Phase.HEAD, now)
         self._idle_order[key] = None
         return Admission(admitted=True, evict=evict)
+
+    def _longest_idle(self, flushing: Callable[[K], bool]) -> K | None:
+        return next((k for k in self._idle_order if not flushing(k)), None)
+
+    def request_kind(
+        self, key: K, *, live: bool, flushing: Callable[[K], bool] = _never
+    ) -> Admission[K]:
+        """The request in progress on ``key`` is a live reader or a short request: admitted
+        (evicting the keep-alive connection idle the longest while more than
+        ``max_connections`` are open) or, a live reader past ``max_live``, refused. A key the
+        table does not hold (a server without the connection hook) is counted as a live
+        reader all the same."""
+        if live:
+            if key in self._live:
+                return Admission(admitted=True)
+            if len(self._live) >= self.limits.live_cap:
+                return Admission(admitted=False, refusal=Refusal.VIEWERS)
+            self._live.add(key)
+        return Admission(admitted=True, evict=self._idle_past_cap(flushing))
+
+    def live_ended(self, key: K) -> None:
+        self._live.discard(key)
+
+    @property
+    def live(self) -> int:
+        return len(self._live)
+
+    def is_live(self, key: K) -> bool:
+        return key in self._live
 
     def bytes_received(self, key: K, now: float) -> None:
         """The first byte of a next request starts its header deadline; an idle connection keeps
@@ -153,21 +201,36 @@ class ConnectionTable(Generic[K]):
             self._requests[key] = left
             return
         del self._requests[key]
+        self._live.discard(key)
         self._wait(key, Phase.IDLE, now)
         self._idle_order[key] = None
 
-    def answered(self, key: K, now: float) -> None:
-        """A request the connection answered at once: ``request_started`` then
-        ``request_finished`` in one step (the fast path's, per hit)."""
+    def answered(self, key: K, now: float, *, flushing: Callable[[K], bool] = _never) -> K | None:
+        """A request the connection answered at once: ``request_started``, ``request_kind``
+        (a short request) and ``request_finished`` in one step (the fast path's, per hit).
+        Returns the connection it evicted, if any."""
         phase = self._phase.get(key)
         if phase is None or phase is Phase.BUSY:
-            return
+            return None
         del self._deadlines[phase][key]
+        evict = self._idle_past_cap(flushing)
         self._wait(key, Phase.IDLE, now)
         self._idle_order.move_to_end(key)
+        return evict
+
+    def _idle_past_cap(self, flushing: Callable[[K], bool]) -> K | None:
+        """While more than ``max_connections`` are open, forget and return the keep-alive
+        connection idle the longest (the IDLE queue's order is the order they went idle)."""
+        if len(self._phase) <= self.limits.max_connections:
+            return None
+        evict = next((k for k in self._deadlines[Phase.IDLE] if not flushing(k)), None)
+        if evict is not None:
+            self.forget(evict)
+        return evict
 
     def forget(self, key: K) -> bool:
         """The connection is closed (or being closed by us); False if it was not known."""
+        self._live.discard(key)
         phase = self._phase.pop(key, None)
         if phase is None:
             return False

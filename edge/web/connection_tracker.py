@@ -11,14 +11,19 @@ Rules this module owns:
   (``request_done``), so the connection knows when its next head may be answered.
 * Deadlines are enforced by one sweep per listener, every quarter of the shorter timeout (kept
   between 50 ms and 1 s); a transport that fails to close does not stop the sweep.
+* The kind hook: the application tells the tracker what each request is once it has classified
+  it (``request_kind``: a live reader or a short request) and when a live one ends
+  (``live_ended``); the table decides, the tracker closes whom it evicts and says which
+  requests are refused, and the application answers those (503, ``Retry-After``, CORS).
 * A connection refused at the cap reads its 503 before the close: up to
   ``MAX_LINGERING_REFUSALS`` at once are half-closed and aborted ``REFUSAL_LINGER_SECONDS``
-  later (the connection discards what the client sends meanwhile); beyond that, or without a
-  half-close, it is closed at once.
-* An operator is warned when the cap is hit, at most once a minute per kind (evicting,
-  refusing).
-* Counters (evicted, refused, header and keep-alive timeouts) are plain attributes, read at
-  scrape time.
+  later (the connection discards what the client sends meanwhile, reading only its request
+  line, to count the refusal by kind); beyond that, or without a half-close, it is closed at
+  once.
+* An operator is warned when a cap is hit, at most once a minute per kind (evicting,
+  refusing, turning viewers away).
+* Counters (evicted, refused, header and keep-alive timeouts, refusals by request kind and
+  reason) are plain attributes, read at scrape time.
 
 The connections themselves are ``edge.web.connection_protocol``'s; the tracker knows them only
 as ``TrackedConnection``.
@@ -34,7 +39,9 @@ from typing import Protocol, cast
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from edge.web.connection_table import ConnectionTable, Limits, Phase
+from edge.metrics import ListenerStats
+from edge.protocol.reads import RequestKind
+from edge.web.connection_table import ConnectionTable, Limits, Phase, Refusal
 from edge.web.fastpath import FastPath
 
 log = logging.getLogger(__name__)
@@ -54,6 +61,9 @@ REFUSAL = (
 )
 # How often an operator is told the cap is being hit.
 CAP_WARNING_INTERVAL_SECONDS = 60.0
+LIVE_KINDS = frozenset({RequestKind.SSE, RequestKind.LONG_POLL})
+# The kind of a refusal whose request line never arrived.
+UNKNOWN_KIND = "unknown"
 
 
 class TrackedConnection(Protocol):
@@ -75,6 +85,9 @@ class ConnectionTracker:
         self.table: ConnectionTable[asyncio.Transport] = ConnectionTable(limits)
         self.evicted = 0
         self.refused = 0
+        # Refusals by (request kind, reason): a flood shows as viewers turned away, and a
+        # refused write is never silent (edge_refusals_total, alert EdgeWritesRefused).
+        self.refusals: dict[tuple[str, str], int] = {}
         self.header_timeouts = 0
         self.keepalive_timeouts = 0
         self._lingering = 0
@@ -89,6 +102,22 @@ class ConnectionTracker:
     @property
     def open(self) -> int:
         return len(self.table)
+
+    def stats(self) -> ListenerStats:
+        limits = self.table.limits
+        return ListenerStats(
+            open=self.open,
+            limit=limits.max_connections,
+            live=self.table.live,
+            live_limit=limits.live_cap,
+            closed={
+                "header_timeout": self.header_timeouts,
+                "keepalive_timeout": self.keepalive_timeouts,
+                "evicted": self.evicted,
+                "refused": self.refused,
+            },
+            refusals=dict(self.refusals),
+        )
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -119,7 +148,9 @@ class ConnectionTracker:
 
     def answered(self, transport: asyncio.Transport) -> None:
         """A request the connection answered itself, start to end."""
-        self.table.answered(transport, self.loop.time())
+        evict = self.table.answered(transport, self.loop.time(), flushing=_flushing)
+        if evict is not None:
+            self._evict(evict)
 
     def _make_middleware(self) -> Middleware:
         @web.middleware
@@ -154,12 +185,39 @@ class ConnectionTracker:
         if admission.admitted:
             self._connections[transport] = connection
         if admission.evict is not None:
-            self.evicted += 1
-            self._warn_at_cap("evicting the longest-idle connection")
-            admission.evict.close()
+            self._evict(admission.evict)
         elif not admission.admitted:
             self._warn_at_cap("every connection is busy: answering 503")
         return admission.admitted
+
+    def _evict(self, transport: asyncio.Transport) -> None:
+        self.evicted += 1
+        self._warn_at_cap("evicting the longest-idle connection")
+        transport.close()
+
+    def request_kind(self, transport: asyncio.BaseTransport, kind: RequestKind) -> Refusal | None:
+        """The application classified the request in progress on ``transport``: None when it
+        may go on, else why it is refused (the application answers it 503)."""
+        key = cast(asyncio.Transport, transport)
+        admission = self.table.request_kind(key, live=kind in LIVE_KINDS, flushing=_flushing)
+        if admission.evict is not None:
+            self._evict(admission.evict)
+        if admission.refusal is not None:
+            self.count_refusal(kind.value, admission.refusal)
+            self._warn_once_a_minute(
+                "viewers",
+                "stream listener at its live-reader cap (%d viewers, --max-viewers): "
+                "answering new viewers 503",
+                self.table.limits.live_cap,
+            )
+        return admission.refusal
+
+    def live_ended(self, transport: asyncio.BaseTransport) -> None:
+        self.table.live_ended(cast(asyncio.Transport, transport))
+
+    def count_refusal(self, kind: str, reason: Refusal) -> None:
+        key = (kind, reason.value)
+        self.refusals[key] = self.refusals.get(key, 0) + 1
 
     def bytes_received(self, transport: asyncio.Transport) -> None:
         self.table.bytes_received(transport, self.loop.time())
@@ -178,20 +236,23 @@ class ConnectionTracker:
         transport.close()
         return None
 
-    def refusal_ended(self, linger: asyncio.TimerHandle | None) -> None:
+    def refusal_ended(self, linger: asyncio.TimerHandle | None, kind: RequestKind | None) -> None:
+        """A connection refused at the cap is gone; ``kind``: what its request line asked for
+        (None: it never arrived)."""
+        self.count_refusal(UNKNOWN_KIND if kind is None else kind.value, Refusal.CONNECTIONS)
         if linger is not None:
             linger.cancel()
             self._lingering -= 1
 
     def _warn_at_cap(self, what: str) -> None:
+        cap = self.table.limits.max_connections
+        self._warn_once_a_minute(what, "stream listener at --max-connections (%d): %s", cap, what)
+
+    def _warn_once_a_minute(self, what: str, message: str, *args: object) -> None:
         now = self.loop.time()
         if now - self._warned_at.get(what, float("-inf")) >= CAP_WARNING_INTERVAL_SECONDS:
             self._warned_at[what] = now
-            log.warning(
-                "stream listener at --max-connections (%d): %s",
-                self.table.limits.max_connections,
-                what,
-            )
+            log.warning(message, *args)
 
     async def _sweep(self, tick: float) -> None:
         while True:
@@ -207,5 +268,6 @@ class ConnectionTracker:
                     log.exception("closing an expired connection failed")
 
 
-# Where the stream application keeps its listener's tracker (for metrics at scrape time).
+# Where the stream application keeps its listener's tracker (the kind hook, and metrics at
+# scrape time).
 CONNECTIONS = web.AppKey("connections", ConnectionTracker)

@@ -18,7 +18,12 @@ Rules this module owns:
   only find an answer under the key the full path stored it for.
 * The stored bytes are the full path's answer: built from the same ``Answer`` by the same header
   code (``edge.web.wire.client_headers``), serialised as aiohttp would
-  (``edge.protocol.http1``). ``Date`` is the only header made per request.
+  (``edge.protocol.http1``). ``Date`` is made per request, and an at-tail answer's ``Age``
+  per hit, by the full path's rule (``edge.log.freshness.tail_age_seconds`` of the log's tail),
+  where the full path puts it (last of the answer's headers).
+* The purge keys in the stored bytes name the stream instance and generation the answer was
+  built under (``Derivation.generation``): a stored answer is given only while its instance
+  still has that generation, so no hit carries another instance's or generation's keys.
 * A stored answer lives only while the log it was built from does (its stream instance and
   credential scope): whatever forgets that log (the stream, or only that scope, as a 404 to a
   credential does) ends the answer, checked at every hit; ``LocalTier.purge_scope`` drops the
@@ -51,6 +56,7 @@ from edge.answer import Answer
 from edge.auth.gate import Admission, Client, Gate
 from edge.catchup import live_authority_seconds
 from edge.config import Settings
+from edge.log.freshness import tail_age_seconds
 from edge.log.policy import at_tail_holds, if_none_match_hits
 from edge.log.stream_log import LogKey, StreamLog
 from edge.metrics import Metrics
@@ -62,7 +68,7 @@ from edge.protocol.http1 import (
     HeadParser,
     RequestHead,
     date_line,
-    serialise,
+    serialise_parts,
 )
 from edge.protocol.paths import BadTarget, parse_target
 from edge.protocol.reads import PUBLIC_SCOPE, RequestKind
@@ -74,6 +80,8 @@ HIT = "edge; hit"
 
 # Small bodies are joined to their head (one buffer, one send); larger ones are not copied.
 JOIN_BELOW_BYTES = 16 * 1024
+# An at-tail answer's Age is below its freshness window (seconds): these lines are made once.
+AGE_LINES = tuple(b"Age: %d\r\n" % seconds for seconds in range(128))
 
 
 class FastPath:
@@ -173,6 +181,7 @@ class FastPath:
         now = self._clock()
         if (
             (self._verify and now - instance.verified_at >= GENERATION_CHECK_SECONDS)
+            or entry.generation != instance.generation  # its purge keys name another
             or instance.expires_at is not None
             or instance.ttl_seconds is not None
             or instance.bypass_until > now
@@ -197,6 +206,8 @@ class FastPath:
         if key.head:
             self.heads += 1
             return [entry.ok + self._date + trailer]
+        if entry.ages:
+            return self._aged(entry, log_, head, now, trailer)
         if if_none_match_hits(head.if_none_match, entry.etag):
             self.not_modified += 1
             return [entry.not_modified + self._date + trailer]
@@ -206,6 +217,26 @@ class FastPath:
         if len(body) <= JOIN_BELOW_BYTES:
             return [b"".join((entry.ok, self._date, trailer, body))]  # one send()
         return [entry.ok + self._date + trailer, body]
+
+    def _aged(
+        self, entry: StoredHit, log_: StreamLog, head: RequestHead, now: float, trailer: bytes
+    ) -> list[bytes]:
+        """An at-tail answer, with this hit's ``Age``: how long ago its tail was observed
+        (``edge.log.freshness.tail_age_seconds``, the full path's own rule)."""
+        tail = log_.tail
+        assert tail is not None  # its tail holds
+        seconds = tail_age_seconds(tail, now)
+        age = AGE_LINES[seconds] if seconds < len(AGE_LINES) else b"Age: %d\r\n" % seconds
+        if if_none_match_hits(head.if_none_match, entry.etag):
+            self.not_modified += 1
+            parts = (entry.not_modified, age, entry.not_modified_rest, self._date, trailer)
+            return [b"".join(parts)]
+        self.ok += 1
+        body = entry.body
+        self.served_bytes += len(body)
+        if len(body) <= JOIN_BELOW_BYTES:
+            return [b"".join((entry.ok, age, entry.ok_rest, self._date, trailer, body))]
+        return [b"".join((entry.ok, age, entry.ok_rest, self._date, trailer)), body]
 
     def _tail_holds(self, log_: StreamLog, entry: StoredHit, now: float) -> bool:
         """An at-tail answer is given while the full path would give it: its log's tail is
@@ -252,14 +283,23 @@ class FastPath:
         headers = [
             (n, HIT if n.lower() == "cache-status" else v) for n, v in response_headers.items()
         ]
+        ages = answer.age_seconds is not None and not key.head
+        if ages:
+            # ``client_headers`` puts it last; each hit splices in its own there.
+            if headers[-1][0].lower() != "age":
+                return False
+            headers.pop()
         unencoded = [(n, v) for n, v in headers if n.lower() != "content-encoding"]
         try:
-            ok, not_modified = (
-                serialise(200, headers, len(answer.body), head=key.head),
-                b"" if key.head else serialise(304, unencoded, 0),
+            ok, ok_rest = serialise_parts(200, headers, len(answer.body), head=key.head)
+            not_modified, not_modified_rest = (
+                (b"", b"") if key.head else serialise_parts(304, unencoded, 0)
             )
         except ValueError:
             return False  # a header aiohttp refuses too: the full path answers this one as it can
+        if not ages:
+            ok, ok_rest = ok + ok_rest, b""
+            not_modified, not_modified_rest = not_modified + not_modified_rest, b""
         cors = self._cors.for_request(origin)
         if cors is None:
             return False
@@ -268,10 +308,14 @@ class FastPath:
             return False  # forgotten meanwhile: nothing of it is stored
         stored = StoredHit(
             instance=derivation.instance,
+            generation=derivation.generation,
             etag=tag,
             ok=ok,
             not_modified=not_modified,
             body=answer.body,
+            ages=ages,
+            ok_rest=ok_rest,
+            not_modified_rest=not_modified_rest,
             cors=cors,
             log=log_,
             tail_end=derivation.end if holds_with_tail else None,

@@ -4,7 +4,8 @@ Rules this module owns:
 
 * Bodies stream in both directions chunk by chunk; nothing is read whole into memory, and each
   chunk is written to the client as soon as it arrives (SSE and long-poll need that).
-* The client sees the origin's status and headers verbatim (hop-by-hop aside, ``Via`` appended);
+* The client sees the origin's status and headers verbatim (hop-by-hop aside, ``Via`` appended,
+  a read's lifetime below);
   aiohttp's own defaults (``Content-Type``, ``Server``) are not added where the origin sent none.
 * Errors before the origin answered become a short plain-text 502/504 that names nothing
   internal (the details go to the log). An error after the answer started aborts the client
@@ -16,6 +17,10 @@ Rules this module owns:
   about, for the cache and for invalidation, is ``Target.stream``, the origin's normalised path.
 * Every answer the edge makes itself (``edge_answer``) carries the CORS headers the origin gives
   a request with the same ``Origin`` (``OriginCors``), as the origin's own answers would.
+* A relayed answer to a read keeps no lifetime of its own: it is ``no-store`` (``private,
+  no-store`` with credentials) in every tier, whatever the origin said (a 404, a HEAD, a read
+  with an unknown parameter, ``offset=now``, one too large to keep), except an event stream
+  that says how it may be cached (``edge.protocol.headers.relayed_read_cache_control``).
 * A read the cache relays instead of answering (``validators=False``) carries no validator
   either way: the origin's tags do not tell stream instances apart (a stream deleted and
   recreated reuses its offsets, hence its tags), so the origin's ``ETag`` is not handed out (the
@@ -39,10 +44,12 @@ from edge.memory import TRIMMER
 from edge.metrics import Metrics
 from edge.origin import OriginClient, OriginError
 from edge.protocol.headers import (
+    CDN_LIFETIMES,
     cors_headers,
-    default_cache_control,
     downstream_response_headers,
+    relayed_read_cache_control,
     upstream_request_headers,
+    with_cache_control,
 )
 from edge.protocol.paths import Target, parse_target
 from edge.protocol.reads import RequestKind
@@ -91,6 +98,11 @@ def credentialed(request: web.Request) -> bool:
 
 
 def make_private(headers: CIMultiDict[str]) -> None:
+    """Only the reader's own cache may keep the answer: ``private``, and no lifetime a CDN
+    would take over ``Cache-Control`` (RFC 9213: a CDN honouring ``CDN-Cache-Control`` ignores
+    ``Cache-Control``, and would share it)."""
+    for name in CDN_LIFETIMES:
+        headers.popall(name, None)
     value = headers.get(hdrs.CACHE_CONTROL)
     if value is None:
         return
@@ -328,7 +340,7 @@ class Relay:
                 started,
             )
         try:
-            return await self._relay(request, upstream, cache_status, validators=validators)
+            return await self._relay(request, upstream, kind, cache_status, validators=validators)
         finally:
             # Closing (not releasing) drops the connection if the body was not read to the end,
             # which is what cancels the origin's work when the client has gone.
@@ -341,6 +353,7 @@ class Relay:
         self,
         request: web.Request,
         upstream: aiohttp.ClientResponse,
+        kind: RequestKind,
         cache_status: str,
         *,
         validators: bool,
@@ -360,13 +373,14 @@ class Relay:
         response = RelayedResponse(
             status=upstream.status, reason=upstream.reason, omit_defaults=omit
         )
+        control = relayed_read_cache_control(
+            relayed, method=request.method, private=credentialed(request),
+            event_stream=kind is RequestKind.SSE,
+        )  # fmt: skip
+        if control is not None:
+            relayed = with_cache_control(relayed, control)
         for name, value in relayed:
             response.headers.add(name, value)
-        control = default_cache_control(
-            relayed, method=request.method, private=credentialed(request)
-        )
-        if control is not None:
-            response.headers.add("Cache-Control", control)
         for_the_reader_only(request, response.headers)
         response.headers.add("Cache-Status", cache_status)
         try:

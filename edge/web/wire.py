@@ -4,7 +4,8 @@ response a handler returns once its answer is written.
 Rules this module owns:
 
 * ``client_headers`` is the one place an ``Answer`` gets the headers every client sees
-  (``Cache-Status``, ``Via``, the CORS headers the origin gives this request's ``Origin``):
+  (``Cache-Status``, ``Via``, the CORS headers the origin gives this request's ``Origin``, and
+  last an at-tail answer's ``Age``):
   ``to_response`` and ``encode`` both use it, so a written answer and a returned one cannot
   drift apart.
 * ``encode`` writes exactly what aiohttp writes for ``EdgeResponse(answer)`` to a GET (the test
@@ -54,6 +55,9 @@ def client_headers(
     if reader_only:
         make_private(headers)
     cors.mark_vary(headers)
+    if answer.age_seconds is not None:
+        # Last, where the hit path splices in each hit's own (``edge.web.fastpath``).
+        headers.add("Age", str(answer.age_seconds))
     return headers
 
 

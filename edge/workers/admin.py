@@ -16,7 +16,9 @@ Rules this module owns:
   loopback admin listener), the same 400s, then the purge goes to every worker (with the
   supervisor's private token) and the answer is 200 only when every worker purged it durably,
   202 when all purged and some still retry the shared tier, 503 when a worker did not confirm
-  (a purge is idempotent: retry it). A worker whose admin listener is not recorded holds
+  (a purge is idempotent: retry it). One worker, the first reachable, is named to purge the CDN
+  too (``TELLS_DOWNSTREAM_PARAM``): a purge is sent downstream once, not once per worker. A
+  worker whose admin listener is not recorded holds
   nothing to purge: it has not run, or is starting empty and takes no stream connection
   before it is recorded (edge.workers.supervisor).
 * ``/healthz``: the supervisor is alive (it restarts workers itself).
@@ -58,6 +60,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 WORKER_CALL_SECONDS = 3.0  # above a worker's own origin probe timeout (2 s)
+# In the query of the ``POST /purge`` the supervisor sends to the one worker it names to purge
+# the CDN as well (edge.workers.siblings).
+TELLS_DOWNSTREAM_PARAM = "tells_downstream"
 
 
 class EdgeFamilies(Collector):
@@ -212,7 +217,15 @@ def add_routes(app: web.Application, fleet: Fleet) -> None:
         if isinstance(path, web.Response):
             return path
         query = request.rel_url.with_query({"path": path}).query_string
-        results = await asyncio.gather(*(_purge_one(fleet, w, query) for w in fleet.workers))
+        named = next((w for w in fleet.workers if w.admin is not None), None)
+        results = await asyncio.gather(
+            *(
+                _purge_one(
+                    fleet, w, query + f"&{TELLS_DOWNSTREAM_PARAM}=1" if w is named else query
+                )
+                for w in fleet.workers
+            )
+        )
         statuses = {r["status"] for r in results}
         status = 200 if statuses == {200} else 202 if statuses <= {200, 202} else 503
         return web.json_response(

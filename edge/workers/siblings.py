@@ -21,7 +21,13 @@ Rules this module owns:
   waits for the telling (``Streams.settled``), bounded as above.
 * Nothing is told twice, and nothing loops: what a worker does at its supervisor's request (on
   its private admin listener: a replayed observation or forgetting, a purge the supervisor sends
-  to every worker) the supervisor already tells every worker, so it is not told again; a
+  to every worker) the supervisor already tells every worker, so it is not told again, nor
+  downstream (``edge.streams.TELLS_DOWNSTREAM``: the worker that decided purges the CDN; of a
+  purge the supervisor sends to every worker, the one worker it names with
+  ``TELLS_DOWNSTREAM_PARAM`` does). A message says whether its sender ``held`` anything of the
+  stream: a 404 seen by a worker that never served the stream is purged downstream by each
+  sibling that held something of it (``Downstream.DECIDER_HELD_NOTHING``), since the kernel
+  spreads a stream's readers over the workers; a
   forgetting caused by observing a relayed answer whose replay forgets the same
   (``replay_forgets``) is not told beside it. Forgetting is idempotent in effect: a sibling
   told twice only drops what it learned in between, which it fetches again.
@@ -48,8 +54,10 @@ from aiohttp.typedefs import Handler
 
 from edge.catchup import CatchupCache
 from edge.log.stream_log import LogKey
+from edge.streams import TELLS_DOWNSTREAM, Downstream, Forgetting
 from edge.web.app import CACHE, RELAY
 from edge.web.proxy import Observer
+from edge.workers.admin import TELLS_DOWNSTREAM_PARAM
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +97,8 @@ def encode(
     status: int,
     request_headers: Sequence[tuple[str, str]],
     response_headers: Sequence[tuple[str, str]],
+    *,
+    held: bool,
 ) -> bytes:
     return json.dumps(
         {
@@ -97,12 +107,30 @@ def encode(
             "status": status,
             "request_headers": list(request_headers),
             "response_headers": list(response_headers),
+            "held": held,
         }
     ).encode()
 
 
-def encode_forgot(key: LogKey) -> bytes:
-    return json.dumps({"kind": "forgot", "stream": key.stream, "scope": key.scope}).encode()
+def encode_forgot(key: LogKey, *, held: bool) -> bytes:
+    return json.dumps(
+        {"kind": "forgot", "stream": key.stream, "scope": key.scope, "held": held}
+    ).encode()
+
+
+@contextmanager
+def _downstream_of(data: object) -> Iterator[None]:
+    """Replaying what a sibling that held nothing of the stream told: this worker purges the
+    CDN itself if it held something (see the module rules)."""
+    held = not isinstance(data, dict) or data.get("held", True) is not False
+    if held:
+        yield
+        return
+    told = TELLS_DOWNSTREAM.set(Downstream.DECIDER_HELD_NOTHING)
+    try:
+        yield
+    finally:
+        TELLS_DOWNSTREAM.reset(told)
 
 
 def decode_forgot(data: object) -> LogKey | None:
@@ -120,7 +148,8 @@ async def replay(cache: CatchupCache, body: bytes) -> None:
     data = json.loads(body)
     forgot = decode_forgot(data)
     if forgot is not None:
-        cache.streams.stream_gone(forgot)
+        with _downstream_of(data):
+            cache.streams.stream_gone(forgot)
         return
     pairs = [
         [(str(name), str(value)) for name, value in data[key]]
@@ -129,9 +158,10 @@ async def replay(cache: CatchupCache, body: bytes) -> None:
     # Tickets order one process's exchanges only: a sibling's write is taken as having started
     # before anything this worker knew, so it can never contradict what this worker learned
     # (the relaying worker judges that against its own knowledge).
-    await cache.observe(
-        str(data["method"]), str(data["stream"]), int(data["status"]), pairs[0], pairs[1], 0
-    )
+    with _downstream_of(data):
+        await cache.observe(
+            str(data["method"]), str(data["stream"]), int(data["status"]), pairs[0], pairs[1], 0
+        )
 
 
 # Carries one message (``encode``, ``encode_forgot``) to the supervisor, which has every other
@@ -143,13 +173,18 @@ Transport = Callable[[bytes], Awaitable[None] | None]
 
 
 @contextmanager
-def at_supervisors_request() -> Iterator[None]:
+def at_supervisors_request(*, tells_downstream: bool = False) -> Iterator[None]:
     """What runs inside is done at the supervisor's request: its forgettings are not told (the
-    supervisor tells every worker itself)."""
+    supervisor tells every worker itself), nor purged downstream unless ``tells_downstream``
+    (the supervisor named this worker to, for a purge it sends to every worker)."""
     told = _AT_SUPERVISORS_REQUEST.set(True)
+    downstream = TELLS_DOWNSTREAM.set(
+        Downstream.DECIDED_HERE if tells_downstream else Downstream.DECIDED_ELSEWHERE
+    )
     try:
         yield
     finally:
+        TELLS_DOWNSTREAM.reset(downstream)
         _AT_SUPERVISORS_REQUEST.reset(told)
 
 
@@ -175,7 +210,11 @@ class Siblings:
         """The relay's observer: observed here and by every sibling before the answer goes out."""
         telling = None
         if worth_telling(method, status):
-            telling = self._tell(encode(method, stream, status, request_headers, response_headers))
+            # What this worker forgets on a 404 it purges downstream only if it held the stream;
+            # a write's forgetting it purges regardless.
+            held = status != 404 or self.cache.local.holds_data(stream)
+            message = encode(method, stream, status, request_headers, response_headers, held=held)
+            telling = self._tell(message)
         if telling is None:
             await self._local(method, stream, status, request_headers, response_headers, started)
         else:
@@ -190,15 +229,16 @@ class Siblings:
         # What observing it made this worker forget beyond that (a write below the tail it knew).
         await self.cache.streams.settled(stream)
 
-    def forgot(self, key: LogKey) -> asyncio.Future[None] | None:
+    def forgot(self, forgetting: Forgetting) -> asyncio.Future[None] | None:
         """A ``Streams.on_forget`` teller: a forgetting this worker decided, told to siblings."""
+        key = forgetting.key
         if not should_tell(
             key,
             at_supervisors_request=_AT_SUPERVISORS_REQUEST.get(),
             replayed=_REPLAY_FORGETS.get(),
         ):
             return None
-        telling = self._tell(encode_forgot(key))
+        telling = self._tell(encode_forgot(key, held=forgetting.held_here))
         return None if telling is None else asyncio.ensure_future(telling)
 
     async def apply(self, body: bytes) -> None:
@@ -232,7 +272,8 @@ def share_observations(
 
     @web.middleware
     async def supervisors_request(request: web.Request, handler: Handler) -> web.StreamResponse:
-        with at_supervisors_request():
+        named = request.path == "/purge" and TELLS_DOWNSTREAM_PARAM in request.query
+        with at_supervisors_request(tells_downstream=named):
             return await handler(request)
 
     async def lifetime(_: web.Application) -> AsyncIterator[None]:

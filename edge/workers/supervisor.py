@@ -22,7 +22,8 @@ Rules this module owns:
   nothing.
 * Workers start together; the edge is listening (the one ``{"event": "listening"}`` line on
   stdout, with the real port and the supervisor's admin URL) only when every worker is. A worker
-  that fails to start then is a start-up failure of the edge (exit 2).
+  that fails to start then is a start-up failure of the edge (exit 2). Its start-up summary's
+  limits line says what the edge holds (``edge.web.descriptors.holds_line``), for every worker.
 * A worker that exits while the edge is not stopping is restarted: at once the first time, then
   after doubling delays up to ``MAX_RESTART_DELAY_SECONDS``, so a crash loop does not spin; a
   worker that stayed up ``STABLE_SECONDS`` starts the count again. Its live gauges leave the
@@ -54,8 +55,9 @@ from prometheus_client import multiprocess
 
 from edge import __version__
 from edge.config import Address, Settings, per_worker
-from edge.startup import StartupError, check_redis, why
-from edge.summary import startup_lines
+from edge.startup import StartupError, check_redis, raise_open_file_limit, why
+from edge.summary import limits_summary, startup_lines
+from edge.web.descriptors import budget_for, holds_line
 from edge.workers.admin import Fleet, start_admin, start_internal
 from edge.workers.child import CLEARED, Bootstrap, encode
 
@@ -320,8 +322,15 @@ async def supervise(settings: Settings) -> int:
                 "workers": settings.workers,
             }
             print(json.dumps(ready), flush=True)
+            # Workers inherit this process's limit (raised to the hard one) and split it alike.
+            each = budget_for(supervisor.worker_settings, raise_open_file_limit())
+            holds = holds_line(each, workers=settings.workers)
             lines = startup_lines(
-                settings, listen=str(ready["listen"]), admin=admin_url, version=__version__
+                settings,
+                listen=str(ready["listen"]),
+                admin=admin_url,
+                version=__version__,
+                limits=limits_summary(holds, settings),
             )
             log.info("%s", "\n".join(lines))
             stop = asyncio.Event()

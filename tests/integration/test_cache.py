@@ -13,6 +13,7 @@ import pytest
 from multidict import CIMultiDict
 
 from devstack.processes import Edge, Origin, Redis, start_edge, start_redis, workers_under_test
+from edge.protocol.purge_keys import purge_keys
 from tests.conftest import REDIS_MODES, shared_redis_in
 from tests.integration.replicas import start_replicas
 from tests.integration.test_faults import closed_port
@@ -86,7 +87,7 @@ async def test_a_herd_costs_the_origin_one_read(
     headers = CIMultiDict(warm[0][1])
     assert headers["Stream-Closed"] == "true"
     assert headers["ETag"].endswith(':c"')
-    assert headers["Cache-Control"] == "public, max-age=31536000, immutable"
+    assert headers["Cache-Control"] == "public, max-age=60, stale-if-error=60, immutable"
     revalidated = await asyncio.gather(
         *(
             call(herd, "GET", url + "?offset=-1", headers={"If-None-Match": headers["ETag"]})
@@ -252,7 +253,7 @@ async def test_capped_answers_are_immutable_and_resume(
         h = CIMultiDict(headers)
         assert (status, body) == (200, b"aaaaaa")
         assert "Stream-Up-To-Date" not in h
-        assert h["Cache-Control"] == "public, max-age=31536000, immutable"
+        assert h["Cache-Control"] == "public, max-age=60, stale-if-error=60, immutable"
         status, headers, body = await call(http, "GET", f"{url}?offset={h['Stream-Next-Offset']}")
         assert (status, body) == (200, b"bbbbbb")
         assert CIMultiDict(headers)["Stream-Up-To-Date"] == "true"
@@ -339,7 +340,7 @@ async def test_a_replica_serves_what_another_fetched(
                 await asyncio.sleep(0.1)
             assert json.loads(ready)["redis"] == "up", mode
         await create(http, a.url + stream_path, b"shared ", b"bytes", close=True)
-        _, _, body = await call(http, "GET", a.url + stream_path + "?offset=-1")
+        _, from_a, body = await call(http, "GET", a.url + stream_path + "?offset=-1")
         assert body == b"shared bytes"
         assert origin_reads(origin, stream_path) == ["-1"]
         await asyncio.sleep(0.3)  # the shared write happens in the background
@@ -347,6 +348,14 @@ async def test_a_replica_serves_what_another_fetched(
         assert (status, body) == (200, b"shared bytes")
         assert CIMultiDict(headers)["Cache-Status"] == "edge; hit; detail=shared"
         assert CIMultiDict(headers)["Stream-Closed"] == "true"
+        # Both replicas name the stream and its instance (the shared tier's generation) alike,
+        # so one purge by either key reaches what a CDN holds of either's answers.
+        keys = CIMultiDict(headers)["Surrogate-Key"].split(" ")
+        assert CIMultiDict(from_a)["Surrogate-Key"].split(" ") == keys
+        assert CIMultiDict(headers)["Cache-Tag"] == ",".join(keys)
+        assert len(keys) == 2
+        assert keys[0] == purge_keys(stream_path).surrogate_key
+        assert keys[1].startswith(keys[0] + "-")
         assert origin_reads(origin, stream_path) == ["-1"]
         assert (
             metric_value(b.metrics_text(), "edge_redis_operations_total", op="get", result="hit")
@@ -362,6 +371,17 @@ async def test_a_replica_serves_what_another_fetched(
             await asyncio.sleep(0.05)
         assert status == 404
         assert b"shared bytes" not in body
+        # Recreated: the same stream key, another instance's.
+        await create(http, a.url + stream_path, b"new bytes", close=True)
+        for replica in (a, b):
+            status, headers, body = await call(
+                http, "GET", replica.url + stream_path + "?offset=-1"
+            )
+            assert (status, body) == (200, b"new bytes")
+            renewed = CIMultiDict(headers)["Surrogate-Key"].split(" ")
+            assert renewed[0] == keys[0]
+            assert renewed[1] != keys[1]
+        await call(http, "DELETE", a.url + stream_path)
         c = start_edge(origin.url, logs_dir, *shared, name=f"edge-c-{mode}")
         try:
             assert (await call(http, "GET", c.url + stream_path + "?offset=-1"))[0] == 404

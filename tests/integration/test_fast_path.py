@@ -2,7 +2,8 @@
 done right (keep-alive, pipelining, Connection: close, HEAD, 304), purged with its stream.
 
 The full path is an edge started with ``--fast-path off`` in front of the same origin; every
-answer is compared byte for byte (status line, headers in order, body) but for ``Date``.
+answer is compared byte for byte (status line, headers in order, body) but for ``Date``, and
+``Age`` (at the same place), whose value may differ by the time between the two reads.
 """
 
 from __future__ import annotations
@@ -18,10 +19,13 @@ import aiohttp
 import pytest
 
 from devstack.processes import Edge, Origin, start_edge
+from edge.protocol.purge_keys import purge_keys
 from tests.integration.live_support import view_sse
 from tests.integration.test_passthrough import call, metric_value
 
-IMMUTABLE = b"Cache-Control: public, max-age=31536000, immutable"
+# What a browser and a CDN are told of a range that can never change (edge.log.freshness).
+BROWSER = b"max-age=60, stale-if-error=60"
+PURGED_CDN = b"max-age=31536000, stale-while-revalidate=86400, stale-if-error=86400"
 
 
 # One worker each: these tests read what one process stored, one connection at a time (with
@@ -60,10 +64,17 @@ def edge_pair(origin: Origin, logs_dir: Path, name: str, *args: str) -> Iterator
         fast.stop()
 
 
+# A CDN the edges are told they may purge (nothing listens there: no forgetting happens here
+# that a purge would be sent for, and one that is sent is retried in the background).
+CDN_PURGE = ("--cdn-purge", "varnish=http://127.0.0.1:9/")
+
+
 @pytest.fixture(scope="module")
 def capped_edges(origin: Origin, logs_dir: Path) -> Iterator[tuple[Edge, Edge]]:
-    """Edges that cap answers at 1 KiB, so that ranges of open streams are immutable too."""
-    with edge_pair(origin, logs_dir, "capped", "--max-response-bytes", "1KiB", *ONE) as pair:
+    """Edges that cap answers at 1 KiB, so that ranges of open streams are immutable too, and
+    that may keep a CDN's copies long (``--cdn-purge``)."""
+    args = ("--max-response-bytes", "1KiB", *CDN_PURGE, *ONE)
+    with edge_pair(origin, logs_dir, "capped", *args) as pair:
         yield pair
 
 
@@ -77,7 +88,14 @@ class Raw:
         return next((v for n, v in self.headers if n.lower() == name.lower()), None)
 
     def comparable(self) -> tuple[bytes, list[tuple[bytes, bytes]], bytes]:
-        return self.status_line, [(n, v) for n, v in self.headers if n != b"Date"], self.body
+        """Everything but ``Date``, and ``Age``'s value (``age``)."""
+        headers = [(n, b"*" if n == b"Age" else v) for n, v in self.headers if n != b"Date"]
+        return self.status_line, headers, self.body
+
+    @property
+    def age(self) -> int | None:
+        value = self.header(b"Age")
+        return None if value is None else int(value)
 
 
 def host_port(url: str) -> tuple[str, int]:
@@ -136,7 +154,7 @@ async def warm(url: str, target: str, *headers: str) -> Raw:
     ``immutable``, then once more: that answer is stored."""
     for _ in range(50):
         answer = await get(url, target, *headers)
-        if (answer.header(b"Cache-Control") or b"").endswith(b", max-age=31536000, immutable"):
+        if (answer.header(b"Cache-Control") or b"").endswith(b", immutable"):
             return await get(url, target, *headers)
         await asyncio.sleep(0.05)
     raise AssertionError(f"{target} never became immutable")
@@ -195,6 +213,12 @@ async def test_every_stored_answer_is_the_full_paths_answer_byte_for_byte(
             assert fast_answers(edge) == before + 1, f"{target} {name} was not a stored hit"
             assert fast.comparable() == full.comparable(), (target, name)
             assert fast.status_line == b"HTTP/1.1 200 OK"
+            assert fast.header(b"Cache-Control") == b"public, " + BROWSER + b", immutable"
+            assert fast.header(b"CDN-Cache-Control") == BROWSER  # no --cdn-purge: no longer
+            assert fast.header(b"Surrogate-Control") == BROWSER
+            assert fast.header(b"Surrogate-Key") == purge_keys(stream_path).surrogate_key.encode()
+            assert fast.header(b"Cache-Tag") == purge_keys(stream_path).cache_tag.encode()
+            assert fast.age is None  # it never changes: no Age
             tag = fast.header(b"ETag")
             assert tag is not None
             for condition in (f"If-None-Match: {tag.decode()}", "If-None-Match: *"):
@@ -236,6 +260,9 @@ async def test_capped_ranges_of_an_open_stream_are_stored_and_exact(
     assert fast_answers(fast) == before + 1
     assert got.comparable() == want.comparable()
     assert got.body == b"a" * 800
+    # Told it may purge the CDN: the CDN keeps the range a year, browsers as ever.
+    assert got.header(b"Cache-Control") == b"public, " + BROWSER + b", immutable"
+    assert got.header(b"CDN-Cache-Control") == got.header(b"Surrogate-Control") == PURGED_CDN
 
 
 async def test_pipelined_requests_are_answered_in_order_whichever_path_answers_them(
@@ -400,11 +427,16 @@ async def test_at_tail_answers_of_an_open_stream_are_stored_while_the_tail_holds
     fast, full = fresh_edges
     target = f"{stream_path}?offset=-1"
     await make_stream(http, origin.url + stream_path, "text/plain", b"first " * 300, close=False)
+    loop = asyncio.get_running_loop()
+    observed = {full.url: loop.time()}
     for representation in REPRESENTATIONS.values():
         want = await get(full.url, target, *representation)
         want = await get(full.url, target, *representation)  # the full path's own hit
         assert want.header(b"Stream-Up-To-Date") == b"true"
         assert want.header(b"Cache-Control") == b"public, max-age=30"
+        assert want.header(b"CDN-Cache-Control") == want.header(b"Surrogate-Control")
+        assert want.header(b"CDN-Cache-Control") == b"max-age=30"  # nothing stale at the tail
+        observed.setdefault(fast.url, loop.time())
         got = await stored_hit(fast, target, *representation)
         assert got.comparable() == want.comparable()
         tag = got.header(b"ETag")
@@ -413,6 +445,14 @@ async def test_at_tail_answers_of_an_open_stream_are_stored_while_the_tail_holds
         assert (await get(fast.url, target, *representation, condition)).comparable() == (
             await get(full.url, target, *representation, condition)
         ).comparable()
+    # Age: how long ago each edge saw the tail (never longer than since this test's first read
+    # of it), the same place on both paths, counted on the hit path per hit.
+    await asyncio.sleep(1.05)
+    got, want = await stored_hit(fast, target), await get(full.url, target)
+    assert got.comparable() == want.comparable()
+    for answer, url in ((got, fast.url), (want, full.url)):
+        assert answer.age is not None
+        assert 1 <= answer.age <= loop.time() - observed[url] + 1
     # A write through the edge moves the tail: the stored answer is not given again.
     status, _, _ = await call(
         http, "POST", fast.url + stream_path, headers={"Content-Type": "text/plain"},
@@ -489,7 +529,9 @@ async def test_credentialed_reads_are_stored_per_scope(
     target = f"{stream_path}?offset=-1"
     alice = "Cookie: session=alice"
     want = await warm(full_path_edge.url, target, alice)
-    assert want.header(b"Cache-Control") == b"private, max-age=31536000, immutable"
+    assert want.header(b"Cache-Control") == b"private, " + BROWSER + b", immutable"
+    assert want.header(b"CDN-Cache-Control") is None  # a CDN honouring it would share it
+    assert want.header(b"Surrogate-Control") is None
     await warm(edge.url, target, alice)
     got = await stored_hit(edge, target, alice)
     assert got.comparable() == want.comparable()

@@ -20,6 +20,7 @@ from aiohttp import web
 
 from devstack.processes import Edge, start_edge
 from edge.protocol.offsets import is_offset_token
+from edge.protocol.purge_keys import purge_keys
 from edge.protocol.sse import SseDecoder
 
 START = "0000_0000"
@@ -40,6 +41,9 @@ def catchup_app(hostile: Hostile) -> web.Application:
         hostile.reads[path] = hostile.reads.get(path, 0) + 1
         live = request.query.get("live")
         headers = {"Content-Type": "application/json", "Access-Control-Allow-Origin": "*"}
+        # An origin that speaks to CDNs itself: its lifetimes and keys are not the edge's.
+        headers |= {"CDN-Cache-Control": "max-age=3600", "Surrogate-Control": "max-age=3600"}
+        headers["Surrogate-Key"] = "origin-own"
         if path.endswith("/injected") and live == "sse":
             response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await response.prepare(request)
@@ -105,6 +109,10 @@ async def test_answers_the_origin_forbids_storing_are_relayed_not_stored(
             assert "immutable" not in control
             assert "public" not in control
             assert control.split(",")[0] in ("no-store", "private")
+            # Relayed to this client only: no tier keeps it, by any header a CDN would heed.
+            assert response.headers.getall("Cache-Control") == ["no-store"]
+            assert "CDN-Cache-Control" not in response.headers
+            assert "Surrogate-Control" not in response.headers
     assert hostile.reads[path] == 3  # every read went to the origin
 
 
@@ -116,6 +124,12 @@ async def test_a_well_behaved_answer_is_still_cached(
         async with http.get(f"{edge_on_hostile.url}{path}?offset=-1") as response:
             assert response.status == 200
             assert await response.read() == b'[{"i":1}]'
+            # The edge's own lifetimes and keys, never the origin's replayed beside them.
+            assert response.headers.getall("Surrogate-Key") == [purge_keys(path).surrogate_key]
+            for name in ("Cache-Control", "CDN-Cache-Control", "Surrogate-Control"):
+                values = response.headers.getall(name)
+                assert len(values) == 1, (name, values)
+                assert values != ["max-age=3600"], name
     assert hostile.reads[path] == 1
 
 

@@ -78,4 +78,6 @@ async def test_a_stream_without_a_lifetime_is_immutable_once_known(
         assert response.status == 200
     await asyncio.sleep(0.5)
     async with http.get(f"{edge.url}{stream_path}?offset=-1") as response:
-        assert response.headers["Cache-Control"] == "public, max-age=31536000, immutable"
+        assert (
+            response.headers["Cache-Control"] == "public, max-age=60, stale-if-error=60, immutable"
+        )

@@ -22,6 +22,7 @@ from devstack.processes import (
     start_origin,
     workers_under_test,
 )
+from edge.protocol.purge_keys import purge_keys
 from edge.protocol.sse import SseDecoder
 from tests.integration.live_support import View, append_all, slow_phone, view_sse
 from tests.integration.test_passthrough import call, metric_value
@@ -129,7 +130,9 @@ async def test_long_poll_at_a_closed_tail_answers_at_once(
     h = CIMultiDict(headers)
     assert h["Stream-Closed"] == "true"
     assert h["Stream-Up-To-Date"] == "true"
-    assert h["Cache-Control"] == "no-store"
+    assert h["Cache-Control"] == "no-store"  # never a browser's
+    assert h["CDN-Cache-Control"] == h["Surrogate-Control"] == "max-age=1"  # a CDN's, a second
+    assert h["Surrogate-Key"] == purge_keys(stream_path).surrogate_key
 
 
 async def test_sse_frames_and_headers(
@@ -149,7 +152,7 @@ async def test_sse_frames_and_headers(
         raw = await response.read()
         h = response.headers
     assert h["Content-Type"] == "text/event-stream"
-    assert h["Cache-Control"] == "no-cache, no-transform"
+    assert h["Cache-Control"] == "no-cache, no-store, no-transform"
     assert h["X-Accel-Buffering"] == "no"
     assert h["stream-sse-data-encoding"] == "base64"
     assert raw.startswith(b"retry: ")

@@ -27,7 +27,10 @@ VOLATILE = {
     "cache-status",
 }
 # Catch-up answers are the edge's own: its validators and caching headers differ by design.
-EDGE_VALIDATORS = {"etag", "cache-control", "vary"}
+# What the edge says itself of an answer it builds: its validator, and how each tier may keep it
+# (edge.log.freshness) with the purge keys a CDN's copy goes by.
+EDGE_CACHING = {"etag", "cache-control", "vary", "cdn-cache-control", "surrogate-control"}
+EDGE_CACHING |= {"surrogate-key", "cache-tag", "age"}
 
 
 def comparable(headers: list[tuple[str, str]], path: str, base: str) -> list[tuple[str, str]]:
@@ -76,7 +79,7 @@ async def test_every_method_round_trips_with_headers_intact(
             status, headers, body = await call(http, method, target, **kwargs)
             shown = comparable(headers, path, base)
             if method == "GET" and status == 200:
-                shown = [(n, v) for n, v in shown if n not in EDGE_VALIDATORS]
+                shown = [(n, v) for n, v in shown if n not in EDGE_CACHING]
             transcript.append((method, status, shown, body))
         transcripts.append(transcript)
     direct, through_edge = transcripts
@@ -169,6 +172,16 @@ async def test_every_relayed_read_answer_says_how_it_may_be_cached(
     assert dict(credentialed[1]).get("Cache-Control") == "private, no-store"
     head = await call(http, "HEAD", f"{edge.url}{stream_path}-missing")
     assert dict(head[1]).get("Cache-Control") == "no-store"
+    # A long-poll relayed for its extra parameter (a CDN's cache-buster): its 204 is no
+    # tier's to keep, a CDN's included (the edge's own long-polls are, for a second).
+    _, headers, _ = await call(http, "GET", f"{edge.url}{stream_path}?offset=-1")
+    tail = dict(headers)["Stream-Next-Offset"]
+    polled = await call(http, "GET", f"{edge.url}{stream_path}?offset={tail}&live=long-poll&_=1")
+    assert polled[0] == 204
+    assert dict(polled[1]).get("Cache-Control") == "no-store"
+    assert not {"cdn-cache-control", "surrogate-control"} & {n.lower() for n, _ in polled[1]}
+    now = await call(http, "GET", f"{edge.url}{stream_path}?offset=now")
+    assert [v for n, v in now[1] if n.lower() == "cache-control"] == ["no-store"]
 
 
 async def test_idempotent_producer_answers_are_relayed_verbatim(

@@ -39,6 +39,7 @@ def test_every_flag_reads_its_env_and_the_flag_wins() -> None:
         "EDGE_MAX_RESPONSE_BYTES": "512KiB",
         "EDGE_MAX_SEGMENT_BYTES": "1048576",
         "EDGE_TAIL_FRESHNESS": "0.5",
+        "EDGE_BROWSER_MAX_AGE": "5m",
         "EDGE_LONG_POLL_TIMEOUT": "12",
         "EDGE_SSE_MAX_SECONDS": "0",
         "EDGE_SSE_HEARTBEAT": "3",
@@ -73,6 +74,10 @@ def test_every_flag_reads_its_env_and_the_flag_wins() -> None:
         "EDGE_ORIGIN_HEADER": "Authorization: Bearer edge-secret\nX-Edge: one",
         "EDGE_WORKERS": "3",
         "EDGE_CDN_PURGE": "varnish=http://varnish:6081/\nfastly=svc-1",
+        "EDGE_FASTLY_TOKEN": "fastly-secret",
+        "EDGE_CLOUDFLARE_TOKEN": "cloudflare-secret",
+        "EDGE_FASTLY_API_URL": "http://fastly-stand-in:1/",
+        "EDGE_CLOUDFLARE_API_URL": "http://cloudflare-stand-in:2/client/v4",
     }
     assert {option.env for option in SERVE_OPTIONS} == set(env)
     settings = parse_settings(["serve", "--listen", "0.0.0.0:82"], env)
@@ -81,6 +86,10 @@ def test_every_flag_reads_its_env_and_the_flag_wins() -> None:
     assert settings.admin_listen == Address(host="0.0.0.0", port=9999)
     assert settings.log_level == "DEBUG"
     assert settings.cdn_purge == (("varnish", "http://varnish:6081/"), ("fastly", "svc-1"))
+    assert settings.fastly_token == "fastly-secret"
+    assert settings.cloudflare_token == "cloudflare-secret"
+    assert settings.fastly_api_url == "http://fastly-stand-in:1/"
+    assert settings.cloudflare_api_url == "http://cloudflare-stand-in:2/client/v4"
     assert settings.upstream_connect_timeout_seconds == 1.5
     assert settings.upstream_headers_timeout_seconds == 40
     assert settings.upstream_read_timeout_seconds == 7
@@ -90,6 +99,7 @@ def test_every_flag_reads_its_env_and_the_flag_wins() -> None:
     assert settings.max_response_bytes == 512 * 1024
     assert settings.max_segment_bytes == 1024 * 1024
     assert settings.tail_freshness_seconds == 0.5
+    assert settings.browser_max_age_seconds == 300  # 5m
     assert settings.redis_url == "redis://127.0.0.1:6390/2, redis://127.0.0.1:6391/2"
     assert settings.redis_target == RedisTarget(
         mode="sentinel",
@@ -232,6 +242,9 @@ def test_redis_modes_are_checked(args: list[str], message: str) -> None:
         (["serve", "--origin", "http://x", "--sse-max-seconds", "1"], "at least"),
         (["serve", "--origin", "http://x", "--tail-mode", "carrier-pigeon"], "--tail-mode"),
         (["serve", "--origin", "http://x", "--workers", "0"], "--workers"),
+        (["serve", "--origin", "http://x", "--browser-max-age", "31536001"], "a year"),
+        (["serve", "--origin", "http://x", "--browser-max-age", "-1"], "--browser-max-age"),
+        (["serve", "--origin", "http://x", "--browser-max-age", "1.5"], "whole seconds"),
         (["serve", "--origin", "http://x", "--workers", "many"], "--workers"),
     ],
 )
@@ -293,6 +306,8 @@ def test_new_defaults() -> None:
     assert settings.header_timeout_seconds == 10
     assert settings.keepalive_timeout_seconds == 60
     assert settings.max_connections == 0  # derived from the open-file limit at start-up
+    assert settings.max_viewers == 0  # what the connections leave after the short reserve
+    assert settings.upstream_max_connections == 0  # an eighth of the open-file limit
     assert settings.origin_health_path is None
     assert settings.purge_token is None
     assert settings.workers == len(os.sched_getaffinity(0))  # auto: the CPUs we may use
@@ -318,7 +333,7 @@ def test_every_setting_has_exactly_one_flag() -> None:
         (["--tail-linger", "-1"], "--tail-linger must be >= 0"),
         (["--upstream-connect-timeout", "0"], "--upstream-connect-timeout must be positive"),
         (["--long-poll-timeout", "0"], "--long-poll-timeout must be positive"),
-        (["--max-viewers", "0"], "--max-viewers must be at least 1"),
+        (["--max-viewers", "-1"], "--max-viewers='-1': must be >= 0"),
         (["--redis-url", "redis://r:port"], "--redis-url has an invalid port"),
         (["--purge-token", "caf\u00e9"], "--admin-token must be printable ASCII"),
     ],
@@ -429,3 +444,38 @@ def test_a_bad_flag_is_one_line_and_exit_2() -> None:
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1
     assert result.stderr.startswith("edge: error: --origin must not carry a path")
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (["--cdn-purge", "fastly=svc"], {}, "fastly= needs a Fastly API token"),
+        (["--cdn-purge", "fastly=svc"], {}, "set EDGE_FASTLY_TOKEN (--fastly-token)"),
+        (["--cdn-purge", "cloudflare=zone"], {}, "set EDGE_CLOUDFLARE_TOKEN"),
+        # A token for another kind is not this kind's.
+        (["--cdn-purge", "cloudflare=z"], {"EDGE_FASTLY_TOKEN": "t"}, "EDGE_CLOUDFLARE_TOKEN"),
+        (["--cdn-purge", "varnish=ftp://v"], {}, "varnish= needs an http(s) URL"),
+        (["--cdn-purge", "akamai=x"], {}, "--cdn-purge kinds are varnish, webhook"),
+        (["--cdn-purge", "fastly=a/b"], {"EDGE_FASTLY_TOKEN": "t"}, "an id of letters"),
+        (["--cdn-purge", "webhook=http://h/", "--cdn-purge", "webhook=http://h/"], {}, "twice"),
+        (["--fastly-api-url", "api.fastly.com"], {}, "--fastly-api-url must be an http(s) URL"),
+    ],
+)
+def test_a_cdn_target_without_what_it_needs_is_refused_at_start_up(
+    args: list[str], env: dict[str, str], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        parse_settings(["serve", "--origin", "http://x", *args], env)
+
+
+def test_the_cdn_tokens_come_from_the_environment_and_are_never_shown() -> None:
+    env = {"EDGE_FASTLY_TOKEN": "fastly-s3cret", "EDGE_CLOUDFLARE_TOKEN": "cf-s3cret"}
+    argv = ["serve", "--origin", "http://x", "--cdn-purge", "fastly=svc", "--cdn-purge",
+            "cloudflare=zone"]  # fmt: skip
+    settings = parse_settings(argv, env)
+    assert (settings.fastly_token, settings.cloudflare_token) == ("fastly-s3cret", "cf-s3cret")
+    assert "s3cret" not in repr(settings)
+    with pytest.raises(ConfigError) as raised:
+        parse_settings([*argv, "--fastly-token", "s3cr\u00e9t"], env)
+    assert "s3cr" not in str(raised.value)
+    assert str(raised.value) == "--fastly-token must be printable ASCII"

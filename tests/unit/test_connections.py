@@ -1,11 +1,13 @@
-"""The connection state machine of edge.web.connection_table: deadlines, eviction, the cap (and
-the tracker's 503 refusal). No sockets, no event loop: keys are strings and the clock is a
-number."""
+"""The connection state machine of edge.web.connection_table: deadlines, eviction, the cap, who
+is admitted at it by the kind of request (and the tracker's 503 refusal), and the descriptor
+budget of edge.web.descriptors that sizes them. No sockets, no event loop: keys are strings and
+the clock is a number."""
 
 from __future__ import annotations
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from edge.web.connection_table import (
     Admission,
@@ -13,9 +15,16 @@ from edge.web.connection_table import (
     Expiry,
     Limits,
     Phase,
-    default_max_connections,
+    Refusal,
 )
 from edge.web.connection_tracker import REFUSAL
+from edge.web.descriptors import (
+    MIN_SHORT_RESERVE,
+    PROCESS_DESCRIPTORS,
+    UNLIMITED_DESCRIPTORS,
+    budget,
+    holds_line,
+)
 
 HEADER = 10.0
 KEEPALIVE = 60.0
@@ -146,7 +155,7 @@ def test_when_every_connection_is_busy_a_newcomer_is_refused() -> None:
     for key in ("a", "b"):
         t.admit(key, 0.0)
         t.request_started(key)
-    assert t.admit("c", 1.0) == Admission(admitted=False)
+    assert t.admit("c", 1.0) == Admission(admitted=False, refusal=Refusal.CONNECTIONS)
     assert len(t) == 2
     assert t.phase("c") is None
     t.request_finished("a", 2.0)
@@ -165,11 +174,159 @@ def test_unknown_and_closed_connections_are_ignored() -> None:
     assert t.expire(1e9) == []
 
 
-def test_default_cap_is_half_the_open_file_limit_after_a_reserve() -> None:
-    assert default_max_connections(20_000) == 9_968
-    assert default_max_connections(1024) == 480
-    assert default_max_connections(10) == 1
-    assert default_max_connections(-1) > 100_000  # RLIM_INFINITY
+# -- admission by what a request holds -------------------------------------------------------
+
+
+def admission_table(cap: int = 4, at_cap: int = 2, live: int = 2) -> ConnectionTable[str]:
+    return ConnectionTable(
+        Limits(
+            header_timeout_seconds=HEADER,
+            keepalive_timeout_seconds=KEEPALIVE,
+            max_connections=cap,
+            max_live=live,
+            at_cap=at_cap,
+        )
+    )
+
+
+def busy(t: ConnectionTable[str], key: str, now: float, *, live: bool) -> Admission[str]:
+    t.admit(key, now)
+    t.request_started(key)
+    return t.request_kind(key, live=live)
+
+
+def test_live_readers_past_their_cap_are_refused_and_short_requests_are_not() -> None:
+    t = admission_table(cap=4, live=2)
+    assert busy(t, "v1", 0.0, live=True) == Admission(admitted=True)
+    assert busy(t, "v2", 0.0, live=True) == Admission(admitted=True)
+    assert busy(t, "v3", 0.0, live=True) == Admission(admitted=False, refusal=Refusal.VIEWERS)
+    assert t.live == 2
+    assert busy(t, "write", 0.0, live=False) == Admission(admitted=True)
+    t.live_ended("v1")  # a viewer leaves: the next one is in
+    assert t.request_kind("v3", live=True) == Admission(admitted=True)
+    assert t.live == 2
+
+
+def test_past_the_cap_the_head_decides_and_idle_connections_go_first() -> None:
+    t = admission_table(cap=4, at_cap=2, live=2)
+    busy(t, "v1", 0.0, live=True)
+    busy(t, "v2", 0.0, live=True)
+    t.admit("idle", 1.0)
+    t.request_started("idle")
+    t.request_finished("idle", 2.0)
+    t.admit("head", 3.0)  # connected, nothing sent yet
+    # At the cap: the newcomer is let in without evicting anyone, to read its head.
+    assert t.admit("writer", 4.0) == Admission(admitted=True)
+    assert len(t) == 5
+    t.request_started("writer")
+    # A short request: the longest idle makes room, never a viewer.
+    assert t.request_kind("writer", live=False) == Admission(admitted=True, evict="idle")
+    assert len(t) == 4
+    assert t.phase("v1") is Phase.BUSY
+    assert t.phase("v2") is Phase.BUSY
+
+
+def test_a_viewer_past_its_cap_evicts_nobody() -> None:
+    t = admission_table(cap=3, at_cap=2, live=1)
+    busy(t, "v1", 0.0, live=True)
+    t.admit("idle1", 0.0)
+    t.admit("idle2", 0.0)
+    assert busy(t, "v2", 1.0, live=True) == Admission(admitted=False, refusal=Refusal.VIEWERS)
+    assert {t.phase(k) for k in ("idle1", "idle2")} == {Phase.HEAD}
+
+
+def test_when_every_connection_is_busy_short_requests_are_held_past_the_cap() -> None:
+    t = admission_table(cap=3, at_cap=2, live=2)
+    busy(t, "v1", 0.0, live=True)
+    busy(t, "v2", 0.0, live=True)
+    busy(t, "slow-upload", 0.0, live=False)
+    # Every connection under the cap busy: two more are held to read their heads ...
+    assert busy(t, "agent", 1.0, live=False) == Admission(admitted=True)
+    assert busy(t, "stop", 1.0, live=False) == Admission(admitted=True)
+    # ... and past them nothing can be read: refused at once (the tracker's plain 503).
+    assert t.admit("late", 2.0) == Admission(admitted=False, refusal=Refusal.CONNECTIONS)
+    assert t.live == 2
+    t.request_finished("agent", 3.0)
+    assert t.admit("late", 4.0) == Admission(admitted=True, evict="agent")
+
+
+def test_a_live_request_ends_with_its_connections_busy_period() -> None:
+    t = admission_table(cap=4, live=1)
+    busy(t, "a", 0.0, live=True)
+    t.request_finished("a", 1.0)
+    assert t.live == 0
+    busy(t, "b", 2.0, live=True)
+    assert t.forget("b")
+    assert t.live == 0
+    # A key the table does not hold (a server without the connection hook) still counts.
+    assert t.request_kind("untracked", live=True) == Admission(admitted=True)
+    assert t.request_kind("other", live=True).refusal is Refusal.VIEWERS
+    t.live_ended("untracked")
+    assert t.live == 0
+
+
+# -- the descriptor budget --------------------------------------------------------------------
+
+
+def test_the_budget_splits_the_open_file_limit_by_what_each_kind_holds() -> None:
+    each = budget(20_000)
+    # This machine's limit: 15,859 viewers and 1,585 short requests beside them.
+    assert (each.live, each.short_requests) == (15_859, 1_585)
+    assert (each.clients, each.at_cap, each.origin) == (16_916, 528, 2_492)
+    assert each.descriptors == 20_000 - 0  # every descriptor accounted for, none twice
+    assert each.limited_by == "the open-file limit 20000"
+    # Two workers of 20,000 each hold a 20,000-viewer fan-out with room to spare per worker.
+    assert each.live > 10_000 * 1.5
+    small = budget(1024)
+    assert (small.live, small.short_requests, small.origin) == (765, 75, 120)
+    unlimited = budget(-1)
+    assert unlimited.clients == budget(UNLIMITED_DESCRIPTORS).clients
+    assert unlimited.limited_by.startswith("no open-file limit")
+
+
+def test_the_operators_settings_replace_what_they_name() -> None:
+    assert budget(20_000, max_connections=300).live == 300 - 18  # a sixteenth kept back
+    assert budget(20_000, max_connections=300).limited_by == "--max-connections 300"
+    viewers = budget(20_000, max_viewers=100)
+    assert (viewers.live, viewers.limited_by) == (100, "--max-viewers")
+    assert viewers.short_reserve == viewers.clients - 100
+    # More viewers than the connections leave: the reserve wins.
+    assert budget(20_000, max_connections=300, max_viewers=1000).live == 282
+    assert budget(20_000, upstream_max_connections=10).origin == 10
+    assert not budget(1000, max_connections=5000).fits
+
+
+@given(
+    st.integers(min_value=-1, max_value=4 * UNLIMITED_DESCRIPTORS),
+    st.integers(min_value=0, max_value=100_000),
+    st.integers(min_value=0, max_value=100_000),
+)
+def test_every_budget_keeps_the_short_reserve_from_live_readers(
+    limit: int, max_connections: int, max_viewers: int
+) -> None:
+    each = budget(limit, max_connections=max_connections, max_viewers=max_viewers)
+    assert 1 <= each.live <= each.clients
+    if max_viewers:
+        assert each.live <= max_viewers
+    assert each.short_reserve == each.clients - each.live
+    if each.clients >= 2 * MIN_SHORT_RESERVE:
+        assert each.short_reserve >= MIN_SHORT_RESERVE
+    if not max_connections and not max_viewers:
+        # Each reserved short request can hold its origin connection.
+        assert each.origin >= each.short_reserve
+    if not max_connections and limit >= 2 * PROCESS_DESCRIPTORS:
+        assert each.fits  # derived, it never asks for more than the limit
+        assert each.descriptors <= (UNLIMITED_DESCRIPTORS if limit < 0 else limit)
+
+
+def test_the_start_up_line_says_what_the_edge_holds_and_what_limits_it() -> None:
+    assert holds_line(budget(20_000)).startswith(
+        "stream listener holds 15859 viewers (SSE and long-poll) and 1585 short requests "
+        "(writes, catch-up reads, HEAD); limited by the open-file limit 20000 ("
+    )
+    two = holds_line(budget(256), workers=2)
+    assert two.startswith("stream listener holds 306 viewers (SSE and long-poll) and 30 short")
+    assert ", 2 workers of 153 and 15; limited by the open-file limit 256 in each worker" in two
 
 
 def test_the_refusal_is_a_complete_http_response() -> None:
@@ -182,65 +339,174 @@ def test_the_refusal_is_a_complete_http_response() -> None:
     assert int(headers[b"Content-Length"]) == len(body)
 
 
-# A generated check against a model: any sequence of events keeps the table within its cap,
-# gives exactly the waiting connections a deadline, and expires exactly what is past it.
+# A generated check against a model: any sequence of events keeps the table within its cap and
+# its heads read at the cap, keeps live readers within theirs, gives exactly the waiting
+# connections a deadline, expires exactly what is past it, and makes room only from connections
+# that are neither busy nor flushing: a live reader is never cut, whatever arrives.
 
-EVENTS = st.lists(
-    st.tuples(
-        st.sampled_from(["admit", "bytes", "start", "finish", "forget", "tick"]),
-        st.integers(min_value=0, max_value=7),
-        st.floats(min_value=0.0, max_value=30.0),
-        st.booleans(),
-    ),
-    max_size=60,
-)
+CAP, AT_CAP, LIVE_CAP = 4, 2, 2
 
 
-@given(EVENTS)
-def test_generated_event_sequences_keep_the_invariants(
-    events: list[tuple[str, int, float, bool]],
-) -> None:
-    cap = 4
-    t: ConnectionTable[str] = ConnectionTable(
-        Limits(header_timeout_seconds=3.0, keepalive_timeout_seconds=7.0, max_connections=cap)
-    )
-    now = 0.0
-    model: dict[str, int] = {}  # key -> requests in progress
-    for op, n, step, flag in events:
-        key = f"c{n}"
-        now += step
-        flushing = frozenset({key} if flag else ()).__contains__
-        if op == "admit" and key not in model:
-            full = len(model) >= cap
-            admission = t.admit(key, now, flushing=flushing)
-            if admission.admitted:
-                model[key] = 0
-                if admission.evict is not None:
-                    assert full
-                    assert model.pop(admission.evict) == 0, "evicted a busy connection"
-            else:
-                assert full
-                assert all(busy for busy in model.values())
-        elif op == "bytes":
-            t.bytes_received(key, now)
-        elif op == "start" and key in model:
-            t.request_started(key)
-            model[key] += 1
-        elif op == "finish" and model.get(key):
-            t.request_finished(key, now)
-            model[key] -= 1
-        elif op == "forget":
-            assert t.forget(key) is (model.pop(key, None) is not None)
-        elif op == "tick":
-            for expiry in t.expire(now, flushing=flushing):
-                assert model.pop(expiry.key) == 0, "expired a busy connection"
-        assert len(t) == len(model) <= cap
-        for k, busy in model.items():
-            deadline = t.deadline(k)
-            assert (deadline is None) == bool(busy)
-            assert (t.phase(k) is Phase.BUSY) == bool(busy)
-            if deadline is not None and op == "tick":
-                assert deadline > now
+class ConnectionMachine(RuleBasedStateMachine):
+    """Rules act on connections the model holds (``_pick``), so every step means something;
+    a key the table does not hold is covered by ``test_unknown_and_closed_...``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table: ConnectionTable[str] = ConnectionTable(
+            Limits(
+                header_timeout_seconds=3.0,
+                keepalive_timeout_seconds=7.0,
+                max_connections=CAP,
+                max_live=LIVE_CAP,
+                at_cap=AT_CAP,
+            )
+        )
+        self.now = 0.0
+        self.model: dict[str, int] = {}  # key -> requests in progress
+        self.kept_alive: set[str] = set()  # between requests (IDLE), not sending a head
+        self.live: set[str] = set()  # keys whose request in progress is a live reader
+        self.flushing: set[str] = set()  # still sending an answer: never cut
+        self.made = 0
+
+    def _pick(self, data: st.DataObject, *, busy: bool = False) -> str:
+        keys = sorted(k for k, requests in self.model.items() if requests or not busy)
+        return data.draw(st.sampled_from(keys))
+
+    def _room(self, *, kept_alive_only: bool = False) -> bool:
+        return any(
+            not busy and k not in self.flushing and (k in self.kept_alive or not kept_alive_only)
+            for k, busy in self.model.items()
+        )
+
+    def _made_room(self, evicted: str | None) -> None:
+        if evicted is not None:
+            assert evicted not in self.live, "cut a live reader"
+            assert evicted not in self.flushing, "evicted a flushing connection"
+            assert self.model.pop(evicted) == 0, "evicted a busy connection"
+            self.kept_alive.discard(evicted)
+
+    @rule()
+    def connect(self) -> None:
+        key = f"c{self.made}"
+        self.made += 1
+        full, room = len(self.model) >= CAP + AT_CAP, self._room()
+        admission = self.table.admit(key, self.now, flushing=self.flushing.__contains__)
+        if not admission.admitted:
+            assert full
+            assert not room
+            assert admission.refusal is Refusal.CONNECTIONS
+            return
+        assert (admission.evict is not None) == full, "evicted below the cap and its heads"
+        self._made_room(admission.evict)
+        self.model[key] = 0
+
+    @precondition(lambda self: self.model)
+    @rule(data=st.data())
+    def bytes_arrive(self, data: st.DataObject) -> None:
+        key = self._pick(data)
+        self.table.bytes_received(key, self.now)
+        self.kept_alive.discard(key)  # a head is on its way
+
+    @precondition(lambda self: self.model)
+    @rule(data=st.data())
+    def request_starts(self, data: st.DataObject) -> None:
+        key = self._pick(data)
+        self.table.request_started(key)
+        self.model[key] += 1
+        self.kept_alive.discard(key)
+
+    @precondition(lambda self: any(self.model.values()))
+    @rule(data=st.data(), live=st.booleans())
+    def request_is_classified(self, data: st.DataObject, live: bool) -> None:
+        key = self._pick(data, busy=True)
+        past_cap, room = len(self.model) > CAP, self._room(kept_alive_only=True)
+        already = key in self.live
+        admission = self.table.request_kind(key, live=live, flushing=self.flushing.__contains__)
+        if live and already:
+            assert admission == Admission(admitted=True)  # told twice: nothing changes
+            return
+        if live and len(self.live) >= LIVE_CAP:
+            assert admission == Admission(admitted=False, refusal=Refusal.VIEWERS)
+            return
+        assert admission.admitted
+        if live:
+            self.live.add(key)
+        assert (admission.evict is not None) == (past_cap and room), "idle kept past the cap"
+        assert admission.evict is None or admission.evict in self.kept_alive, "cut a head"
+        self._made_room(admission.evict)
+
+    @precondition(lambda self: not all(self.model.values()))
+    @rule(data=st.data())
+    def answered_at_once(self, data: st.DataObject) -> None:
+        """The fast path's hit: a short request started and finished in one step."""
+        key = data.draw(st.sampled_from(sorted(k for k, busy in self.model.items() if not busy)))
+        self.kept_alive.discard(key)
+        past_cap, room = len(self.model) > CAP, self._room(kept_alive_only=True)
+        evicted = self.table.answered(key, self.now, flushing=self.flushing.__contains__)
+        assert (evicted is not None) == (past_cap and room), "idle kept past the cap"
+        assert evicted is None or evicted in self.kept_alive, "cut a head"
+        self._made_room(evicted)
+        self.kept_alive.add(key)
+
+    @precondition(lambda self: any(self.model.values()))
+    @rule(data=st.data())
+    def request_finishes(self, data: st.DataObject) -> None:
+        key = self._pick(data, busy=True)
+        self.table.request_finished(key, self.now)
+        self.model[key] -= 1
+        if not self.model[key]:
+            self.live.discard(key)
+            self.kept_alive.add(key)
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def live_request_ends(self, data: st.DataObject) -> None:
+        key = data.draw(st.sampled_from(sorted(self.live)))
+        self.table.live_ended(key)
+        self.live.discard(key)
+
+    @precondition(lambda self: self.model)
+    @rule(data=st.data())
+    def client_closes(self, data: st.DataObject) -> None:
+        key = self._pick(data)
+        assert self.table.forget(key)
+        del self.model[key]
+        self.live.discard(key)
+        self.flushing.discard(key)
+        self.kept_alive.discard(key)
+        assert not self.table.forget(key)
+
+    @precondition(lambda self: self.model)
+    @rule(data=st.data())
+    def answer_flushes_or_drains(self, data: st.DataObject) -> None:
+        self.flushing ^= {self._pick(data)}
+
+    @rule(step=st.one_of(st.floats(0.0, 1.0), st.floats(0.0, 30.0)))
+    def time_passes(self, step: float) -> None:
+        self.now += step
+        for expiry in self.table.expire(self.now, flushing=self.flushing.__contains__):
+            assert expiry.key not in self.flushing
+            assert self.model.pop(expiry.key) == 0, "expired a busy connection"
+            assert (expiry.phase is Phase.IDLE) == (expiry.key in self.kept_alive)
+            self.kept_alive.discard(expiry.key)
+        for key in self.model:
+            deadline = self.table.deadline(key)
+            assert deadline is None or deadline > self.now
+
+    @invariant()
+    def bounds_and_deadlines_hold(self) -> None:
+        assert len(self.table) == len(self.model) <= CAP + AT_CAP
+        assert self.table.live == len(self.live) <= LIVE_CAP
+        assert all(self.model.get(k) for k in self.live), "a live reader that is not busy"
+        for key, requests in self.model.items():
+            assert (self.table.deadline(key) is None) == bool(requests)
+            phase = Phase.BUSY if requests else Phase.IDLE if key in self.kept_alive else Phase.HEAD
+            assert self.table.phase(key) is phase
+
+
+ConnectionMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40)
+test_generated_event_sequences_keep_the_invariants = ConnectionMachine.TestCase
 
 
 @given(

@@ -153,3 +153,40 @@ def test_a_read_without_cache_control_gets_no_store() -> None:
         default_cache_control([("cache-control", "max-age=5")], method="GET", private=False) is None
     )
     assert default_cache_control([], method="POST", private=False) is None
+
+
+def test_a_relayed_read_is_no_tiers_to_keep_whatever_the_origin_said() -> None:
+    """No validator, never checked against the stream instance, unreachable by a purge: a
+    relayed read's answer gets ``no-store`` in place of any lifetime it had, a CDN's included;
+    an event stream keeps what it says (``no-cache, no-transform``); writes are left alone."""
+    from edge.protocol.headers import relayed_read_cache_control, with_cache_control
+
+    origin_said = [
+        ("Content-Type", "text/plain"),
+        ("Cache-Control", "public, max-age=60"),
+        ("Surrogate-Control", "max-age=3600"),
+        ("ETag", '"t"'),
+        ("CDN-Cache-Control", "max-age=3600"),
+        ("cache-control", "stale-while-revalidate=300"),
+    ]
+    for method in ("GET", "HEAD", "get"):
+        control = relayed_read_cache_control(origin_said, method=method, private=False)
+        assert control == "no-store"
+    assert relayed_read_cache_control([], method="GET", private=True) == "private, no-store"
+    assert relayed_read_cache_control(origin_said, method="POST", private=False) is None
+    sse = [("Content-Type", "text/event-stream"), ("Cache-Control", "no-cache, no-transform")]
+    assert relayed_read_cache_control(sse, method="GET", private=False, event_stream=True) is None
+    assert (
+        relayed_read_cache_control(sse[:1], method="GET", private=False, event_stream=True)
+        == "no-store"
+    )
+    # In the place of the first Cache-Control, every other lifetime gone.
+    assert with_cache_control(origin_said, "no-store") == [
+        ("Content-Type", "text/plain"),
+        ("Cache-Control", "no-store"),
+        ("ETag", '"t"'),
+    ]
+    assert with_cache_control([("ETag", '"t"')], "no-store") == [
+        ("ETag", '"t"'),
+        ("Cache-Control", "no-store"),
+    ]

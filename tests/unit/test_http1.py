@@ -20,6 +20,7 @@ from edge.protocol.http1 import (
     RequestHead,
     date_line,
     serialise,
+    serialise_parts,
 )
 
 CREDENTIALS = ("authorization", "cookie")
@@ -298,3 +299,15 @@ def test_a_head_aiohttp_refuses_is_never_answered_and_one_it_accepts_is_read_ali
     credentials = [(n.lower(), v) for n, v in full if n.lower() in CREDENTIALS]
     assert list(parsed.credentials) == credentials
     assert parsed.origin == next((v for n, v in full if n.lower() == "origin"), None)
+
+
+def test_a_last_header_goes_between_the_two_parts() -> None:
+    """The hit path splices each hit's ``Age`` between them: where aiohttp writes a header
+    added last to the answer's."""
+    headers = [("Content-Type", "text/plain"), ("ETag", '"t"')]
+    for status, length, head in ((200, 5, False), (304, 0, False), (200, 5, True), (200, 0, False)):
+        first, rest = serialise_parts(status, headers, length, head=head)
+        assert first + rest == serialise(status, headers, length, head=head)
+        aged = serialise(status, [*headers, ("Age", "7")], length, head=head)
+        assert first + b"Age: 7\r\n" + rest == aged
+    assert serialise_parts(200, headers, 5)[1] == b"Content-Length: 5\r\n"

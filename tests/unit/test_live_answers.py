@@ -6,7 +6,7 @@
   cursor it was given unless it ends a closed stream.
 * It carries the catch-up answer's validator and caching verdict for the same range: the real
   ``CatchupCache.read`` and the real ``LiveHub.settle`` are asked the same read of the same log.
-* A 204 says "nothing new at this offset", and is never stored.
+* A 204 says "nothing new at this offset": no browser keeps it, a CDN for a second.
 * SSE frames decode (``edge.protocol.sse``) back to exactly those bytes, every id the offset
   after the batch, and their control event says what a long-poll's headers say.
 """
@@ -35,12 +35,14 @@ from edge.live.answers import (
 )
 from edge.live.hub import LiveHub
 from edge.live.tail import Tail
-from edge.log.policy import Coverage, Reuse, cover, etag
+from edge.log.freshness import LONG_POLL_CDN_SECONDS, Lifetime, Reuse
+from edge.log.policy import Coverage, cover, etag
 from edge.log.segment import Segment, content_digest
-from edge.log.stream_log import LogKey, StreamInstance, StreamLog
+from edge.log.stream_log import LogKey, StreamInstance, StreamLog, TailFact
 from edge.metrics import Metrics
 from edge.origin import OriginClient
 from edge.protocol.offsets import START
+from edge.protocol.purge_keys import purge_keys
 from edge.protocol.reads import PUBLIC_SCOPE, Read
 from edge.protocol.sse import SseDecoder, SseEvent
 
@@ -216,11 +218,18 @@ def test_a_long_poll_answer_holds_exactly_its_coverage(world: World, waited: boo
 
     def reuse_for(*, immutable: bool) -> Reuse:
         asked.append(immutable)
-        return Reuse(shared=world.scope == PUBLIC_SCOPE, immutable=immutable, max_age_seconds=7)
+        seven = Lifetime(max_age_seconds=7)
+        shared = world.scope == PUBLIC_SCOPE
+        return Reuse(shared=shared, immutable=immutable, browser=seven, cdn=seven)
+
+    def age_of(verdict: Reuse, observed: TailFact | None) -> int | None:
+        assert observed is log_.tail
+        return 3
 
     answer = long_poll_data(
-        log_, world.offset, coverage, cursor=CURSOR, waited=waited, reuse_for=reuse_for
-    )
+        log_, world.offset, coverage, cursor=CURSOR, waited=waited, reuse_for=reuse_for,
+        age_of=age_of,
+    )  # fmt: skip
 
     count, capped = world.expected()
     held = world.segments[world.read_from : world.read_from + count]
@@ -240,7 +249,15 @@ def test_a_long_poll_answer_holds_exactly_its_coverage(world: World, waited: boo
         closed=closed, encoding=None,
     )  # fmt: skip
     assert asked == [closed or not up_to_date]
-    assert header(answer, "Cache-Control") == reuse_for(immutable=asked[0]).cache_control
+    verdict = reuse_for(immutable=asked[0])
+    assert header(answer, "Cache-Control") == verdict.cache_control
+    shared = world.scope == PUBLIC_SCOPE
+    assert header(answer, "CDN-Cache-Control") == ("max-age=7" if shared else None)
+    assert header(answer, "Surrogate-Control") == header(answer, "CDN-Cache-Control")
+    keys = purge_keys(STREAM, log_.instance.generation)
+    assert header(answer, "Surrogate-Key") == keys.surrogate_key
+    assert header(answer, "Cache-Tag") == keys.cache_tag
+    assert answer.age_seconds == 3
     assert header(answer, "Content-Type") == world.content_type
     assert header(answer, "Vary") is None  # never compressed
     assert answer.headers[: len(TEMPLATE)] == list(TEMPLATE)
@@ -300,6 +317,7 @@ def test_a_long_poll_answer_validates_and_caches_as_the_catch_up_answer(world: W
     assert [h for h in live.headers if h[0] != "Stream-Cursor"] == [
         h for h in catchup.headers if h[0] != "Vary"
     ]
+    assert live.age_seconds == catchup.age_seconds
     closed = header(live, "Stream-Closed") == "true"
     assert header(live, "Stream-Cursor") == (None if closed else CURSOR)
     assert live.cache_status == "edge; hit; detail=waited"
@@ -324,11 +342,14 @@ def test_a_long_poll_short_of_the_tail_answers_what_the_edge_has(world: World) -
 # --- the long-poll 204 ---
 
 
+@pytest.mark.parametrize("scope", [PUBLIC_SCOPE, "cred-x"])
 @pytest.mark.parametrize("closed", [False, True])
-def test_nothing_new_is_a_204_at_the_offset_and_never_stored(closed: bool) -> None:
+def test_nothing_new_is_a_204_at_the_offset_no_browser_keeps(closed: bool, scope: str) -> None:
+    """A CDN keeps a shared scope's for a second under its cursor URL (the herd parked there
+    is released at once); nobody keeps a credential's."""
     log_ = StreamLog(
-        key=LogKey(stream=STREAM, scope=PUBLIC_SCOPE),
-        instance=StreamInstance(stream=STREAM, content_type=JSON_TYPE),
+        key=LogKey(stream=STREAM, scope=scope),
+        instance=StreamInstance(stream=STREAM, content_type=JSON_TYPE, generation="g7"),
         header_template=TEMPLATE,
     )
     offset = position(12)
@@ -336,12 +357,21 @@ def test_nothing_new_is_a_204_at_the_offset_and_never_stored(closed: bool) -> No
     assert answer.status == 204
     assert answer.body == b""
     last = ("Stream-Closed", "true") if closed else ("Stream-Cursor", CURSOR)
+    cdn = f"max-age={LONG_POLL_CDN_SECONDS}"
+    keys = purge_keys(STREAM, "g7")
     assert answer.headers == [
         *TEMPLATE,
         ("Stream-Next-Offset", offset),
         ("Stream-Up-To-Date", "true"),
         last,
         ("Cache-Control", "no-store"),
+        *(
+            [("CDN-Cache-Control", cdn), ("Surrogate-Control", cdn)]
+            if scope == PUBLIC_SCOPE
+            else []
+        ),
+        ("Surrogate-Key", keys.surrogate_key),
+        ("Cache-Tag", keys.cache_tag),
     ]
     assert (answer.cache_status, answer.result) == ("edge; hit", "live")
 

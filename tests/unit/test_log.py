@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from edge.log.policy import (
     Fetch,
@@ -11,7 +13,6 @@ from edge.log.policy import (
     etag,
     if_none_match_hits,
     plan_catchup,
-    reuse,
 )
 from edge.log.segment import Segment, is_json, stitch
 from edge.log.stream_log import LogKey, StreamInstance, StreamLog, TailVerdict
@@ -201,19 +202,60 @@ def test_if_none_match() -> None:
     assert if_none_match_hits("*", tag)
     assert not if_none_match_hits('"x:-1:0_6"', tag)
     assert not if_none_match_hits(None, tag)
+    # A CDN that fetched gzip and decoded it for an identity client weakened the gzip tag.
+    identity = etag("/s", "-1", "0_5", digest="0f" * 16, closed=True, encoding=None)
+    gzipped = etag("/s", "-1", "0_5", digest="0f" * 16, closed=True, encoding="gzip")
+    assert if_none_match_hits(f"W/{gzipped}", identity)
+    assert if_none_match_hits(f"W/{identity}", gzipped)
+    assert not if_none_match_hits(gzipped, identity)  # strong: the gzip bytes themselves
 
 
-def test_cache_control() -> None:
-    assert reuse(scope="public", immutable=True, freshness_seconds=1).cache_control == (
-        "public, max-age=31536000, immutable"
+# What a tag names: (stream, start, end, digest, closed); two of each, so contents collide often.
+CONTENTS = st.tuples(
+    st.sampled_from(["/s", "/t"]),
+    st.sampled_from(["-1", "0_3"]),
+    st.sampled_from(["0_5", "0_5:x"]),  # an offset may hold a colon
+    st.sampled_from(["0f" * 16, "a1" * 16]),
+    st.booleans(),
+)
+CODINGS = st.sampled_from([None, "gzip"])
+# A tag a client sends: the content and coding it was given for, and whether a cache weakened it.
+HELD = st.tuples(CONTENTS, CODINGS, st.booleans())
+
+
+def tag_of(content: tuple[str, str, str, str, bool], coding: str | None) -> str:
+    stream, start, end, digest, closed = content
+    return etag(stream, start, end, digest=digest, closed=closed, encoding=coding)
+
+
+@given(
+    held=st.lists(HELD, min_size=1, max_size=4),
+    star=st.booleans(),
+    current=CONTENTS,
+    coding=CODINGS,
+    spaces=st.sampled_from([",", ", ", " ,  "]),
+)
+def test_a_revalidation_is_a_304_exactly_when_the_client_holds_the_bytes_meant(
+    held: list[tuple[tuple[str, str, str, str, bool], str | None, bool]],
+    star: bool,
+    current: tuple[str, str, str, str, bool],
+    coding: str | None,
+    spaces: str,
+) -> None:
+    """The one rule both paths use (``if_none_match_hits``) against a model of what a client
+    holds: a strong tag is the very representation it was given; a weak one, the same bytes
+    once decoded, in whatever coding (RFC 9110 §8.8.1). A 304 tells it to use what it holds:
+    right exactly when that is the answer's content (and coding, for a strong tag)."""
+    sent = [
+        ("W/" if weak else "") + tag_of(content, held_coding) for content, held_coding, weak in held
+    ]
+    if star:
+        sent.insert(len(sent) // 2, "*")
+    expected = star or any(
+        content == current and (weak or held_coding == coding)
+        for content, held_coding, weak in held
     )
-    assert (
-        reuse(scope="public", immutable=False, freshness_seconds=1).cache_control
-        == "public, max-age=1"
-    )
-    assert reuse(scope="cred-x", immutable=True, freshness_seconds=1).cache_control.startswith(
-        "private"
-    )
+    assert if_none_match_hits(spaces.join(sent), tag_of(current, coding)) is expected
 
 
 @pytest.mark.parametrize(
@@ -232,6 +274,28 @@ def test_accepts_gzip(header: str | None, ok: bool) -> None:
 
 
 # --- the local tier ---
+
+
+def test_a_stored_answer_is_kept_only_under_its_instances_generation() -> None:
+    """Its bytes carry purge keys naming the generation it was built under: the tier refuses
+    it once the instance has another (``FastPath.answer`` checks the same at every hit)."""
+    from edge.protocol.answer_key import AnswerKey
+    from edge.store.local import StoredHit
+
+    local = LocalTier(MiB)
+    log = local.log_for(KEY)
+    key = AnswerKey(stream=KEY.stream, query="offset=-1", scope=KEY.scope, gzip=False)
+
+    def hit(generation: str) -> StoredHit:
+        return StoredHit(
+            instance=log.instance, generation=generation, etag='"t"', ok=b"ok", not_modified=b"",
+            body=b"", cors=(), log=log,
+        )  # fmt: skip
+
+    log.instance.generation = "g1"
+    assert not local.put_response(key, hit(""))
+    assert local.put_response(key, hit("g1"))
+    assert local.response(key) is not None
 
 
 def test_budget_evicts_least_recently_used_and_counts() -> None:

@@ -64,7 +64,9 @@ import functools
 import gzip
 import inspect
 import json
+import math
 import os
+import re
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
@@ -83,6 +85,7 @@ from edge.metrics import Metrics
 from edge.origin import BodyTooLarge
 from edge.protocol.http1 import RequestHead
 from edge.protocol.paths import parse_target
+from edge.protocol.purge_keys import purge_keys
 from edge.protocol.reads import auth_scope, classify, scope_credentials
 from edge.web.fastpath import FastPath
 from edge.web.front import CatchupFront, catchup_request
@@ -164,6 +167,10 @@ class Seen:
     etag: str | None
     relayed: bool = False
     allow_origin: str | None = None  # Access-Control-Allow-Origin
+    cache_control: str | None = None
+    age: str | None = None
+    surrogate_key: str | None = None
+    cache_tag: str | None = None
 
     @property
     def representation(self) -> tuple[bytes, str | None, bool, str | None]:
@@ -207,6 +214,10 @@ def seen_from(status: int, headers: Sequence[tuple[str, str]], body: bytes, **kw
         content_type=value("content-type"),
         etag=value("etag"),
         allow_origin=value("access-control-allow-origin"),
+        cache_control=value("cache-control"),
+        age=value("age"),
+        surrogate_key=value("surrogate-key"),
+        cache_tag=value("cache-tag"),
         **kw,
     )
 
@@ -458,15 +469,25 @@ class ReferenceEdge(EdgeUnderTest):
             if seen.status == 404:
                 self._told(path, key[1])
             if seen.status != 200:
-                return seen
+                return replace(seen, cache_control="no-store")
             if self._generation.get(path, 0) == generation:
                 tag = f'"{generation}:{offset}:{seen.next_offset}{":c" if seen.closed else ""}"'
-                seen = replace(seen, etag=tag)
-                self._answers[key] = (seen, self._clock())
+                keys = purge_keys(path)
+                seen = replace(
+                    seen, etag=tag, surrogate_key=keys.surrogate_key, cache_tag=keys.cache_tag
+                )
+                kept = (seen, self._clock())
+                self._answers[key] = kept
             else:
                 # The fill raced a forget: its bytes may be of either side of it, so it gets no
                 # tag (as the edge relays such answers without one) and is not kept.
-                seen = replace(seen, etag=None)
+                seen = replace(seen, etag=None, cache_control="no-store")
+                kept = None
+        if kept is not None and seen.up_to_date and not seen.closed:
+            # Fresh for the window from when it was fetched: Age counts from then.
+            age = math.floor(self._clock() - kept[1])
+            control = f"max-age={math.floor(self._freshness)}"
+            seen = replace(seen, cache_control=control, age=str(age))
         if seen.etag is not None and if_none_match == seen.etag:
             return replace(seen, status=304, body=b"")
         return seen
@@ -743,7 +764,7 @@ class CatchupMachine(RuleBasedStateMachine):
     # --- setup ---
 
     @initialize(
-        freshness=st.sampled_from([1.0, 0.0, 2.5]),
+        freshness=st.sampled_from([1.0, 0.0, 2.5, 30.0]),
         max_response_bytes=st.sampled_from([4 * MiB, 12, 40]),
         cache_bytes=st.sampled_from([256 * MiB, 1400]),
         cors_by_origin=st.booleans(),
@@ -1128,9 +1149,11 @@ class CatchupMachine(RuleBasedStateMachine):
         note(f"read {ctx.path}?offset={ctx.offset} {where} -> {seen.describe()}")
         event(f"status {seen.status}{' relaxed' if ctx.relaxed else ''}")
         if seen.status == 304:
+            self._grade_keys(ctx, seen)
             self._grade_304(ctx, seen, if_none_match)
             return
         self.grader.check(ctx, seen)
+        self._grade_caching(ctx, seen)
         if seen.status != 200:
             return
         if not seen.up_to_date:
@@ -1159,16 +1182,70 @@ class CatchupMachine(RuleBasedStateMachine):
                 )
         self.tags[key] = Handed(seen=seen, offset=ctx.offset, epoch=epoch, relaxed=ctx.anywhere)
 
+    def _grade_keys(self, ctx: Context, seen: Seen) -> None:
+        """An answer the edge made of a stream (it has a tag) carries the stream's purge keys
+        (no shared tier here: the stream's key alone), so a CDN's copy can be purged."""
+        if seen.relayed or seen.etag is None:
+            return
+        keys = purge_keys(ctx.path)
+        if (seen.surrogate_key, seen.cache_tag) != (keys.surrogate_key, keys.cache_tag):
+            raise Violation(
+                f"purge keys {seen.surrogate_key!r} / {seen.cache_tag!r} on an answer of "
+                f"{ctx.path} (its keys: {keys.surrogate_key!r})"
+            )
+
+    def _grade_caching(self, ctx: Context, seen: Seen) -> None:
+        """What a cache downstream is told. An answer that is not the edge's own (a refusal, a
+        read it relayed: no tag) is kept by no tier. An at-tail answer, kept by a cache that
+        honours ``max-age`` and ``Age`` for as long as they allow (``max-age - Age`` more
+        seconds), must still be a true at-tail answer at the last moment it is served: one the
+        origin gave within the freshness window plus a second (the rounding of ``Age``) of it,
+        so lag does not stack (``edge.log.freshness``)."""
+        if seen.relayed:
+            return  # the test's own relay, standing in for ``Relay.forward``
+        if seen.status != 200 or seen.etag is None:
+            if "no-store" not in (seen.cache_control or ""):
+                raise Violation(f"{seen.describe()} with Cache-Control {seen.cache_control!r}")
+            return
+        self._grade_keys(ctx, seen)
+        if not (seen.up_to_date and not seen.closed) or ctx.relaxed:
+            return
+        found = re.search(r"max-age=(\d+)", seen.cache_control or "")
+        if found is None or seen.age is None:
+            raise Violation(
+                f"an at-tail answer with Cache-Control {seen.cache_control!r} and Age "
+                f"{seen.age!r}: {seen.describe()}"
+            )
+        kept_ms = (int(found.group(1)) - int(seen.age)) * 1000
+        downstream = replace(ctx, window_ms=min(ctx.window_ms, ctx.window_ms + 1000 - kept_ms))
+        if downstream.window_ms < ctx.window_ms:
+            event("Age shortens what a cache downstream may keep")
+        try:
+            self.grader.check(downstream, seen)
+        except Violation as stale:
+            raise Violation(
+                f"kept {kept_ms} ms more downstream (max-age and Age), it is older than the "
+                f"freshness window then:\n{stale}"
+            ) from None
+
     def _grade_304(self, ctx: Context, seen: Seen, if_none_match: str | None) -> None:
         if if_none_match is None:
             raise Violation(f"304 without If-None-Match: {seen.describe()}")
-        if seen.etag is not None and seen.etag.removeprefix("W/") != if_none_match.removeprefix(
-            "W/"
-        ):
+        # A weak tag (a CDN decoded the gzip bytes it was given with it for an identity client)
+        # vouches for the bytes once decoded: the 304 may carry the tag of another coding.
+        weak = if_none_match.startswith("W/")
+        sent = if_none_match.removeprefix("W/")
+        if seen.etag is not None and not weak and seen.etag.removeprefix("W/") != sent:
             raise Violation(f"304 with ETag {seen.etag}, the client sent {if_none_match}")
-        handed = self.tags.get((ctx.scope, ctx.path, if_none_match))
+        handed = self.tags.get((ctx.scope, ctx.path, sent))
         if handed is None:
             raise Violation(f"304 for {if_none_match}, a tag never given for {ctx.path}")
+        other = self.tags.get((ctx.scope, ctx.path, seen.etag or sent))
+        if other is not None and other.seen.representation != handed.seen.representation:
+            raise Violation(
+                f"304 with ETag {seen.etag} for {if_none_match}: they were given with other "
+                f"bytes ({other.seen.describe()} / {handed.seen.describe()})"
+            )
         # What a tag vouches for is the bytes (body, Stream-Next-Offset, Stream-Closed), not
         # Stream-Up-To-Date, a fact about time: the held bytes must be a correct answer now,
         # saying up-to-date or not. They may come from another worker, which may have been fed
@@ -1310,6 +1387,9 @@ class CatchupMachine(RuleBasedStateMachine):
         )
         if conditional and tags:
             if_none_match = data.draw(st.sampled_from([t for _, t in tags]), label="if_none_match")
+            # As a CDN that decoded a gzip answer for an identity client sends it back (W/).
+            if data.draw(st.booleans(), label="weakened"):
+                if_none_match = "W/" + if_none_match
         gzip = "gzip" if gzip_ok else None
         self.do_read(path, offset, scope, if_none_match, gzip, origin, worker=worker)
 
@@ -1610,6 +1690,93 @@ def test_a_relayed_read_hands_out_no_tag_of_the_origins() -> None:
         state.do_read(A, None, origin=GOOD_ORIGIN, worker=1)
     finally:
         state.teardown()
+
+
+def test_an_at_tail_answer_says_how_old_its_tail_is_on_both_paths() -> None:
+    """Its ``Age`` is how long ago the edge observed the tail, so a cache downstream keeps it
+    no longer than the freshness window from then: here the origin moved on (behind the edge)
+    just after the edge saw the tail, and 2 s later the edge still serves that tail (within
+    --tail-freshness 2.5), from the hit path and from the full path, with ``max-age=2`` and
+    ``Age: 2``: kept nowhere any longer. Without ``Age``, a cache would keep it 2 s more."""
+    state = CatchupMachine()
+    state.setup(
+        freshness=2.5, max_response_bytes=4 * MiB, cache_bytes=256 * MiB, cors_by_origin=False
+    )
+    try:
+        state.do_create(A, TEXT_TYPE, via_edge=False, initial=1)
+        first = state.do_read(A, "-1")  # a fill: observed now
+        assert (first.cache_control, first.age) == ("public, max-age=2", "0")
+        state.do_append(A, 1, via_edge=False)  # behind the edge's back
+        state.do_advance(1000)
+        state.do_advance(1000)
+        edge = state.edge
+        assert isinstance(edge, EdgeUnderTest)
+        before = edge.fast_answers
+        stored = state.do_read(A, "-1")
+        assert edge.fast_answers == before + 1
+        full = state.do_read(A, "-1", accept_encoding="gzip")  # not stored yet: the full path
+        assert edge.fast_answers == before + 1
+        for seen in (stored, full):
+            assert (seen.cache_control, seen.age, seen.body) == ("public, max-age=2", "2", b"<100>")
+    finally:
+        state.teardown()
+
+
+def test_a_weak_gzip_tag_revalidates_the_identity_answer_on_both_paths(
+    machine: CatchupMachine,
+) -> None:
+    """A CDN fetched the gzip answer and decoded it for an identity client, weakening its tag
+    (``W/"…:gzip"``); the client's revalidation names the same bytes: 304, from the full path
+    and then from the hit path, with the identity answer's tag."""
+    machine.do_create(A, TEXT_TYPE, via_edge=False, initial=2, closed=True)
+    gzipped = machine.do_read(A, "-1", accept_encoding="gzip")
+    assert gzipped.etag is not None
+    assert gzipped.etag.endswith(':gzip"')
+    edge = machine.edge
+    assert isinstance(edge, EdgeUnderTest)
+    weakened = f"W/{gzipped.etag}"
+    full = machine.do_read(A, "-1", if_none_match=weakened)  # identity: nothing stored yet
+    assert edge.fast_answers == 0
+    for _ in range(4):  # learned its lifetime, stored
+        identity = machine.do_read(A, "-1")
+    before = edge.fast_answers
+    stored = machine.do_read(A, "-1", if_none_match=weakened)
+    assert edge.fast_answers == before + 1
+    for seen in (full, stored):
+        assert seen.status == 304
+        assert seen.etag == identity.etag == gzipped.etag.removesuffix(':gzip"') + '"'
+    strong = machine.do_read(A, "-1", if_none_match=gzipped.etag)  # the gzip bytes themselves
+    assert strong.status == 200
+
+
+def test_a_stored_answer_is_given_only_under_the_generation_its_keys_name(
+    machine: CatchupMachine,
+) -> None:
+    """The stored bytes carry the instance's purge keys, which name its generation: should the
+    generation change while the answer is stored (the shared tier names the instance), the hit
+    path stops giving it, and the full path's answer (stored again) names the new one."""
+    machine.do_create(A, TEXT_TYPE, via_edge=False, initial=2, closed=True)
+    edge = machine.edge
+    assert isinstance(edge, EdgeUnderTest)
+
+    async def read() -> Seen:
+        return await edge.read(A, "-1", credentials=(), if_none_match=None, accept_encoding=None)
+
+    for _ in range(4):  # learned, lifetime asked, stored
+        machine.loop.run_until_complete(read())
+    before = edge.fast_answers
+    assert machine.loop.run_until_complete(read()).surrogate_key == purge_keys(A).surrogate_key
+    assert edge.fast_answers == before + 1
+    instance = edge.cache.local.instance(A)
+    assert instance is not None
+    instance.generation = "g2"
+    renamed = machine.loop.run_until_complete(read())
+    assert edge.fast_answers == before + 1  # not the stored answer
+    keys = purge_keys(A, "g2")
+    assert (renamed.surrogate_key, renamed.cache_tag) == (keys.surrogate_key, keys.cache_tag)
+    again = machine.loop.run_until_complete(read())
+    assert edge.fast_answers == before + 2
+    assert again.surrogate_key == keys.surrogate_key
 
 
 # --- --workers 2 ---

@@ -6,6 +6,8 @@ from pathlib import Path
 import pytest
 
 import edge.answer
+import edge.cdn.api
+import edge.cdn.book
 import edge.live.answers
 import edge.live.board
 import edge.log
@@ -24,6 +26,8 @@ PURE_MODULES += [
     Path(edge.live.board.__file__),
     Path(edge.live.answers.__file__),
     Path(edge.web.connection_table.__file__),
+    Path(edge.cdn.api.__file__),
+    Path(edge.cdn.book.__file__),
     Path(edge.summary.__file__),
 ]
 

@@ -5,6 +5,7 @@ from edge.protocol.reads import (
     RequestKind,
     auth_scope,
     classify,
+    kind_of_request_line,
     policy_scope,
     query_params,
     scope_credentials,
@@ -160,3 +161,19 @@ def test_classify_scopes_with_the_configuration() -> None:
     assert read is not None
     assert read.scope == auth_scope([("x-api-key", "k")], scope_headers=("x-api-key",))
     assert read.scope != PUBLIC_SCOPE
+
+
+def test_a_bare_request_line_has_the_kind_of_its_request() -> None:
+    """What a connection refused at the cap sends is read only this far, to count by kind."""
+    assert kind_of_request_line(b"GET /s?offset=-1&live=sse HTTP/1.1\r\nHo") is RequestKind.SSE
+    assert kind_of_request_line(b"GET /s?live=long-poll&offset=1 HTTP/1.1\r\n") is (
+        RequestKind.LONG_POLL
+    )
+    assert kind_of_request_line(b"POST /s HTTP/1.1\r\n") is RequestKind.WRITE
+    assert kind_of_request_line(b"head /s HTTP/1.1\r\n") is RequestKind.HEAD
+    assert kind_of_request_line(b"GET http://edge/s?offset=-1 HTTP/1.1\r\n") is (
+        RequestKind.CATCHUP
+    )
+    assert kind_of_request_line(b"GET /s?offset=-1 HTTP/1.1") is None  # not whole yet
+    assert kind_of_request_line(b"\x16\x03\x01 tls\r\n") is RequestKind.OTHER
+    assert kind_of_request_line(b"GET /s\r\n") is RequestKind.OTHER

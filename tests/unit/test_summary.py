@@ -49,13 +49,14 @@ def test_no_secret_is_shown() -> None:
         auth_url="http://auth:9000/check",
         origin_headers=(("Authorization", "Bearer origin-secret"),),
         cdn_purge=(("fastly", "svc"),),
+        fastly_token="fastly-secret",
     )
     text = "\n".join(lines(settings))
-    for secret in ("hunter2", "t0ken-secret", "origin-secret"):
+    for secret in ("hunter2", "t0ken-secret", "origin-secret", "fastly-secret"):
         assert secret not in text
     assert "redis://user:***@redis:6379/0" in text
     assert "forward: each verdict asked of http://auth:9000/check" in text
-    assert "cdn      purges sent to: fastly" in text
+    assert "cdn      purges sent to: fastly; closed ranges kept a year there, 60 s by" in text
 
 
 def test_the_redis_line_names_the_mode_and_shows_no_password() -> None:

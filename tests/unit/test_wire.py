@@ -39,6 +39,24 @@ ANSWERS = {
         cache_status="edge; hit; detail=waited",
         result="live",
     ),
+    "at-tail": Answer(
+        status=200,
+        headers=[
+            ("Content-Type", "text/plain"),
+            ("Stream-Next-Offset", "0000_0043"),
+            ("Stream-Up-To-Date", "true"),
+            ("ETag", '"abc:1:3:d"'),
+            ("Cache-Control", "public, max-age=30"),
+            ("CDN-Cache-Control", "max-age=30"),
+            ("Surrogate-Control", "max-age=30"),
+            ("Surrogate-Key", "ds-aa ds-aa-bb"),
+            ("Cache-Tag", "ds-aa,ds-aa-bb"),
+        ],
+        body=b"tail bytes",
+        cache_status="edge; hit",
+        result="hit",
+        age_seconds=3,
+    ),
     "no-content-type": Answer(
         status=200,
         headers=[("Stream-Next-Offset", "7"), ("Server", "origin/1")],
@@ -60,6 +78,10 @@ ANSWERS = {
             ("Stream-Up-To-Date", "true"),
             ("Stream-Cursor", "99"),
             ("Cache-Control", "no-store"),
+            ("CDN-Cache-Control", "max-age=1"),
+            ("Surrogate-Control", "max-age=1"),
+            ("Surrogate-Key", "ds-aa"),
+            ("Cache-Tag", "ds-aa"),
         ],
         body=b"",
         cache_status="edge; hit",
@@ -173,6 +195,11 @@ async def test_encode_is_what_aiohttp_writes(
     assert closed == (not keep_alive)
     if private and name == "data":
         assert b"Cache-Control: private, max-age=1\r\n" in direct
+    if private:  # a reader's own copy: no lifetime a CDN would take over Cache-Control
+        assert b"CDN-Cache-Control" not in direct
+        assert b"Surrogate-Control" not in direct
+    if name == "at-tail":  # last of the answer's headers, where the hit path splices it too
+        assert b"Via: 1.1 edge\r\nAge: 3\r\nContent-Length: 10\r\n" in direct
 
 
 def test_header_injection_is_refused() -> None:

@@ -20,7 +20,7 @@ from edge.metrics import Metrics
 from edge.origin import OriginClient
 from edge.protocol.reads import PUBLIC_SCOPE
 from edge.store.local import LocalTier
-from edge.streams import InstanceChanged, Streams, Unsettled
+from edge.streams import Forgetting, InstanceChanged, Streams, Unsettled
 from edge.workers.child import Bootstrap, encode, read_bootstrap
 from edge.workers.mirror import Mirror
 from edge.workers.siblings import (
@@ -65,10 +65,14 @@ def test_the_edges_bounds_are_divided_so_the_totals_hold() -> None:
     assert share.max_viewers == 5000
     assert share.max_connections == 250
     assert share.upstream_max_connections == 2
-    # Per-process defaults (0: derived from the open-file limit, or unlimited) stay 0.
-    assert (
-        per_worker(replace(edge, max_connections=0, upstream_max_connections=0)).max_connections
-        == 0
+    # Per-process defaults (0: derived from each worker's open-file limit) stay 0.
+    derived = per_worker(
+        replace(edge, max_connections=0, upstream_max_connections=0, max_viewers=0)
+    )
+    assert (derived.max_connections, derived.upstream_max_connections, derived.max_viewers) == (
+        0,
+        0,
+        0,
     )
     # Everything else is the same edge.
     assert share.origin == edge.origin
@@ -185,10 +189,12 @@ class Told:
 
     def __init__(self) -> None:
         self.keys: list[LogKey] = []
+        self.forgettings: list[Forgetting] = []
         self.tellings: list[asyncio.Future[None]] = []
 
-    def __call__(self, key: LogKey) -> asyncio.Future[None]:
-        self.keys.append(key)
+    def __call__(self, forgetting: Forgetting) -> asyncio.Future[None]:
+        self.keys.append(forgetting.key)
+        self.forgettings.append(forgetting)
         telling: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.tellings.append(telling)
         return telling
@@ -208,7 +214,7 @@ async def test_every_cause_of_forgetting_is_told_once_through_one_place() -> Non
     streams, told = _streams()
     public = LogKey(stream="/s", scope=PUBLIC_SCOPE)
     scoped = LogKey(stream="/s", scope="token-1")
-    streams.purge("/s")
+    streams.purge("/s", reason="admin_purge")
     streams.stream_gone(public)
     streams.stream_gone(scoped)
     streams.observe("DELETE", "/s", 204, [], [], started=streams.ticket())
@@ -222,6 +228,13 @@ async def test_every_cause_of_forgetting_is_told_once_through_one_place() -> Non
             instance=instance, started=streams.ticket(),
         )  # fmt: skip
     assert told.keys == [public, public, scoped, public, public, public, public]
+    # Each says why (a webhook's reason), and that this process is the one to tell downstream.
+    assert [f.reason for f in told.forgettings] == [
+        "admin_purge", "gone", "gone", "deleted", "created", "gone", "new_instance",
+    ]  # fmt: skip
+    assert all(f.tells_downstream for f in told.forgettings)
+    # A 404 for a stream this process held nothing of says so (only the shared tier may know).
+    assert not told.forgettings[1].held_here
     # What every process hears from the shared tier itself is not told.
     streams.purged_elsewhere("/s", "another-generation")
     streams.resync()
@@ -231,8 +244,8 @@ async def test_every_cause_of_forgetting_is_told_once_through_one_place() -> Non
 async def test_settled_waits_for_the_tellings_of_its_stream_only() -> None:
     streams, told = _streams()
     await streams.settled("/s")  # nothing under way: at once
-    streams.purge("/s")
-    streams.purge("/other")
+    streams.purge("/s", reason="admin_purge")
+    streams.purge("/other", reason="admin_purge")
     waiting = asyncio.ensure_future(streams.settled("/s"))
     await asyncio.sleep(0)
     assert not waiting.done()
@@ -244,9 +257,20 @@ async def test_settled_waits_for_the_tellings_of_its_stream_only() -> None:
     await asyncio.wait_for(streams.settled("/s"), 1)  # done tellings are not kept
 
 
+async def test_what_is_done_at_the_supervisors_request_is_told_downstream_only_if_named() -> None:
+    streams, told = _streams()
+    with at_supervisors_request():
+        streams.purge("/s", reason="admin_purge")
+        streams.observe("DELETE", "/s", 204, [], [], started=streams.ticket())
+    with at_supervisors_request(tells_downstream=True):  # the one worker the supervisor names
+        streams.purge("/s", reason="admin_purge")
+    streams.purge("/s", reason="admin_purge")
+    assert [f.tells_downstream for f in told.forgettings] == [False, False, True, True]
+
+
 def test_a_forgot_message_round_trips_and_anything_else_is_not_one() -> None:
     key = LogKey(stream="/v1/stream/a b", scope="token-1")
-    assert decode_forgot(json.loads(encode_forgot(key))) == key
+    assert decode_forgot(json.loads(encode_forgot(key, held=True))) == key
     assert decode_forgot({"method": "GET", "stream": "/x"}) is None  # an observation
     assert decode_forgot([1]) is None
     with pytest.raises(ValueError, match="names a stream"):
@@ -306,14 +330,14 @@ async def test_siblings_tell_through_their_transport_and_never_echo() -> None:
 
     # A DELETE relayed by worker 0: its own purge is covered by the replay, told once.
     await workers[0].observe("DELETE", "/s", 204, [], [], caches[0].streams.ticket())
-    assert sent == [(0, encode_observation("DELETE", "/s", 204, [], []))]
+    assert sent == [(0, encode_observation("DELETE", "/s", 204, [], [], held=True))]
     assert all(not cache.local.current(old) for cache, old in zip(caches, held, strict=True))
 
     # A forgetting worker 1 decides (a 404 to a credentialed fill) is told as such.
     scoped = LogKey(stream="/s", scope="token-1")
     caches[1].streams.stream_gone(scoped)
     await caches[1].streams.settled("/s")
-    assert sent[1:] == [(1, encode_forgot(scoped))]
+    assert sent[1:] == [(1, encode_forgot(scoped, held=True))]
 
     # What the supervisor asks of every worker itself (a purge) is not told.
     with at_supervisors_request():
@@ -328,5 +352,69 @@ async def test_siblings_tell_through_their_transport_and_never_echo() -> None:
     before = cache.local.instance_for("/t")
     await alone.observe("PUT", "/t", 201, [], [], cache.streams.ticket())
     assert not cache.local.current(before)
-    assert alone.forgot(LogKey(stream="/t", scope="token-1")) is None
+    assert alone.forgot(Forgetting(key=LogKey(stream="/t", scope="token-1"), reason="gone")) is None
     assert len(sent) == 2
+
+
+class Recorded:
+    """A teller that records each forgetting and gives nothing to wait for (as the CDN's)."""
+
+    def __init__(self) -> None:
+        self.forgettings: list[Forgetting] = []
+
+    def __call__(self, forgetting: Forgetting) -> None:
+        self.forgettings.append(forgetting)
+
+
+def _two_workers() -> tuple[list[CatchupCache], list[Siblings], list[Recorded]]:
+    """Two workers told of each other through an in-process supervisor, each with a teller that
+    records what it forgets."""
+    caches = [CatchupCache(BASE, OriginClient(BASE), Metrics()) for _ in range(2)]
+    workers: list[Siblings] = []
+    tolds = [Recorded(), Recorded()]
+
+    def transport(index: int) -> Transport:
+        async def tell(body: bytes) -> None:
+            await asyncio.create_task(workers[1 - index].apply(body), context=contextvars.Context())
+
+        return tell
+
+    for index, cache in enumerate(caches):
+        siblings = Siblings(cache, cache.observe, transport(index))
+        cache.streams.on_forget.append(siblings.forgot)
+        cache.streams.on_forget.append(tolds[index])
+        workers.append(siblings)
+    return caches, workers, tolds
+
+
+async def test_a_404_on_a_worker_that_held_nothing_is_told_downstream_by_those_that_held() -> None:
+    caches, workers, tolds = _two_workers()
+    public = LogKey(stream="/s", scope=PUBLIC_SCOPE)
+    caches[1].local.log_for(public)  # worker 1 served the stream; worker 0 never did
+    caches[0].streams.stream_gone(public)
+    await caches[0].streams.settled("/s")
+    (decided,) = tolds[0].forgettings
+    (replayed,) = tolds[1].forgettings
+    assert (decided.held_here, replayed.held_here) == (False, True)
+    assert replayed.tells_downstream  # the one that may have served it downstream purges it
+    # Neither held it (a scanner's path): the sibling does not tell; the decider alone may,
+    # only if the shared tier says some replica held it (edge.cdn.purger).
+    caches[0].streams.stream_gone(LogKey(stream="/scanned", scope=PUBLIC_SCOPE))
+    await caches[0].streams.settled("/scanned")
+    assert not tolds[1].forgettings[-1].tells_downstream
+    assert tolds[0].forgettings[-1].tells_downstream
+    # A write's forgetting is its relaying worker's to tell, whoever held the stream.
+    await workers[0].observe("DELETE", "/s", 204, [], [], caches[0].streams.ticket())
+    assert tolds[0].forgettings[-1].reason == "deleted"
+    assert tolds[0].forgettings[-1].tells_downstream
+    assert tolds[1].forgettings[-1].reason == "deleted"
+    assert not tolds[1].forgettings[-1].tells_downstream
+
+
+async def test_a_404_after_a_known_lifetime_ended_is_an_expiry() -> None:
+    streams, told = _streams()  # its clock says 1000
+    instance = streams.local.instance_for("/s")
+    instance.learn_lifetime(10.0, None)
+    instance.touched_origin(900.0)
+    streams.stream_gone(LogKey(stream="/s", scope=PUBLIC_SCOPE))
+    assert told.forgettings[-1].reason == "expired"
