@@ -38,11 +38,13 @@ $(STAMPS)/origin: $(ORIGIN_DIR)/package.json $(ORIGIN_DIR)/package-lock.json
 	cd $(ORIGIN_DIR) && npm ci --no-audit --no-fund --loglevel=error
 	@touch $@
 
-# Debian's redis-server, haproxy, prometheus (promtool), nginx and wrk (benchmarks) for the tests and `make cluster`,
+# Debian's redis-server (with redis-cli, which makes the tests' Redis Cluster), redis-sentinel,
+# haproxy, prometheus (promtool), nginx and wrk (benchmarks) for the tests and `make cluster`,
 # chromium for the browser tests (Playwright drives it; it downloads no browser of its own), and
 # varnish with varnish-modules for the CDN tests (the shipped VCL needs vmod xkey, a library with
 # no command: looked for as its .so); installed only when missing.
-DEBIAN_TOOLS := redis-server:redis-server haproxy:haproxy promtool:prometheus nginx:nginx wrk:wrk
+DEBIAN_TOOLS := redis-server:redis-server redis-cli:redis-tools redis-sentinel:redis-sentinel
+DEBIAN_TOOLS += haproxy:haproxy promtool:prometheus nginx:nginx wrk:wrk
 DEBIAN_TOOLS += chromium:chromium varnishd:varnish
 XKEY_VMOD := libvmod_xkey.so
 debian-tools:

@@ -1,9 +1,13 @@
 """``make cluster``: the deployment topology on loopback, without Docker.
 
-The reference origin (with a data dir), Debian's redis-server, N edge replicas sharing Redis,
+The reference origin (with a data dir), Debian's redis-server (one, or with ``redis_mode=
+"cluster"`` a six-node Redis Cluster, ``devstack.redis_sets``), N edge replicas sharing it,
 and Debian's HAProxy in front, health-checking each replica's ``/readyz`` on its admin port and
-spreading viewers with ``leastconn``. ``make loadtest`` and the multi-replica tests use it;
-``python -m devstack.cluster`` prints the URLs and keeps it up until Ctrl-C.
+routing each stream to one replica the way ``deploy/haproxy/haproxy.cfg`` does (its
+``balance``/``hash-type``/``hash-balance-factor`` lines are read from that file, so both
+route alike; ``routing`` overrides them for a comparison). ``make loadtest`` and the
+multi-replica tests use it; ``python -m devstack.cluster`` prints the URLs and keeps it up
+until Ctrl-C.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from devstack.processes import (
     start_origin,
     start_redis,
 )
+from devstack.redis_sets import RedisClusterSet, start_redis_cluster
 
 HAPROXY_TEMPLATE = """\
 # Written by devstack/cluster.py for a loopback cluster; deploy/haproxy/haproxy.cfg is the
@@ -45,6 +50,8 @@ defaults
     option redispatch
     retries 3
     timeout connect 2s
+    # A replica that is slow on a busy machine is not a dead one (a dead one refuses at once).
+    timeout check 2s
     timeout client 300s
     timeout server 300s
     timeout tunnel 300s
@@ -53,19 +60,43 @@ defaults
 frontend streams
     bind 127.0.0.1:{port}
     default_backend edges
+    # Which replica answered (tests place streams by it); not in the deployed config.
+    http-response set-header X-Edge-Replica %[srv_name]
 
 backend edges
-    balance leastconn
+{routing}
     option httpchk GET /readyz
     http-check expect status 200
 {servers}
 """
 
 
+DEPLOYED_HAPROXY = Path(__file__).resolve().parent.parent / "deploy" / "haproxy" / "haproxy.cfg"
+ROUTING_DIRECTIVES = ("balance", "hash-type", "hash-balance-factor")
+
+
+def deployed_routing() -> tuple[str, ...]:
+    """The routing lines of ``deploy/haproxy/haproxy.cfg``'s ``edges`` backend, and the server
+    weight its ``default-server`` gives (the points each server has on the hash ring)."""
+    lines: list[str] = []
+    in_backend = False
+    for line in DEPLOYED_HAPROXY.read_text().splitlines():
+        words = line.split("#", 1)[0].split()
+        if line and not line[0].isspace():
+            in_backend = words[:2] == ["backend", "edges"]
+        elif in_backend and words and words[0] in ROUTING_DIRECTIVES:
+            lines.append(" ".join(words))
+        elif in_backend and words[:1] == ["default-server"] and "weight" in words:
+            lines.append(f"default-server weight {words[words.index('weight') + 1]}")
+    if not lines or not lines[0].startswith("balance "):
+        raise ProcessFailed(f"no balance line in {DEPLOYED_HAPROXY}'s backend edges")
+    return tuple(lines)
+
+
 @dataclass
 class Cluster:
     origin: Origin
-    redis: Redis
+    redis: Redis | RedisClusterSet
     edges: list[Edge]
     haproxy: subprocess.Popen[bytes]
     url: str
@@ -86,12 +117,19 @@ class Cluster:
         self.redis.stop()
         self.origin.stop()
 
+    @property
+    def redis_args(self) -> tuple[str, ...]:
+        """The ``edge serve`` flags that name this cluster's Redis."""
+        if isinstance(self.redis, RedisClusterSet):
+            return ("--redis-url", self.redis.seeds, "--redis-mode", "cluster")
+        return ("--redis-url", self.redis.url)
+
     def describe(self) -> dict[str, object]:
         return {
             "url": self.url,
             "origin": self.origin.url,
             "origin_stats": self.origin.stats_url,
-            "redis": self.redis.url,
+            "redis": self.redis_args[1],
             "edges": [{"url": e.url, "admin": e.admin_url} for e in self.edges],
             "logs": str(self.logs_dir),
         }
@@ -130,6 +168,8 @@ def start_cluster(
     replicas: int = 2,
     edge_args: tuple[str, ...] = (),
     long_poll_timeout_ms: int = 30_000,
+    routing: tuple[str, ...] | None = None,
+    redis_mode: str = "standalone",
 ) -> Cluster:
     haproxy_bin = shutil.which("haproxy") or "/usr/sbin/haproxy"
     if not Path(haproxy_bin).exists():
@@ -141,11 +181,15 @@ def start_cluster(
         data_dir=logs_dir / "origin-data",
         name="cluster-origin",
     )
-    redis = start_redis(logs_dir, name="cluster-redis")
+    redis: Redis | RedisClusterSet
+    if redis_mode == "cluster":
+        redis = start_redis_cluster(logs_dir / "redis-cluster")
+        shared: tuple[str, ...] = ("--redis-url", redis.seeds, "--redis-mode", "cluster")
+    else:
+        redis = start_redis(logs_dir, name="cluster-redis")
+        shared = ("--redis-url", redis.url)
     edges = [
-        start_edge(
-            origin.url, logs_dir, "--redis-url", redis.url, *edge_args, name=f"cluster-edge-{i + 1}"
-        )
+        start_edge(origin.url, logs_dir, *shared, *edge_args, name=f"cluster-edge-{i + 1}")
         for i in range(replicas)
     ]
     port = _free_port()
@@ -155,7 +199,12 @@ def start_cluster(
         for i, e in enumerate(edges)
     )
     config = logs_dir / "haproxy.cfg"
-    config.write_text(HAPROXY_TEMPLATE.format(port=port, servers=servers))
+    lines = deployed_routing() if routing is None else routing
+    config.write_text(
+        HAPROXY_TEMPLATE.format(
+            port=port, servers=servers, routing="\n".join(f"    {line}" for line in lines)
+        )
+    )
     log = logs_dir / "haproxy.log"
     with log.open("ab") as out:
         haproxy = subprocess.Popen(
@@ -187,9 +236,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="make cluster", description=__doc__)
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--edge-arg", action="append", default=[], help="extra `edge serve` flag")
+    parser.add_argument(
+        "--redis-mode", choices=("standalone", "cluster"), default="standalone",
+        help="one redis-server, or a Redis Cluster of three primaries with a replica each",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     logs = Path(tempfile.mkdtemp(prefix="edge-cluster-"))
-    cluster = start_cluster(logs, replicas=args.replicas, edge_args=tuple(args.edge_arg))
+    cluster = start_cluster(
+        logs, replicas=args.replicas, edge_args=tuple(args.edge_arg), redis_mode=args.redis_mode
+    )
     print(json.dumps(cluster.describe(), indent=2), flush=True)
     print(f"\nstreams through HAProxy: {cluster.url}   (Ctrl-C stops everything)", flush=True)
     stopping = False

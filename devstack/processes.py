@@ -20,6 +20,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -290,18 +291,29 @@ def _answers_ping(port: int) -> bool:
         return False
 
 
-def start_redis(logs_dir: Path, *, port: int | None = None, name: str = "redis") -> Redis:
+def start_redis(
+    logs_dir: Path,
+    *,
+    port: int | None = None,
+    name: str = "redis",
+    extra_args: tuple[str, ...] = (),
+    pick_port: Callable[[], int] = _free_port,
+    config_file: Path | None = None,
+) -> Redis:
     """Debian's redis-server on loopback, persistence off. ``port`` reuses a known port (a
-    restart); otherwise a free one is picked, retrying if another process takes it first."""
+    restart); otherwise ``pick_port`` picks a free one, retrying if another process takes it
+    first. ``extra_args`` are more ``--name value`` settings (cluster mode, replication);
+    ``config_file`` is read first (a sentinel's, which it rewrites)."""
     binary = shutil.which("redis-server")
     if binary is None:
         raise ProcessFailed("redis-server not found (make bootstrap installs it)")
     logs_dir.mkdir(parents=True, exist_ok=True)
     log = logs_dir / f"{name}.log"
     for _ in range(5):
-        chosen = port or _free_port()
+        chosen = port or pick_port()
         argv = [
             binary,
+            *([str(config_file)] if config_file is not None else []),
             "--port",
             str(chosen),
             "--bind",
@@ -312,6 +324,11 @@ def start_redis(logs_dir: Path, *, port: int | None = None, name: str = "redis")
             "no",
             "--protected-mode",
             "no",
+            # Where it writes files (a replica saves what its primary sends as dump.rdb): the
+            # logs, never the directory it was started from (a checkout). extra_args may move it.
+            "--dir",
+            str(logs_dir),
+            *extra_args,
         ]
         with log.open("ab") as out:
             proc = subprocess.Popen(argv, stdout=out, stderr=out, stdin=subprocess.DEVNULL)

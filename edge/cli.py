@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from edge import __version__
-from edge.config import Address, ConfigError, Settings
+from edge.config import REDIS_MODES, Address, ConfigError, Settings
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
@@ -323,7 +323,22 @@ SERVE_OPTIONS = (
         "--redis-url",
         _optional_str,
         "",
-        "Shared cache tier, e.g. redis://127.0.0.1:6379/0; empty disables it.",
+        "Shared cache tier, e.g. redis://127.0.0.1:6379/0; empty disables it. In cluster mode "
+        "one or more seed nodes, in sentinel mode the sentinels (comma-separated).",
+    ),
+    Option(
+        "--redis-mode",
+        _choice(*REDIS_MODES),
+        "standalone",
+        "standalone (one Redis), cluster (a Redis Cluster; --redis-url names seed nodes) or "
+        "sentinel (the primary the sentinels in --redis-url name, see "
+        "--redis-sentinel-service).",
+    ),
+    Option(
+        "--redis-sentinel-service",
+        _optional_str,
+        "",
+        "In sentinel mode: the name the sentinels monitor the primary by.",
     ),
     Option(
         "--redis-ttl",
@@ -554,7 +569,13 @@ TOPICS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "--tail-mode", "--tail-linger",
         ),
     ),
-    ("redis (the shared tier)", ("--redis-url", "--redis-ttl", "--redis-timeout")),
+    (
+        "redis (the shared tier)",
+        (
+            "--redis-url", "--redis-mode", "--redis-sentinel-service", "--redis-ttl",
+            "--redis-timeout",
+        ),
+    ),
     (
         "reader authorization",
         (

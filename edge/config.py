@@ -72,6 +72,31 @@ class Address:
         return f"{host}:{self.port}"
 
 
+# ``--redis-mode``: one server, a Redis Cluster (``--redis-url`` lists seed nodes), or the primary
+# a set of Sentinels names (``--redis-url`` lists the sentinels, ``--redis-sentinel-service``
+# names the primary).
+REDIS_MODES = ("standalone", "cluster", "sentinel")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RedisTarget:
+    """Where the shared tier is: the mode and its URLs (one for standalone; seed nodes for a
+    cluster; sentinels for sentinel mode, with the service they name)."""
+
+    mode: str
+    urls: tuple[str, ...]
+    sentinel_service: str | None = None
+
+    @property
+    def first(self) -> str:
+        return self.urls[0]
+
+
+def redis_urls(text: str) -> tuple[str, ...]:
+    """A comma-separated list of Redis URLs, blanks dropped."""
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
 # ``--cdn-purge`` kinds: an HTTP PURGE by key to the shipped VCL, a POST of the keys to any URL,
 # and the purge-by-key APIs of Fastly (a service id) and Cloudflare (a zone id).
 CDN_PURGE_KINDS = ("varnish", "webhook", "fastly", "cloudflare")
@@ -117,6 +142,8 @@ class Settings:
     tail_mode: str = "auto"  # auto | sse | long-poll
     tail_linger_seconds: float = 5 * SECONDS
     redis_url: str | None = None
+    redis_mode: str = "standalone"
+    redis_sentinel_service: str | None = None
     redis_ttl_seconds: int = 3600
     redis_timeout_seconds: float = 0.25 * SECONDS
     # Request headers that identify a reader: each distinct set of values is its own cache scope,
@@ -219,16 +246,7 @@ class Settings:
         if self.max_segment_bytes > self.cache_bytes:
             # A segment the cache cannot hold would be fetched, dropped and fetched again.
             raise ConfigError("{max_segment_bytes} must not exceed {cache_bytes}")
-        if self.redis_url is not None:
-            if not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
-                raise ConfigError(
-                    "{redis_url} must be redis://, rediss:// or unix://",
-                    f", got {self.redis_url!r}",
-                )
-            try:
-                urlsplit(self.redis_url).port  # noqa: B018 - parsing is the check
-            except ValueError:
-                raise ConfigError("{redis_url} has an invalid port") from None
+        self._check_redis()
         if self.sse_max_seconds != 0 and self.sse_max_seconds < MIN_SSE_SECONDS:
             # The official client falls back to long-poll when SSE connections are short.
             raise ConfigError(
@@ -260,6 +278,49 @@ class Settings:
             )
         self._check_auth()
         self._check_cdn_purge()
+
+    def _check_redis(self) -> None:
+        if self.redis_mode not in REDIS_MODES:
+            raise ConfigError("{redis_mode} must be " + ", ".join(REDIS_MODES))
+        if self.redis_sentinel_service is not None and self.redis_mode != "sentinel":
+            raise ConfigError("{redis_sentinel_service} is for {redis_mode}=sentinel")
+        if self.redis_url is None:
+            if self.redis_mode != "standalone":
+                raise ConfigError("{redis_mode}=" + self.redis_mode + " needs {redis_url}")
+            return
+        urls = redis_urls(self.redis_url)
+        if not urls:
+            raise ConfigError("{redis_url} names no Redis")
+        if self.redis_mode == "standalone" and len(urls) > 1:
+            raise ConfigError(
+                "{redis_url} lists several URLs: that is for {redis_mode} cluster or sentinel"
+            )
+        schemes: tuple[str, ...] = ("redis://", "rediss://", "unix://")
+        if self.redis_mode != "standalone":
+            schemes = ("redis://", "rediss://")  # a cluster or sentinels are reached over TCP
+        for url in urls:
+            if not url.startswith(schemes):
+                raise ConfigError("{redis_url} must be " + " or ".join(schemes), f", got {url!r}")
+            try:
+                parts = urlsplit(url)
+                parts.port  # noqa: B018 - parsing is the check
+            except ValueError:
+                raise ConfigError("{redis_url} has an invalid port") from None
+            if self.redis_mode == "cluster" and parts.path not in ("", "/", "/0"):
+                raise ConfigError("{redis_url}: a cluster has database 0 only", f", got {url!r}")
+        if self.redis_mode == "sentinel" and not self.redis_sentinel_service:
+            raise ConfigError("{redis_mode}=sentinel needs {redis_sentinel_service}")
+
+    @property
+    def redis_target(self) -> RedisTarget | None:
+        """The shared tier's Redis, or None without one."""
+        if self.redis_url is None:
+            return None
+        return RedisTarget(
+            mode=self.redis_mode,
+            urls=redis_urls(self.redis_url),
+            sentinel_service=self.redis_sentinel_service,
+        )
 
     def _check_cdn_purge(self) -> None:
         for name in ("fastly_api_url", "cloudflare_api_url"):

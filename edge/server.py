@@ -220,8 +220,9 @@ async def serve(
         stream_runner, admin_runner = await _start_worker(
             stream_app, admin_app, settings, tracker, cleared
         )
-    if settings.redis_url and worker is None:
-        await check_redis(settings.redis_url)
+    redis_target = settings.redis_target
+    if redis_target is not None and worker is None:
+        await check_redis(redis_target)
     settle_heap()
 
     ready = {

@@ -30,11 +30,10 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-import redis.asyncio as redis
 from aiohttp import web
-from redis.exceptions import RedisError
 
-from edge.config import Address
+from edge.config import Address, RedisTarget
+from edge.store.redis_modes import REDIS_ERRORS, connect
 
 log = logging.getLogger(__name__)
 
@@ -93,36 +92,40 @@ def why(error: OSError, address: Address) -> str:
     return reasons.get(error.errno or 0) or error.strerror or str(error)
 
 
-def _redis_location(url: str) -> str:
+def _redis_location(target: RedisTarget) -> str:
     """Where Redis is, without credentials, for a log line."""
-    parts = urlsplit(url)
-    if parts.scheme == "unix":
-        return parts.path
-    return f"{parts.hostname}:{parts.port or 6379}"
+    places = []
+    for url in target.urls:
+        parts = urlsplit(url)
+        places.append(
+            parts.path if parts.scheme == "unix" else f"{parts.hostname}:{parts.port or 6379}"
+        )
+    where = ",".join(places)
+    if target.mode == "sentinel":
+        return f"the primary {target.sentinel_service!r} of the sentinels at {where}"
+    if target.mode == "cluster":
+        return f"the cluster of seeds {where}"
+    return where
 
 
-async def check_redis(url: str) -> bool:
-    """One PING at start-up, so an unreachable Redis is reported at once rather than noticed by
-    its metrics. Redis is optional at runtime: the edge starts anyway, without the shared tier
-    until it answers."""
-    client = redis.Redis.from_url(
-        url,
-        socket_timeout=REDIS_STARTUP_PING_SECONDS,
-        socket_connect_timeout=REDIS_STARTUP_PING_SECONDS,
-        retry_on_timeout=False,
-    )
+async def check_redis(target: RedisTarget) -> bool:
+    """One PING at start-up (in cluster mode, of every primary; in sentinel mode, of the
+    primary the sentinels name), so an unreachable Redis is reported at once rather than
+    noticed by its metrics. Redis is optional at runtime: the edge starts anyway, without the
+    shared tier until it answers."""
+    link = connect(target, timeout_seconds=REDIS_STARTUP_PING_SECONDS)
     try:
-        await asyncio.wait_for(client.ping(), REDIS_STARTUP_PING_SECONDS * 2)
-    except (RedisError, OSError, TimeoutError) as error:
+        await asyncio.wait_for(link.ping(), REDIS_STARTUP_PING_SECONDS * 2)
+    except REDIS_ERRORS as error:
         log.warning(
             "--redis-url: Redis at %s does not answer (%s); serving without the shared tier "
             "until it does",
-            _redis_location(url),
+            _redis_location(target),
             type(error).__name__,
         )
         return False
     finally:
-        await client.aclose()
+        await link.aclose()
     return True
 
 

@@ -47,6 +47,18 @@ def redacted_url(url: str) -> str:
     return urlunsplit((parts.scheme, f"{user}:***@{host}", parts.path, parts.query, ""))
 
 
+def _redis_line(settings: Settings) -> str:
+    target = settings.redis_target
+    if target is None:
+        return "  redis    off (each replica caches alone; --redis-url shares a tier)"
+    where = ",".join(redacted_url(url) for url in target.urls)
+    if target.mode == "cluster":
+        where = f"a cluster, seeds {where}"
+    elif target.mode == "sentinel":
+        where = f"the primary {target.sentinel_service!r} of the sentinels {where}"
+    return f"  redis    {where} (the shared tier)"
+
+
 def limits_summary(holds: str, settings: Settings) -> str:
     """The limits line: what the stream listener holds and what limits it
     (``edge.web.descriptors.holds_line``), and its timeouts."""
@@ -79,10 +91,7 @@ def startup_lines(
         f"(--tail-freshness); hit path {'on' if settings.fast_path else 'off'}"
     )
     lines.append(cache)
-    if settings.redis_url is None:
-        lines.append("  redis    off (each replica caches alone; --redis-url shares a tier)")
-    else:
-        lines.append(f"  redis    {redacted_url(settings.redis_url)} (the shared tier)")
+    lines.append(_redis_line(settings))
     if settings.auth_mode == "jwt":
         auth = f"jwt: bearer tokens checked against {settings.jwt_jwks}"
     elif settings.auth_mode == "forward":

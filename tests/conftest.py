@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 import pytest
 
-from devstack.processes import Edge, Origin, start_edge, start_origin
+from devstack.processes import Edge, Origin, Redis, start_edge, start_origin, start_redis
+from devstack.redis_sets import (
+    RedisClusterSet,
+    SentinelSet,
+    start_redis_cluster,
+    start_sentinel_set,
+)
 
 # Short enough that long-poll tests finish quickly, long enough to observe a wait.
 ORIGIN_LONG_POLL_MS = 3000
@@ -70,3 +77,62 @@ _counter = iter(range(1_000_000))
 def stream_path(request: pytest.FixtureRequest) -> str:
     """A stream path no other test uses."""
     return f"/v1/stream/{request.node.name.replace('[', '-').replace(']', '')}-{next(_counter)}"
+
+
+# --- Redis in each --redis-mode, shared by the whole session (each takes seconds to form) ---
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_set(logs_dir: Path) -> Iterator[RedisClusterSet]:
+    """Three primaries with a replica each (``redis-cli --cluster create``)."""
+    started = start_redis_cluster(logs_dir / "redis-cluster")
+    yield started
+    started.stop()
+
+
+@pytest.fixture(scope="session")
+def sentinel_set(logs_dir: Path) -> Iterator[SentinelSet]:
+    """A primary, its replica and three sentinels."""
+    started = start_sentinel_set(logs_dir / "redis-sentinel")
+    yield started
+    started.stop()
+
+
+@dataclass(frozen=True)
+class SharedRedis:
+    """A Redis in one ``--redis-mode``, as the edge's flags name it."""
+
+    mode: str
+    url: str
+    service: str | None = None
+
+    @property
+    def edge_args(self) -> tuple[str, ...]:
+        args = ("--redis-url", self.url, "--redis-mode", self.mode)
+        if self.service is not None:
+            args += ("--redis-sentinel-service", self.service)
+        return args
+
+
+@pytest.fixture(scope="session")
+def standalone_redis(logs_dir: Path) -> Iterator[Redis]:
+    started = start_redis(logs_dir, name="standalone-redis")
+    yield started
+    started.stop()
+
+
+REDIS_MODES = ("standalone", "cluster", "sentinel")
+
+
+def shared_redis_in(mode: str, request: pytest.FixtureRequest) -> SharedRedis:
+    """The session's Redis of ``mode`` (started on first use)."""
+    if mode == "cluster":
+        cluster: RedisClusterSet = request.getfixturevalue("redis_cluster_set")
+        cluster.settle()
+        return SharedRedis(mode="cluster", url=cluster.seeds)
+    if mode == "sentinel":
+        sentinels: SentinelSet = request.getfixturevalue("sentinel_set")
+        sentinels.settle()
+        return SharedRedis(mode="sentinel", url=sentinels.urls, service=sentinels.service)
+    standalone: Redis = request.getfixturevalue("standalone_redis")
+    return SharedRedis(mode="standalone", url=standalone.url)

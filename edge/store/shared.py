@@ -6,11 +6,13 @@ Rules this module owns:
   stamped with the stream's **generation**. Where a stream's tail is now is not shared: each
   replica learns that from the origin or its own live tail.
 * **Generations make purges durable.** Each stream has a generation key (absent means ``"0"``).
-  A purge writes a fresh random generation, retried until Redis takes it, and publishes the
-  stream on one channel. A value is served only when its stamp equals the generation read *in
-  the same round trip* (one ``MGET``), so a segment written before a purge, or by a replica that
-  had not heard of it yet, is never served again by anyone, including replicas that were
-  partitioned or started later. The generation key outlives every value it guards.
+  A purge writes a fresh random generation, retried until Redis takes it (in cluster and
+  sentinel mode, until a replica has it too, so a failover keeps it: ``edge.store.redis_modes``),
+  and publishes the stream on one channel. A value is served only when its stamp equals the
+  generation read *in the same round trip* (one ``MGET``), so a segment written before a purge,
+  or by a replica that had not heard of it yet, is never served again by anyone, including
+  replicas that were partitioned or started later. The generation key outlives every value it
+  guards.
 * Every value read is validated (shape, types, offsets, stamp); a bad one is a miss, deleted.
 * Writes happen in the background and never delay a response; when too many are pending (Redis
   slow) new ones are dropped and counted, since the origin still has every byte.
@@ -22,7 +24,13 @@ Rules this module owns:
   and nothing waits on it. While it is not up, a ping every ``PROBE_SECONDS`` (as the breaker
   allows) finds it, so it comes up without waiting for traffic.
 * Keys carry the scope: a credential's segments are never visible to another scope. All keys of
-  a stream share a hash tag, so a stream's keys live in one slot of a cluster.
+  a stream share a hash tag (``{<digest of the path>}``), so a stream's keys live in one slot of
+  a cluster, and every command that names several keys (``MGET``, ``EXISTS``, ``DEL``, the
+  write pipeline) names one stream's: one node, one round trip, in every ``--redis-mode``.
+* The same commands serve every mode; ``edge.store.redis_modes`` owns how Redis is reached.
+  In a cluster, one breaker guards all shards: a shard that fails (its primary died, its
+  replica not yet promoted) degrades the whole tier to local + origin until the probe, which
+  pings every primary, finds them all back.
 """
 
 from __future__ import annotations
@@ -37,16 +45,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import redis.asyncio as redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError, RedisError
-
+from edge.config import RedisTarget
 from edge.log.segment import InvalidSegment, Segment
 from edge.log.stream_log import LogKey
 from edge.metrics import Metrics
 from edge.protocol.offsets import is_offset_token
 from edge.store.breaker import BreakerState, CircuitBreaker
+from edge.store.redis_modes import REDIS_ERRORS, Durability, connect
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +71,7 @@ PURGE_RETRY_GIVE_UP_SECONDS = 3600.0
 MAX_CONTENT_TYPE_CHARS = 256
 PROBE_SECONDS = 1.0
 
-Errors = (RedisError, OSError, TimeoutError)
+Errors = REDIS_ERRORS
 
 
 class BadValue(ValueError):
@@ -189,28 +194,15 @@ def new_generation() -> str:
 class SharedTier:
     def __init__(
         self,
-        url: str,
+        target: RedisTarget,
         metrics: Metrics,
         *,
         ttl_seconds: int,
         timeout_seconds: float,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._client: redis.Redis = redis.Redis.from_url(
-            url,
-            decode_responses=False,
-            socket_timeout=timeout_seconds,
-            socket_connect_timeout=timeout_seconds,
-            retry_on_timeout=False,
-            # A pooled connection that died while Redis was away fails once; one immediate retry
-            # on a fresh connection keeps that from reopening the breaker when Redis is back.
-            retry=Retry(NoBackoff(), retries=1),
-            retry_on_error=[ConnectionError],
-        )
-        # Subscriptions wait for minutes between messages: no read timeout on that connection.
-        self._subscriber: redis.Redis = redis.Redis.from_url(
-            url, decode_responses=False, socket_connect_timeout=timeout_seconds
-        )
+        self._link = connect(target, timeout_seconds=timeout_seconds)
+        self._client = self._link.commands
         self._listener: asyncio.Task[None] | None = None
         self._pending_by_stream: dict[str, set[asyncio.Task[None]]] = {}
         self._metrics = metrics
@@ -248,7 +240,7 @@ class SharedTier:
             return
         try:
             async with asyncio.timeout(self._timeout):
-                await self._client.ping()
+                await self._link.ping()
         except Errors as error:
             self._failed("ping", error)
             return
@@ -269,8 +261,7 @@ class SharedTier:
         for task in [*self._pending, *self._purges.values()]:
             task.cancel()
         await asyncio.gather(*self._pending, *self._purges.values(), return_exceptions=True)
-        await self._client.aclose()
-        await self._subscriber.aclose()
+        await self._link.aclose()
 
     def listen_for_purges(
         self, forget: Callable[[str, str], object], resync: Callable[[], object]
@@ -285,7 +276,7 @@ class SharedTier:
     ) -> None:
         while True:
             try:
-                async with self._subscriber.pubsub() as pubsub:
+                async with self._link.subscriber() as pubsub:
                     await pubsub.subscribe(PURGE_CHANNEL)
                     resync()
                     while True:
@@ -505,7 +496,13 @@ class SharedTier:
                 ):
                     self._note_found(generation, False)
                     return True  # nothing of it anywhere: nothing to forget
-                await self._client.set(generation_key(stream), generation, ex=self._ttl * 2)
+                durability = await self._link.write_generation(
+                    generation_key(stream), generation, self._ttl * 2
+                )
+                if durability is Durability.NOT_YET:
+                    # Redis answers, so the breaker is not told; a failover now could lose it.
+                    self._count("purge", "unreplicated")
+                    return False
                 names = await self._client.smembers(index_key(stream))
                 await self._client.delete(index_key(stream), *names)
                 await self._client.publish(PURGE_CHANNEL, f"{generation} {stream}".encode())

@@ -484,14 +484,15 @@ def create_app(
     cors = OriginCors()
     app[CORS] = cors
     origin.listen_to_answers(cors.remember)
+    redis_target = settings.redis_target
     shared = (
         SharedTier(
-            settings.redis_url,
+            redis_target,
             metrics,
             ttl_seconds=settings.redis_ttl_seconds,
             timeout_seconds=settings.redis_timeout_seconds,
         )
-        if settings.redis_url
+        if redis_target is not None
         else None
     )
     cache = CatchupCache(settings, origin, metrics, shared=shared)

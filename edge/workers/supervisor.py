@@ -308,8 +308,9 @@ async def supervise(settings: Settings) -> int:
         admin_runner, admin_url = await start_admin(supervisor.fleet)
         internal_runner, supervisor.internal = await start_internal(supervisor.fleet)
         try:
-            if settings.redis_url:
-                await check_redis(settings.redis_url)  # once for the edge, not once per worker
+            redis_target = settings.redis_target
+            if redis_target is not None:
+                await check_redis(redis_target)  # once for the edge, not once per worker
             await supervisor.start()
             host = settings.listen.host
             shown = f"[{host}]" if ":" in host else host

@@ -238,7 +238,10 @@ def test_haproxy_checks_readiness_and_allows_long_streams() -> None:
     cfg = HAPROXY_CFG.read_text()
     assert "option httpchk GET /readyz" in cfg
     assert "http-check expect status 200" in cfg
-    assert "balance leastconn" in cfg
+    # One replica per stream (docs/scaling.md): the path picks it, bounded-load consistent hash.
+    assert re.search(r"^\s*balance uri path-only$", cfg, re.MULTILINE)
+    assert re.search(r"^\s*hash-type consistent$", cfg, re.MULTILINE)
+    assert re.search(r"^\s*hash-balance-factor 150$", cfg, re.MULTILINE)
     assert re.search(r"check port 9090 inter 2s fall 2 rise 2", cfg)
     assert re.search(r"^\s*server edge-1 edge-1:8080", cfg, re.MULTILINE)
     assert re.search(r"^\s*server edge-2 edge-2:8080", cfg, re.MULTILINE)

@@ -14,6 +14,8 @@ from multidict import CIMultiDict
 
 from devstack.processes import Edge, Origin, Redis, start_edge, start_redis, workers_under_test
 from edge.protocol.purge_keys import purge_keys
+from tests.conftest import REDIS_MODES, shared_redis_in
+from tests.integration.replicas import start_replicas
 from tests.integration.test_faults import closed_port
 from tests.integration.test_passthrough import call, metric_value
 
@@ -316,23 +318,27 @@ async def test_cache_metrics(http: aiohttp.ClientSession, edge: Edge, stream_pat
 # --- the shared tier ---
 
 
-@pytest.fixture
-def redis_server(logs_dir: Path) -> Iterator[Redis]:
-    started = start_redis(logs_dir)
-    yield started
-    started.stop()
-
-
+@pytest.mark.parametrize("mode", REDIS_MODES)
 async def test_a_replica_serves_what_another_fetched(
     http: aiohttp.ClientSession,
     origin: Origin,
-    redis_server: Redis,
     logs_dir: Path,
     stream_path: str,
+    mode: str,
+    request: pytest.FixtureRequest,
 ) -> None:
-    a = start_edge(origin.url, logs_dir, "--redis-url", redis_server.url, name="edge-a")
-    b = start_edge(origin.url, logs_dir, "--redis-url", redis_server.url, name="edge-b")
+    """In every ``--redis-mode``: what replica A fetched, replica B serves from Redis; a DELETE
+    through A ends it on B (which holds it) and on a replica C started afterwards."""
+    shared = shared_redis_in(mode, request).edge_args
+    a, b = start_replicas(origin.url, logs_dir, [f"edge-a-{mode}", f"edge-b-{mode}"], *shared)
     try:
+        for edge in (a, b):  # its start-up ping may have been too slow: the probe finds it
+            for _ in range(50):
+                _, _, ready = await call(http, "GET", edge.admin_url + "/readyz")
+                if json.loads(ready)["redis"] == "up":
+                    break
+                await asyncio.sleep(0.1)
+            assert json.loads(ready)["redis"] == "up", mode
         await create(http, a.url + stream_path, b"shared ", b"bytes", close=True)
         _, from_a, body = await call(http, "GET", a.url + stream_path + "?offset=-1")
         assert body == b"shared bytes"
@@ -376,7 +382,7 @@ async def test_a_replica_serves_what_another_fetched(
             assert renewed[0] == keys[0]
             assert renewed[1] != keys[1]
         await call(http, "DELETE", a.url + stream_path)
-        c = start_edge(origin.url, logs_dir, "--redis-url", redis_server.url, name="edge-c")
+        c = start_edge(origin.url, logs_dir, *shared, name=f"edge-c-{mode}")
         try:
             assert (await call(http, "GET", c.url + stream_path + "?offset=-1"))[0] == 404
         finally:

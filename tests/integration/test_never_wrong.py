@@ -22,7 +22,7 @@ import pytest
 from yarl import URL
 
 from devstack.processes import Edge, Origin, Redis, start_edge, start_origin, start_redis
-from tests.conftest import ORIGIN_LONG_POLL_MS
+from tests.conftest import ORIGIN_LONG_POLL_MS, REDIS_MODES, shared_redis_in
 from tests.integration.live_support import View, append_all
 from tests.integration.replicas import (
     Answer,
@@ -86,6 +86,24 @@ def redis_cluster(origin: Origin, logs_dir: Path, module_redis: Redis) -> Iterat
         *EDGE_ARGS,
     )
     yield Cluster(edges, module_redis.url)
+    for edge in edges:
+        edge.stop()
+
+
+@pytest.fixture(scope="module")
+def moded_cluster(
+    request: pytest.FixtureRequest, origin: Origin, logs_dir: Path
+) -> Iterator[Cluster]:
+    """``redis_cluster`` in the ``--redis-mode`` it is parametrized with (indirectly): for a
+    cluster or sentinel set, three replicas sharing the session's."""
+    mode: str = request.param
+    if mode == "standalone":
+        yield request.getfixturevalue("redis_cluster")
+        return
+    shared = shared_redis_in(mode, request)
+    names = [f"nw-{mode}-{name}" for name in "abc"]
+    edges = start_replicas(origin.url, logs_dir, names, *shared.edge_args, *EDGE_ARGS)
+    yield Cluster(edges, shared.url)
     for edge in edges:
         edge.stop()
 
@@ -214,18 +232,19 @@ async def test_a_read_past_the_tail_never_poisons_later_reads(
 # --- 2. alias paths are one stream ---
 
 
+@pytest.mark.parametrize("moded_cluster", REDIS_MODES, indirect=True)
 async def test_alias_paths_are_one_stream_for_reads_deletes_and_recreates(
-    http: aiohttp.ClientSession, redis_cluster: Cluster, stream_path: str
+    http: aiohttp.ClientSession, moded_cluster: Cluster, stream_path: str
 ) -> None:
     """``/v1/stream/x``, ``/v1/stream/./x`` and ``/v1/stream/a/../x`` name one stream at the
     origin. A DELETE through an alias ends every spelling on every replica (within the purge's
     propagation); the stream recreated with other content is read as such under every
-    spelling, on every replica, by catch-up, long-poll and SSE."""
-    a = redis_cluster.edges[0]
+    spelling, on every replica, by catch-up, long-poll and SSE. In every ``--redis-mode``."""
+    a = moded_cluster.edges[0]
     head, name = stream_path.rsplit("/", 1)
     spellings = [stream_path, f"{head}/./{name}", f"{head}/a/../{name}"]
     await write(http, a.url + stream_path, [b"first version"], close=True)
-    for edge in redis_cluster:
+    for edge in moded_cluster:
         for path in spellings:
             answer = await fetch(http, "GET", raw(f"{edge.url}{path}?offset=-1"))
             assert (answer.status, answer.body) == (200, b"first version"), (edge.url, path)
@@ -233,7 +252,7 @@ async def test_alias_paths_are_one_stream_for_reads_deletes_and_recreates(
     deleted = await fetch(http, "DELETE", raw(a.url + spellings[2]))
     assert deleted.status == 204
 
-    for edge in redis_cluster:
+    for edge in moded_cluster:
         for path in spellings:
             answer = await until_status(
                 http, raw(f"{edge.url}{path}?offset=-1"), 404, PURGE_PROPAGATION
@@ -243,7 +262,7 @@ async def test_alias_paths_are_one_stream_for_reads_deletes_and_recreates(
 
     second = b"second, longer version"
     await write(http, a.url + stream_path, [second], close=True)
-    for edge in redis_cluster:
+    for edge in moded_cluster:
         for path in spellings:
             base = f"{edge.url}{path}"
             answer = await fetch(http, "GET", raw(f"{base}?offset=-1"))

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from edge.cli import FLAG_OF_SETTING, SERVE_OPTIONS, TOPICS, build_parser, parse_settings
-from edge.config import Address, ConfigError, Settings
+from edge.config import Address, ConfigError, RedisTarget, Settings
 from edge.web.admin import purge_refusal
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,7 +47,9 @@ def test_every_flag_reads_its_env_and_the_flag_wins() -> None:
         "EDGE_MAX_VIEWERS": "7",
         "EDGE_TAIL_MODE": "sse",
         "EDGE_TAIL_LINGER": "2",
-        "EDGE_REDIS_URL": "redis://127.0.0.1:6390/2",
+        "EDGE_REDIS_URL": "redis://127.0.0.1:6390/2, redis://127.0.0.1:6391/2",
+        "EDGE_REDIS_MODE": "sentinel",
+        "EDGE_REDIS_SENTINEL_SERVICE": "edge-primary",
         "EDGE_REDIS_TTL": "60",
         "EDGE_REDIS_TIMEOUT": "0.1",
         "EDGE_SCOPE_HEADERS": "Authorization,X-Tenant",
@@ -98,7 +100,12 @@ def test_every_flag_reads_its_env_and_the_flag_wins() -> None:
     assert settings.max_segment_bytes == 1024 * 1024
     assert settings.tail_freshness_seconds == 0.5
     assert settings.browser_max_age_seconds == 300  # 5m
-    assert settings.redis_url == "redis://127.0.0.1:6390/2"
+    assert settings.redis_url == "redis://127.0.0.1:6390/2, redis://127.0.0.1:6391/2"
+    assert settings.redis_target == RedisTarget(
+        mode="sentinel",
+        urls=("redis://127.0.0.1:6390/2", "redis://127.0.0.1:6391/2"),
+        sentinel_service="edge-primary",
+    )
     assert settings.fast_path is False
     assert settings.redis_ttl_seconds == 60
     assert settings.redis_timeout_seconds == 0.1
@@ -162,7 +169,62 @@ def test_auth_settings_are_checked(args: list[str], message: str) -> None:
 
 
 def test_redis_is_off_unless_asked_for() -> None:
-    assert parse_settings(["serve", "--origin", "http://o"], {}).redis_url is None
+    settings = parse_settings(["serve", "--origin", "http://o"], {})
+    assert settings.redis_url is None
+    assert settings.redis_target is None
+    assert settings.redis_mode == "standalone"
+
+
+def test_cluster_mode_takes_seed_nodes() -> None:
+    settings = parse_settings(
+        [
+            "serve",
+            "--origin",
+            "http://o",
+            "--redis-mode",
+            "cluster",
+            "--redis-url",
+            "redis://10.0.0.1:7000,redis://10.0.0.2:7000,",
+        ],
+        {},
+    )
+    assert settings.redis_target == RedisTarget(
+        mode="cluster", urls=("redis://10.0.0.1:7000", "redis://10.0.0.2:7000")
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--redis-mode", "ring"], "--redis-mode='ring': one of standalone, cluster, sentinel"),
+        (["--redis-mode", "cluster"], "--redis-mode=cluster needs --redis-url"),
+        (
+            ["--redis-url", "redis://a:1,redis://b:1"],
+            "--redis-url lists several URLs: that is for --redis-mode cluster or sentinel",
+        ),
+        (
+            ["--redis-mode", "sentinel", "--redis-url", "redis://s:26379"],
+            "--redis-mode=sentinel needs --redis-sentinel-service",
+        ),
+        (
+            ["--redis-sentinel-service", "p", "--redis-url", "redis://r:1"],
+            "--redis-sentinel-service is for --redis-mode=sentinel",
+        ),
+        (
+            ["--redis-mode", "cluster", "--redis-url", "redis://a:1/3"],
+            "--redis-url: a cluster has database 0 only",
+        ),
+        (
+            ["--redis-mode", "cluster", "--redis-url", "unix:///run/redis.sock"],
+            "--redis-url must be redis:// or rediss://",
+        ),
+        (["--redis-mode", "cluster", "--redis-url", " , "], "--redis-url names no Redis"),
+    ],
+)
+def test_redis_modes_are_checked(args: list[str], message: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        parse_settings(["serve", "--origin", "http://o", *args], {})
+    assert str(raised.value).startswith(message), str(raised.value)
 
 
 @pytest.mark.parametrize(

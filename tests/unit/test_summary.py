@@ -59,6 +59,26 @@ def test_no_secret_is_shown() -> None:
     assert "cdn      purges sent to: fastly; closed ranges kept a year there, 60 s by" in text
 
 
+def test_the_redis_line_names_the_mode_and_shows_no_password() -> None:
+    cluster = replace(
+        BASE,
+        redis_url="redis://:pw1@a:7000,redis://:pw2@b:7000",
+        redis_mode="cluster",
+    )
+    text = "\n".join(lines(cluster))
+    assert "redis    a cluster, seeds redis://:***@a:7000,redis://:***@b:7000" in text
+    assert "pw1" not in text
+    assert "pw2" not in text
+    sentinel = replace(
+        BASE,
+        redis_url="redis://s1:26379,redis://s2:26379",
+        redis_mode="sentinel",
+        redis_sentinel_service="edge-primary",
+    )
+    text = "\n".join(lines(sentinel))
+    assert "the primary 'edge-primary' of the sentinels redis://s1:26379,redis://s2:26379" in text
+
+
 def test_urls_without_a_password_are_unchanged() -> None:
     assert redacted_url("redis://redis:6379/0") == "redis://redis:6379/0"
     assert redacted_url("rediss://:pw@h/1") == "rediss://:***@h/1"
