@@ -2,12 +2,12 @@
 shipped configuration (``deploy/varnish/edge.vcl``, ``deploy/nginx/edge.conf``, only their ports
 rewritten), in front of the real edge and the real origin.
 
-One stack for the module: the edge (``--long-poll-timeout 2`` so herds that time out are cheap,
-``--max-response-bytes 64 KiB`` so capped answers are cheap, ``--cdn-purge varnish=`` the
-Varnish in front of it), Varnish and nginx. What reached the edge is counted by the edge's own
-``/metrics``, what reached the origin by the origin's request counter; a test waits for an
-answer or a count, never for time to pass. Tests run one at a time, so a count's delta is the
-test's own.
+One stack for the module: the edge (one worker, ``--long-poll-timeout 2`` so herds that time
+out are cheap, ``--max-response-bytes 64 KiB`` so capped answers are cheap, ``--cdn-purge
+varnish=`` the Varnish in front of it), Varnish and nginx. What reached the edge is counted by
+the edge's own ``/metrics``, what reached the origin by the origin's request counter; a test
+waits for an answer or a count, never for time to pass. Tests run one at a time, so a count's
+delta is the test's own.
 """
 
 from __future__ import annotations
@@ -60,9 +60,14 @@ CDN_ONLY_HEADERS = ("Surrogate-Control", "Surrogate-Key", "Cache-Tag", "CDN-Cach
 
 @pytest.fixture(scope="module")
 def stack(origin: Origin, logs_dir: Path) -> Iterator[Stack]:
+    # One worker: the tests read what the edge knows (a stream's lifetime, the segments that
+    # make a read capped) before a CDN asks it, which with --workers N holds only in the worker
+    # that read it.
     started = start_stack(
         origin,
         logs_dir,
+        "--workers",
+        "1",
         "--long-poll-timeout",
         str(LONG_POLL_SECONDS),
         "--max-response-bytes",
