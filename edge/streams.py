@@ -521,7 +521,17 @@ class Streams:
             log.info("%s appended to as %s: a new instance", stream, media_type(sent_type))
             self.purge(stream, reason="new_instance")
             instance = self.local.instance_for(stream)
-        if floor is not None and instance.contradicts(floor, closed=False, started=started):
+        # An append of bytes (not a producer's, whose retry of a duplicate is answered with the
+        # tail as it is) must end past the tail the edge knew before it started.
+        appended = (
+            ok
+            and method == "POST"
+            and carries_body(request_headers)
+            and first_value(request_headers, "producer-id") is None
+        )
+        if floor is not None and instance.contradicts(
+            floor, closed=False, started=started, appended=appended
+        ):
             log.info("%s written below the tail it had reached: a new instance", stream)
             self.purge(stream, reason="new_instance")
             instance = self.local.instance_for(stream)

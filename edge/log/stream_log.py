@@ -76,13 +76,20 @@ class StreamInstance:
         if self.high is None or offset > self.high.offset:
             self.high = Mark(offset=offset, received=received)
 
-    def contradicts(self, offset: str, *, closed: bool, started: int) -> bool:
+    def contradicts(
+        self, offset: str, *, closed: bool, started: int, appended: bool = False
+    ) -> bool:
         """Would an answer "tail at ``offset``, closed or not", to a request that started at
-        ``started``, be impossible for this instance?"""
+        ``started``, be impossible for this instance? ``appended``: the request appended bytes
+        (a successful append moves the tail past where it was when the append started)."""
         high, closure = self.high, self.closed_at
         if closed and high is not None and offset < high.offset:
             return True  # a closed stream never grows: it cannot have reached ``high``
-        if high is not None and started > high.received and offset < high.offset:
+        if (
+            high is not None
+            and started > high.received
+            and (offset < high.offset or (appended and offset == high.offset))
+        ):
             return True
         if closure is not None and started > closure.received:
             return not closed or offset != closure.offset

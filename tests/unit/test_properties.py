@@ -1814,3 +1814,30 @@ def test_a_write_through_one_worker_is_read_back_from_the_other(
     assert two_workers.do_read(A, "-1", worker=1).closed
     two_workers.do_delete(A, via_edge=True, worker=0)
     assert two_workers.do_read(A, "-1", worker=1).status == 404
+
+
+def test_an_append_that_does_not_move_the_known_tail_is_another_instance() -> None:
+    """Found by the two-worker machine (its falsifying example, step for step): stream a is read
+    to its tail (30), deleted and recreated at the origin, and written through the edge up to
+    the same offset: an append answered with the tail the edge already knew before it started.
+    No tail went back, so nothing contradicted the old instance, and the edge closed it there
+    and served the old instance's bytes as the closed stream. An append of bytes always moves
+    the tail: one that does not went to another instance."""
+    state = TwoWorkersMachine()
+    state.setup(
+        freshness=1.0, max_response_bytes=4 * MiB, cache_bytes=256 * MiB, cors_by_origin=False
+    )
+    try:
+        state.streams(content_types=(JSON_TYPE, JSON_TYPE), initial=1)
+        state.append(close=False, count=1, path=B, via_edge=False, worker=0)
+        state.poll(path=A, via_edge=False, wait=0, worker=0, writer=0)
+        state.do_racing_read(A, "-1", "recreate-direct", readers=1, on=(0, 0), writer=0)
+        state.poll(path=B, via_edge=False, wait=0, worker=0, writer=0)
+        state.do_racing_read(A, "-1", "append-edge", readers=1, on=(0, 0), writer=0)
+        state.close_stream(path=A, via_edge=False, worker=0)
+        state.close_stream(path=A, via_edge=True, worker=0)
+        state.delete(path=A, via_edge=False, worker=0)
+        state.close_stream(path=A, via_edge=False, worker=0)
+        state.poll(path=A, via_edge=False, wait=0, worker=0, writer=0)
+    finally:
+        state.teardown()
