@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
+
+from devstack.processes import free_port, port_listening
 
 REPO = Path(__file__).resolve().parent.parent
 VCL = REPO / "deploy" / "varnish" / "edge.vcl"
@@ -43,20 +44,6 @@ class CdnFailed(RuntimeError):
 
 class PortTaken(CdnFailed):
     pass
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _listening(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
 
 
 def _port_of(url: str) -> int:
@@ -141,7 +128,7 @@ class Cdn:
 def _await_listening(cdn: Cdn, ready_file: Path | None = None) -> Cdn:
     deadline = time.monotonic() + START_TIMEOUT_SECONDS
     while time.monotonic() < deadline and cdn.proc.poll() is None:
-        if (ready_file is None or ready_file.exists()) and _listening(cdn.port):
+        if (ready_file is None or ready_file.exists()) and port_listening(cdn.port):
             return cdn
         time.sleep(0.05)
     failure = cdn.log_tail()

@@ -16,7 +16,6 @@ import argparse
 import json
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,7 @@ from devstack.processes import (
     Origin,
     ProcessFailed,
     Redis,
+    free_port,
     start_edge,
     start_origin,
     start_redis,
@@ -135,12 +135,6 @@ class Cluster:
         }
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _wait_until_routed(
     url: str, replicas: int, haproxy: subprocess.Popen[bytes], log: Path, seconds: float = 20.0
 ) -> None:
@@ -192,7 +186,7 @@ def start_cluster(
         start_edge(origin.url, logs_dir, *shared, *edge_args, name=f"cluster-edge-{i + 1}")
         for i in range(replicas)
     ]
-    port = _free_port()
+    port = free_port()
     servers = "\n".join(
         f"    server edge-{i + 1} {e.url.removeprefix('http://')} check "
         f"port {e.admin_url.rsplit(':', 1)[1]} inter 500ms fall 2 rise 1"

@@ -16,13 +16,13 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import socket
 import subprocess
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from devstack.engine import Engine, ImageError
+from devstack.processes import free_port
 
 START_TIMEOUT_SECONDS = 30.0
 _names = itertools.count()
@@ -100,12 +100,6 @@ class Container:
             timeout=60,
             check=False,
         )
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _ready_line(output: str) -> dict[str, Any] | None:

@@ -276,10 +276,20 @@ class Redis:
             return self.proc.wait()
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A loopback port free now (the one helper every launcher and test uses)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def port_listening(port: int) -> bool:
+    """Does something accept connections on loopback ``port``?"""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
 
 
 def _answers_ping(port: int) -> bool:
@@ -297,7 +307,7 @@ def start_redis(
     port: int | None = None,
     name: str = "redis",
     extra_args: tuple[str, ...] = (),
-    pick_port: Callable[[], int] = _free_port,
+    pick_port: Callable[[], int] = free_port,
     config_file: Path | None = None,
 ) -> Redis:
     """Debian's redis-server on loopback, persistence off. ``port`` reuses a known port (a

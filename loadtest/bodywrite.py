@@ -29,6 +29,7 @@ import subprocess
 import sys
 import time
 
+from devstack.processes import free_port
 from loadtest import wrk
 from loadtest.benchkit import pinned, plan_cores
 
@@ -86,12 +87,6 @@ def serve(mode: str, port: int, size: int) -> None:  # pragma: no cover - a chil
         await asyncio.Event().wait()
 
     uvloop.run(main())
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def wait_listening(port: int) -> None:

@@ -28,13 +28,14 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
+
+from devstack.processes import free_port, port_listening
 
 NGINX_CANDIDATES = ("nginx", "/usr/sbin/nginx")
 
@@ -121,20 +122,6 @@ class Nginx:
         shutil.rmtree(self.prefix, ignore_errors=True)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _listening(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
-
-
 FORCED = "proxy_cache_valid 200 304 1h;"
 MICRO = "proxy_cache_valid 200 1s;\n            proxy_cache_use_stale updating;"
 
@@ -149,7 +136,7 @@ def start_nginx(origin_url: str, *, micro: bool = False) -> Nginx:
     user = "user root root;" if os.geteuid() == 0 else ""
     for _ in range(5):
         prefix = Path(tempfile.mkdtemp(prefix="edge-bench-nginx-"))
-        port = _free_port()
+        port = free_port()
         conf = prefix / "nginx.conf"
         validity = MICRO if micro else FORCED
         conf.write_text(
@@ -162,7 +149,7 @@ def start_nginx(origin_url: str, *, micro: bool = False) -> Nginx:
         )
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and proc.poll() is None:
-            if (prefix / "nginx.pid").exists() and _listening(port):
+            if (prefix / "nginx.pid").exists() and port_listening(port):
                 return Nginx(proc=proc, prefix=prefix, port=port)
             time.sleep(0.05)
         failure = log.read_text(errors="replace")[-2000:] if log.exists() else ""

@@ -8,7 +8,6 @@ import asyncio
 import json
 import re
 import shutil
-import socket
 import subprocess
 import time
 import urllib.error
@@ -21,7 +20,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import pytest
 
-from devstack.processes import Edge
+from devstack.processes import Edge, free_port
 from edge.protocol.sse import SseDecoder
 
 REPO = Path(__file__).resolve().parents[2]
@@ -52,12 +51,6 @@ def _tool(name: str) -> str:
         # Not a skip: without the tool these files would go unchecked and nobody would notice.
         pytest.fail(f"{name} not found on PATH: install Debian's `prometheus` package")
     return path
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def exported_names(metrics_text: str) -> set[str]:
@@ -262,7 +255,7 @@ def prometheus(edge: Edge, tmp_path: Path) -> Iterator[str]:
     log = tmp_path / "prometheus.log"
     # A free port can be taken between the probe and Prometheus binding it: try again then.
     for _ in range(3):
-        url = f"http://127.0.0.1:{_free_port()}"
+        url = f"http://127.0.0.1:{free_port()}"
         argv = [
             binary,
             f"--config.file={config}",

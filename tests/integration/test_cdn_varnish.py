@@ -16,7 +16,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from devstack.processes import Edge, Origin, start_edge
+from devstack.processes import Edge, Origin, free_port, start_edge
 from edge.protocol.purge_keys import stream_key
 from tests.cdn_stand_ins import eventually
 from tests.integration.test_passthrough import call, metric_value
@@ -77,12 +77,6 @@ class Varnish:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def start_varnish(port: int, edge_port: int, workdir: Path) -> Varnish:

@@ -14,7 +14,7 @@ from aiohttp import web
 from aiohttp.test_utils import BaseTestServer, TestServer
 from multidict import CIMultiDict
 
-from devstack.processes import Edge, Origin, start_edge, workers_under_test
+from devstack.processes import Edge, Origin, free_port, start_edge, workers_under_test
 from edge.config import Address, Settings
 from edge.metrics import Metrics
 from edge.origin import (
@@ -163,12 +163,6 @@ async def closed_stream(http: aiohttp.ClientSession, url: str, body: bytes) -> N
         headers={"Content-Type": "text/plain", "Stream-Closed": "true"},
     )
     assert status == 201
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 # --- request targets ---
