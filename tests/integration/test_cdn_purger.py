@@ -319,9 +319,15 @@ async def test_a_purge_durable_only_after_redis_came_back_is_sent_once_more_afte
     durable the CDN is purged once more, a window after that."""
     redis_server = start_redis(logs_dir, name="redis-cdn-away")
     settings = replace(settings_for(stand_ins), redis_url=redis_server.url)
+    target = settings.redis_target
+    assert target is not None
     metrics = Metrics()
-    shared = SharedTier(redis_server.url, metrics, ttl_seconds=60, timeout_seconds=0.25)
-    await shared.start()
+    shared = SharedTier(target, metrics, ttl_seconds=60, timeout_seconds=0.25)
+    try:
+        await shared.start()
+    except BaseException:
+        redis_server.stop()  # never leave a server running behind a failed set-up
+        raise
     streams = Streams(settings, LocalTier(1 << 20), OriginClient(settings), metrics, shared=shared)
     purger = CdnPurger(settings, streams, metrics)
     streams.on_forget.append(purger.forgot)
