@@ -108,7 +108,9 @@ class Reuse:
     @property
     def cache_control(self) -> str:
         if self.no_store:
-            return "no-store"
+            # A credential's answer says private too: a cache that reads only "private" (nginx's
+            # long-poll location) must not share it.
+            return "no-store" if self.shared else "private, no-store"
         visibility = "public" if self.shared else "private"
         control = f"{visibility}, {self.browser.directives}"
         return control + ", immutable" if self.immutable else control

@@ -119,7 +119,8 @@ def purge_target(request: web.Request, settings: Settings) -> str | web.Response
         headers = {"WWW-Authenticate": "Bearer"} if refusal.status == 401 else None
         return EdgeResponse(status=refusal.status, text=refusal.reason + "\n", headers=headers)
     path = request.query.get("path", "")
-    if not path.startswith("/"):
+    if not path.startswith("/") or path.startswith("//"):
+        # "//x" would parse as a host name and purge "/": refuse it, as the origin cannot name it.
         return EdgeResponse(status=400, text="purge needs ?path=/the/stream/path\n")
     try:
         return normalise_path(path)

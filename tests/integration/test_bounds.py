@@ -585,6 +585,12 @@ async def test_purge_needs_the_token_when_one_is_set(
         async with http.post(url, headers={"Authorization": "Bearer s3cret"}) as response:
             assert response.status == 200
             assert (await response.json())["purged"] == "/v1/stream/x"
+        # "//x" would parse as a host and purge "/" while saying it worked: refused.
+        async with http.post(
+            edge.admin_url + "/purge?path=//v1/stream/x",
+            headers={"Authorization": "Bearer s3cret"},
+        ) as response:
+            assert response.status == 400
     finally:
         edge.stop()
 

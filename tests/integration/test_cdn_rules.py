@@ -75,6 +75,7 @@ class ScriptedBackend(BaseHTTPRequestHandler):
         status, headers = SCRIPT.get(self.path.split("?")[0], (200, []))
         body = b"" if status == 204 or self.command == "HEAD" else b"scripted"
         self.send_response(status)
+        self.send_header("X-Seen-Accept-Encoding", self.headers.get("Accept-Encoding", "-"))
         for name, value in headers:
             self.send_header(name, value)
         if status != 204:
@@ -269,3 +270,25 @@ def test_cdn_only_headers_never_reach_clients_and_the_cdn_says_what_it_did(
     members = [m.strip() for line in hit.all("Cache-Status") for m in line.split(",")]
     assert members[0] == "edge; hit"
     assert members[-1].startswith(f"{cdn}; hit")
+
+
+@pytest.mark.parametrize(
+    ("cdn", "sent", "asked"),
+    [
+        ("nginx", "gzip;q=0", "-"),
+        ("nginx", "br, gzip; q=0.0", "-"),
+        ("nginx", "identity", "-"),
+        ("nginx", "gzip, deflate, br", "gzip"),
+        ("nginx", "gzip;q=0.5", "gzip"),
+        ("varnish", "gzip;q=0", "-"),
+        ("varnish", "gzip, deflate, br", "gzip"),
+    ],
+)
+def test_gzip_is_asked_for_only_for_clients_that_accept_it(
+    rig: Rig, cdn: str, sent: str, asked: str
+) -> None:
+    """Found by an outside attack: nginx's map matched "gzip" in "gzip;q=0" and asked the edge
+    for gzip, so a client that refused gzip got it."""
+    got = get(rig.cdn(cdn).url + f"/cc-60?n={next(_serial)}", headers={"Accept-Encoding": sent})
+    assert got.status == 200
+    assert got.all("x-seen-accept-encoding") == [asked]

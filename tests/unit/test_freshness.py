@@ -71,7 +71,7 @@ def test_the_documented_defaults() -> None:
         "CDN-Cache-Control": f"max-age={LONG_POLL_CDN_SECONDS}",
         "Surrogate-Control": f"max-age={LONG_POLL_CDN_SECONDS}",
     }
-    assert headers_of(long_poll_empty_reuse(shared=False)) == {"Cache-Control": "no-store"}
+    assert headers_of(long_poll_empty_reuse(shared=False)) == {"Cache-Control": "private, no-store"}
     browser_year = Tiers(freshness_seconds=1, browser_max_age_seconds=YEAR)
     assert headers_of(reuse(scope=PUBLIC_SCOPE, immutable=True, tiers=browser_year))[
         "Cache-Control"
@@ -185,3 +185,10 @@ def test_age_is_whole_seconds_and_never_negative(observed_at: float, now: float)
         assert age <= now - observed_at < age + 1 or age == YEAR
     live = TailFact(offset=END, closed=False, authoritative=True, observed_at=observed_at)
     assert tail_age_seconds(live, now) == 0
+
+
+def test_a_credentials_long_poll_204_is_private_as_well_as_no_store() -> None:
+    """Found by an outside attack: nginx's long-poll location refuses only "private", and a
+    credential's 204 said plain "no-store", so nginx shared it with anonymous readers."""
+    assert long_poll_empty_reuse(shared=False).cache_control == "private, no-store"
+    assert long_poll_empty_reuse(shared=True).cache_control == "no-store"

@@ -364,7 +364,7 @@ def test_nothing_new_is_a_204_at_the_offset_no_browser_keeps(closed: bool, scope
         ("Stream-Next-Offset", offset),
         ("Stream-Up-To-Date", "true"),
         last,
-        ("Cache-Control", "no-store"),
+        ("Cache-Control", "no-store" if scope == PUBLIC_SCOPE else "private, no-store"),
         *(
             [("CDN-Cache-Control", cdn), ("Surrogate-Control", cdn)]
             if scope == PUBLIC_SCOPE
