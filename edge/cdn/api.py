@@ -84,26 +84,16 @@ class Target:
 def targets(settings: Settings) -> tuple[Target, ...]:
     """The targets ``settings`` names, in order (``Settings`` checked each, and that the
     tokens their kinds need are there)."""
+    # The kinds that call an API: its base URL and token.
+    apis = {
+        "fastly": (settings.fastly_api_url, settings.fastly_token or ""),
+        "cloudflare": (settings.cloudflare_api_url, settings.cloudflare_token or ""),
+    }
     found: list[Target] = []
     for kind, target in settings.cdn_purge:
-        if kind == "fastly":
-            found.append(
-                Target(
-                    kind=kind,
-                    target=target,
-                    api_url=settings.fastly_api_url,
-                    token=settings.fastly_token or "",
-                )
-            )
-        elif kind == "cloudflare":
-            found.append(
-                Target(
-                    kind=kind,
-                    target=target,
-                    api_url=settings.cloudflare_api_url,
-                    token=settings.cloudflare_token or "",
-                )
-            )
+        if kind in apis:
+            api_url, token = apis[kind]
+            found.append(Target(kind=kind, target=target, api_url=api_url, token=token))
         else:
             found.append(Target(kind=kind, target=target))
     return tuple(found)
