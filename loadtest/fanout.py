@@ -31,6 +31,7 @@ import aiohttp
 
 from devstack.processes import REPO, new_logs_dir, start_edge, start_origin
 from edge.protocol.sse import SseDecoder
+from loadtest.benchkit import Cores, pinned, plan_cores
 
 SAMPLED_PER_WORKER = 100
 CONNECT_BATCH = 250
@@ -236,22 +237,28 @@ def run_case(
     logs: Path,
     edge_workers: int = 1,
     max_connections: int = 0,
+    cores: Cores | None = None,
 ) -> dict[str, Any]:
-    origin = start_origin(logs, name=f"origin-{target}-{viewers}")
+    cores = cores or plan_cores(pin=False)
+    with pinned(cores.server):
+        origin = start_origin(logs, name=f"origin-{target}-{viewers}")
     # 0: the edge's own default, derived from its open-file limit (edge.web.descriptors).
     cap = ["--max-connections", str(max_connections)] if max_connections else []
-    edge = (
-        start_edge(
-            origin.url,
-            logs,
-            *cap,
-            "--workers",
-            str(edge_workers),
-            name=f"edge-{target}-{viewers}",
+    # One worker is pinned beside the origin (which does almost nothing here: one tail); more
+    # workers take every core.
+    with pinned(cores.server if edge_workers == 1 else cores.every):
+        edge = (
+            start_edge(
+                origin.url,
+                logs,
+                *cap,
+                "--workers",
+                str(edge_workers),
+                name=f"edge-{target}-{viewers}",
+            )
+            if target == "edge"
+            else None
         )
-        if target == "edge"
-        else None
-    )
     try:
         base = edge.url if edge else origin.url
         host, port = base.removeprefix("http://").split(":")
@@ -272,8 +279,9 @@ def run_case(
             )
             for n in per_worker
         ]
-        for proc in procs:
-            proc.start()
+        with pinned(cores.load):
+            for proc in procs:
+                proc.start()
         for _ in procs:
             ready.get(timeout=120)
         time.sleep(1.0)  # the last viewers' first frames
@@ -371,8 +379,17 @@ def main() -> int:
         help="the edge's --max-connections (the whole edge's, shared by its workers); 0, the "
         "default, passes none: the edge derives it from its open-file limit",
     )
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="the origin and a one-worker edge on the first core, the viewers and the agent on "
+        "the others: what one core of edge carries",
+    )
     parser.add_argument("--output", type=Path, default=REPO / "docs" / "benchmarks.md")
     args = parser.parse_args()
+    cores = plan_cores(args.pin)
+    if args.pin:
+        os.sched_setaffinity(0, cores.load)  # the agent, in this process
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     logs = new_logs_dir("edge-fanout-")
@@ -382,23 +399,26 @@ def main() -> int:
             for edge_workers in args.edge_workers if target == "edge" else [0]:
                 row = run_case(
                     target, viewers, args.seconds, args.rate, args.workers, logs, edge_workers,
-                    args.max_connections,
+                    args.max_connections, cores,
                 )  # fmt: skip
                 row["edge_workers"] = edge_workers
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     rendered = table(rows)
     print(rendered)
+    # A pinned run is its own section: the per-core figures the capacity plan reads.
+    heading = "## Fan-out on one pinned core" if args.pin else "## Fan-out ("
     section = (
-        f"## Fan-out ({time.strftime('%Y-%m-%d')})\n\n"
+        f"{heading.rstrip(' (')} ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})\n\n"
         f"`{' '.join(['python -m loadtest.fanout', *sys.argv[1:]])}` — an agent appends "
         f"{args.rate:g} JSON events/s for {args.seconds:g} s; viewers join at `offset=now` "
         f"over SSE "
         f"from {args.workers} worker processes on the same 2-core machine; latency is append "
         f"(agent clock) → decoded at a sampled viewer ({SAMPLED_PER_WORKER} per worker).\n\n"
+        f"{'Pinned: ' + cores.describe(cores.server) + '. ' if args.pin else ''}"
         f"{rendered}\n\n"
     )
-    write_section(args.output, "## Fan-out", section)
+    write_section(args.output, heading, section)
     return 0
 
 

@@ -1,20 +1,23 @@
-"""The scaled run (issue 19, item 4; a skeleton until the capacity plan's figures exist).
+"""The scaled run that checks the capacity plan (issue 19, item 4).
 
-    python -m loadtest.fleet --streams 300 --viewers 5 --hot 3000 --seconds 30
+    python -m loadtest.fleet                     # 300 streams x 5 viewers, then 3,000 of one
+    python -m loadtest.fleet --streams 30 --hot 300 --seconds 20   # a quicker look
 
 Starts the loopback fleet (``devstack.cluster``: the origin, a Redis Cluster of three primaries
 with a replica each, ``--replicas`` edges, HAProxy routed as ``deploy/haproxy/haproxy.cfg``) and
 runs, each on a fleet of its own: (i) ``--streams`` live streams with ``--viewers`` SSE viewers
 each, an agent appending ``--rate`` stamped items per second to every stream; (ii) one hot
-stream with ``--hot`` viewers. Halfway through each, one replica is killed (SIGKILL); its
-viewers resume through HAProxy from their last offset. Prints, per scenario: origin live
-connections (peak and at the end), origin reads (GETs: tails, fills) per stream per second (the
-agents' appends pass through and are not counted), viewers per replica before the kill,
-p50/p99 delivery (append to viewer), and how many viewers got every item exactly once, beside
-the capacity plan's prediction (``docs/scaling.md``; ``-`` until the plan gives one).
+stream with ``--hot`` viewers. Halfway through each, the replica serving the most viewers is
+killed (SIGKILL); its viewers resume through HAProxy from their last event id, as
+``EventSource`` does. Prints, per scenario, beside what ``loadtest.capacity`` (the plan's
+formulas, docs/scaling.md) predicts: origin live connections (before the kill, after it, and
+the peak), origin reads (GETs: tails and fills; the agents' appends pass through and are not
+counted) per stream per second, viewers per replica before and after the kill, p50/p99 delivery
+(append to viewer, before the kill and overall), the edges' CPU, and how many viewers got
+every item exactly once. Writes the table to docs/benchmarks.md.
 
-A viewer here is a coroutine on this machine's cores, shared with the fleet: at thousands of
-viewers the figures are the load generator's as much as the edge's.
+The viewers run in ``--clients`` processes of their own on this machine's cores, shared with
+the fleet: at thousands of viewers the latencies are the load generator's as much as the edge's.
 """
 
 from __future__ import annotations
@@ -22,34 +25,45 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
+import os
 import signal
 import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
 from devstack.cluster import Cluster, start_cluster
 from edge.protocol.sse import SseDecoder
+from loadtest.capacity import MEASURED, FleetPrediction, fleet_prediction
+from loadtest.fanout import proc_cpu_seconds, write_section
 
 JSON = {"Content-Type": "application/json"}
+REPO = Path(__file__).resolve().parent.parent
+CONNECT_BATCH = 200
 
 
 @dataclass
 class Viewer:
-    """What one viewer of a stream got: item numbers in order, delivery latencies."""
+    """What one viewer of a stream got: item numbers in order, and per item when it arrived
+    and how long after its append."""
 
     numbers: list[int] = field(default_factory=list)
+    arrivals: list[float] = field(default_factory=list)
     latencies: list[float] = field(default_factory=list)
+    connected: bool = False
     closed: bool = False
+    resumes: int = 0
 
 
 async def view(http: aiohttp.ClientSession, url: str, viewer: Viewer) -> None:
     """Read by SSE until the stream closes, resuming from the last event id after any break
-    (a killed replica, a rotation), as the official clients do."""
+    (a killed replica, a rotation), as ``EventSource`` and the official clients do."""
     last: str | None = None
     while not viewer.closed:
         headers = {"Last-Event-ID": last} if last else {}
@@ -57,6 +71,11 @@ async def view(http: aiohttp.ClientSession, url: str, viewer: Viewer) -> None:
         pending: list[str] = []
         try:
             async with http.get(f"{url}?offset=-1&live=sse", headers=headers) as response:
+                if response.status != 200:
+                    raise aiohttp.ClientResponseError(
+                        response.request_info, (), status=response.status
+                    )
+                viewer.connected = True
                 async for chunk in response.content.iter_any():
                     for event in decoder.feed(chunk):
                         if event.event == "data":
@@ -66,24 +85,67 @@ async def view(http: aiohttp.ClientSession, url: str, viewer: Viewer) -> None:
                             for data in pending:
                                 for item in json.loads(data):
                                     viewer.numbers.append(int(item["n"]))
+                                    viewer.arrivals.append(now)
                                     viewer.latencies.append(now - float(item["t"]))
                             pending.clear()
                             last = event.id or last
                             if json.loads(event.data).get("streamClosed"):
                                 viewer.closed = True
                                 return
-        except (aiohttp.ClientError, TimeoutError):
+        except (aiohttp.ClientError, TimeoutError, ConnectionError):
             pass
-        await asyncio.sleep(0.1)
+        viewer.resumes += 1
+        await asyncio.sleep(0.2)
+
+
+async def _client(urls: list[str], ready: Any, stop: Any, hold: float) -> list[Viewer]:
+    viewers = [Viewer() for _ in urls]
+    connector = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
+        tasks = []
+        for start in range(0, len(urls), CONNECT_BATCH):
+            for url, viewer in zip(
+                urls[start : start + CONNECT_BATCH],
+                viewers[start : start + CONNECT_BATCH],
+                strict=True,
+            ):
+                tasks.append(asyncio.ensure_future(view(http, url, viewer)))
+            await asyncio.sleep(0.05)
+        deadline = time.monotonic() + 60
+        while not all(v.connected for v in viewers) and time.monotonic() < deadline:  # noqa: ASYNC110 (polls many flags)
+            await asyncio.sleep(0.1)
+        ready.put(sum(v.connected for v in viewers))
+        deadline = time.monotonic() + hold
+        while not stop.is_set() and time.monotonic() < deadline:
+            if all(task.done() for task in tasks):
+                break
+            await asyncio.sleep(0.2)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return viewers
+
+
+def _client_process(urls: list[str], ready: Any, stop: Any, results: Any, hold: float) -> None:
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    viewers = asyncio.run(_client(urls, ready, stop, hold))
+    results.put([asdict(v) for v in viewers])
 
 
 async def agent(http: aiohttp.ClientSession, url: str, rate: float, seconds: float) -> int:
-    """Append stamped items at ``rate`` per second for ``seconds``; how many."""
+    """Append stamped items at ``rate`` per second for ``seconds``; how many it appended (each
+    append retried until the fleet takes it: a killed replica's writes move with its streams)."""
     count = int(rate * seconds)
     started = time.monotonic()
     for n in range(count):
         body = json.dumps([{"n": n, "t": time.time()}]).encode()
-        for _ in range(100):
+        for _ in range(200):
             try:
                 async with http.post(url, data=body, headers=JSON) as answer:
                     if answer.status in (200, 204):
@@ -91,6 +153,8 @@ async def agent(http: aiohttp.ClientSession, url: str, rate: float, seconds: flo
             except aiohttp.ClientError:
                 pass
             await asyncio.sleep(0.05)
+        else:
+            raise RuntimeError(f"append {n} to {url} never taken")
         await asyncio.sleep(max(0.0, started + (n + 1) / rate - time.monotonic()))
     return count
 
@@ -107,92 +171,179 @@ def _live(cluster: Cluster) -> int:
     return int(open_now["sse"] + open_now["long-poll"])
 
 
+def _viewers_per_replica(cluster: Cluster, dead: set[int]) -> list[int | None]:
+    return [
+        None if i in dead else _metric(edge.metrics_text(), "edge_sse_viewers")
+        for i, edge in enumerate(cluster.edges)
+    ]
+
+
 @dataclass
 class Report:
     scenario: str
     viewers: int
     streams: int
-    peak_origin_live: int = 0
-    end_origin_live: int = 0
+    connected: int = 0
+    origin_live_before: int = 0
+    origin_live_after: int = 0
+    origin_live_peak: int = 0
     origin_reads_per_stream_second: float = 0.0
-    viewers_per_replica: list[int] = field(default_factory=list)
+    viewers_before: list[int | None] = field(default_factory=list)
+    viewers_after: list[int | None] = field(default_factory=list)
     p50_ms: float = 0.0
+    p99_before_ms: float = 0.0
     p99_ms: float = 0.0
+    edge_cpu_cores: float = 0.0
     exact: int = 0
+    resumed: int = 0
+    prediction: FleetPrediction | None = None
+
+
+def _p(values: list[float], q: float) -> float:
+    return 1000 * values[max(0, int(len(values) * q) - 1)] if values else float("nan")
+
+
+def _edges_cpu(cluster: Cluster, dead: set[int]) -> float:
+    return sum(
+        proc_cpu_seconds(edge.process.pid) for i, edge in enumerate(cluster.edges) if i not in dead
+    )
 
 
 async def scenario(
     cluster: Cluster, name: str, streams: int, per_stream: int, args: argparse.Namespace
 ) -> Report:
     report = Report(scenario=name, viewers=streams * per_stream, streams=streams)
+    report.prediction = fleet_prediction(streams, per_stream, len(cluster.edges), args.rate)
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
+    context = multiprocessing.get_context("fork")
+    ready: Any = context.Queue()
+    results: Any = context.Queue()
+    stop: Any = context.Event()
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
-        paths = [f"/v1/stream/fleet-{name}-{i}" for i in range(streams)]
+        paths = [f"/v1/stream/fleet-{name}-{int(time.time())}-{i}" for i in range(streams)]
         for path in paths:
             async with http.put(cluster.url + path, headers=JSON) as answer:
                 assert answer.status == 201, answer.status
-        viewers = [Viewer() for _ in range(streams * per_stream)]
-        tasks = [
-            asyncio.ensure_future(view(http, cluster.url + paths[i % streams], viewer))
-            for i, viewer in enumerate(viewers)
+        # Viewer v watches stream v % streams: each stream's viewers arrive interleaved with
+        # the others', as a real audience does, and are spread over the client processes.
+        urls = [cluster.url + paths[v % streams] for v in range(report.viewers)]
+        shares = [urls[c :: args.clients] for c in range(args.clients)]
+        hold = args.seconds * 3 + 180
+        procs = [
+            context.Process(target=_client_process, args=(share, ready, stop, results, hold))
+            for share in shares
+            if share
         ]
-        await asyncio.sleep(args.connect_seconds)
+        for proc in procs:
+            proc.start()
+        report.connected = sum(ready.get(timeout=180) for _ in procs)
+        await asyncio.sleep(2.0)  # the last viewers' tails open
         cluster.origin.reset_counts()
-        started = time.monotonic()
+        dead: set[int] = set()
+        cpu_before, wall_before = _edges_cpu(cluster, dead), time.monotonic()
+        cpu_of_victim = 0.0
+        started_wall = time.time()
+        kill_wall = started_wall + args.seconds / 2
         agents = [
             asyncio.ensure_future(agent(http, cluster.url + path, args.rate, args.seconds))
             for path in paths
         ]
-        killed = False
         while not all(task.done() for task in agents):
-            report.peak_origin_live = max(report.peak_origin_live, _live(cluster))
-            if not killed and time.monotonic() - started >= args.seconds / 2:
-                victim = cluster.edges[0]
-                report.viewers_per_replica = [
-                    _metric(edge.metrics_text(), "edge_sse_viewers") for edge in cluster.edges
-                ]
-                victim.process.signal(signal.SIGKILL)
-                killed = True
+            live = _live(cluster)
+            report.origin_live_peak = max(report.origin_live_peak, live)
+            if not dead and time.time() >= kill_wall:
+                report.origin_live_before = live
+                report.viewers_before = _viewers_per_replica(cluster, dead)
+                counts = [v or 0 for v in report.viewers_before]
+                victim = counts.index(max(counts))
+                cpu_of_victim = proc_cpu_seconds(cluster.edges[victim].process.pid)
+                cluster.edges[victim].process.signal(signal.SIGKILL)
+                dead.add(victim)
             await asyncio.sleep(1.0)
         sent = [task.result() for task in agents]
-        report.end_origin_live = _live(cluster)
+        await asyncio.sleep(args.settle)  # the killed replica's tails end (--tail-linger)
+        report.origin_live_after = _live(cluster)
+        report.viewers_after = _viewers_per_replica(cluster, dead)
+        report.edge_cpu_cores = (_edges_cpu(cluster, dead) + cpu_of_victim - cpu_before) / (
+            time.monotonic() - wall_before
+        )
         reads = sum(
             entry["count"]
             for entry in cluster.origin.counts()["requests"]
             if entry["method"] == "GET"
         )
-        report.origin_reads_per_stream_second = reads / streams / args.seconds
+        report.origin_reads_per_stream_second = reads / streams / (args.seconds + args.settle)
         for path in paths:
             async with http.post(cluster.url + path, headers={"Stream-Closed": "true"}):
                 pass
-        await asyncio.wait(tasks, timeout=30)
-        for task in tasks:
-            task.cancel()
-        latencies = sorted(x for viewer in viewers for x in viewer.latencies)
-        if latencies:
-            report.p50_ms = statistics.median(latencies) * 1000
-            report.p99_ms = latencies[int(len(latencies) * 0.99) - 1] * 1000
-        report.exact = sum(
-            1
-            for i, viewer in enumerate(viewers)
-            if viewer.closed and viewer.numbers == list(range(sent[i % streams]))
-        )
+        viewers: list[Viewer] = []
+        by_client = [results.get(timeout=hold + 60) for _ in procs]
+        stop.set()
+        for proc in procs:
+            proc.join(timeout=30)
+    # Undo the interleaving: client c held urls[c::clients].
+    ordered: list[Viewer | None] = [None] * report.viewers
+    for c, got in enumerate(by_client):
+        for k, raw in enumerate(got):
+            ordered[c + k * args.clients] = Viewer(**raw)
+    viewers = [v for v in ordered if v is not None]
+    latencies = sorted(x for v in viewers for x in v.latencies)
+    before = sorted(
+        lat
+        for v in viewers
+        for lat, at in zip(v.latencies, v.arrivals, strict=True)
+        if at < kill_wall
+    )
+    if latencies:
+        report.p50_ms = 1000 * statistics.median(latencies)
+        report.p99_ms = _p(latencies, 0.99)
+        report.p99_before_ms = _p(before, 0.99)
+    report.exact = sum(
+        1
+        for v_index, viewer in enumerate(ordered)
+        if viewer is not None
+        and viewer.closed
+        and viewer.numbers == list(range(sent[v_index % streams]))
+    )
+    report.resumed = sum(1 for v in viewers if v.resumes > 0)
     return report
 
 
-def table(reports: list[Report]) -> str:
+def _span(values: tuple[int, int]) -> str:
+    low, high = values
+    return str(low) if low == high else f"{low}-{high}"
+
+
+def _replicas(counts: list[int | None]) -> str:
+    return " / ".join("killed" if c is None else str(c) for c in counts)
+
+
+def table(reports: list[Report], replicas: int) -> str:
     rows = [
-        "| scenario | viewers | origin live (peak / end) | origin reads/stream/s | viewers per "
-        "replica before the kill | p50 / p99 delivery | exact viewers | plan |",
-        "|---|---|---|---|---|---|---|---|",
+        "| scenario | | origin live before / after the kill (peak) | origin reads / stream / s "
+        "| viewers per replica before the kill | after | p50 / p99 delivery (p99 before the "
+        "kill) | edges' CPU (cores) | exact viewers |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in reports:
+        p = r.prediction
+        assert p is not None
         rows.append(
-            f"| {r.scenario} | {r.viewers} ({r.streams} streams) | {r.peak_origin_live} / "
-            f"{r.end_origin_live} | {r.origin_reads_per_stream_second:.2f} | "
-            f"{r.viewers_per_replica} | {r.p50_ms:.0f} / {r.p99_ms:.0f} ms | "
-            f"{r.exact}/{r.viewers} | - |"
+            f"| {r.scenario}: {r.viewers} viewers of {r.streams} stream(s), {r.connected} "
+            f"connected | measured | {r.origin_live_before} / {r.origin_live_after} "
+            f"({r.origin_live_peak}) | {r.origin_reads_per_stream_second:.2f} | "
+            f"{_replicas(r.viewers_before)} | {_replicas(r.viewers_after)} | "
+            f"{r.p50_ms:.0f} / {r.p99_ms:.0f} ms ({r.p99_before_ms:.0f} ms) | "
+            f"{r.edge_cpu_cores:.2f} | {r.exact}/{r.viewers} ({r.resumed} resumed) |"
+        )
+        rows.append(
+            f"| | plan | {_span(p.tails_before)} / {_span(p.tails_after)} | - | "
+            f"{_span(p.serving_before)} of {replicas} serving, the busiest "
+            f"{_span(p.busiest_before)} | the busiest {_span(p.busiest_after)} | "
+            f"p99 ≤ {MEASURED.p99_ms:.0f} ms while each core has ≤ "
+            f"{MEASURED.viewers_per_core:,} viewers | ≥ {p.edge_cpu_cores:.2f} (sends alone) | "
+            f"all |"
         )
     return "\n".join(rows)
 
@@ -204,9 +355,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hot", type=int, default=3000, help="viewers of the hot stream")
     parser.add_argument("--replicas", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=30.0, help="how long agents append")
-    parser.add_argument("--rate", type=float, default=2.0, help="appends per stream per second")
-    parser.add_argument("--connect-seconds", type=float, default=5.0)
+    parser.add_argument("--rate", type=float, default=1.0, help="appends per stream per second")
+    parser.add_argument("--settle", type=float, default=4.0, help="seconds after the agents")
+    parser.add_argument("--clients", type=int, default=2, help="viewer processes")
     parser.add_argument("--redis-mode", choices=("cluster", "standalone"), default="cluster")
+    parser.add_argument("--output", type=Path, default=REPO / "docs" / "benchmarks.md")
+    parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args(argv)
     reports: list[Report] = []
     for name, streams, per_stream in (
@@ -218,14 +372,31 @@ def main(argv: list[str] | None = None) -> int:
         cluster = start_cluster(
             Path(tempfile.mkdtemp(prefix=f"edge-fleet-{name}-")),
             replicas=args.replicas,
-            edge_args=("--tail-linger", "1"),
+            edge_args=("--tail-linger", "1", "--workers", "1"),
             redis_mode=args.redis_mode,
         )
         try:
-            reports.append(asyncio.run(scenario(cluster, name, streams, per_stream, args)))
+            report = asyncio.run(scenario(cluster, name, streams, per_stream, args))
         finally:
             cluster.stop()
-    print(table(reports))
+        reports.append(report)
+        print(json.dumps(asdict(report)), flush=True)
+    rendered = table(reports, args.replicas)
+    print(rendered)
+    if not args.no_write:
+        command = " ".join(["python -m loadtest.fleet", *sys.argv[1:]])
+        section = (
+            f"## The scaled run (issue 19; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})"
+            f"\n\n`{command}`: {args.replicas} replicas (`--workers 1` each) behind HAProxy "
+            f"routed as deployed, a Redis {args.redis_mode}, the reference origin; agents append "
+            f"{args.rate:g} item/s per stream for {args.seconds:g} s; the replica with the most "
+            f"viewers is SIGKILLed halfway. Load average before: {os.getloadavg()[0]:.1f} on "
+            f"{os.cpu_count()} cores (the viewers' {args.clients} processes share them). The "
+            f"plan rows are `loadtest.capacity.fleet_prediction`: the 5th-95th percentile of "
+            f"40 simulated placements by HAProxy's bounded-load rule ({MEASURED.source}).\n\n"
+            f"{rendered}\n\n"
+        )
+        write_section(args.output, "## The scaled run (issue 19", section)
     return 0 if all(r.exact == r.viewers for r in reports) else 1
 
 
