@@ -73,18 +73,24 @@ backend edges
 
 DEPLOYED_HAPROXY = Path(__file__).resolve().parent.parent / "deploy" / "haproxy" / "haproxy.cfg"
 ROUTING_DIRECTIVES = ("balance", "hash-type", "hash-balance-factor")
+# Backend options copied as they are: how HAProxy forwards the replicas' answers.
+FORWARDING_OPTIONS = ("http-no-delay",)
 
 
 def deployed_routing() -> tuple[str, ...]:
-    """The routing lines of ``deploy/haproxy/haproxy.cfg``'s ``edges`` backend, and the server
-    weight its ``default-server`` gives (the points each server has on the hash ring)."""
+    """The routing lines of ``deploy/haproxy/haproxy.cfg``'s ``edges`` backend, the server
+    weight its ``default-server`` gives (the points each server has on the hash ring), and its
+    forwarding options (``option http-no-delay``)."""
     lines: list[str] = []
     in_backend = False
     for line in DEPLOYED_HAPROXY.read_text().splitlines():
         words = line.split("#", 1)[0].split()
         if line and not line[0].isspace():
             in_backend = words[:2] == ["backend", "edges"]
-        elif in_backend and words and words[0] in ROUTING_DIRECTIVES:
+        elif in_backend and (
+            (words[:1] and words[0] in ROUTING_DIRECTIVES)
+            or (words[:1] == ["option"] and " ".join(words[1:]) in FORWARDING_OPTIONS)
+        ):
             lines.append(" ".join(words))
         elif in_backend and words[:1] == ["default-server"] and "weight" in words:
             lines.append(f"default-server weight {words[words.index('weight') + 1]}")

@@ -408,6 +408,7 @@ def main() -> int:
     print(rendered)
     # A pinned run is its own section: the per-core figures the capacity plan reads.
     heading = "## Fan-out on one pinned core" if args.pin else "## Fan-out ("
+    pinning = f"Pinned: {cores.describe(cores.server, 'the origin')}.\n\n" if args.pin else ""
     section = (
         f"{heading.rstrip(' (')} ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})\n\n"
         f"`{' '.join(['python -m loadtest.fanout', *sys.argv[1:]])}` — an agent appends "
@@ -415,7 +416,7 @@ def main() -> int:
         f"over SSE "
         f"from {args.workers} worker processes on the same 2-core machine; latency is append "
         f"(agent clock) → decoded at a sampled viewer ({SAMPLED_PER_WORKER} per worker).\n\n"
-        f"{'Pinned: ' + cores.describe(cores.server) + '. ' if args.pin else ''}"
+        f"{pinning}"
         f"{rendered}\n\n"
     )
     write_section(args.output, heading, section)

@@ -138,23 +138,26 @@ def _client_process(urls: list[str], ready: Any, stop: Any, results: Any, hold: 
     results.put([asdict(v) for v in viewers])
 
 
+async def post(http: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str]) -> None:
+    """POST until the fleet takes it (200/204): a killed replica's writes move with its streams,
+    and a kept-alive connection HAProxy closed meanwhile fails once."""
+    for _ in range(200):
+        try:
+            async with http.post(url, data=body, headers=headers) as answer:
+                if answer.status in (200, 204):
+                    return
+        except aiohttp.ClientError:
+            pass
+        await asyncio.sleep(0.05)
+    raise RuntimeError(f"POST {url} never taken")
+
+
 async def agent(http: aiohttp.ClientSession, url: str, rate: float, seconds: float) -> int:
-    """Append stamped items at ``rate`` per second for ``seconds``; how many it appended (each
-    append retried until the fleet takes it: a killed replica's writes move with its streams)."""
+    """Append stamped items at ``rate`` per second for ``seconds``; how many it appended."""
     count = int(rate * seconds)
     started = time.monotonic()
     for n in range(count):
-        body = json.dumps([{"n": n, "t": time.time()}]).encode()
-        for _ in range(200):
-            try:
-                async with http.post(url, data=body, headers=JSON) as answer:
-                    if answer.status in (200, 204):
-                        break
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.05)
-        else:
-            raise RuntimeError(f"append {n} to {url} never taken")
+        await post(http, url, json.dumps([{"n": n, "t": time.time()}]).encode(), JSON)
         await asyncio.sleep(max(0.0, started + (n + 1) / rate - time.monotonic()))
     return count
 
@@ -231,57 +234,64 @@ async def scenario(
         shares = [urls[c :: args.clients] for c in range(args.clients)]
         hold = args.seconds * 3 + 180
         procs = [
-            context.Process(target=_client_process, args=(share, ready, stop, results, hold))
+            context.Process(
+                target=_client_process, args=(share, ready, stop, results, hold), daemon=True
+            )
             for share in shares
             if share
         ]
         for proc in procs:
             proc.start()
-        report.connected = sum(ready.get(timeout=180) for _ in procs)
-        await asyncio.sleep(2.0)  # the last viewers' tails open
-        cluster.origin.reset_counts()
-        dead: set[int] = set()
-        cpu_before, wall_before = _edges_cpu(cluster, dead), time.monotonic()
-        cpu_of_victim = 0.0
-        started_wall = time.time()
-        kill_wall = started_wall + args.seconds / 2
-        agents = [
-            asyncio.ensure_future(agent(http, cluster.url + path, args.rate, args.seconds))
-            for path in paths
-        ]
-        while not all(task.done() for task in agents):
-            live = _live(cluster)
-            report.origin_live_peak = max(report.origin_live_peak, live)
-            if not dead and time.time() >= kill_wall:
-                report.origin_live_before = live
-                report.viewers_before = _viewers_per_replica(cluster, dead)
-                counts = [v or 0 for v in report.viewers_before]
-                victim = counts.index(max(counts))
-                cpu_of_victim = proc_cpu_seconds(cluster.edges[victim].process.pid)
-                cluster.edges[victim].process.signal(signal.SIGKILL)
-                dead.add(victim)
-            await asyncio.sleep(1.0)
-        sent = [task.result() for task in agents]
-        await asyncio.sleep(args.settle)  # the killed replica's tails end (--tail-linger)
-        report.origin_live_after = _live(cluster)
-        report.viewers_after = _viewers_per_replica(cluster, dead)
-        report.edge_cpu_cores = (_edges_cpu(cluster, dead) + cpu_of_victim - cpu_before) / (
-            time.monotonic() - wall_before
-        )
-        reads = sum(
-            entry["count"]
-            for entry in cluster.origin.counts()["requests"]
-            if entry["method"] == "GET"
-        )
-        report.origin_reads_per_stream_second = reads / streams / (args.seconds + args.settle)
-        for path in paths:
-            async with http.post(cluster.url + path, headers={"Stream-Closed": "true"}):
-                pass
-        viewers: list[Viewer] = []
-        by_client = [results.get(timeout=hold + 60) for _ in procs]
-        stop.set()
-        for proc in procs:
-            proc.join(timeout=30)
+        try:
+            report.connected = sum(ready.get(timeout=180) for _ in procs)
+            await asyncio.sleep(2.0)  # the last viewers' tails open
+            cluster.origin.reset_counts()
+            dead: set[int] = set()
+            cpu_before, wall_before = _edges_cpu(cluster, dead), time.monotonic()
+            cpu_of_victim = 0.0
+            started_wall = time.time()
+            kill_wall = started_wall + args.seconds / 2
+            agents = [
+                asyncio.ensure_future(agent(http, cluster.url + path, args.rate, args.seconds))
+                for path in paths
+            ]
+            while not all(task.done() for task in agents):
+                live = _live(cluster)
+                report.origin_live_peak = max(report.origin_live_peak, live)
+                if not dead and time.time() >= kill_wall:
+                    report.origin_live_before = live
+                    report.viewers_before = _viewers_per_replica(cluster, dead)
+                    counts = [v or 0 for v in report.viewers_before]
+                    victim = counts.index(max(counts))
+                    cpu_of_victim = proc_cpu_seconds(cluster.edges[victim].process.pid)
+                    cluster.edges[victim].process.signal(signal.SIGKILL)
+                    dead.add(victim)
+                await asyncio.sleep(1.0)
+            sent = [task.result() for task in agents]
+            await asyncio.sleep(args.settle)  # the killed replica's tails end (--tail-linger)
+            report.origin_live_after = _live(cluster)
+            report.viewers_after = _viewers_per_replica(cluster, dead)
+            report.edge_cpu_cores = (_edges_cpu(cluster, dead) + cpu_of_victim - cpu_before) / (
+                time.monotonic() - wall_before
+            )
+            reads = sum(
+                entry["count"]
+                for entry in cluster.origin.counts()["requests"]
+                if entry["method"] == "GET"
+            )
+            report.origin_reads_per_stream_second = reads / streams / (args.seconds + args.settle)
+            await asyncio.gather(
+                *(post(http, cluster.url + path, b"", {"Stream-Closed": "true"}) for path in paths)
+            )
+            viewers: list[Viewer] = []
+            by_client = [results.get(timeout=hold + 60) for _ in procs]
+            stop.set()
+            for proc in procs:
+                proc.join(timeout=30)
+        finally:
+            for proc in procs:
+                if proc.is_alive():
+                    proc.terminate()
     # Undo the interleaving: client c held urls[c::clients].
     ordered: list[Viewer | None] = [None] * report.viewers
     for c, got in enumerate(by_client):
