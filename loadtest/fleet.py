@@ -38,6 +38,7 @@ from typing import Any
 
 import aiohttp
 
+from devstack.agents import Producer
 from devstack.cluster import Cluster, start_cluster
 from edge.protocol.sse import SseDecoder
 from loadtest.capacity import MEASURED, FleetPrediction, fleet_prediction
@@ -138,26 +139,14 @@ def _client_process(urls: list[str], ready: Any, stop: Any, results: Any, hold: 
     results.put([asdict(v) for v in viewers])
 
 
-async def post(http: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str]) -> None:
-    """POST until the fleet takes it (200/204): a killed replica's writes move with its streams,
-    and a kept-alive connection HAProxy closed meanwhile fails once."""
-    for _ in range(200):
-        try:
-            async with http.post(url, data=body, headers=headers) as answer:
-                if answer.status in (200, 204):
-                    return
-        except aiohttp.ClientError:
-            pass
-        await asyncio.sleep(0.05)
-    raise RuntimeError(f"POST {url} never taken")
-
-
-async def agent(http: aiohttp.ClientSession, url: str, rate: float, seconds: float) -> int:
-    """Append stamped items at ``rate`` per second for ``seconds``; how many it appended."""
+async def agent(producer: Producer, rate: float, seconds: float) -> int:
+    """Append stamped items at ``rate`` per second for ``seconds``; how many it appended. An
+    idempotent producer (Producer-Id/Epoch/Seq), as a real agent is: an append retried after
+    its replica died mid-request is taken once by the origin, never twice."""
     count = int(rate * seconds)
     started = time.monotonic()
     for n in range(count):
-        await post(http, url, json.dumps([{"n": n, "t": time.time()}]).encode(), JSON)
+        await producer.append("item", n=n, t=time.time())
         await asyncio.sleep(max(0.0, started + (n + 1) / rate - time.monotonic()))
     return count
 
@@ -197,9 +186,18 @@ class Report:
     p99_before_ms: float = 0.0
     p99_ms: float = 0.0
     edge_cpu_cores: float = 0.0
+    origin_cpu_cores: float = 0.0
+    machine_busy_cores: float = 0.0  # everything on the machine: the fleet and its load
     exact: int = 0
     resumed: int = 0
     prediction: FleetPrediction | None = None
+
+
+def _busy() -> float:
+    """Seconds of CPU the whole machine has spent busy (every core; /proc/stat)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
 def _p(values: list[float], q: float) -> float:
@@ -248,12 +246,17 @@ async def scenario(
             cluster.origin.reset_counts()
             dead: set[int] = set()
             cpu_before, wall_before = _edges_cpu(cluster, dead), time.monotonic()
+            origin_before, machine_before = proc_cpu_seconds(cluster.origin.process.pid), _busy()
             cpu_of_victim = 0.0
             started_wall = time.time()
             kill_wall = started_wall + args.seconds / 2
+            producers = [
+                Producer(http, cluster.url + path, producer_id=f"agent-{i}")
+                for i, path in enumerate(paths)
+            ]
             agents = [
-                asyncio.ensure_future(agent(http, cluster.url + path, args.rate, args.seconds))
-                for path in paths
+                asyncio.ensure_future(agent(producer, args.rate, args.seconds))
+                for producer in producers
             ]
             while not all(task.done() for task in agents):
                 live = _live(cluster)
@@ -271,18 +274,19 @@ async def scenario(
             await asyncio.sleep(args.settle)  # the killed replica's tails end (--tail-linger)
             report.origin_live_after = _live(cluster)
             report.viewers_after = _viewers_per_replica(cluster, dead)
-            report.edge_cpu_cores = (_edges_cpu(cluster, dead) + cpu_of_victim - cpu_before) / (
-                time.monotonic() - wall_before
-            )
+            wall = time.monotonic() - wall_before
+            report.edge_cpu_cores = (_edges_cpu(cluster, dead) + cpu_of_victim - cpu_before) / wall
+            report.origin_cpu_cores = (
+                proc_cpu_seconds(cluster.origin.process.pid) - origin_before
+            ) / wall
+            report.machine_busy_cores = (_busy() - machine_before) / wall
             reads = sum(
                 entry["count"]
                 for entry in cluster.origin.counts()["requests"]
                 if entry["method"] == "GET"
             )
             report.origin_reads_per_stream_second = reads / streams / (args.seconds + args.settle)
-            await asyncio.gather(
-                *(post(http, cluster.url + path, b"", {"Stream-Closed": "true"}) for path in paths)
-            )
+            await asyncio.gather(*(producer.close() for producer in producers))
             viewers: list[Viewer] = []
             by_client = [results.get(timeout=hold + 60) for _ in procs]
             stop.set()
@@ -333,7 +337,7 @@ def table(reports: list[Report], replicas: int) -> str:
     rows = [
         "| scenario | | origin live before / after the kill (peak) | origin reads / stream / s "
         "| viewers per replica before the kill | after | p50 / p99 delivery (p99 before the "
-        "kill) | edges' CPU (cores) | exact viewers |",
+        "kill) | CPU (cores): edges / origin / machine | exact viewers |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in reports:
@@ -345,7 +349,8 @@ def table(reports: list[Report], replicas: int) -> str:
             f"({r.origin_live_peak}) | {r.origin_reads_per_stream_second:.2f} | "
             f"{_replicas(r.viewers_before)} | {_replicas(r.viewers_after)} | "
             f"{r.p50_ms:.0f} / {r.p99_ms:.0f} ms ({r.p99_before_ms:.0f} ms) | "
-            f"{r.edge_cpu_cores:.2f} | {r.exact}/{r.viewers} ({r.resumed} resumed) |"
+            f"{r.edge_cpu_cores:.2f} / {r.origin_cpu_cores:.2f} / {r.machine_busy_cores:.2f} | "
+            f"{r.exact}/{r.viewers} ({r.resumed} resumed) |"
         )
         rows.append(
             f"| | plan | {_span(p.tails_before)} / {_span(p.tails_after)} | - | "
