@@ -188,6 +188,7 @@ class Report:
     edge_cpu_cores: float = 0.0
     origin_cpu_cores: float = 0.0
     machine_busy_cores: float = 0.0  # everything on the machine: the fleet and its load
+    clients_cpu_cores: float = 0.0  # the viewers' own processes
     exact: int = 0
     resumed: int = 0
     prediction: FleetPrediction | None = None
@@ -247,6 +248,7 @@ async def scenario(
             dead: set[int] = set()
             cpu_before, wall_before = _edges_cpu(cluster, dead), time.monotonic()
             origin_before, machine_before = proc_cpu_seconds(cluster.origin.process.pid), _busy()
+            clients_before = sum(proc_cpu_seconds(proc.pid or 0) for proc in procs)
             cpu_of_victim = 0.0
             started_wall = time.time()
             kill_wall = started_wall + args.seconds / 2
@@ -280,6 +282,9 @@ async def scenario(
                 proc_cpu_seconds(cluster.origin.process.pid) - origin_before
             ) / wall
             report.machine_busy_cores = (_busy() - machine_before) / wall
+            report.clients_cpu_cores = (
+                sum(proc_cpu_seconds(proc.pid or 0) for proc in procs) - clients_before
+            ) / wall
             reads = sum(
                 entry["count"]
                 for entry in cluster.origin.counts()["requests"]
@@ -337,7 +342,7 @@ def table(reports: list[Report], replicas: int) -> str:
     rows = [
         "| scenario | | origin live before / after the kill (peak) | origin reads / stream / s "
         "| viewers per replica before the kill | after | p50 / p99 delivery (p99 before the "
-        "kill) | CPU (cores): edges / origin / machine | exact viewers |",
+        "kill) | CPU (cores): edges / origin / viewers' processes / machine | exact viewers |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in reports:
@@ -349,7 +354,8 @@ def table(reports: list[Report], replicas: int) -> str:
             f"({r.origin_live_peak}) | {r.origin_reads_per_stream_second:.2f} | "
             f"{_replicas(r.viewers_before)} | {_replicas(r.viewers_after)} | "
             f"{r.p50_ms:.0f} / {r.p99_ms:.0f} ms ({r.p99_before_ms:.0f} ms) | "
-            f"{r.edge_cpu_cores:.2f} / {r.origin_cpu_cores:.2f} / {r.machine_busy_cores:.2f} | "
+            f"{r.edge_cpu_cores:.2f} / {r.origin_cpu_cores:.2f} / {r.clients_cpu_cores:.2f} / "
+            f"{r.machine_busy_cores:.2f} | "
             f"{r.exact}/{r.viewers} ({r.resumed} resumed) |"
         )
         rows.append(
