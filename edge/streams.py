@@ -78,6 +78,7 @@ from edge.log.stream_log import (
     TailVerdict,
     Write,
     judge_write,
+    names_another_instance,
 )
 from edge.metrics import Metrics
 from edge.origin import OriginClient, OriginError
@@ -479,7 +480,7 @@ class Streams:
             self._probing.discard(instance)
         self._metrics.origin_requests.labels(kind="head", code=str(upstream.status)).inc()
         if upstream.status == 200 and self.local.current(instance):
-            self.learn_lifetime(instance, list(upstream.headers.items()), complete=True)
+            self._headed(instance, list(upstream.headers.items()))
 
     # --- what pass-through traffic tells ---
 
@@ -510,8 +511,17 @@ class Streams:
             self._written(stream, method, status, request_headers, response_headers, started)
             return created  # like a DELETE, answered once other replicas will not serve the old
         elif method == "HEAD" and status == 200:
-            self.learn_lifetime(self.local.instance_for(stream), response_headers, complete=True)
+            self._headed(self.local.instance_for(stream), response_headers)
         return False
+
+    def _headed(self, instance: StreamInstance, headers: Sequence[tuple[str, str]]) -> None:
+        """A HEAD answer states the stream's whole lifetime, and its content type: of another
+        type, it is another stream's lifetime (forget the instance held), not this one's."""
+        if names_another_instance(instance, first_value(headers, "content-type")):
+            log.info("%s answered a HEAD as another content type: a new instance", instance.stream)
+            self.purge(instance.stream, reason="new_instance")
+            return
+        self.learn_lifetime(instance, headers, complete=True)
 
     def _written(
         self,
