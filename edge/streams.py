@@ -305,6 +305,13 @@ class Streams:
             return False
         if instance.generation != found.generation:
             return False  # this replica's own newer purge is still pending: not that value
+        if names_another_instance(instance, found.value.content_type):
+            # Another stream at the path than the one held (one of the two was filled after a
+            # recreation behind the edge): only the origin knows which is current. A purge
+            # starts a new generation, so neither is served again, here or on any replica.
+            log.info("%s shared as another content type: a new instance", key.stream)
+            self.purge(key.stream, reason="new_instance")
+            return False
         log_ = self.local.log_for(key)
         if log_.content_type is None:
             log_.content_type = found.value.content_type
