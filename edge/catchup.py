@@ -219,6 +219,7 @@ class CatchupCache:
         self, key: LogKey, offset: str, credentials: Sequence[tuple[str, str]]
     ) -> Resolution:
         await self.streams.check_generation(key.stream)
+        planned = self.local.instance_for(key.stream)
         plan = self._plan(key, offset)
         shared_hit = False
         pulls = 0
@@ -233,6 +234,11 @@ class CatchupCache:
             plan = self._plan(key, offset)
             if isinstance(plan, Fetch) and plan.offset == pulled_at:
                 break  # the plan does not use what was pulled (expired, bypassed): go to origin
+        if not self.local.current(planned):
+            # Forgotten while the shared tier answered (another replica's purge, another
+            # instance's segment): a plan made of the old instance's segments would join them
+            # to what the origin says of the new one. Plan again, from what is held now.
+            plan = self._plan(key, offset)
         if isinstance(plan, Hit):
             return Resolution(plan=plan, shared_hit=shared_hit, fill=None, collapsed=False)
         fetch = plan

@@ -70,8 +70,16 @@ from edge.log.intake import (
     Touched,
     decide,
 )
-from edge.log.segment import Segment, media_type
-from edge.log.stream_log import LogKey, Mark, StreamInstance, TailVerdict
+from edge.log.segment import Segment
+from edge.log.stream_log import (
+    LogKey,
+    Mark,
+    StreamInstance,
+    TailVerdict,
+    Write,
+    judge_write,
+    names_another_instance,
+)
 from edge.metrics import Metrics
 from edge.origin import OriginClient, OriginError
 from edge.protocol.headers import (
@@ -197,6 +205,32 @@ def carries_body(headers: Sequence[tuple[str, str]]) -> bool:
     return length is not None and length.strip().isdigit() and int(length) > 0
 
 
+def written_as(
+    method: str,
+    request_headers: Sequence[tuple[str, str]],
+    response_headers: Sequence[tuple[str, str]],
+    floor: str | None,
+    started: int,
+) -> Write:
+    """A successful write's request and answer as the core judges them (``judge_write``)."""
+    body = carries_body(request_headers)
+    if method == "PUT":
+        named = first_value(response_headers, "content-type")
+    elif method == "POST" and body:
+        # A close without a body is taken whatever its Content-Type (clients send a default).
+        named = first_value(request_headers, "content-type")
+    else:
+        named = None
+    return Write(
+        floor=floor,
+        started=started,
+        # An append of bytes (not a producer's, whose retry of a duplicate is answered with the
+        # tail as it is) ends past the tail the edge knew before it started.
+        appended=method == "POST" and body and first_value(request_headers, "producer-id") is None,
+        content_type=named,
+    )
+
+
 class Streams:
     def __init__(
         self,
@@ -271,6 +305,13 @@ class Streams:
             return False
         if instance.generation != found.generation:
             return False  # this replica's own newer purge is still pending: not that value
+        if names_another_instance(instance, found.value.content_type):
+            # Another stream at the path than the one held (one of the two was filled after a
+            # recreation behind the edge): only the origin knows which is current. A purge
+            # starts a new generation, so neither is served again, here or on any replica.
+            log.info("%s shared as another content type: a new instance", key.stream)
+            self.purge(key.stream, reason="new_instance")
+            return False
         log_ = self.local.log_for(key)
         if log_.content_type is None:
             log_.content_type = found.value.content_type
@@ -446,7 +487,7 @@ class Streams:
             self._probing.discard(instance)
         self._metrics.origin_requests.labels(kind="head", code=str(upstream.status)).inc()
         if upstream.status == 200 and self.local.current(instance):
-            self.learn_lifetime(instance, list(upstream.headers.items()), complete=True)
+            self._headed(instance, list(upstream.headers.items()))
 
     # --- what pass-through traffic tells ---
 
@@ -477,8 +518,17 @@ class Streams:
             self._written(stream, method, status, request_headers, response_headers, started)
             return created  # like a DELETE, answered once other replicas will not serve the old
         elif method == "HEAD" and status == 200:
-            self.learn_lifetime(self.local.instance_for(stream), response_headers, complete=True)
+            self._headed(self.local.instance_for(stream), response_headers)
         return False
+
+    def _headed(self, instance: StreamInstance, headers: Sequence[tuple[str, str]]) -> None:
+        """A HEAD answer states the stream's whole lifetime, and its content type: of another
+        type, it is another stream's lifetime (forget the instance held), not this one's."""
+        if names_another_instance(instance, first_value(headers, "content-type")):
+            log.info("%s answered a HEAD as another content type: a new instance", instance.stream)
+            self.purge(instance.stream, reason="new_instance")
+            return
+        self.learn_lifetime(instance, headers, complete=True)
 
     def _written(
         self,
@@ -499,42 +549,16 @@ class Streams:
             floor = None
         closes = ok and flag(request_headers, STREAM_CLOSED)
         instance = self.local.instance_for(stream)
-        if ok and instance.closed_at is not None:
-            # A closed stream takes no appends (the origin answers 409) and closing it again
-            # changes nothing: a write that succeeds went to another stream at the path, or did
-            # nothing at all. Forgetting is always safe; serving the old instance is not.
-            log.info("%s written after its closure: a new instance", stream)
-            self.purge(stream, reason="new_instance")
-            instance = self.local.instance_for(stream)
-        sent_type = first_value(request_headers, "content-type")
-        if (
-            ok
-            and method == "POST"
-            and carries_body(request_headers)
-            and sent_type is not None
-            and instance.content_type is not None
-            and media_type(sent_type) != media_type(instance.content_type)
-        ):
-            # The origin appends only bytes of the stream's own content type (409 otherwise):
-            # an append of another type that succeeded went to another stream at the path. A
-            # close without a body is taken whatever its Content-Type (clients send a default).
-            log.info("%s appended to as %s: a new instance", stream, media_type(sent_type))
-            self.purge(stream, reason="new_instance")
-            instance = self.local.instance_for(stream)
-        # An append of bytes (not a producer's, whose retry of a duplicate is answered with the
-        # tail as it is) must end past the tail the edge knew before it started.
-        appended = (
-            ok
-            and method == "POST"
-            and carries_body(request_headers)
-            and first_value(request_headers, "producer-id") is None
-        )
-        if floor is not None and instance.contradicts(
-            floor, closed=False, started=started, appended=appended
-        ):
-            log.info("%s written below the tail it had reached: a new instance", stream)
-            self.purge(stream, reason="new_instance")
-            instance = self.local.instance_for(stream)
+        names_instance = False
+        if ok:
+            judgement = judge_write(
+                instance, written_as(method, request_headers, response_headers, floor, started)
+            )
+            if judgement.another is not None:
+                log.info("%s %s: a new instance", stream, judgement.another)
+                self.purge(stream, reason="new_instance")
+                instance = self.local.instance_for(stream)
+            names_instance = judgement.names_instance
         ticket = self.ticket()
         if floor is not None:
             instance.reached(floor, ticket)
@@ -542,8 +566,10 @@ class Streams:
                 instance.closed_at = Mark(offset=floor, received=ticket)
         for log_ in self.local.logs_of(stream):
             log_.mark_stale()
-            if closes and floor is not None:
-                # Closed through this edge: every later read says so (read-after-write).
+            if closes and floor is not None and names_instance:
+                # Closed through this edge: every later read says so (read-after-write). A
+                # close that names no instance is left to the next read to ask the origin
+                # (its closure mark keeps an older answer that says open from being believed).
                 log_.observe_tail(
                     floor, closed=True, now=self._clock(), started=ticket, received=ticket
                 )

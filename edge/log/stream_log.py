@@ -19,6 +19,14 @@ Rules this module owns:
   believed as of its time only (never as a fresh tail).
 * The tail fact is *authoritative* while a live upstream follows the stream and keeps speaking,
   otherwise true only as of ``observed_at``. Closure is final within an instance.
+* **A fact applies only to the instance it was derived from.** An answer names its instance by
+  the content type (a stream keeps its own for life) and by offsets that never go back; what
+  it says of the tail (reached, closed) is believed of the instance held only if nothing in it
+  contradicts that instance (``judge_write``, ``judge_tail``). A write's answer that names no
+  content type (a close without a body: ``Stream-Next-Offset`` and ``Stream-Closed`` only) may
+  be another instance's that reached the same offset: its closure is kept as a mark (older
+  answers that say open are not believed) but not told as the tail of the bytes held, so the
+  next read asks the origin, whose answer names its instance.
 * Expiry: an absolute ``Stream-Expires-At`` ends service at that instant. A sliding ``Stream-TTL``
   is counted from the last time the edge touched the origin for the stream, because reads the
   edge absorbs do not extend it there (PROTOCOL-NOTES "Cacheability").
@@ -29,7 +37,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field, replace
 
-from edge.log.segment import is_json
+from edge.log.segment import is_json, media_type
 
 NEVER = float("-inf")
 # A ticket before every exchange: facts with it are older than any answer.
@@ -170,6 +178,63 @@ def judge_tail(
         verdict=TailVerdict.BELIEVED, fact=fact, reached=Mark(offset=offset, received=received),
         closes=closed,
     )  # fmt: skip
+
+
+def names_another_instance(instance: StreamInstance, content_type: str | None) -> bool:
+    """Does an answer (or a write the origin took) of ``content_type`` belong to another stream
+    at the path than ``instance``? A stream keeps its content type for life; None names none."""
+    known = instance.content_type
+    return (
+        content_type is not None
+        and known is not None
+        and media_type(content_type) != media_type(known)
+    )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Write:
+    """A write through the edge that the origin took, as values: its answer's tail
+    (``Stream-Next-Offset``; None when it gave none), the ticket when it started, whether it
+    appended bytes (which always moves the tail), and the content type it names: the type the
+    origin checked it against (an append's body's, a PUT answer's), None for a close without
+    a body, which names none."""
+
+    floor: str | None
+    started: int
+    appended: bool
+    content_type: str | None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WriteJudgement:
+    """What a ``Write`` means for the instance held: ``another`` says why it went to another
+    stream at the path (forget the instance first; None: the same, as far as the edge can
+    tell); ``names_instance``: its closure may be told as the tail of the bytes held."""
+
+    another: str | None
+    names_instance: bool
+
+
+def judge_write(instance: StreamInstance, write: Write) -> WriteJudgement:
+    """The one judge of what a successful write through the edge says about ``instance``. Pure."""
+    if instance.closed_at is not None:
+        # A closed stream takes no appends (the origin answers 409) and closing it again
+        # changes nothing: a write that succeeds went to another stream at the path, or did
+        # nothing at all. Forgetting is always safe; serving the old instance is not.
+        return WriteJudgement(another="written after its closure", names_instance=False)
+    if names_another_instance(instance, write.content_type):
+        # The origin takes only bytes of the stream's own type, and a PUT's answer names it.
+        return WriteJudgement(
+            another=f"written as {media_type(write.content_type)}", names_instance=False
+        )
+    if write.floor is not None and instance.contradicts(
+        write.floor, closed=False, started=write.started, appended=write.appended
+    ):
+        return WriteJudgement(another="written below the tail it had reached", names_instance=False)
+    return WriteJudgement(
+        another=None,
+        names_instance=write.content_type is not None and instance.content_type is not None,
+    )
 
 
 @dataclass(kw_only=True, slots=True, eq=False)

@@ -811,7 +811,9 @@ async def test_a_close_without_a_body_is_not_an_append_of_another_type(
 ) -> None:
     """Clients send a default Content-Type on an empty close (aiohttp: octet-stream), which the
     origin takes whatever the stream's type: that is the same stream, still the edge's to
-    serve (forgetting it ended every SSE viewer of the demo once)."""
+    serve (forgetting it ended every SSE viewer of the demo once). The close's answer names no
+    instance (another one, recreated behind the edge, may have reached the same offset), so
+    the next read asks the origin, and only for what follows the bytes held; then it is a hit."""
     base = edge.url + stream_path
     await write(http, base, [b'{"n":1}'], headers=JSON)
     assert (await fetch(http, "GET", f"{base}?offset=-1")).status == 200
@@ -826,4 +828,65 @@ async def test_a_close_without_a_body_is_not_an_append_of_another_type(
     answer = await fetch(http, "GET", f"{base}?offset=-1")
     assert answer.status == 200
     assert answer.header("Stream-Closed") == "true"
-    assert answer.header("Cache-Status") == "edge; hit"
+    assert str(answer.header("Cache-Status")).startswith("edge; fwd=partial;")
+    again = await fetch(http, "GET", f"{base}?offset=-1")
+    assert (again.status, again.body) == (200, answer.body)
+    assert again.header("Stream-Closed") == "true"
+    assert again.header("Cache-Status") == "edge; hit"
+
+
+@pytest.fixture(scope="module")
+def shared_trio(origin: Origin, logs_dir: Path, module_redis: Redis) -> Iterator[Cluster]:
+    """Three replicas sharing ``module_redis``: one with answers capped at 16 bytes, two not."""
+    capped = start_replicas(
+        origin.url, logs_dir, ["nw-trio-capped"], "--redis-url", module_redis.url,
+        "--max-response-bytes", "16", *EDGE_ARGS,
+    )  # fmt: skip
+    whole = start_replicas(
+        origin.url, logs_dir, ["nw-trio-whole", "nw-trio-sharer"], "--redis-url",
+        module_redis.url, *EDGE_ARGS,
+    )  # fmt: skip
+    yield Cluster([*capped, *whole], module_redis.url)
+    for edge in [*capped, *whole]:
+        edge.stop()
+
+
+@pytest.mark.parametrize("reader", ["capped, from the shared offset", "whole, from the start"])
+async def test_a_shared_segment_of_another_content_type_is_never_joined_to_the_bytes_held(
+    http: aiohttp.ClientSession, origin: Origin, shared_trio: Cluster, stream_path: str,
+    reader: str,
+) -> None:  # fmt: skip
+    """A replica holds a text stream ten bytes long; behind its back the stream is recreated as
+    JSON reaching the same offset and beyond, and another replica shares the JSON segments that
+    start there (its clients read from those offsets). A segment is of the instance it was
+    fetched for, whose content type it carries: joined to the text held, a capped read served
+    the JSON bytes as text; and once that was refused, a read from the start joined the text
+    held to what the origin said of the JSON stream (the plan made before the refusal)."""
+    capped, whole, sharer = shared_trio.edges
+    replica = capped if reader.startswith("capped") else whole
+    x = (await write(http, origin.url + stream_path, [b"0123456789"], headers=TEXT))[-1]
+    held = await fetch(http, "GET", f"{replica.url}{stream_path}?offset=-1")
+    assert (held.status, held.body) == (200, b"0123456789")
+    assert (await fetch(http, "DELETE", origin.url + stream_path)).status == 204
+    last = b'"' + b"z" * 40 + b'"'
+    recreated = await write(http, origin.url + stream_path, [b'"abcdefg"', last], headers=JSON)
+    assert recreated[1] == x  # the same offset, another instance
+    # Two shared segments from there, [x, y) and [y, end): a capped read needs no origin.
+    shared = await fetch(http, "GET", f"{sharer.url}{stream_path}?offset={x}")
+    assert json.loads(shared.body) == ["z" * 40]
+    y = recreated[2]
+    await write(http, origin.url + stream_path, [b'"w"'], headers=JSON, create=False)
+    await asyncio.sleep(1.2)  # past the sharer's --tail-freshness at y
+    shared = await fetch(http, "GET", f"{sharer.url}{stream_path}?offset={y}")
+    assert json.loads(shared.body) == ["w"]
+    await asyncio.sleep(1.2)  # the shared writes land; past --tail-freshness for ``replica``
+    offset = x if replica is capped else "-1"
+    answer = await fetch(http, "GET", f"{replica.url}{stream_path}?offset={offset}")
+    assert answer.status == 200
+    assert answer.header("Content-Type") == "application/json"
+    stream = ["abcdefg", "z" * 40, "w"]
+    items_read = json.loads(answer.body)
+    if replica is capped:  # from x: the origin's answer, or the first shared segment alone
+        assert items_read in (stream[1:], stream[1:2])
+    else:
+        assert items_read == stream

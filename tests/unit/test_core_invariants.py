@@ -4,6 +4,9 @@
 * ``cover`` follows only forward, joining segments, whatever a (corrupt) lookup returns.
 * Within one stream instance offsets never go back; an answer that contradicts what the edge
   knew before its request started is a new instance, and nothing else is.
+* A write through the edge is judged against the instance held: one that names another content
+  type (or follows its closure) is another instance; its closure is told as the tail of the
+  bytes held only when it names their content type (a close without a body names none).
 * A shared-tier value is either exactly what this edge wrote for that key, or a miss.
 """
 
@@ -16,7 +19,15 @@ from hypothesis import strategies as st
 
 from edge.log.policy import cover
 from edge.log.segment import InvalidSegment, Segment, answer_segment, content_digest
-from edge.log.stream_log import LogKey, StreamInstance, StreamLog, TailVerdict
+from edge.log.stream_log import (
+    LogKey,
+    Mark,
+    StreamInstance,
+    StreamLog,
+    TailVerdict,
+    Write,
+    judge_write,
+)
 from edge.protocol.offsets import START, is_offset_token
 from edge.store.shared import BadValue, decode, decode_closed, encode
 
@@ -180,3 +191,44 @@ def test_content_digests_tell_bytes_apart_not_offsets() -> None:
     new = Segment(start="0_0", end="0_9", body=b'[{"v":"new"}]')
     assert content_digest([old]) != content_digest([new])
     assert content_digest([old]) == content_digest([Segment(start="0_0", end="0_9", body=old.body)])
+
+
+content_types = st.sampled_from([None, "application/json", "text/plain", "Text/Plain; charset=x"])
+
+
+@given(
+    held=content_types,
+    named=content_types,
+    high=st.one_of(st.none(), offsets),
+    floor=st.one_of(st.none(), offsets),
+    closed=st.booleans(),
+    appended=st.booleans(),
+)
+def test_a_write_tells_the_tail_of_the_bytes_held_only_if_it_names_their_instance(
+    held: str | None,
+    named: str | None,
+    high: str | None,
+    floor: str | None,
+    closed: bool,
+    appended: bool,
+) -> None:
+    instance = StreamInstance(stream="/s", content_type=held)
+    if high is not None:
+        instance.reached(high, received=1)
+        if closed:
+            instance.closed_at = Mark(offset=high, received=1)
+    write = Write(floor=floor, started=2, appended=appended, content_type=named)
+    judgement = judge_write(instance, write)
+    other_type = (
+        held is not None
+        and named is not None
+        and held.split(";")[0].lower() != named.split(";")[0].lower()
+    )
+    if other_type or instance.closed_at is not None:
+        assert judgement.another is not None
+    if judgement.another is not None:
+        assert not judgement.names_instance
+    # Only a write that names the held instance's content type may graft its closure on them.
+    assert judgement.names_instance == (
+        judgement.another is None and held is not None and named is not None
+    )

@@ -1841,3 +1841,52 @@ def test_an_append_that_does_not_move_the_known_tail_is_another_instance() -> No
         state.poll(path=A, via_edge=False, wait=0, worker=0, writer=0)
     finally:
         state.teardown()
+
+
+# --- a write's answer that names no instance ---
+
+
+def _recreated_behind_the_edge_at_the_same_tail(state: CatchupMachine, *, closed: bool) -> None:
+    """Stream a, empty JSON, is read through worker 0 (which then holds it at its tail, 0_0),
+    then deleted and recreated at the origin, empty again, as text: the same tail offset, and
+    nothing the edge is told."""
+    state.do_create(A, JSON_TYPE, via_edge=False)
+    assert state.do_read(A, "-1", worker=0).content_type == JSON_TYPE
+    state.do_delete(A, via_edge=False)
+    state.do_create(A, TEXT_TYPE, via_edge=False, closed=closed)
+
+
+def test_a_bodyless_close_is_not_grafted_onto_the_instance_held(machine: CatchupMachine) -> None:
+    """A close without a body is answered with the tail offset and ``Stream-Closed`` only:
+    nothing in it names the instance it closed. Taken as the closure of the instance the edge
+    held (another, of the same tail offset), it served that one's ``[]`` as the closed stream,
+    for ever; a close through the edge is a write, so the next read must see the origin's."""
+    _recreated_behind_the_edge_at_the_same_tail(machine, closed=False)
+    assert machine.do_close(A, via_edge=True) == 204
+    seen = machine.do_read(A, "-1")
+    assert (seen.content_type, seen.body, seen.closed) == (TEXT_TYPE, b"", True)
+
+
+def test_a_bodyless_close_told_by_a_sibling_is_not_grafted_onto_the_instance_held(
+    two_workers: CatchupMachine,
+) -> None:
+    """The two-worker machine's falsifying example: the close relayed by worker 1 (which held
+    nothing) is replayed on worker 0 as the same answer, naming the path and the offset only;
+    worker 0 closed the JSON instance it held and served ``[]`` as the closed text stream."""
+    _recreated_behind_the_edge_at_the_same_tail(two_workers, closed=False)
+    assert two_workers.do_close(A, via_edge=True, worker=1) == 204
+    seen = two_workers.do_read(A, "-1", worker=0)
+    assert (seen.content_type, seen.body, seen.closed) == (TEXT_TYPE, b"", True)
+
+
+def test_a_put_that_finds_a_closed_stream_of_another_type_is_another_instance(
+    two_workers: CatchupMachine,
+) -> None:
+    """A PUT answered 200 (the stream exists as asked: here closed) names the stream's content
+    type: one that is not the type of the instance held is another stream at the path, whose
+    closure must not be grafted onto the bytes held."""
+    _recreated_behind_the_edge_at_the_same_tail(two_workers, closed=True)
+    assert two_workers.do_create(A, TEXT_TYPE, via_edge=True, closed=True, worker=1) == 200
+    for worker in (0, 1):
+        seen = two_workers.do_read(A, "-1", worker=worker)
+        assert (seen.content_type, seen.body, seen.closed) == (TEXT_TYPE, b"", True)

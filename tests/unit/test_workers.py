@@ -241,6 +241,28 @@ async def test_every_cause_of_forgetting_is_told_once_through_one_place() -> Non
     assert len(told.keys) == 7
 
 
+async def test_a_head_answered_as_another_content_type_is_another_instance() -> None:
+    """A HEAD answer names the stream's content type and states its whole lifetime: of another
+    type, it is another stream's lifetime, not to be learned for the instance held."""
+    streams, told = _streams()
+    held = streams.local.instance_for("/s")
+    held.content_type = "application/json"
+    streams.observe(
+        "HEAD", "/s", 200, [], [("Content-Type", "application/json"), ("Stream-TTL", "60")],
+        started=streams.ticket(),
+    )  # fmt: skip
+    assert streams.local.current(held)
+    assert held.ttl_seconds == 60.0
+    assert told.keys == []
+    streams.observe(
+        "HEAD", "/s", 200, [], [("Content-Type", "text/plain"), ("Stream-TTL", "5")],
+        started=streams.ticket(),
+    )  # fmt: skip
+    assert not streams.local.current(held)
+    assert held.ttl_seconds == 60.0  # the other stream's lifetime was not learned for it
+    assert [f.reason for f in told.forgettings] == ["new_instance"]
+
+
 async def test_settled_waits_for_the_tellings_of_its_stream_only() -> None:
     streams, told = _streams()
     await streams.settled("/s")  # nothing under way: at once
