@@ -22,9 +22,11 @@ import redis.asyncio as aredis
 
 from devstack.processes import Edge, Origin, start_edge
 from devstack.redis_sets import RedisClusterSet, SentinelSet
+from devstack.sse_viewer import view_sse
 from edge.store.shared import generation_key
 from edge.streams import PURGE_WAIT_SECONDS
 from tests.conftest import SharedRedis, shared_redis_in
+from tests.integration.live_support import append_all
 from tests.integration.replicas import Answer, fetch, start_replicas
 from tests.integration.test_faults import closed_port
 from tests.integration.test_never_wrong import until_status, write
@@ -40,6 +42,7 @@ STREAMS_READ_DURING_FAILOVER = 12
 # few MiB (tcp_rmem autotunes up to 32 MiB only while the reader reads).
 BACKLOG_CHUNK_BYTES = 4 * 1024 * 1024
 BACKLOG_CHUNKS = 16
+JSON = {"Content-Type": "application/json"}
 
 
 async def _redis_state(http: aiohttp.ClientSession, edge: Edge) -> str:
@@ -220,3 +223,56 @@ async def test_an_unreachable_cluster_or_sentinel_set_is_down_and_nothing_waits_
         assert "does not answer" in edge.process.log.read_text()
     finally:
         edge.stop()
+
+
+@pytest.mark.parametrize("mode", ["standalone", "cluster", "sentinel"])
+async def test_viewers_cut_off_mid_answer_resume_on_another_replica_with_every_byte_once(
+    mode: str,
+    request: pytest.FixtureRequest,
+    origin: Origin,
+    logs_dir: Path,
+    stream_path: str,
+) -> None:
+    """The lift: viewers of a live JSON stream on one replica lose their connection mid-answer
+    and come back through another replica sharing the tier (as a balancer that lost the first
+    sends them), each from its last offset: every item once, in order, in every mode; the
+    second replica reads through the shared tier of that mode (whether a resume finds a stored
+    segment depends on where its offset falls, so only the bytes are asserted)."""
+    shared = shared_redis_in(mode, request)
+    first, second = start_replicas(
+        origin.url, logs_dir, [f"lift-a-{mode}", f"lift-b-{mode}"], *shared.edge_args
+    )
+    items = [{"n": n, "pad": "x" * 200} for n in range(60)]
+    parts = [json.dumps(item).encode() for item in items]
+    connector = aiohttp.TCPConnector(limit=0)
+    try:
+        async with aiohttp.ClientSession(connector=connector) as crowd:
+            async with crowd.put(first.url + stream_path, headers=JSON) as created:
+                assert created.status == 201
+            cut_off = [
+                asyncio.create_task(
+                    view_sse(crowd, first.url + stream_path, stop_after_events=8, resume=False)
+                )
+                for _ in range(10)
+            ]
+            writer = asyncio.create_task(
+                append_all(crowd, first.url + stream_path, parts, content_type="application/json",
+                           rate_per_second=30)
+            )  # fmt: skip
+            views = await asyncio.gather(*cut_off)
+            # Back, through the other replica, while the writer is still appending.
+            rests = await asyncio.gather(
+                *(
+                    view_sse(crowd, second.url + stream_path, offset=view.next_offset or "-1")
+                    for view in views
+                )
+            )
+            await writer
+            for view, rest in zip(views, rests, strict=True):
+                assert view.next_offset is not None
+                assert not view.closed
+                assert view.items + rest.items == items
+                assert rest.closed
+    finally:
+        first.stop()
+        second.stop()
