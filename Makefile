@@ -102,15 +102,21 @@ fmt: $(STAMPS)/venv
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
+# The suite's files run on TEST_PROCESSES pytest-xdist workers (a file stays on one worker, so
+# its processes and fixtures are its own): most tests wait on real processes, so two workers on
+# 2 cores take half the time of one (7 min 46 s against 13 min 48 s, measured).
+TEST_PROCESSES ?= 2
+PARALLEL := -n $(TEST_PROCESSES) --dist loadfile
+
 test: bootstrap check
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(PARALLEL) $(PYTEST_ARGS)
 
 # The whole suite with every launched edge running two worker processes (edge serve --workers 2).
 test-workers2: bootstrap
-	EDGE_TEST_WORKERS=2 $(PY) -m pytest $(PYTEST_ARGS)
+	EDGE_TEST_WORKERS=2 $(PY) -m pytest $(PARALLEL) $(PYTEST_ARGS)
 
 test-fast: bootstrap
-	$(PY) -m pytest -m "not conformance" $(PYTEST_ARGS)
+	$(PY) -m pytest $(PARALLEL) -m "not conformance" $(PYTEST_ARGS)
 
 conformance: bootstrap
 	$(PY) -m pytest -m conformance $(PYTEST_ARGS)

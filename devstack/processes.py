@@ -119,11 +119,24 @@ class Process:
             self.proc.stdout.close()
 
 
+def own_log(logs_dir: Path, name: str) -> Path:
+    """A log file no other process has written: ``name.log``, or ``name-2.log`` and on when
+    an earlier process of that name (another test's, a restart) has one, so what a caller
+    reads in its process's log is that process's alone."""
+    logs_dir.mkdir(parents=True, exist_ok=True)
+    log = logs_dir / f"{name}.log"
+    suffix = 2
+    while log.exists():
+        log = logs_dir / f"{name}-{suffix}.log"
+        suffix += 1
+    log.touch()
+    return log
+
+
 def _spawn(
     name: str, argv: list[str], logs_dir: Path, env: dict[str, str] | None = None
 ) -> Process:
-    logs_dir.mkdir(parents=True, exist_ok=True)
-    log = logs_dir / f"{name}.log"
+    log = own_log(logs_dir, name)
     with log.open("ab") as stderr:
         proc = subprocess.Popen(
             argv, stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL, env=env
