@@ -77,6 +77,7 @@ from edge.log.stream_log import (
     StreamInstance,
     TailVerdict,
     Write,
+    judge_shared_closure,
     judge_write,
     names_another_instance,
 )
@@ -93,7 +94,7 @@ from edge.protocol.lifetimes import parse_expires_at, parse_ttl_seconds
 from edge.protocol.offsets import is_offset_token
 from edge.protocol.reads import PUBLIC_SCOPE, auth_scope, speaks_for_the_stream
 from edge.store.local import LocalTier
-from edge.store.shared import SharedTier
+from edge.store.shared import SharedClosure, SharedTier
 
 log = logging.getLogger(__name__)
 
@@ -328,10 +329,18 @@ class Streams:
         instance = log_.instance
         if not instance.generation:
             return False
-        if await self._shared.get_closed(key, instance.generation) != end:
+        closure = await self._shared.get_closed(key, instance.generation)
+        if closure is None or closure.end != end or not self.local.current(instance):
             return False
-        if not self.local.current(instance):
+        verdict = judge_shared_closure(
+            instance, log_.tail, end, content_type=closure.content_type, seen_at=closure.seen_at
+        )
+        if verdict is TailVerdict.NEW_INSTANCE:
+            log.info("%s shared closed as another content type: a new instance", key.stream)
+            self.purge(key.stream, reason="new_instance")
             return False
+        if verdict is not TailVerdict.BELIEVED:
+            return False  # heard open there since that closure was seen: the origin says
         ticket = self.ticket()
         verdict = log_.observe_tail(
             end, closed=True, now=self._clock(), started=ticket, received=ticket
@@ -347,7 +356,10 @@ class Streams:
         if segment is not None:
             shared.put(key, segment, log_.content_type, generation)
         if closed_at is not None:
-            shared.put_closed(key, closed_at, generation)
+            closure = SharedClosure(
+                end=closed_at, content_type=log_.content_type, seen_at=self._clock()
+            )
+            shared.put_closed(key, closure, generation)
 
     # --- what live upstreams tell ---
 

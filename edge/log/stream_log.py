@@ -191,6 +191,29 @@ def names_another_instance(instance: StreamInstance, content_type: str | None) -
     )
 
 
+def judge_shared_closure(
+    instance: StreamInstance,
+    tail: TailFact | None,
+    end: str,
+    *,
+    content_type: str | None,
+    seen_at: float,
+) -> TailVerdict:
+    """Another replica saw the stream closed at ``end`` (where the chain held ends), as an
+    instance of ``content_type``, at ``seen_at`` (its clock). The shared tier's generation
+    does not change when the stream is recreated behind every replica's back, so the closure
+    may be another instance's that reached the same offset: of another content type it is
+    (``NEW_INSTANCE``: only the origin knows which is current); heard open at ``end`` since it
+    was seen closed, it is not this one's, as far as the edge can tell (a closed stream never
+    reopens; clocks apart make it a doubt too), so it is not believed (``OLDER``) and the origin
+    is asked. Otherwise ``BELIEVED``: the caller lets ``judge_tail`` take it. Pure."""
+    if names_another_instance(instance, content_type):
+        return TailVerdict.NEW_INSTANCE
+    if tail is not None and not tail.closed and tail.offset == end and tail.observed_at >= seen_at:
+        return TailVerdict.OLDER
+    return TailVerdict.BELIEVED
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Write:
     """A write through the edge that the origin took, as values: its answer's tail

@@ -29,7 +29,14 @@ from edge.log.stream_log import (
     judge_write,
 )
 from edge.protocol.offsets import START, is_offset_token
-from edge.store.shared import BadValue, decode, decode_closed, encode
+from edge.store.shared import (
+    BadValue,
+    SharedClosure,
+    decode,
+    decode_closed,
+    encode,
+    encode_closed,
+)
 
 KEY = LogKey(stream="/s", scope="public")
 
@@ -177,13 +184,23 @@ def test_shared_values_round_trip_and_belong_to_their_key(
 
 
 def test_bad_closures_are_refused() -> None:
-    for blob in (b"null", b"[1]", b'{"end": "a\\nb", "gen": "0"}', b'{"end": 1, "gen": "0"}'):
+    good = {"end": "0_1", "gen": "g", "ct": "text/plain", "at": 1.5}
+    for blob in (
+        b"null", b"[1]", b'{"end": "a\\nb", "gen": "0"}', b'{"end": 1, "gen": "0"}',
+        # The older format named no instance: a miss, never a closure of the bytes held.
+        json.dumps({"end": "0_1", "gen": "g"}).encode(),
+        json.dumps({**good, "at": "1.5"}).encode(), json.dumps({**good, "at": True}).encode(),
+        json.dumps({**good, "at": float("nan")}).encode(), json.dumps({**good, "ct": 7}).encode(),
+        json.dumps({**good, "ct": "text/plain\n"}).encode(),
+    ):  # fmt: skip
         try:
             decode_closed(blob)
         except BadValue:
             continue
         raise AssertionError(blob)
-    assert decode_closed(json.dumps({"end": "0_1", "gen": "g"}).encode()) == ("0_1", "g")
+    closure = SharedClosure(end="0_1", content_type="text/plain", seen_at=1.5)
+    assert decode_closed(json.dumps(good).encode()) == (closure, "g")
+    assert decode_closed(encode_closed(closure, "g")) == (closure, "g")
 
 
 def test_content_digests_tell_bytes_apart_not_offsets() -> None:
