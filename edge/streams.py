@@ -229,6 +229,7 @@ def written_as(
         # tail as it is) ends past the tail the edge knew before it started.
         appended=method == "POST" and body and first_value(request_headers, "producer-id") is None,
         content_type=named,
+        answered=method == "PUT",
     )
 
 

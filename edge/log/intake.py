@@ -29,7 +29,13 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from edge.log.segment import Segment, answer_segment, is_json, is_json_array, media_type
+from edge.log.segment import (
+    Segment,
+    answer_segment,
+    is_json,
+    is_json_array,
+    streams_content_type,
+)
 from edge.log.stream_log import StreamInstance, TailFact, TailJudgement, TailVerdict, judge_tail
 from edge.protocol.headers import HOP_BY_HOP, cors_headers, first_value, flag
 from edge.protocol.offsets import is_offset_token
@@ -247,7 +253,9 @@ def _decide_fill(
     if json and not is_json_array(arrival.body):
         return Intake(Decision.RELAY)
     known = instance.content_type
-    if known is not None and media_type(known) != media_type(arrival.content_type):
+    if known is not None and streams_content_type(known) != streams_content_type(
+        arrival.content_type
+    ):
         return Intake(Decision.NEW_INSTANCE, (Forget("changed content type at the origin"),))
     actions: list[Action] = [
         Describe(arrival.content_type, header_template(headers)),

@@ -37,7 +37,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field, replace
 
-from edge.log.segment import is_json, media_type
+from edge.log.segment import is_json, media_type, streams_content_type
 
 NEVER = float("-inf")
 # A ticket before every exchange: facts with it are older than any answer.
@@ -181,8 +181,22 @@ def judge_tail(
 
 
 def names_another_instance(instance: StreamInstance, content_type: str | None) -> bool:
-    """Does an answer (or a write the origin took) of ``content_type`` belong to another stream
-    at the path than ``instance``? A stream keeps its content type for life; None names none."""
+    """Does an origin answer of ``content_type`` (a read's, a HEAD's, a PUT's; or a value a
+    replica derived from one) belong to another stream at the path than ``instance``? A stream
+    keeps its content type for life, parameters and all, and the origin answers with it as it
+    was created; None names none."""
+    known = instance.content_type
+    return (
+        content_type is not None
+        and known is not None
+        and streams_content_type(content_type) != streams_content_type(known)
+    )
+
+
+def writes_another_type(instance: StreamInstance, content_type: str | None) -> bool:
+    """Did the origin take an append whose body is of ``content_type`` for a stream of another
+    type than ``instance``? It checks an append's media type only (it takes ``text/plain`` for a
+    ``text/plain; charset=utf-8`` stream), so that is all an append says."""
     known = instance.content_type
     return (
         content_type is not None
@@ -220,12 +234,14 @@ class Write:
     (``Stream-Next-Offset``; None when it gave none), the ticket when it started, whether it
     appended bytes (which always moves the tail), and the content type it names: the type the
     origin checked it against (an append's body's, a PUT answer's), None for a close without
-    a body, which names none."""
+    a body, which names none. ``answered``: it is the origin's answer's (a PUT's: the stream's
+    own, parameters and all), not an append's body's (whose media type alone the origin checks)."""
 
     floor: str | None
     started: int
     appended: bool
     content_type: str | None
+    answered: bool = False
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -245,7 +261,8 @@ def judge_write(instance: StreamInstance, write: Write) -> WriteJudgement:
         # changes nothing: a write that succeeds went to another stream at the path, or did
         # nothing at all. Forgetting is always safe; serving the old instance is not.
         return WriteJudgement(another="written after its closure", names_instance=False)
-    if names_another_instance(instance, write.content_type):
+    another_type = names_another_instance if write.answered else writes_another_type
+    if another_type(instance, write.content_type):
         # The origin takes only bytes of the stream's own type, and a PUT's answer names it.
         return WriteJudgement(
             another=f"written as {media_type(write.content_type)}", names_instance=False

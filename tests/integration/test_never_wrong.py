@@ -923,3 +923,31 @@ async def test_a_shared_closure_of_another_instance_never_closes_the_bytes_held(
         assert (answer.status, answer.body) == (truth.status, truth.body), offset
         assert answer.header("Stream-Closed") is None, (offset, answer.headers)
         assert answer.header("Content-Type") == recreated_as
+
+
+@pytest.mark.parametrize("tier", ["redis", "local"])
+async def test_a_stream_recreated_with_another_charset_is_another_instance(
+    http: aiohttp.ClientSession, origin: Origin, request: pytest.FixtureRequest,
+    stream_path: str, tier: str,
+) -> None:  # fmt: skip
+    """A ``text/plain`` stream is held; behind the edge's back it is recreated as ``text/plain;
+    charset=iso-8859-1`` reaching the same offset, and appended to (the origin takes appends of
+    any parameters, but answers every read with the stream's own Content-Type, exactly as it was
+    created). Compared by media type only, the origin's answer for the delta was taken as the
+    same instance's: the old bytes were served joined to the new ones, under the new charset."""
+    edge = request.getfixturevalue(f"{tier}_cluster").edges[0]
+    x = (await write(http, origin.url + stream_path, [b"0123456789"]))[-1]
+    held = await fetch(http, "GET", f"{edge.url}{stream_path}?offset=-1")
+    assert (held.status, held.body) == (200, b"0123456789")
+    assert (await fetch(http, "DELETE", origin.url + stream_path)).status == 204
+    latin = {"Content-Type": "text/plain; charset=iso-8859-1"}
+    recreated = await write(http, origin.url + stream_path, [b"abcdefghij"], headers=latin)
+    assert recreated[-1] == x  # the premise: the same offset, another instance
+    await write(http, origin.url + stream_path, [b"KLM"], create=False)  # plain text/plain
+    await asyncio.sleep(TAIL_FRESHNESS + 0.3)  # the edge asks the origin for the delta
+    for offset in (x, "-1"):
+        truth = await fetch(http, "GET", f"{origin.url}{stream_path}?offset={offset}")
+        answer = await fetch(http, "GET", f"{edge.url}{stream_path}?offset={offset}")
+        assert truth.header("Content-Type") == latin["Content-Type"]
+        assert (answer.status, answer.body) == (truth.status, truth.body), offset
+        assert answer.header("Content-Type") == truth.header("Content-Type")

@@ -428,7 +428,7 @@ def test_a_shared_closure_closes_only_the_instance_it_names(
     verdict = judge_shared_closure(
         instance, tail, "0_9", content_type=shared_as, seen_at=seen_closed_at
     )
-    another_type = shared_as is not None and shared_as != held_as.split(";")[0]
+    another_type = shared_as is not None and shared_as != held_as  # parameters and all
     reopened = tail_offset == "0_9" and heard_open_at >= seen_closed_at
     if another_type:
         assert verdict is TailVerdict.NEW_INSTANCE
