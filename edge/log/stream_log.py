@@ -133,7 +133,11 @@ class TailFact:
     offset: str
     closed: bool
     authoritative: bool
+    # As of when it may be served without asking (NEVER: stale, asked again before use).
     observed_at: float
+    # When the origin last said it: kept when a write makes it stale, because "open here at
+    # that time" still tells a closure seen earlier apart from this instance's.
+    heard_at: float = NEVER
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -173,7 +177,9 @@ def judge_tail(
         return TailJudgement(verdict=TailVerdict.OLDER)
     if not authoritative and tail is not None and tail.authoritative and offset < tail.offset:
         return TailJudgement(verdict=TailVerdict.OLDER)
-    fact = TailFact(offset=offset, closed=closed, authoritative=authoritative, observed_at=now)
+    fact = TailFact(
+        offset=offset, closed=closed, authoritative=authoritative, observed_at=now, heard_at=now
+    )
     return TailJudgement(
         verdict=TailVerdict.BELIEVED, fact=fact, reached=Mark(offset=offset, received=received),
         closes=closed,
@@ -223,7 +229,7 @@ def judge_shared_closure(
     is asked. Otherwise ``BELIEVED``: the caller lets ``judge_tail`` take it. Pure."""
     if names_another_instance(instance, content_type):
         return TailVerdict.NEW_INSTANCE
-    if tail is not None and not tail.closed and tail.offset == end and tail.observed_at >= seen_at:
+    if tail is not None and not tail.closed and tail.offset == end and tail.heard_at >= seen_at:
         return TailVerdict.OLDER
     return TailVerdict.BELIEVED
 

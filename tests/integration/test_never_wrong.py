@@ -892,17 +892,20 @@ async def test_a_shared_segment_of_another_content_type_is_never_joined_to_the_b
         assert items_read == stream
 
 
+@pytest.mark.parametrize("then", ["nothing", "a refused write"])
 @pytest.mark.parametrize("recreated_as", ["text/plain", "application/json"])
 async def test_a_shared_closure_of_another_instance_never_closes_the_bytes_held(
     http: aiohttp.ClientSession, origin: Origin, redis_cluster: Cluster, stream_path: str,
-    recreated_as: str,
+    recreated_as: str, then: str,
 ) -> None:  # fmt: skip
     """Replica A reads a closed text stream at its final offset X and shares the closure. Behind
     every replica's back the stream is recreated (as text, or as JSON) reaching X again, open;
     replica B, which never saw the old one, reads the new one from the origin. Once B's word on
     its tail is stale, a read at X found the old instance's closure in the shared tier (it named
     neither the content type nor when it was seen) and answered closed: the closed answer the
-    origin never gave, kept as immutable from then on."""
+    origin never gave, kept as immutable from then on. A write through B makes its tail stale
+    (a refused one too: any write may have raced one that moved it), which must not erase that
+    B heard the stream open there after the closure was seen."""
     a, b = redis_cluster.edges[:2]
     x = (await write(http, origin.url + stream_path, [b"0123456789"], close=True))[-1]
     final = await fetch(http, "GET", f"{a.url}{stream_path}?offset={x}")
@@ -916,6 +919,11 @@ async def test_a_shared_closure_of_another_instance_never_closes_the_bytes_held(
     held = await fetch(http, "GET", f"{b.url}{stream_path}?offset=-1")
     assert (held.status, held.header("Stream-Closed")) == (200, None)
     await asyncio.sleep(TAIL_FRESHNESS + 0.3)  # B's tail is stale: it must ask someone
+    if then == "a refused write":
+        refused = await fetch(
+            http, "POST", b.url + stream_path, headers={"Content-Type": "image/png"}, data=b"x"
+        )
+        assert refused.status == 409
     for offset in (x, "-1"):
         truth = await fetch(http, "GET", f"{origin.url}{stream_path}?offset={offset}")
         answer = await fetch(http, "GET", f"{b.url}{stream_path}?offset={offset}")

@@ -409,6 +409,7 @@ def test_a_live_upstreams_word_holds_only_while_it_keeps_speaking() -> None:
     heard_open_at=st.one_of(st.just(NEVER), st.floats(0, 100)),
     seen_closed_at=st.floats(0, 100),
     tail_offset=st.sampled_from(["0_5", "0_9"]),
+    stale=st.booleans(),
 )
 def test_a_shared_closure_closes_only_the_instance_it_names(
     held_as: str,
@@ -416,15 +417,21 @@ def test_a_shared_closure_closes_only_the_instance_it_names(
     heard_open_at: float,
     seen_closed_at: float,
     tail_offset: str,
+    stale: bool,
 ) -> None:
     """A closure another replica shares (at 0_9, where the chain held ends) is believed of the
     instance held only if it names the same content type and the edge has not heard the stream
     open at 0_9 since it was seen closed there (a closed stream never reopens: that closure was
     another instance's, recreated behind every replica's back up to the same offset)."""
     instance = StreamInstance(stream="/s", content_type=held_as)
-    tail = TailFact(
-        offset=tail_offset, closed=False, authoritative=False, observed_at=heard_open_at
-    )
+    log_ = StreamLog(key=LogKey(stream="/s", scope=""), instance=instance)
+    log_.tail = TailFact(
+        offset=tail_offset, closed=False, authoritative=False, observed_at=heard_open_at,
+        heard_at=heard_open_at,
+    )  # fmt: skip
+    if stale:
+        log_.mark_stale()
+    tail = log_.tail
     verdict = judge_shared_closure(
         instance, tail, "0_9", content_type=shared_as, seen_at=seen_closed_at
     )
