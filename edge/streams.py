@@ -77,7 +77,7 @@ from edge.log.stream_log import (
     StreamInstance,
     TailVerdict,
     Write,
-    judge_shared_closure,
+    judge_shared,
     judge_write,
     names_another_instance,
 )
@@ -307,13 +307,20 @@ class Streams:
             return False
         if instance.generation != found.generation:
             return False  # this replica's own newer purge is still pending: not that value
-        if names_another_instance(instance, found.value.content_type):
+        held = self.local.log(key)
+        verdict = judge_shared(
+            instance, held.tail if held is not None else None, start,
+            content_type=found.value.content_type, seen_at=found.value.seen_at,
+        )  # fmt: skip
+        if verdict is TailVerdict.NEW_INSTANCE:
             # Another stream at the path than the one held (one of the two was filled after a
             # recreation behind the edge): only the origin knows which is current. A purge
             # starts a new generation, so neither is served again, here or on any replica.
             log.info("%s shared as another content type: a new instance", key.stream)
             self.purge(key.stream, reason="new_instance")
             return False
+        if verdict is not TailVerdict.BELIEVED:
+            return False  # heard the tail open at ``start`` since it was seen past it
         log_ = self.local.log_for(key)
         if log_.content_type is None:
             log_.content_type = found.value.content_type
@@ -333,7 +340,7 @@ class Streams:
         closure = await self._shared.get_closed(key, instance.generation)
         if closure is None or closure.end != end or not self.local.current(instance):
             return False
-        verdict = judge_shared_closure(
+        verdict = judge_shared(
             instance, log_.tail, end, content_type=closure.content_type, seen_at=closure.seen_at
         )
         if verdict is TailVerdict.NEW_INSTANCE:
@@ -355,7 +362,7 @@ class Streams:
             return  # a generation the tier has not named: keep it local
         generation = log_.instance.generation
         if segment is not None:
-            shared.put(key, segment, log_.content_type, generation)
+            shared.put(key, segment, log_.content_type, generation, seen_at=self._clock())
         if closed_at is not None:
             closure = SharedClosure(
                 end=closed_at, content_type=log_.content_type, seen_at=self._clock()

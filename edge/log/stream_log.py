@@ -211,25 +211,27 @@ def writes_another_type(instance: StreamInstance, content_type: str | None) -> b
     )
 
 
-def judge_shared_closure(
+def judge_shared(
     instance: StreamInstance,
     tail: TailFact | None,
-    end: str,
+    at: str,
     *,
     content_type: str | None,
     seen_at: float,
 ) -> TailVerdict:
-    """Another replica saw the stream closed at ``end`` (where the chain held ends), as an
-    instance of ``content_type``, at ``seen_at`` (its clock). The shared tier's generation
-    does not change when the stream is recreated behind every replica's back, so the closure
-    may be another instance's that reached the same offset: of another content type it is
-    (``NEW_INSTANCE``: only the origin knows which is current); heard open at ``end`` since it
-    was seen closed, it is not this one's, as far as the edge can tell (a closed stream never
-    reopens; clocks apart make it a doubt too), so it is not believed (``OLDER``) and the origin
-    is asked. Otherwise ``BELIEVED``: the caller lets ``judge_tail`` take it. Pure."""
+    """Another replica shares a value at offset ``at``, where the chain held ends: a segment
+    starting there (the stream had gone past ``at``) or a closure there, fetched as an
+    instance of ``content_type`` and seen at ``seen_at`` (its clock). The shared tier's
+    generation does not change when the stream is recreated behind every replica's back, so
+    the value may be another instance's that reached the same offset: of another content type
+    it is (``NEW_INSTANCE``: only the origin knows which is current); if the origin said the
+    tail was open at ``at`` to this replica since the value was seen, it is not this one's as
+    far as the edge can tell (a tail never goes back, a closed stream never reopens; a slow
+    answer or clocks apart make it a doubt only), so it is not believed (``OLDER``) and the
+    origin is asked. Otherwise ``BELIEVED``. Pure."""
     if names_another_instance(instance, content_type):
         return TailVerdict.NEW_INSTANCE
-    if tail is not None and not tail.closed and tail.offset == end and tail.heard_at >= seen_at:
+    if tail is not None and not tail.closed and tail.offset == at and tail.heard_at >= seen_at:
         return TailVerdict.OLDER
     return TailVerdict.BELIEVED
 

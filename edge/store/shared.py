@@ -83,6 +83,9 @@ class BadValue(ValueError):
 class SharedSegment:
     segment: Segment
     content_type: str | None
+    # When (wall clock, seconds) the replica that shared it had it from the origin: the stream
+    # had gone past its start then (``edge.log.stream_log.judge_shared``).
+    seen_at: float
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -126,10 +129,13 @@ def index_key(stream: str) -> str:
     return f"{KEY_PREFIX}:{_stream_tag(stream)}:keys"
 
 
-def encode(segment: Segment, content_type: str | None, generation: str) -> bytes:
+def encode(segment: Segment, content_type: str | None, generation: str, *, seen_at: float) -> bytes:
     header = json.dumps(
-        {"start": segment.start, "end": segment.end, "ct": content_type, "gen": generation}
-    )
+        {
+            "start": segment.start, "end": segment.end, "ct": content_type, "gen": generation,
+            "at": seen_at,
+        }
+    )  # fmt: skip
     return header.encode() + b"\n" + segment.body
 
 
@@ -144,8 +150,8 @@ def decode(blob: object, *, start: str) -> tuple[SharedSegment, str]:
         meta = json.loads(header)
     except ValueError as error:
         raise BadValue("header is not JSON") from error
-    if not isinstance(meta, dict) or set(meta) != {"start", "end", "ct", "gen"}:
-        raise BadValue("header is not ours")
+    if not isinstance(meta, dict) or set(meta) != {"start", "end", "ct", "gen", "at"}:
+        raise BadValue("header is not ours")  # the older format (no "at") too: a miss
     content_type, generation = meta["ct"], meta["gen"]
     if meta["start"] != start or not isinstance(generation, str):
         raise BadValue("stored under another key")
@@ -153,11 +159,12 @@ def decode(blob: object, *, start: str) -> tuple[SharedSegment, str]:
         raise BadValue("bad content type")
     if not isinstance(meta["end"], str):
         raise BadValue("bad end")
+    seen_at = _seen_at(meta["at"])
     try:
         segment = Segment(start=start, end=meta["end"], body=body)
     except InvalidSegment as error:
         raise BadValue(str(error)) from error
-    return SharedSegment(segment=segment, content_type=content_type), generation
+    return SharedSegment(segment=segment, content_type=content_type, seen_at=seen_at), generation
 
 
 def encode_closed(closure: SharedClosure, generation: str) -> bytes:
@@ -182,11 +189,14 @@ def decode_closed(blob: object) -> tuple[SharedClosure, str]:
         raise BadValue("bad closure")
     if not _content_type_ok(content_type):
         raise BadValue("bad content type")
-    if isinstance(seen_at, bool) or not isinstance(seen_at, (int, float)):
+    closure = SharedClosure(end=end, content_type=content_type, seen_at=_seen_at(seen_at))
+    return closure, generation
+
+
+def _seen_at(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise BadValue("bad time")
-    if not math.isfinite(seen_at):
-        raise BadValue("bad time")
-    return SharedClosure(end=end, content_type=content_type, seen_at=float(seen_at)), generation
+    return float(value)
 
 
 def _content_type_ok(content_type: object) -> bool:
@@ -409,9 +419,18 @@ class SharedTier:
         self._count("get", "hit")
         return closure if stamp == current == generation else None
 
-    def put(self, key: LogKey, segment: Segment, content_type: str | None, generation: str) -> None:
-        """Store a segment in the background; never awaited by a response."""
-        blob = encode(segment, content_type, generation)
+    def put(
+        self,
+        key: LogKey,
+        segment: Segment,
+        content_type: str | None,
+        generation: str,
+        *,
+        seen_at: float,
+    ) -> None:
+        """Store a segment (had from the origin at ``seen_at``) in the background; never awaited
+        by a response."""
+        blob = encode(segment, content_type, generation, seen_at=seen_at)
         self._in_background(segment_key(key, segment.start), blob, key)
 
     def put_closed(self, key: LogKey, closure: SharedClosure, generation: str) -> None:

@@ -959,3 +959,29 @@ async def test_a_stream_recreated_with_another_charset_is_another_instance(
         assert truth.header("Content-Type") == latin["Content-Type"]
         assert (answer.status, answer.body) == (truth.status, truth.body), offset
         assert answer.header("Content-Type") == truth.header("Content-Type")
+
+
+async def test_a_shared_segment_of_another_instance_is_never_joined_to_the_bytes_held(
+    http: aiohttp.ClientSession, origin: Origin, redis_cluster: Cluster, stream_path: str
+) -> None:
+    """Replica A reads a text stream from offset X and shares the segment [X, Y) (``OLD``).
+    Behind every replica's back the stream is recreated as text reaching X, and replica B reads
+    the new one from the origin: open at X. It is appended to (``NEW``). Once B's tail is
+    stale, a read at X found A's segment of the old instance in the shared tier (the
+    generation is unchanged) and joined it to the new bytes held, though B had heard the
+    stream end at X after that segment showed it past X (a tail never goes back)."""
+    a, b = redis_cluster.edges[:2]
+    x = (await write(http, origin.url + stream_path, [b"0123456789", b"OLD"]))[1]
+    shared = await fetch(http, "GET", f"{a.url}{stream_path}?offset={x}")
+    assert (shared.status, shared.body) == (200, b"OLD")
+    await asyncio.sleep(0.5)  # A's segment lands in the shared tier
+    assert (await fetch(http, "DELETE", origin.url + stream_path)).status == 204
+    assert (await write(http, origin.url + stream_path, [b"abcdefghij"]))[-1] == x
+    held = await fetch(http, "GET", f"{b.url}{stream_path}?offset=-1")
+    assert (held.status, held.body) == (200, b"abcdefghij")
+    await write(http, origin.url + stream_path, [b"NEW"], create=False)
+    await asyncio.sleep(TAIL_FRESHNESS + 0.3)
+    for offset in (x, "-1"):
+        truth = await fetch(http, "GET", f"{origin.url}{stream_path}?offset={offset}")
+        answer = await fetch(http, "GET", f"{b.url}{stream_path}?offset={offset}")
+        assert (answer.status, answer.body) == (truth.status, truth.body), offset

@@ -170,9 +170,10 @@ def test_shared_values_round_trip_and_belong_to_their_key(
 ) -> None:
     assume(end > start)
     segment = Segment(start=start, end=end, body=body)
-    blob = encode(segment, "text/plain", generation)
+    blob = encode(segment, "text/plain", generation, seen_at=12.5)
     found, stamp = decode(blob, start=start)
     assert (found.segment, found.content_type, stamp) == (segment, "text/plain", generation)
+    assert found.seen_at == 12.5
     assert found.segment.digest == segment.digest
     if other != start:
         try:

@@ -22,7 +22,7 @@ from edge.log.stream_log import (
     StreamLog,
     TailFact,
     TailVerdict,
-    judge_shared_closure,
+    judge_shared,
 )
 from edge.store.local import LocalTier, entry_cost
 
@@ -432,9 +432,7 @@ def test_a_shared_closure_closes_only_the_instance_it_names(
     if stale:
         log_.mark_stale()
     tail = log_.tail
-    verdict = judge_shared_closure(
-        instance, tail, "0_9", content_type=shared_as, seen_at=seen_closed_at
-    )
+    verdict = judge_shared(instance, tail, "0_9", content_type=shared_as, seen_at=seen_closed_at)
     another_type = shared_as is not None and shared_as != held_as  # parameters and all
     reopened = tail_offset == "0_9" and heard_open_at >= seen_closed_at
     if another_type:
