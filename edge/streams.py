@@ -326,6 +326,8 @@ class Streams:
             log_.content_type = found.value.content_type
         segment = found.value.segment
         instance.reached(segment.end, self.ticket())
+        if found.value.open_tail:
+            log_.heard_open(segment.end, found.value.seen_at)
         return self.local.put(key, segment, instance)
 
     async def pull_shared_closure(self, key: LogKey, end: str) -> bool:
@@ -355,14 +357,19 @@ class Streams:
         )
         return verdict is TailVerdict.BELIEVED
 
-    def share(self, key: LogKey, segment: Segment | None, closed_at: str | None) -> None:
+    def share(
+        self, key: LogKey, segment: Segment | None, closed_at: str | None, open_tail: bool = False
+    ) -> None:
         shared = self._shared
         log_ = self.local.log(key)
         if shared is None or log_ is None or not log_.instance.generation:
             return  # a generation the tier has not named: keep it local
         generation = log_.instance.generation
         if segment is not None:
-            shared.put(key, segment, log_.content_type, generation, seen_at=self._clock())
+            shared.put(
+                key, segment, log_.content_type, generation, seen_at=self._clock(),
+                open_tail=open_tail,
+            )  # fmt: skip
         if closed_at is not None:
             closure = SharedClosure(
                 end=closed_at, content_type=log_.content_type, seen_at=self._clock()
@@ -419,9 +426,9 @@ class Streams:
                 self.local.log_for(key).believe(judgement)
             case Reached(offset=offset, received=received):
                 instance.reached(offset, received)
-            case Keep(segment=segment, closed_at=closed_at):
+            case Keep(segment=segment, closed_at=closed_at, open_tail=open_tail):
                 stored = segment is not None and self.local.put(key, segment, instance)
-                self.share(key, segment if stored else None, closed_at)
+                self.share(key, segment if stored else None, closed_at, open_tail)
                 return stored
             case ProbeLifetime():
                 if not instance.lifetime_known:

@@ -177,10 +177,11 @@ class Reached:
 @dataclass(frozen=True, slots=True)
 class Keep:
     """Store the segment (if any) under the instance and share it; ``closed_at``: the answer
-    ends a closed stream there."""
+    ends a closed stream there; ``open_tail``: it said the stream open with its tail there."""
 
     segment: Segment | None
     closed_at: str | None
+    open_tail: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,7 +281,7 @@ def _decide_fill(
     segment = answer_segment(offset, end, arrival.body, json=json)
     actions += [
         Reached(end, arrival.received),
-        Keep(segment, end if final else None),
+        Keep(segment, end if final else None, arrival.up_to_date and not arrival.closed),
         ProbeLifetime(),
     ]
     return Intake(Decision.STORE, tuple(actions), segment)
@@ -310,7 +311,8 @@ def _decide_live(
             return Intake(Decision.NEW_INSTANCE, (touched, Forget("tail contradicts the stream")))
         actions.append(BelieveTail(judgement))
     segment = answer_segment(start, end, arrival.body, json=is_json(arrival.content_type))
-    actions += [Reached(end, arrival.received), Keep(segment, end if arrival.closed else None)]
+    keep = Keep(segment, end if arrival.closed else None, arrival.up_to_date and not arrival.closed)
+    actions += [Reached(end, arrival.received), keep]
     return Intake(Decision.STORE, tuple(actions), segment)
 
 

@@ -340,6 +340,19 @@ class StreamLog:
             if judgement.closes and self.instance.closed_at is None:
                 self.instance.closed_at = reached
 
+    def heard_open(self, offset: str, heard_at: float) -> None:
+        """Another replica heard the origin say the tail was open at ``offset`` at ``heard_at``
+        (its clock): nothing to serve (stale), only what tells a shared closure seen before
+        that apart from this instance's (``judge_shared``)."""
+        tail = self.tail
+        if tail is None:
+            self.tail = TailFact(
+                offset=offset, closed=False, authoritative=False, observed_at=NEVER,
+                heard_at=heard_at,
+            )  # fmt: skip
+        elif not tail.closed and tail.offset == offset and tail.heard_at < heard_at:
+            self.tail = replace(tail, heard_at=heard_at)
+
     def lose_authority(self, now: float) -> None:
         if self.tail is not None and self.tail.authoritative:
             self.tail = replace(self.tail, authoritative=False, observed_at=now)

@@ -86,6 +86,8 @@ class SharedSegment:
     # When (wall clock, seconds) the replica that shared it had it from the origin: the stream
     # had gone past its start then (``edge.log.stream_log.judge_shared``).
     seen_at: float
+    # The origin's answer said the stream open with its tail at the segment's end.
+    open_tail: bool = False
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -129,11 +131,18 @@ def index_key(stream: str) -> str:
     return f"{KEY_PREFIX}:{_stream_tag(stream)}:keys"
 
 
-def encode(segment: Segment, content_type: str | None, generation: str, *, seen_at: float) -> bytes:
+def encode(
+    segment: Segment,
+    content_type: str | None,
+    generation: str,
+    *,
+    seen_at: float,
+    open_tail: bool = False,
+) -> bytes:
     header = json.dumps(
         {
             "start": segment.start, "end": segment.end, "ct": content_type, "gen": generation,
-            "at": seen_at,
+            "at": seen_at, "tail": open_tail,
         }
     )  # fmt: skip
     return header.encode() + b"\n" + segment.body
@@ -150,7 +159,7 @@ def decode(blob: object, *, start: str) -> tuple[SharedSegment, str]:
         meta = json.loads(header)
     except ValueError as error:
         raise BadValue("header is not JSON") from error
-    if not isinstance(meta, dict) or set(meta) != {"start", "end", "ct", "gen", "at"}:
+    if not isinstance(meta, dict) or set(meta) != {"start", "end", "ct", "gen", "at", "tail"}:
         raise BadValue("header is not ours")  # the older format (no "at") too: a miss
     content_type, generation = meta["ct"], meta["gen"]
     if meta["start"] != start or not isinstance(generation, str):
@@ -159,12 +168,17 @@ def decode(blob: object, *, start: str) -> tuple[SharedSegment, str]:
         raise BadValue("bad content type")
     if not isinstance(meta["end"], str):
         raise BadValue("bad end")
-    seen_at = _seen_at(meta["at"])
+    seen_at, open_tail = _seen_at(meta["at"]), meta["tail"]
+    if not isinstance(open_tail, bool):
+        raise BadValue("bad tail")
     try:
         segment = Segment(start=start, end=meta["end"], body=body)
     except InvalidSegment as error:
         raise BadValue(str(error)) from error
-    return SharedSegment(segment=segment, content_type=content_type, seen_at=seen_at), generation
+    found = SharedSegment(
+        segment=segment, content_type=content_type, seen_at=seen_at, open_tail=open_tail
+    )
+    return found, generation
 
 
 def encode_closed(closure: SharedClosure, generation: str) -> bytes:
@@ -427,10 +441,11 @@ class SharedTier:
         generation: str,
         *,
         seen_at: float,
+        open_tail: bool = False,
     ) -> None:
-        """Store a segment (had from the origin at ``seen_at``) in the background; never awaited
-        by a response."""
-        blob = encode(segment, content_type, generation, seen_at=seen_at)
+        """Store a segment (had from the origin at ``seen_at``; ``open_tail``: its answer said
+        the stream open there) in the background; never awaited by a response."""
+        blob = encode(segment, content_type, generation, seen_at=seen_at, open_tail=open_tail)
         self._in_background(segment_key(key, segment.start), blob, key)
 
     def put_closed(self, key: LogKey, closure: SharedClosure, generation: str) -> None:

@@ -985,3 +985,25 @@ async def test_a_shared_segment_of_another_instance_is_never_joined_to_the_bytes
         truth = await fetch(http, "GET", f"{origin.url}{stream_path}?offset={offset}")
         answer = await fetch(http, "GET", f"{b.url}{stream_path}?offset={offset}")
         assert (answer.status, answer.body) == (truth.status, truth.body), offset
+
+
+async def test_a_replica_reading_only_the_shared_tier_tells_a_shared_closure_of_another_instance(
+    http: aiohttp.ClientSession, origin: Origin, redis_cluster: Cluster, stream_path: str
+) -> None:
+    """As above, A shares the old instance's closure at X; B reads the recreated stream, open
+    at X, from the origin and shares it. C never asks the origin: it pulls B's segment and then
+    finds the closure at its end. B's segment says the stream was open at X when B had it,
+    after the closure was seen, so C asks the origin instead of answering closed."""
+    a, b, c = redis_cluster.edges[:3]
+    x = (await write(http, origin.url + stream_path, [b"0123456789"], close=True))[-1]
+    final = await fetch(http, "GET", f"{a.url}{stream_path}?offset={x}")
+    assert (final.status, final.header("Stream-Closed")) == (200, "true")
+    await asyncio.sleep(0.5)
+    assert (await fetch(http, "DELETE", origin.url + stream_path)).status == 204
+    assert (await write(http, origin.url + stream_path, [b"abcdefghij"]))[-1] == x
+    held = await fetch(http, "GET", f"{b.url}{stream_path}?offset=-1")
+    assert (held.status, held.header("Stream-Closed")) == (200, None)
+    await asyncio.sleep(0.5)  # B's segment lands in the shared tier
+    answer = await fetch(http, "GET", f"{c.url}{stream_path}?offset=-1")
+    assert (answer.status, answer.body) == (200, b"abcdefghij")
+    assert answer.header("Stream-Closed") is None, answer.headers

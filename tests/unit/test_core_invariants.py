@@ -164,16 +164,17 @@ def test_a_shared_value_is_exactly_ours_or_a_miss(blob: bytes, start: str) -> No
     body=st.binary(min_size=1, max_size=32),
     generation=st.text(min_size=1, max_size=16),
     other=offsets,
+    open_tail=st.booleans(),
 )
 def test_shared_values_round_trip_and_belong_to_their_key(
-    start: str, end: str, body: bytes, generation: str, other: str
+    start: str, end: str, body: bytes, generation: str, other: str, open_tail: bool
 ) -> None:
     assume(end > start)
     segment = Segment(start=start, end=end, body=body)
-    blob = encode(segment, "text/plain", generation, seen_at=12.5)
+    blob = encode(segment, "text/plain", generation, seen_at=12.5, open_tail=open_tail)
     found, stamp = decode(blob, start=start)
     assert (found.segment, found.content_type, stamp) == (segment, "text/plain", generation)
-    assert found.seen_at == 12.5
+    assert (found.seen_at, found.open_tail) == (12.5, open_tail)
     assert found.segment.digest == segment.digest
     if other != start:
         try:

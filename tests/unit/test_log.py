@@ -441,3 +441,17 @@ def test_a_shared_closure_closes_only_the_instance_it_names(
         assert verdict is TailVerdict.OLDER
     else:
         assert verdict is TailVerdict.BELIEVED
+
+
+def test_a_tail_heard_open_elsewhere_tells_an_earlier_closure_apart_and_serves_nothing() -> None:
+    """A segment another replica shared from an answer that said the stream open at its end:
+    what a replica that reads only the shared tier knows of when the stream was open there."""
+    instance = StreamInstance(stream="/s", content_type="text/plain")
+    log_ = StreamLog(key=LogKey(stream="/s", scope=""), instance=instance)
+    log_.heard_open("0_9", 50.0)
+    assert not log_.tail_trusted(now=50.0, freshness_seconds=1.0)  # nothing to serve from it
+    seen = {"content_type": "text/plain"}
+    assert judge_shared(instance, log_.tail, "0_9", **seen, seen_at=40.0) is TailVerdict.OLDER
+    assert judge_shared(instance, log_.tail, "0_9", **seen, seen_at=60.0) is TailVerdict.BELIEVED
+    log_.heard_open("0_9", 30.0)  # an earlier word changes nothing
+    assert judge_shared(instance, log_.tail, "0_9", **seen, seen_at=40.0) is TailVerdict.OLDER
