@@ -77,6 +77,7 @@ from edge.log.stream_log import (
     StreamInstance,
     TailVerdict,
     Write,
+    judge_shared,
     judge_write,
     names_another_instance,
 )
@@ -93,7 +94,7 @@ from edge.protocol.lifetimes import parse_expires_at, parse_ttl_seconds
 from edge.protocol.offsets import is_offset_token
 from edge.protocol.reads import PUBLIC_SCOPE, auth_scope, speaks_for_the_stream
 from edge.store.local import LocalTier
-from edge.store.shared import SharedTier
+from edge.store.shared import SharedClosure, SharedTier
 
 log = logging.getLogger(__name__)
 
@@ -228,6 +229,7 @@ def written_as(
         # tail as it is) ends past the tail the edge knew before it started.
         appended=method == "POST" and body and first_value(request_headers, "producer-id") is None,
         content_type=named,
+        answered=method == "PUT",
     )
 
 
@@ -305,18 +307,27 @@ class Streams:
             return False
         if instance.generation != found.generation:
             return False  # this replica's own newer purge is still pending: not that value
-        if names_another_instance(instance, found.value.content_type):
+        held = self.local.log(key)
+        verdict = judge_shared(
+            instance, held.tail if held is not None else None, start,
+            content_type=found.value.content_type, seen_at=found.value.seen_at,
+        )  # fmt: skip
+        if verdict is TailVerdict.NEW_INSTANCE:
             # Another stream at the path than the one held (one of the two was filled after a
             # recreation behind the edge): only the origin knows which is current. A purge
             # starts a new generation, so neither is served again, here or on any replica.
             log.info("%s shared as another content type: a new instance", key.stream)
             self.purge(key.stream, reason="new_instance")
             return False
+        if verdict is not TailVerdict.BELIEVED:
+            return False  # heard the tail open at ``start`` since it was seen past it
         log_ = self.local.log_for(key)
         if log_.content_type is None:
             log_.content_type = found.value.content_type
         segment = found.value.segment
         instance.reached(segment.end, self.ticket())
+        if found.value.open_tail:
+            log_.heard_open(segment.end, found.value.seen_at)
         return self.local.put(key, segment, instance)
 
     async def pull_shared_closure(self, key: LogKey, end: str) -> bool:
@@ -328,26 +339,42 @@ class Streams:
         instance = log_.instance
         if not instance.generation:
             return False
-        if await self._shared.get_closed(key, instance.generation) != end:
+        closure = await self._shared.get_closed(key, instance.generation)
+        if closure is None or closure.end != end or not self.local.current(instance):
             return False
-        if not self.local.current(instance):
+        verdict = judge_shared(
+            instance, log_.tail, end, content_type=closure.content_type, seen_at=closure.seen_at
+        )
+        if verdict is TailVerdict.NEW_INSTANCE:
+            log.info("%s shared closed as another content type: a new instance", key.stream)
+            self.purge(key.stream, reason="new_instance")
             return False
+        if verdict is not TailVerdict.BELIEVED:
+            return False  # heard open there since that closure was seen: the origin says
         ticket = self.ticket()
         verdict = log_.observe_tail(
             end, closed=True, now=self._clock(), started=ticket, received=ticket
         )
         return verdict is TailVerdict.BELIEVED
 
-    def share(self, key: LogKey, segment: Segment | None, closed_at: str | None) -> None:
+    def share(
+        self, key: LogKey, segment: Segment | None, closed_at: str | None, open_tail: bool = False
+    ) -> None:
         shared = self._shared
         log_ = self.local.log(key)
         if shared is None or log_ is None or not log_.instance.generation:
             return  # a generation the tier has not named: keep it local
         generation = log_.instance.generation
         if segment is not None:
-            shared.put(key, segment, log_.content_type, generation)
+            shared.put(
+                key, segment, log_.content_type, generation, seen_at=self._clock(),
+                open_tail=open_tail,
+            )  # fmt: skip
         if closed_at is not None:
-            shared.put_closed(key, closed_at, generation)
+            closure = SharedClosure(
+                end=closed_at, content_type=log_.content_type, seen_at=self._clock()
+            )
+            shared.put_closed(key, closure, generation)
 
     # --- what live upstreams tell ---
 
@@ -399,9 +426,9 @@ class Streams:
                 self.local.log_for(key).believe(judgement)
             case Reached(offset=offset, received=received):
                 instance.reached(offset, received)
-            case Keep(segment=segment, closed_at=closed_at):
+            case Keep(segment=segment, closed_at=closed_at, open_tail=open_tail):
                 stored = segment is not None and self.local.put(key, segment, instance)
-                self.share(key, segment if stored else None, closed_at)
+                self.share(key, segment if stored else None, closed_at, open_tail)
                 return stored
             case ProbeLifetime():
                 if not instance.lifetime_known:

@@ -29,7 +29,13 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from edge.log.segment import Segment, answer_segment, is_json, is_json_array, media_type
+from edge.log.segment import (
+    Segment,
+    answer_segment,
+    is_json,
+    is_json_array,
+    streams_content_type,
+)
 from edge.log.stream_log import StreamInstance, TailFact, TailJudgement, TailVerdict, judge_tail
 from edge.protocol.headers import HOP_BY_HOP, cors_headers, first_value, flag
 from edge.protocol.offsets import is_offset_token
@@ -171,10 +177,11 @@ class Reached:
 @dataclass(frozen=True, slots=True)
 class Keep:
     """Store the segment (if any) under the instance and share it; ``closed_at``: the answer
-    ends a closed stream there."""
+    ends a closed stream there; ``open_tail``: it said the stream open with its tail there."""
 
     segment: Segment | None
     closed_at: str | None
+    open_tail: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,7 +254,9 @@ def _decide_fill(
     if json and not is_json_array(arrival.body):
         return Intake(Decision.RELAY)
     known = instance.content_type
-    if known is not None and media_type(known) != media_type(arrival.content_type):
+    if known is not None and streams_content_type(known) != streams_content_type(
+        arrival.content_type
+    ):
         return Intake(Decision.NEW_INSTANCE, (Forget("changed content type at the origin"),))
     actions: list[Action] = [
         Describe(arrival.content_type, header_template(headers)),
@@ -272,7 +281,7 @@ def _decide_fill(
     segment = answer_segment(offset, end, arrival.body, json=json)
     actions += [
         Reached(end, arrival.received),
-        Keep(segment, end if final else None),
+        Keep(segment, end if final else None, arrival.up_to_date and not arrival.closed),
         ProbeLifetime(),
     ]
     return Intake(Decision.STORE, tuple(actions), segment)
@@ -302,7 +311,8 @@ def _decide_live(
             return Intake(Decision.NEW_INSTANCE, (touched, Forget("tail contradicts the stream")))
         actions.append(BelieveTail(judgement))
     segment = answer_segment(start, end, arrival.body, json=is_json(arrival.content_type))
-    actions += [Reached(end, arrival.received), Keep(segment, end if arrival.closed else None)]
+    keep = Keep(segment, end if arrival.closed else None, arrival.up_to_date and not arrival.closed)
+    actions += [Reached(end, arrival.received), keep]
     return Intake(Decision.STORE, tuple(actions), segment)
 
 

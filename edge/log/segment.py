@@ -63,6 +63,14 @@ def media_type(content_type: str | None) -> str:
     return (content_type or "").split(";")[0].strip().lower()
 
 
+def streams_content_type(content_type: str | None) -> str:
+    """A stream's Content-Type as an origin answers it, compared as a whole: the origin keeps
+    the one the stream was created with, parameters and all (``text/plain; charset=iso-8859-1``
+    is another stream than ``text/plain``: the same bytes mean other characters). Case and
+    spaces aside, which no origin is held to."""
+    return "".join((content_type or "").split()).lower()
+
+
 def is_json(content_type: str | None) -> bool:
     return media_type(content_type) == "application/json"
 

@@ -37,7 +37,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field, replace
 
-from edge.log.segment import is_json, media_type
+from edge.log.segment import is_json, media_type, streams_content_type
 
 NEVER = float("-inf")
 # A ticket before every exchange: facts with it are older than any answer.
@@ -133,7 +133,11 @@ class TailFact:
     offset: str
     closed: bool
     authoritative: bool
+    # As of when it may be served without asking (NEVER: stale, asked again before use).
     observed_at: float
+    # When the origin last said it: kept when a write makes it stale, because "open here at
+    # that time" still tells a closure seen earlier apart from this instance's.
+    heard_at: float = NEVER
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -173,7 +177,9 @@ def judge_tail(
         return TailJudgement(verdict=TailVerdict.OLDER)
     if not authoritative and tail is not None and tail.authoritative and offset < tail.offset:
         return TailJudgement(verdict=TailVerdict.OLDER)
-    fact = TailFact(offset=offset, closed=closed, authoritative=authoritative, observed_at=now)
+    fact = TailFact(
+        offset=offset, closed=closed, authoritative=authoritative, observed_at=now, heard_at=now
+    )
     return TailJudgement(
         verdict=TailVerdict.BELIEVED, fact=fact, reached=Mark(offset=offset, received=received),
         closes=closed,
@@ -181,8 +187,22 @@ def judge_tail(
 
 
 def names_another_instance(instance: StreamInstance, content_type: str | None) -> bool:
-    """Does an answer (or a write the origin took) of ``content_type`` belong to another stream
-    at the path than ``instance``? A stream keeps its content type for life; None names none."""
+    """Does an origin answer of ``content_type`` (a read's, a HEAD's, a PUT's; or a value a
+    replica derived from one) belong to another stream at the path than ``instance``? A stream
+    keeps its content type for life, parameters and all, and the origin answers with it as it
+    was created; None names none."""
+    known = instance.content_type
+    return (
+        content_type is not None
+        and known is not None
+        and streams_content_type(content_type) != streams_content_type(known)
+    )
+
+
+def writes_another_type(instance: StreamInstance, content_type: str | None) -> bool:
+    """Did the origin take an append whose body is of ``content_type`` for a stream of another
+    type than ``instance``? It checks an append's media type only (it takes ``text/plain`` for a
+    ``text/plain; charset=utf-8`` stream), so that is all an append says."""
     known = instance.content_type
     return (
         content_type is not None
@@ -191,18 +211,45 @@ def names_another_instance(instance: StreamInstance, content_type: str | None) -
     )
 
 
+def judge_shared(
+    instance: StreamInstance,
+    tail: TailFact | None,
+    at: str,
+    *,
+    content_type: str | None,
+    seen_at: float,
+) -> TailVerdict:
+    """Another replica shares a value at offset ``at``, where the chain held ends: a segment
+    starting there (the stream had gone past ``at``) or a closure there, fetched as an
+    instance of ``content_type`` and seen at ``seen_at`` (its clock). The shared tier's
+    generation does not change when the stream is recreated behind every replica's back, so
+    the value may be another instance's that reached the same offset: of another content type
+    it is (``NEW_INSTANCE``: only the origin knows which is current); if the origin said the
+    tail was open at ``at`` to this replica since the value was seen, it is not this one's as
+    far as the edge can tell (a tail never goes back, a closed stream never reopens; a slow
+    answer or clocks apart make it a doubt only), so it is not believed (``OLDER``) and the
+    origin is asked. Otherwise ``BELIEVED``. Pure."""
+    if names_another_instance(instance, content_type):
+        return TailVerdict.NEW_INSTANCE
+    if tail is not None and not tail.closed and tail.offset == at and tail.heard_at >= seen_at:
+        return TailVerdict.OLDER
+    return TailVerdict.BELIEVED
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Write:
     """A write through the edge that the origin took, as values: its answer's tail
     (``Stream-Next-Offset``; None when it gave none), the ticket when it started, whether it
     appended bytes (which always moves the tail), and the content type it names: the type the
     origin checked it against (an append's body's, a PUT answer's), None for a close without
-    a body, which names none."""
+    a body, which names none. ``answered``: it is the origin's answer's (a PUT's: the stream's
+    own, parameters and all), not an append's body's (whose media type alone the origin checks)."""
 
     floor: str | None
     started: int
     appended: bool
     content_type: str | None
+    answered: bool = False
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -222,7 +269,8 @@ def judge_write(instance: StreamInstance, write: Write) -> WriteJudgement:
         # changes nothing: a write that succeeds went to another stream at the path, or did
         # nothing at all. Forgetting is always safe; serving the old instance is not.
         return WriteJudgement(another="written after its closure", names_instance=False)
-    if names_another_instance(instance, write.content_type):
+    another_type = names_another_instance if write.answered else writes_another_type
+    if another_type(instance, write.content_type):
         # The origin takes only bytes of the stream's own type, and a PUT's answer names it.
         return WriteJudgement(
             another=f"written as {media_type(write.content_type)}", names_instance=False
@@ -291,6 +339,19 @@ class StreamLog:
             self.instance.reached(reached.offset, reached.received)
             if judgement.closes and self.instance.closed_at is None:
                 self.instance.closed_at = reached
+
+    def heard_open(self, offset: str, heard_at: float) -> None:
+        """Another replica heard the origin say the tail was open at ``offset`` at ``heard_at``
+        (its clock): nothing to serve (stale), only what tells a shared closure seen before
+        that apart from this instance's (``judge_shared``)."""
+        tail = self.tail
+        if tail is None:
+            self.tail = TailFact(
+                offset=offset, closed=False, authoritative=False, observed_at=NEVER,
+                heard_at=heard_at,
+            )  # fmt: skip
+        elif not tail.closed and tail.offset == offset and tail.heard_at < heard_at:
+            self.tail = replace(tail, heard_at=heard_at)
 
     def lose_authority(self, now: float) -> None:
         if self.tail is not None and self.tail.authoritative:

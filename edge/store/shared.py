@@ -40,6 +40,7 @@ import collections
 import hashlib
 import json
 import logging
+import math
 import secrets
 import time
 from collections.abc import Callable
@@ -82,6 +83,24 @@ class BadValue(ValueError):
 class SharedSegment:
     segment: Segment
     content_type: str | None
+    # When (wall clock, seconds) the replica that shared it had it from the origin: the stream
+    # had gone past its start then (``edge.log.stream_log.judge_shared``).
+    seen_at: float
+    # The origin's answer said the stream open with its tail at the segment's end.
+    open_tail: bool = False
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SharedClosure:
+    """A replica saw the stream closed at ``end``: the content type of the instance it saw
+    closed, and when (wall clock, seconds) the closing answer reached it. A generation names
+    no instance recreated behind every replica's back, so the closure names its own: what a
+    replica holds of another instance (another type, or heard open there since) is not closed
+    by it (``edge.log.stream_log.judge_shared_closure``)."""
+
+    end: str
+    content_type: str | None
+    seen_at: float
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -112,10 +131,20 @@ def index_key(stream: str) -> str:
     return f"{KEY_PREFIX}:{_stream_tag(stream)}:keys"
 
 
-def encode(segment: Segment, content_type: str | None, generation: str) -> bytes:
+def encode(
+    segment: Segment,
+    content_type: str | None,
+    generation: str,
+    *,
+    seen_at: float,
+    open_tail: bool = False,
+) -> bytes:
     header = json.dumps(
-        {"start": segment.start, "end": segment.end, "ct": content_type, "gen": generation}
-    )
+        {
+            "start": segment.start, "end": segment.end, "ct": content_type, "gen": generation,
+            "at": seen_at, "tail": open_tail,
+        }
+    )  # fmt: skip
     return header.encode() + b"\n" + segment.body
 
 
@@ -130,43 +159,66 @@ def decode(blob: object, *, start: str) -> tuple[SharedSegment, str]:
         meta = json.loads(header)
     except ValueError as error:
         raise BadValue("header is not JSON") from error
-    if not isinstance(meta, dict) or set(meta) != {"start", "end", "ct", "gen"}:
-        raise BadValue("header is not ours")
+    if not isinstance(meta, dict) or set(meta) != {"start", "end", "ct", "gen", "at", "tail"}:
+        raise BadValue("header is not ours")  # the older format (no "at") too: a miss
     content_type, generation = meta["ct"], meta["gen"]
     if meta["start"] != start or not isinstance(generation, str):
         raise BadValue("stored under another key")
-    if content_type is not None and (
-        not isinstance(content_type, str)
-        or len(content_type) > MAX_CONTENT_TYPE_CHARS
-        or not content_type.isprintable()
-    ):
+    if not _content_type_ok(content_type):
         raise BadValue("bad content type")
     if not isinstance(meta["end"], str):
         raise BadValue("bad end")
+    seen_at, open_tail = _seen_at(meta["at"]), meta["tail"]
+    if not isinstance(open_tail, bool):
+        raise BadValue("bad tail")
     try:
         segment = Segment(start=start, end=meta["end"], body=body)
     except InvalidSegment as error:
         raise BadValue(str(error)) from error
-    return SharedSegment(segment=segment, content_type=content_type), generation
+    found = SharedSegment(
+        segment=segment, content_type=content_type, seen_at=seen_at, open_tail=open_tail
+    )
+    return found, generation
 
 
-def encode_closed(final_offset: str, generation: str) -> bytes:
-    return json.dumps({"end": final_offset, "gen": generation}).encode()
+def encode_closed(closure: SharedClosure, generation: str) -> bytes:
+    return json.dumps(
+        {"end": closure.end, "gen": generation, "ct": closure.content_type, "at": closure.seen_at}
+    ).encode()
 
 
-def decode_closed(blob: object) -> tuple[str, str]:
+def decode_closed(blob: object) -> tuple[SharedClosure, str]:
+    """A shared closure and its generation stamp; raises BadValue for anything else (a value
+    of the older format, which named no instance, too: a miss, never a wrong closure)."""
     if not isinstance(blob, bytes):
         raise BadValue("not bytes")
     try:
         meta = json.loads(blob)
     except ValueError as error:
         raise BadValue("not JSON") from error
-    if not isinstance(meta, dict) or set(meta) != {"end", "gen"}:
+    if not isinstance(meta, dict) or set(meta) != {"end", "gen", "ct", "at"}:
         raise BadValue("not ours")
-    end, generation = meta["end"], meta["gen"]
+    end, generation, content_type, seen_at = meta["end"], meta["gen"], meta["ct"], meta["at"]
     if not isinstance(end, str) or not is_offset_token(end) or not isinstance(generation, str):
         raise BadValue("bad closure")
-    return end, generation
+    if not _content_type_ok(content_type):
+        raise BadValue("bad content type")
+    closure = SharedClosure(end=end, content_type=content_type, seen_at=_seen_at(seen_at))
+    return closure, generation
+
+
+def _seen_at(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise BadValue("bad time")
+    return float(value)
+
+
+def _content_type_ok(content_type: object) -> bool:
+    return content_type is None or (
+        isinstance(content_type, str)
+        and len(content_type) <= MAX_CONTENT_TYPE_CHARS
+        and content_type.isprintable()
+    )
 
 
 def _generation(blob: object) -> str:
@@ -365,13 +417,13 @@ class SharedTier:
         self._count("get", "hit")
         return Lookup(generation=generation, value=found)
 
-    async def get_closed(self, key: LogKey, generation: str) -> str | None:
-        """The final offset of a closed stream of this generation, if a replica saw it closed."""
+    async def get_closed(self, key: LogKey, generation: str) -> SharedClosure | None:
+        """How a replica saw the stream closed, in this generation, if one did."""
         values = await self._mget("get", generation_key(key.stream), closed_key(key))
         if values is None or values[1] is None:
             return None
         try:
-            end, stamp = decode_closed(values[1])
+            closure, stamp = decode_closed(values[1])
             current = _generation(values[0])
         except BadValue as error:
             log.warning("dropping a bad shared closure for %s: %s", key.stream, error)
@@ -379,16 +431,26 @@ class SharedTier:
             await self._discard(closed_key(key))
             return None
         self._count("get", "hit")
-        return end if stamp == current == generation else None
+        return closure if stamp == current == generation else None
 
-    def put(self, key: LogKey, segment: Segment, content_type: str | None, generation: str) -> None:
-        """Store a segment in the background; never awaited by a response."""
-        blob = encode(segment, content_type, generation)
+    def put(
+        self,
+        key: LogKey,
+        segment: Segment,
+        content_type: str | None,
+        generation: str,
+        *,
+        seen_at: float,
+        open_tail: bool = False,
+    ) -> None:
+        """Store a segment (had from the origin at ``seen_at``; ``open_tail``: its answer said
+        the stream open there) in the background; never awaited by a response."""
+        blob = encode(segment, content_type, generation, seen_at=seen_at, open_tail=open_tail)
         self._in_background(segment_key(key, segment.start), blob, key)
 
-    def put_closed(self, key: LogKey, final_offset: str, generation: str) -> None:
-        """Closure is final within a generation, so it is as shareable as the bytes."""
-        self._in_background(closed_key(key), encode_closed(final_offset, generation), key)
+    def put_closed(self, key: LogKey, closure: SharedClosure, generation: str) -> None:
+        """Closure is final within an instance, so it is as shareable as the bytes."""
+        self._in_background(closed_key(key), encode_closed(closure, generation), key)
 
     def _in_background(self, name: str, value: bytes, key: LogKey) -> None:
         if len(self._pending) >= MAX_PENDING_WRITES or not self._breaker.allow(self._clock()):

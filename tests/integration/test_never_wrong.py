@@ -890,3 +890,120 @@ async def test_a_shared_segment_of_another_content_type_is_never_joined_to_the_b
         assert items_read in (stream[1:], stream[1:2])
     else:
         assert items_read == stream
+
+
+@pytest.mark.parametrize("then", ["nothing", "a refused write"])
+@pytest.mark.parametrize("recreated_as", ["text/plain", "application/json"])
+async def test_a_shared_closure_of_another_instance_never_closes_the_bytes_held(
+    http: aiohttp.ClientSession, origin: Origin, redis_cluster: Cluster, stream_path: str,
+    recreated_as: str, then: str,
+) -> None:  # fmt: skip
+    """Replica A reads a closed text stream at its final offset X and shares the closure. Behind
+    every replica's back the stream is recreated (as text, or as JSON) reaching X again, open;
+    replica B, which never saw the old one, reads the new one from the origin. Once B's word on
+    its tail is stale, a read at X found the old instance's closure in the shared tier (it named
+    neither the content type nor when it was seen) and answered closed: the closed answer the
+    origin never gave, kept as immutable from then on. A write through B makes its tail stale
+    (a refused one too: any write may have raced one that moved it), which must not erase that
+    B heard the stream open there after the closure was seen."""
+    a, b = redis_cluster.edges[:2]
+    x = (await write(http, origin.url + stream_path, [b"0123456789"], close=True))[-1]
+    final = await fetch(http, "GET", f"{a.url}{stream_path}?offset={x}")
+    assert (final.status, final.header("Stream-Closed")) == (200, "true")
+    await asyncio.sleep(0.5)  # A's closure lands in the shared tier
+    assert (await fetch(http, "DELETE", origin.url + stream_path)).status == 204
+    body = b"abcdefghij" if recreated_as == "text/plain" else b'"abcdefg"'
+    recreated = await write(http, origin.url + stream_path, [body], headers={
+        "Content-Type": recreated_as})  # fmt: skip
+    assert recreated[-1] == x  # the premise: the new instance reaches the same offset, open
+    held = await fetch(http, "GET", f"{b.url}{stream_path}?offset=-1")
+    assert (held.status, held.header("Stream-Closed")) == (200, None)
+    await asyncio.sleep(TAIL_FRESHNESS + 0.3)  # B's tail is stale: it must ask someone
+    if then == "a refused write":
+        refused = await fetch(
+            http, "POST", b.url + stream_path, headers={"Content-Type": "image/png"}, data=b"x"
+        )
+        assert refused.status == 409
+    for offset in (x, "-1"):
+        truth = await fetch(http, "GET", f"{origin.url}{stream_path}?offset={offset}")
+        answer = await fetch(http, "GET", f"{b.url}{stream_path}?offset={offset}")
+        assert truth.header("Stream-Closed") is None
+        assert (answer.status, answer.body) == (truth.status, truth.body), offset
+        assert answer.header("Stream-Closed") is None, (offset, answer.headers)
+        assert answer.header("Content-Type") == recreated_as
+
+
+@pytest.mark.parametrize("tier", ["redis", "local"])
+async def test_a_stream_recreated_with_another_charset_is_another_instance(
+    http: aiohttp.ClientSession, origin: Origin, request: pytest.FixtureRequest,
+    stream_path: str, tier: str,
+) -> None:  # fmt: skip
+    """A ``text/plain`` stream is held; behind the edge's back it is recreated as ``text/plain;
+    charset=iso-8859-1`` reaching the same offset, and appended to (the origin takes appends of
+    any parameters, but answers every read with the stream's own Content-Type, exactly as it was
+    created). Compared by media type only, the origin's answer for the delta was taken as the
+    same instance's: the old bytes were served joined to the new ones, under the new charset."""
+    edge = request.getfixturevalue(f"{tier}_cluster").edges[0]
+    x = (await write(http, origin.url + stream_path, [b"0123456789"]))[-1]
+    held = await fetch(http, "GET", f"{edge.url}{stream_path}?offset=-1")
+    assert (held.status, held.body) == (200, b"0123456789")
+    assert (await fetch(http, "DELETE", origin.url + stream_path)).status == 204
+    latin = {"Content-Type": "text/plain; charset=iso-8859-1"}
+    recreated = await write(http, origin.url + stream_path, [b"abcdefghij"], headers=latin)
+    assert recreated[-1] == x  # the premise: the same offset, another instance
+    await write(http, origin.url + stream_path, [b"KLM"], create=False)  # plain text/plain
+    await asyncio.sleep(TAIL_FRESHNESS + 0.3)  # the edge asks the origin for the delta
+    for offset in (x, "-1"):
+        truth = await fetch(http, "GET", f"{origin.url}{stream_path}?offset={offset}")
+        answer = await fetch(http, "GET", f"{edge.url}{stream_path}?offset={offset}")
+        assert truth.header("Content-Type") == latin["Content-Type"]
+        assert (answer.status, answer.body) == (truth.status, truth.body), offset
+        assert answer.header("Content-Type") == truth.header("Content-Type")
+
+
+async def test_a_shared_segment_of_another_instance_is_never_joined_to_the_bytes_held(
+    http: aiohttp.ClientSession, origin: Origin, redis_cluster: Cluster, stream_path: str
+) -> None:
+    """Replica A reads a text stream from offset X and shares the segment [X, Y) (``OLD``).
+    Behind every replica's back the stream is recreated as text reaching X, and replica B reads
+    the new one from the origin: open at X. It is appended to (``NEW``). Once B's tail is
+    stale, a read at X found A's segment of the old instance in the shared tier (the
+    generation is unchanged) and joined it to the new bytes held, though B had heard the
+    stream end at X after that segment showed it past X (a tail never goes back)."""
+    a, b = redis_cluster.edges[:2]
+    x = (await write(http, origin.url + stream_path, [b"0123456789", b"OLD"]))[1]
+    shared = await fetch(http, "GET", f"{a.url}{stream_path}?offset={x}")
+    assert (shared.status, shared.body) == (200, b"OLD")
+    await asyncio.sleep(0.5)  # A's segment lands in the shared tier
+    assert (await fetch(http, "DELETE", origin.url + stream_path)).status == 204
+    assert (await write(http, origin.url + stream_path, [b"abcdefghij"]))[-1] == x
+    held = await fetch(http, "GET", f"{b.url}{stream_path}?offset=-1")
+    assert (held.status, held.body) == (200, b"abcdefghij")
+    await write(http, origin.url + stream_path, [b"NEW"], create=False)
+    await asyncio.sleep(TAIL_FRESHNESS + 0.3)
+    for offset in (x, "-1"):
+        truth = await fetch(http, "GET", f"{origin.url}{stream_path}?offset={offset}")
+        answer = await fetch(http, "GET", f"{b.url}{stream_path}?offset={offset}")
+        assert (answer.status, answer.body) == (truth.status, truth.body), offset
+
+
+async def test_a_replica_reading_only_the_shared_tier_tells_a_shared_closure_of_another_instance(
+    http: aiohttp.ClientSession, origin: Origin, redis_cluster: Cluster, stream_path: str
+) -> None:
+    """As above, A shares the old instance's closure at X; B reads the recreated stream, open
+    at X, from the origin and shares it. C never asks the origin: it pulls B's segment and then
+    finds the closure at its end. B's segment says the stream was open at X when B had it,
+    after the closure was seen, so C asks the origin instead of answering closed."""
+    a, b, c = redis_cluster.edges[:3]
+    x = (await write(http, origin.url + stream_path, [b"0123456789"], close=True))[-1]
+    final = await fetch(http, "GET", f"{a.url}{stream_path}?offset={x}")
+    assert (final.status, final.header("Stream-Closed")) == (200, "true")
+    await asyncio.sleep(0.5)
+    assert (await fetch(http, "DELETE", origin.url + stream_path)).status == 204
+    assert (await write(http, origin.url + stream_path, [b"abcdefghij"]))[-1] == x
+    held = await fetch(http, "GET", f"{b.url}{stream_path}?offset=-1")
+    assert (held.status, held.header("Stream-Closed")) == (200, None)
+    await asyncio.sleep(0.5)  # B's segment lands in the shared tier
+    answer = await fetch(http, "GET", f"{c.url}{stream_path}?offset=-1")
+    assert (answer.status, answer.body) == (200, b"abcdefghij")
+    assert answer.header("Stream-Closed") is None, answer.headers

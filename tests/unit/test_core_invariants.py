@@ -29,7 +29,14 @@ from edge.log.stream_log import (
     judge_write,
 )
 from edge.protocol.offsets import START, is_offset_token
-from edge.store.shared import BadValue, decode, decode_closed, encode
+from edge.store.shared import (
+    BadValue,
+    SharedClosure,
+    decode,
+    decode_closed,
+    encode,
+    encode_closed,
+)
 
 KEY = LogKey(stream="/s", scope="public")
 
@@ -157,15 +164,17 @@ def test_a_shared_value_is_exactly_ours_or_a_miss(blob: bytes, start: str) -> No
     body=st.binary(min_size=1, max_size=32),
     generation=st.text(min_size=1, max_size=16),
     other=offsets,
+    open_tail=st.booleans(),
 )
 def test_shared_values_round_trip_and_belong_to_their_key(
-    start: str, end: str, body: bytes, generation: str, other: str
+    start: str, end: str, body: bytes, generation: str, other: str, open_tail: bool
 ) -> None:
     assume(end > start)
     segment = Segment(start=start, end=end, body=body)
-    blob = encode(segment, "text/plain", generation)
+    blob = encode(segment, "text/plain", generation, seen_at=12.5, open_tail=open_tail)
     found, stamp = decode(blob, start=start)
     assert (found.segment, found.content_type, stamp) == (segment, "text/plain", generation)
+    assert (found.seen_at, found.open_tail) == (12.5, open_tail)
     assert found.segment.digest == segment.digest
     if other != start:
         try:
@@ -177,13 +186,23 @@ def test_shared_values_round_trip_and_belong_to_their_key(
 
 
 def test_bad_closures_are_refused() -> None:
-    for blob in (b"null", b"[1]", b'{"end": "a\\nb", "gen": "0"}', b'{"end": 1, "gen": "0"}'):
+    good = {"end": "0_1", "gen": "g", "ct": "text/plain", "at": 1.5}
+    for blob in (
+        b"null", b"[1]", b'{"end": "a\\nb", "gen": "0"}', b'{"end": 1, "gen": "0"}',
+        # The older format named no instance: a miss, never a closure of the bytes held.
+        json.dumps({"end": "0_1", "gen": "g"}).encode(),
+        json.dumps({**good, "at": "1.5"}).encode(), json.dumps({**good, "at": True}).encode(),
+        json.dumps({**good, "at": float("nan")}).encode(), json.dumps({**good, "ct": 7}).encode(),
+        json.dumps({**good, "ct": "text/plain\n"}).encode(),
+    ):  # fmt: skip
         try:
             decode_closed(blob)
         except BadValue:
             continue
         raise AssertionError(blob)
-    assert decode_closed(json.dumps({"end": "0_1", "gen": "g"}).encode()) == ("0_1", "g")
+    closure = SharedClosure(end="0_1", content_type="text/plain", seen_at=1.5)
+    assert decode_closed(json.dumps(good).encode()) == (closure, "g")
+    assert decode_closed(encode_closed(closure, "g")) == (closure, "g")
 
 
 def test_content_digests_tell_bytes_apart_not_offsets() -> None:
@@ -193,7 +212,9 @@ def test_content_digests_tell_bytes_apart_not_offsets() -> None:
     assert content_digest([old]) == content_digest([Segment(start="0_0", end="0_9", body=old.body)])
 
 
-content_types = st.sampled_from([None, "application/json", "text/plain", "Text/Plain; charset=x"])
+content_types = st.sampled_from(
+    [None, "application/json", "text/plain", "Text/Plain; charset=x", "text/plain;charset=X"]
+)
 
 
 @given(
@@ -203,6 +224,7 @@ content_types = st.sampled_from([None, "application/json", "text/plain", "Text/P
     floor=st.one_of(st.none(), offsets),
     closed=st.booleans(),
     appended=st.booleans(),
+    answered=st.booleans(),
 )
 def test_a_write_tells_the_tail_of_the_bytes_held_only_if_it_names_their_instance(
     held: str | None,
@@ -211,19 +233,21 @@ def test_a_write_tells_the_tail_of_the_bytes_held_only_if_it_names_their_instanc
     floor: str | None,
     closed: bool,
     appended: bool,
+    answered: bool,
 ) -> None:
     instance = StreamInstance(stream="/s", content_type=held)
     if high is not None:
         instance.reached(high, received=1)
         if closed:
             instance.closed_at = Mark(offset=high, received=1)
-    write = Write(floor=floor, started=2, appended=appended, content_type=named)
+    write = Write(floor=floor, started=2, appended=appended, content_type=named, answered=answered)
     judgement = judge_write(instance, write)
-    other_type = (
-        held is not None
-        and named is not None
-        and held.split(";")[0].lower() != named.split(";")[0].lower()
+    # An append's body says its media type only (the origin takes any parameters); a PUT's
+    # answer names the stream's whole Content-Type (case and spaces aside).
+    compared = (
+        (lambda t: t.replace(" ", "").lower()) if answered else (lambda t: t.split(";")[0].lower())
     )
+    other_type = held is not None and named is not None and compared(held) != compared(named)
     if other_type or instance.closed_at is not None:
         assert judgement.another is not None
     if judgement.another is not None:

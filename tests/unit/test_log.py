@@ -15,7 +15,15 @@ from edge.log.policy import (
     plan_catchup,
 )
 from edge.log.segment import Segment, is_json, stitch
-from edge.log.stream_log import LogKey, StreamInstance, StreamLog, TailVerdict
+from edge.log.stream_log import (
+    NEVER,
+    LogKey,
+    StreamInstance,
+    StreamLog,
+    TailFact,
+    TailVerdict,
+    judge_shared,
+)
 from edge.store.local import LocalTier, entry_cost
 
 KEY = LogKey(stream="/s", scope="public")
@@ -393,3 +401,57 @@ def test_a_live_upstreams_word_holds_only_while_it_keeps_speaking() -> None:
         authority_seconds=36.0,
     )  # fmt: skip
     assert isinstance(silent, Fetch)
+
+
+@given(
+    held_as=st.sampled_from(["text/plain", "application/json", "application/json; charset=utf-8"]),
+    shared_as=st.sampled_from([None, "text/plain", "application/json"]),
+    heard_open_at=st.one_of(st.just(NEVER), st.floats(0, 100)),
+    seen_closed_at=st.floats(0, 100),
+    tail_offset=st.sampled_from(["0_5", "0_9"]),
+    stale=st.booleans(),
+)
+def test_a_shared_closure_closes_only_the_instance_it_names(
+    held_as: str,
+    shared_as: str | None,
+    heard_open_at: float,
+    seen_closed_at: float,
+    tail_offset: str,
+    stale: bool,
+) -> None:
+    """A closure another replica shares (at 0_9, where the chain held ends) is believed of the
+    instance held only if it names the same content type and the edge has not heard the stream
+    open at 0_9 since it was seen closed there (a closed stream never reopens: that closure was
+    another instance's, recreated behind every replica's back up to the same offset)."""
+    instance = StreamInstance(stream="/s", content_type=held_as)
+    log_ = StreamLog(key=LogKey(stream="/s", scope=""), instance=instance)
+    log_.tail = TailFact(
+        offset=tail_offset, closed=False, authoritative=False, observed_at=heard_open_at,
+        heard_at=heard_open_at,
+    )  # fmt: skip
+    if stale:
+        log_.mark_stale()
+    tail = log_.tail
+    verdict = judge_shared(instance, tail, "0_9", content_type=shared_as, seen_at=seen_closed_at)
+    another_type = shared_as is not None and shared_as != held_as  # parameters and all
+    reopened = tail_offset == "0_9" and heard_open_at >= seen_closed_at
+    if another_type:
+        assert verdict is TailVerdict.NEW_INSTANCE
+    elif reopened:
+        assert verdict is TailVerdict.OLDER
+    else:
+        assert verdict is TailVerdict.BELIEVED
+
+
+def test_a_tail_heard_open_elsewhere_tells_an_earlier_closure_apart_and_serves_nothing() -> None:
+    """A segment another replica shared from an answer that said the stream open at its end:
+    what a replica that reads only the shared tier knows of when the stream was open there."""
+    instance = StreamInstance(stream="/s", content_type="text/plain")
+    log_ = StreamLog(key=LogKey(stream="/s", scope=""), instance=instance)
+    log_.heard_open("0_9", 50.0)
+    assert not log_.tail_trusted(now=50.0, freshness_seconds=1.0)  # nothing to serve from it
+    seen = {"content_type": "text/plain"}
+    assert judge_shared(instance, log_.tail, "0_9", **seen, seen_at=40.0) is TailVerdict.OLDER
+    assert judge_shared(instance, log_.tail, "0_9", **seen, seen_at=60.0) is TailVerdict.BELIEVED
+    log_.heard_open("0_9", 30.0)  # an earlier word changes nothing
+    assert judge_shared(instance, log_.tail, "0_9", **seen, seen_at=40.0) is TailVerdict.OLDER
