@@ -241,21 +241,32 @@ async def test_every_cause_of_forgetting_is_told_once_through_one_place() -> Non
     assert len(told.keys) == 7
 
 
-async def test_a_head_answered_as_another_content_type_is_another_instance() -> None:
+@pytest.mark.parametrize(
+    ("held_type", "same_type", "other_type"),
+    [
+        ("application/json", "application/json", "text/plain"),
+        # The origin keeps a stream's Content-Type whole: another charset is another stream,
+        # while case and spaces are only spelling.
+        ("text/plain", "Text/Plain", "text/plain; charset=iso-8859-1"),
+    ],
+)
+async def test_a_head_answered_as_another_content_type_is_another_instance(
+    held_type: str, same_type: str, other_type: str
+) -> None:
     """A HEAD answer names the stream's content type and states its whole lifetime: of another
     type, it is another stream's lifetime, not to be learned for the instance held."""
     streams, told = _streams()
     held = streams.local.instance_for("/s")
-    held.content_type = "application/json"
+    held.content_type = held_type
     streams.observe(
-        "HEAD", "/s", 200, [], [("Content-Type", "application/json"), ("Stream-TTL", "60")],
+        "HEAD", "/s", 200, [], [("Content-Type", same_type), ("Stream-TTL", "60")],
         started=streams.ticket(),
     )  # fmt: skip
     assert streams.local.current(held)
     assert held.ttl_seconds == 60.0
     assert told.keys == []
     streams.observe(
-        "HEAD", "/s", 200, [], [("Content-Type", "text/plain"), ("Stream-TTL", "5")],
+        "HEAD", "/s", 200, [], [("Content-Type", other_type), ("Stream-TTL", "5")],
         started=streams.ticket(),
     )  # fmt: skip
     assert not streams.local.current(held)
