@@ -141,9 +141,14 @@ class Gate:
             await self.forward.close()
 
     async def admit(self, client: Client) -> Admission | Refusal:
-        decision = self.decide_now(client)
-        if decision is None:
-            decision = await self._decide(client)
+        prepared = self._prepare(client)  # once: what the decision now and the wait start from
+        if isinstance(prepared, _Prepared):
+            judged = self._judge_now(client, prepared)
+            decision = (
+                judged.decision if judged is not None else await self._decide(client, prepared)
+            )
+        else:
+            decision = prepared
         self.count(decision)
         return decision
 
@@ -174,30 +179,39 @@ class Gate:
         prepared = self._prepare(client)
         if not isinstance(prepared, _Prepared):
             return prepared
-        kept_until: float | None = None
+        judged = self._judge_now(client, prepared)
+        if judged is None:
+            return None
+        decision = judged.decision
+        if key is not None and isinstance(decision, Admission) and judged.until is not None:
+            kept_now = _KeptAdmission(
+                admission=decision, ring=judged.ring, until=judged.until,
+                size=_bytes_of(key, decision),
+            )  # fmt: skip
+            if kept_now.size <= MAX_KEPT_ADMISSION_BYTES // 64:  # never one that evicts many
+                self._admissions[key] = kept_now
+        return decision
+
+    def _judge_now(self, client: Client, prepared: _Prepared) -> _JudgedNow | None:
+        """The decision from what the edge holds (the key set, a kept verdict), with what it
+        holds until; None when only a wait (fetching keys, asking the service) can make it."""
+        until: float | None = None
         ring: KeyRing | None = None
-        verdict: Grant | Refusal | None
+        verdict: Grant | Refusal
         if self.mode == "jwt":
             judged = self._verify_now(prepared.token, prepared.target.stream, prepared.access)
             if judged is None:
                 return None
             verdict, ring = judged
             if isinstance(verdict, Grant):
-                kept_until = verdict.expires_at
+                until = verdict.expires_at
         else:
             assert self.forward is not None
             remembered = self.forward.remembered_until(prepared.question(client))
             if remembered is None:
                 return None
-            kept_until, verdict = remembered
-        decision = self._admission(prepared, verdict)
-        if key is not None and isinstance(decision, Admission) and kept_until is not None:
-            kept_now = _KeptAdmission(
-                admission=decision, ring=ring, until=kept_until, size=_bytes_of(key, decision)
-            )
-            if kept_now.size <= MAX_KEPT_ADMISSION_BYTES // 64:  # never one that evicts many
-                self._admissions[key] = kept_now
-        return decision
+            until, verdict = remembered
+        return _JudgedNow(decision=self._admission(prepared, verdict), until=until, ring=ring)
 
     def _still_holds(self, kept: _KeptAdmission) -> bool:
         if self.mode == "jwt":
@@ -207,10 +221,7 @@ class Gate:
         assert self.forward is not None
         return self.forward.now() < kept.until
 
-    async def _decide(self, client: Client) -> Admission | Refusal:
-        prepared = self._prepare(client)
-        if not isinstance(prepared, _Prepared):
-            return prepared
+    async def _decide(self, client: Client, prepared: _Prepared) -> Admission | Refusal:
         verdict: Grant | Refusal
         if self.mode == "jwt":
             verdict = await self._verify(prepared.token, prepared.target.stream, prepared.access)
@@ -334,6 +345,13 @@ def _bytes_of(key: AdmissionKey, admission: Admission) -> int:
         + sum(len(name) + len(value) for name, value in headers)
         + len(target.upstream) + len(target.query)  # its stream is the key's
     )  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _JudgedNow:
+    decision: Admission | Refusal
+    until: float | None  # what a kept admission may last: exp + leeway, or the verdict's lifetime
+    ring: KeyRing | None  # jwt: the key set that checked the token
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
