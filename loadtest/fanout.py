@@ -31,7 +31,7 @@ import aiohttp
 
 from devstack.processes import REPO, new_logs_dir, start_edge, start_origin
 from edge.protocol.sse import SseDecoder
-from loadtest.benchkit import Cores, pinned, plan_cores
+from loadtest.benchkit import Cores, insert_section, pinned, plan_cores
 
 SAMPLED_PER_WORKER = 100
 CONNECT_BATCH = 250
@@ -424,20 +424,16 @@ def main() -> int:
 
 
 def write_section(path: Path, heading: str, section: str) -> None:
-    """Replace the section starting at ``heading`` in ``path`` (or append it)."""
-    text = (
-        path.read_text()
-        if path.exists()
-        else "# Benchmarks\n\nFigures printed by the scripts in `loadtest/`, newest run first.\n\n"
-    )
+    """Replace the section whose heading starts with ``heading`` (a rerun of the same
+    benchmark, whatever its date), or put it first, as ``benchkit.insert_section`` does."""
+    text = path.read_text() if path.exists() else ""
     start = text.find(heading)
     if start == -1:
-        text = text.rstrip("\n") + "\n\n" + section
-    else:
-        end = text.find("\n## ", start + len(heading))
-        text = text[:start] + section + (text[end + 1 :] if end != -1 else "")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+        insert_section(path, section.split("\n", 1)[0], section)
+        return
+    end = text.find("\n## ", start + len(heading))
+    text = text[:start] + section.rstrip("\n") + "\n\n" + (text[end + 1 :] if end != -1 else "")
+    path.write_text(text.rstrip("\n") + "\n")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from loadtest.benchkit import edge_workers, insert_section
+from loadtest.fanout import write_section
 from loadtest.pyspy import table, top_frames
 from loadtest.wrk import WrkFailed, parse
 
@@ -101,3 +102,17 @@ def test_the_join_viewers_decode_both_servers_sse_and_chunked_bodies() -> None:
     assert dechunk(body) == (b"abcde", len(body) - 4)
     assert dechunk(body[:9]) is None
     assert dechunk_partial(body[:12]) == b"abc"
+
+
+def test_a_dated_section_goes_first_and_a_rerun_of_its_benchmark_replaces_it(
+    tmp_path: Path,
+) -> None:
+    """fanout and fleet headings carry their time: a rerun replaces the section by its heading's
+    fixed start, a first run goes first under the intro."""
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text("# Benchmarks\n\nintro\n\n## Hits (a)\n\nold\n")
+    write_section(doc, "## The scaled run (", "## The scaled run (10:00)\n\nfirst\n")
+    write_section(doc, "## The scaled run (", "## The scaled run (11:00)\n\nrerun\n")
+    assert doc.read_text() == (
+        "# Benchmarks\n\nintro\n\n## The scaled run (11:00)\n\nrerun\n\n## Hits (a)\n\nold\n"
+    )
