@@ -364,16 +364,13 @@ class Streams:
         log_ = self.local.log(key)
         if shared is None or log_ is None or not log_.instance.generation:
             return  # a generation the tier has not named: keep it local
-        generation = log_.instance.generation
+        generation, seen_at = log_.instance.generation, self._clock()
         if segment is not None:
             shared.put(
-                key, segment, log_.content_type, generation, seen_at=self._clock(),
-                open_tail=open_tail,
-            )  # fmt: skip
-        if closed_at is not None:
-            closure = SharedClosure(
-                end=closed_at, content_type=log_.content_type, seen_at=self._clock()
+                key, segment, log_.content_type, generation, seen_at=seen_at, open_tail=open_tail
             )
+        if closed_at is not None:
+            closure = SharedClosure(end=closed_at, content_type=log_.content_type, seen_at=seen_at)
             shared.put_closed(key, closure, generation)
 
     # --- what live upstreams tell ---

@@ -190,3 +190,11 @@ def insert_section(path: Path, heading: str, section: str) -> None:
             text = text[: first + 1] + section + text[first + 1 :]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text.rstrip("\n") + "\n")
+
+
+def metric_total(metrics_text: str, name: str) -> int:
+    """An unlabelled sample of a Prometheus text exposition (``name value``); 0 when absent."""
+    for line in metrics_text.splitlines():
+        if line.startswith(name + " "):
+            return int(float(line.rsplit(" ", 1)[1]))
+    return 0

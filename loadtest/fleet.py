@@ -42,6 +42,7 @@ import aiohttp
 from devstack.agents import Producer
 from devstack.cluster import Cluster, start_cluster
 from edge.protocol.sse import SseDecoder
+from loadtest.benchkit import metric_total
 from loadtest.capacity import MEASURED, FleetPrediction, fleet_prediction
 from loadtest.fanout import proc_cpu_seconds, write_section
 
@@ -158,13 +159,6 @@ async def agent(producer: Producer, rate: float, seconds: float) -> int:
     return count
 
 
-def _metric(text: str, name: str) -> int:
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return int(float(line.rsplit(" ", 1)[1]))
-    return 0
-
-
 def _live(cluster: Cluster) -> int:
     open_now = cluster.origin.counts()["open"]
     return int(open_now["sse"] + open_now["long-poll"])
@@ -172,7 +166,7 @@ def _live(cluster: Cluster) -> int:
 
 def _viewers_per_replica(cluster: Cluster, dead: set[int]) -> list[int | None]:
     return [
-        None if i in dead else _metric(edge.metrics_text(), "edge_sse_viewers")
+        None if i in dead else metric_total(edge.metrics_text(), "edge_sse_viewers")
         for i, edge in enumerate(cluster.edges)
     ]
 

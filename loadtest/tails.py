@@ -26,6 +26,7 @@ from pathlib import Path
 import aiohttp
 
 from devstack.cluster import Cluster, deployed_routing, start_cluster
+from loadtest.benchkit import metric_total
 
 JSON = {"Content-Type": "application/json"}
 LEASTCONN = ("balance leastconn",)
@@ -41,15 +42,8 @@ class Run:
     hot_origin_live: int
 
 
-def _metric(text: str, name: str) -> int:
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return int(float(line.rsplit(" ", 1)[1]))
-    return 0
-
-
 def _per_replica(cluster: Cluster, name: str) -> list[int]:
-    return [_metric(edge.metrics_text(), name) for edge in cluster.edges]
+    return [metric_total(edge.metrics_text(), name) for edge in cluster.edges]
 
 
 def _live(cluster: Cluster, path: str | None = None) -> int:

@@ -34,9 +34,15 @@ from edge.log.segment import (
     answer_segment,
     is_json,
     is_json_array,
-    streams_content_type,
 )
-from edge.log.stream_log import StreamInstance, TailFact, TailJudgement, TailVerdict, judge_tail
+from edge.log.stream_log import (
+    StreamInstance,
+    TailFact,
+    TailJudgement,
+    TailVerdict,
+    judge_tail,
+    names_another_instance,
+)
 from edge.protocol.headers import HOP_BY_HOP, cors_headers, first_value, flag
 from edge.protocol.offsets import is_offset_token
 
@@ -253,10 +259,9 @@ def _decide_fill(
     json = is_json(arrival.content_type)
     if json and not is_json_array(arrival.body):
         return Intake(Decision.RELAY)
-    known = instance.content_type
-    if known is not None and streams_content_type(known) != streams_content_type(
-        arrival.content_type
-    ):
+    # A fill's answer always names its stream's type: one with none names another than a known
+    # one (stricter than a write's answer, where none names nothing).
+    if names_another_instance(instance, arrival.content_type or ""):
         return Intake(Decision.NEW_INSTANCE, (Forget("changed content type at the origin"),))
     actions: list[Action] = [
         Describe(arrival.content_type, header_template(headers)),

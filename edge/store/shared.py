@@ -96,7 +96,7 @@ class SharedClosure:
     closed, and when (wall clock, seconds) the closing answer reached it. A generation names
     no instance recreated behind every replica's back, so the closure names its own: what a
     replica holds of another instance (another type, or heard open there since) is not closed
-    by it (``edge.log.stream_log.judge_shared_closure``)."""
+    by it (``edge.log.stream_log.judge_shared``)."""
 
     end: str
     content_type: str | None
