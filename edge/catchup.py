@@ -12,20 +12,27 @@ under the current one.
 
 What the edge learns about a stream's existence (writes, deletes, 404s, lifetimes, live
 upstreams, other replicas) is ``edge.streams``'s to keep; this module asks it.
+
+Every wait has an end: a fill that outlives ``--fill-deadline`` is ``Abandoned`` (its upstream
+closed, its buffer given back, nothing stored) and its reader is answered 504; a reader that
+finds another reader's fill in flight waits at most ``--fill-wait`` for it, then its own read is
+relayed (``FillOverdue``), never queued behind a trickle.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import assert_never
 from urllib.parse import quote
 
 import aiohttp
 
 from edge.answer import Answer, Derivation, relayable
-from edge.coalesce import SingleFlight
+from edge.coalesce import Joined, Led, Overdue, SingleFlight
 from edge.compress import Compressor
 from edge.config import Settings
 from edge.fill_budget import FillBudget, Hold, read_body
@@ -49,7 +56,7 @@ from edge.log.segment import (
 )
 from edge.log.stream_log import LogKey, StreamInstance, StreamLog, TailFact
 from edge.metrics import Metrics
-from edge.origin import BodyTooLarge, OriginClient
+from edge.origin import BodyTooLarge, OriginClient, OriginTimeout
 from edge.protocol.headers import (
     first_value,
     not_to_be_kept,
@@ -88,6 +95,19 @@ def tiers_of(settings: Settings) -> Tiers:
 class RelayInstead(BodyTooLarge):
     """This read is not the cache's to answer (past the tail, no-store, a malformed offset): the
     web layer relays the client's own request to the origin."""
+
+
+class FillOverdue(RelayInstead):
+    """Another reader's fill of this range did not end within ``--fill-wait`` (or was abandoned):
+    this reader's own request is relayed, and nothing of that relay is stored."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Abandoned:
+    """A fill that outlived ``--fill-deadline``: its upstream is closed, its share of the fill
+    budget given back, and nothing of it was stored."""
+
+    deadline_seconds: float
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -148,7 +168,9 @@ class CatchupCache:
         self.streams = Streams(settings, self.local, origin, metrics, shared=shared, clock=clock)
         self.fill_budget = FillBudget(settings.fill_buffer_bytes)
         self.compressor = Compressor(self.local)
-        self._flights: SingleFlight[tuple[LogKey, str, StreamInstance], Fill] = SingleFlight()
+        self._flights: SingleFlight[tuple[LogKey, str, StreamInstance], Fill | Abandoned] = (
+            SingleFlight()
+        )
         metrics.track_budget(self.local.usage, lambda: self.fill_budget.used)
 
     @property
@@ -243,15 +265,46 @@ class CatchupCache:
             return Resolution(plan=plan, shared_hit=shared_hit, fill=None, collapsed=False)
         fetch = plan
         instance = self.local.instance_for(key.stream)
-        fill, collapsed = await self._flights.run(
+        flight = await self._flights.join(
             (key, fetch.offset, instance),
             lambda: self._fill(key, fetch, credentials, instance),
+            wait_seconds=self._settings.fill_wait_seconds,
         )
-        if collapsed:
-            self._metrics.collapsed_requests.labels(kind="catchup").inc()
+        fill, collapsed = self._outcome(key, flight)
         if fill.hold is not None:
             fill.hold.acquire()  # this reader's share, released by whoever writes its answer
         return Resolution(plan=fetch, shared_hit=shared_hit, fill=fill, collapsed=collapsed)
+
+    def _outcome(
+        self, key: LogKey, flight: Led[Fill | Abandoned] | Joined[Fill | Abandoned] | Overdue
+    ) -> tuple[Fill, bool]:
+        """The fill this reader answers from, and whether it shared another reader's; a fill
+        that did not end in time ends this read here (504 to its own reader, a relay to one
+        that waited on it)."""
+        match flight:
+            case Led():
+                shared = False
+            case Joined():
+                shared = True
+            case Overdue(waited_seconds=waited):
+                raise FillOverdue(f"the fill this read waited on took over {waited:g} s")
+            case _:
+                assert_never(flight)
+        outcome = flight.value
+        match outcome:
+            case Fill() as fill:
+                if shared:
+                    self._metrics.collapsed_requests.labels(kind="catchup").inc()
+                return fill, shared
+            case Abandoned() if shared:
+                raise FillOverdue("the fill this read waited on was abandoned")
+            case Abandoned() as abandoned:
+                raise OriginTimeout(
+                    f"{key.stream}: the fill passed --fill-deadline "
+                    f"({abandoned.deadline_seconds:g} s) and was abandoned"
+                )
+            case _:
+                assert_never(outcome)
 
     async def head(self, read: Read) -> Answer | None:
         """The edge's own answer to a ``HEAD`` of ``read``'s stream, when it knows all of it: a
@@ -481,19 +534,32 @@ class CatchupCache:
         fetch: Fetch,
         credentials: Sequence[tuple[str, str]],
         instance: StreamInstance,
-    ) -> Fill:
+    ) -> Fill | Abandoned:
         headers = own_request_headers(credentials)
         started = self.streams.ticket()
-        upstream = await self._origin.open(
-            "GET", f"{key.stream}?offset={quote(fetch.offset, safe='')}", headers, live=False
-        )
+        limit = self._settings.fill_deadline_seconds
+        deadline = asyncio.timeout(limit)
         try:
-            self._metrics.origin_requests.labels(kind="catchup", code=str(upstream.status)).inc()
-            body, hold = await read_body(
-                upstream, self._settings.max_segment_bytes, self.fill_budget
-            )
-        finally:
-            upstream.close()
+            async with deadline:
+                upstream = await self._origin.open(
+                    "GET", f"{key.stream}?offset={quote(fetch.offset, safe='')}", headers,
+                    live=False,
+                )  # fmt: skip
+                try:
+                    code = str(upstream.status)
+                    self._metrics.origin_requests.labels(kind="catchup", code=code).inc()
+                    body, hold = await read_body(
+                        upstream, self._settings.max_segment_bytes, self.fill_budget
+                    )
+                finally:
+                    # Closing (not releasing) drops a connection whose body was cut short.
+                    upstream.close()
+        except TimeoutError:
+            if not deadline.expired():
+                raise
+            # read_body gave back what it held; nothing reached the log.
+            log.warning("fill of %s at %s abandoned after %g s", key.stream, fetch.offset, limit)
+            return Abandoned(deadline_seconds=limit)
         self._metrics.origin_bytes.inc(len(body))
         response_headers = tuple(upstream.headers.items())
         hold.release_flight()  # the readers sharing this fetch take their own shares
@@ -540,4 +606,4 @@ class CatchupCache:
         await self.streams.close()
 
 
-__all__ = ["CatchupCache", "Fill", "RelayInstead", "Resolution"]
+__all__ = ["Abandoned", "CatchupCache", "Fill", "FillOverdue", "RelayInstead", "Resolution"]

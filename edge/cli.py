@@ -377,6 +377,23 @@ SERVE_OPTIONS = (
         "Bytes all cache fills together may buffer; past it a read is relayed uncached.",
     ),
     Option(
+        "--fill-deadline",
+        _duration,
+        "30",
+        "Seconds a cache fill (the origin's headers and whole body) may take; past it the fill "
+        "is abandoned, nothing of it is stored, and its reader is answered 504. Only a total "
+        "bounds an origin that trickles: it is never idle for --upstream-read-timeout.",
+        field="fill_deadline_seconds",
+    ),
+    Option(
+        "--fill-wait",
+        _duration,
+        "5",
+        "Seconds a reader waits on another reader's cache fill of the same range before the "
+        "origin is asked for its own read (relayed to it, stored nowhere).",
+        field="fill_wait_seconds",
+    ),
+    Option(
         "--header-timeout",
         _duration,
         "10",
@@ -558,8 +575,8 @@ TOPICS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "cache",
         (
             "--cache-bytes", "--max-response-bytes", "--max-segment-bytes",
-            "--fill-buffer-bytes", "--tail-freshness", "--scope-headers", "--scope-cookies",
-            "--fast-path",
+            "--fill-buffer-bytes", "--fill-deadline", "--fill-wait", "--tail-freshness",
+            "--scope-headers", "--scope-cookies", "--fast-path",
         ),
     ),
     (

@@ -155,6 +155,15 @@ class Settings:
     # Bytes all cache fills together may buffer while reading origin answers; past it, a read is
     # relayed uncached instead of buffered.
     fill_buffer_bytes: int = 64 * MiB
+    # Every wait has an end. A cache fill (headers and whole body) that has not ended by
+    # ``fill_deadline_seconds`` is abandoned: its upstream closed, its buffer given back, its
+    # reader answered 504. An origin that trickles is never idle for --upstream-read-timeout, so
+    # only a total bounds it; 30 s is far past a healthy fill of --max-segment-bytes.
+    fill_deadline_seconds: float = 30 * SECONDS
+    # A reader that finds another reader's fill of the same range in flight waits for it at most
+    # this long, then asks the origin itself (a relay, stored nowhere): a healthy fill ends in
+    # milliseconds, so only a stuck one makes its waiters pay this.
+    fill_wait_seconds: float = 5 * SECONDS
     # Client connections on the stream listener (edge.web.connection_table): a connection must
     # deliver a complete request head this soon after connecting (or after the first byte of its
     # next request), may sit idle this long between requests, and at most this many are open
@@ -226,6 +235,8 @@ class Settings:
             "max_segment_bytes",
             "redis_ttl_seconds",
             "fill_buffer_bytes",
+            "fill_deadline_seconds",
+            "fill_wait_seconds",
             "redis_timeout_seconds",
             "long_poll_timeout_seconds",
             "sse_heartbeat_seconds",

@@ -12,7 +12,9 @@ Rules this module owns:
   instance of a stream into another.
 * Upstream mode: SSE where its framing is exact (JSON and base64 binary streams); a long-poll loop
   for text streams, because the reference origin writes ``data:`` + line, so a line that starts
-  with a space loses it in every SSE decoder. A failed SSE request falls back to long-poll.
+  with a space loses it in every SSE decoder. A failed SSE request is retried as SSE; only the
+  origin refusing SSE, or SSE failing again and again, moves a tail to long-poll
+  (``edge.live.upstream_mode``).
 * Lingers ``linger_seconds`` after the last reader leaves, so a reconnecting viewer finds it.
 """
 
@@ -33,6 +35,7 @@ import aiohttp
 
 from edge.catchup import CatchupCache
 from edge.config import Settings
+from edge.live.upstream_mode import SseOn, SseState, after_sse_batch, after_sse_failure, sse_current
 from edge.log.segment import Segment, is_json, join_bodies
 from edge.log.stream_log import LogKey, StreamInstance
 from edge.metrics import Metrics
@@ -72,7 +75,7 @@ class Tail:
     gone: bool = False
     _task: asyncio.Task[None] | None = None
     _use_sse: bool = True
-    _sse_refused: bool = False
+    _sse: SseState = field(default_factory=SseOn)  # whether the origin lets this tail use SSE
     arrivals: dict[str, float] = field(default_factory=dict)
     batches: int = 0  # answers recorded, so a connection that delivered nothing backs off
     failing: bool = False  # the last upstream attempt failed; nothing since vouches for the tail
@@ -119,7 +122,8 @@ class Tail:
         try:
             while not self.finished:
                 recorded = self.batches
-                if not self._use_sse and not self._sse_refused:
+                self._sse = sse_current(self._sse, now=asyncio.get_running_loop().time())
+                if not self._use_sse and isinstance(self._sse, SseOn):
                     log_ = self.cache.local.log(self.key)
                     self._use_sse = self._sse_suits(log_.content_type if log_ else None)
                 failed = False
@@ -139,13 +143,17 @@ class Tail:
                     reason = getattr(error, "reason", "refused")
                     failed = True
                     if isinstance(error, UpstreamRefused) and self._use_sse:
-                        log.info("SSE upstream refused for %s; falling back to long-poll", self.key)
-                        self._use_sse = False
-                        self._sse_refused = True
-                        failed = False
+                        now = asyncio.get_running_loop().time()
+                        self._sse = after_sse_failure(self._sse, error.status, now=now)
+                        if not isinstance(self._sse, SseOn):
+                            log.info("SSE upstream of %s: %s; long-poll", self.key, self._sse)
+                            self._use_sse = False
+                            failed = False
                 except Exception:  # a malformed upstream answer must not kill the tail silently
                     log.exception("live upstream for %s failed", self.key)
                     reason, failed = "protocol", True
+                if self._use_sse and self.batches > recorded:
+                    self._sse = after_sse_batch(self._sse)
                 if reason and not self.finished:
                     self.metrics.tail_reconnects.labels(reason=reason).inc()
                 if failed:

@@ -35,7 +35,7 @@ from multidict import CIMultiDict
 
 from edge.answer import Answer
 from edge.auth.gate import Gate
-from edge.catchup import CatchupCache, RelayInstead
+from edge.catchup import CatchupCache, FillOverdue, RelayInstead
 from edge.cdn.purger import CdnPurger
 from edge.config import Settings
 from edge.live.answers import sse_encoding
@@ -248,6 +248,8 @@ async def relay_uncached(
 ) -> web.StreamResponse:
     if isinstance(why, CorsUnknown):
         detail = "cors"
+    elif isinstance(why, FillOverdue):
+        detail = "fill-overdue"
     else:
         detail = "not-cacheable" if isinstance(why, RelayInstead) else "too-large"
     return await request.app[RELAY].forward(

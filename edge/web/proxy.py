@@ -404,5 +404,8 @@ class Relay:
 
 
 def origin_error_response(error: OriginError, cors: OriginCors, origin: str | None) -> EdgeResponse:
-    """The client's view of an origin failure: a fixed text; the details are for the log."""
-    return edge_answer(error.status, error.public_text, cors, origin=origin)
+    """The client's view of an origin failure: a fixed text; the details are for the log. True
+    of this moment only: no cache downstream keeps it (a CDN would otherwise keep a 502 or 504
+    that has no Cache-Control by its own defaults)."""
+    no_store = [("Cache-Control", "no-store")]
+    return edge_answer(error.status, error.public_text, cors, no_store, origin=origin)

@@ -55,6 +55,8 @@ def test_every_flag_reads_its_env_and_the_flag_wins() -> None:
         "EDGE_SCOPE_HEADERS": "Authorization,X-Tenant",
         "EDGE_SCOPE_COOKIES": "session",
         "EDGE_FILL_BUFFER_BYTES": "8MiB",
+        "EDGE_FILL_DEADLINE": "12s",
+        "EDGE_FILL_WAIT": "500ms",
         "EDGE_HEADER_TIMEOUT": "4",
         "EDGE_KEEPALIVE_TIMEOUT": "20",
         "EDGE_MAX_CONNECTIONS": "500",
@@ -98,6 +100,7 @@ def test_every_flag_reads_its_env_and_the_flag_wins() -> None:
     assert settings.cache_bytes == 64 * 1024 * 1024
     assert settings.max_response_bytes == 512 * 1024
     assert settings.max_segment_bytes == 1024 * 1024
+    assert (settings.fill_deadline_seconds, settings.fill_wait_seconds) == (12, 0.5)
     assert settings.tail_freshness_seconds == 0.5
     assert settings.browser_max_age_seconds == 300  # 5m
     assert settings.redis_url == "redis://127.0.0.1:6390/2, redis://127.0.0.1:6391/2"
@@ -236,6 +239,8 @@ def test_redis_modes_are_checked(args: list[str], message: str) -> None:
         (["serve", "--origin", "http://x", "--listen", "h:99999"], "out of range"),
         (["serve", "--origin", "http://x", "--log-level", "loud"], "--log-level"),
         (["serve", "--origin", "http://x", "--upstream-read-timeout", "0"], "positive"),
+        (["serve", "--origin", "http://x", "--fill-deadline", "0"], "--fill-deadline"),
+        (["serve", "--origin", "http://x", "--fill-wait", "0"], "--fill-wait"),
         (["serve", "--origin", "http://x", "--upstream-max-connections", "-1"], "--upstream"),
         (["serve", "--origin", "http://x", "--cache-bytes", "lots"], "--cache-bytes"),
         (["serve", "--origin", "http://x", "--redis-url", "http://r"], "redis://"),

@@ -10,6 +10,7 @@ import edge.cdn.api
 import edge.cdn.book
 import edge.live.answers
 import edge.live.board
+import edge.live.upstream_mode
 import edge.log
 import edge.protocol
 import edge.summary
@@ -25,6 +26,7 @@ PURE_MODULES += [
     Path(edge.answer.__file__),
     Path(edge.live.board.__file__),
     Path(edge.live.answers.__file__),
+    Path(edge.live.upstream_mode.__file__),
     Path(edge.web.connection_table.__file__),
     Path(edge.cdn.api.__file__),
     Path(edge.cdn.book.__file__),
