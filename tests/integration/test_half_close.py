@@ -143,8 +143,16 @@ def _dechunk(data: bytes) -> tuple[bytes, bytes]:
 def _origin_call(
     origin: Origin, method: str, path: str, body: bytes | None = None
 ) -> tuple[int, dict[str, str], bytes]:
-    headers = {"Content-Type": "text/plain"} if method in {"PUT", "POST"} else {}
-    request = urllib.request.Request(origin.url + path, data=body, method=method, headers=headers)
+    return _call(origin.url, method, path, body)
+
+
+def _call(
+    base: str, method: str, path: str, body: bytes | None = None, **headers: str
+) -> tuple[int, dict[str, str], bytes]:
+    """One request on a connection of its own (urllib sends ``Connection: close``)."""
+    if method in {"PUT", "POST"}:
+        headers.setdefault("Content-Type", "text/plain")
+    request = urllib.request.Request(base + path, data=body, method=method, headers=headers)
     with urllib.request.urlopen(request, timeout=10) as response:
         return response.status, {k.lower(): v for k, v in response.headers.items()}, response.read()
 
@@ -304,4 +312,21 @@ async def test_a_request_cut_short_by_the_half_close_is_closed_at_once(
     assert not received.startswith(b"HTTP/1.1 2")
     _, _, body = _origin_call(origin, "GET", f"{stream_path}?offset=-1")
     assert body == b""
+    await _freed(half_edge)
+
+
+async def test_pipelined_hits_past_the_socket_buffers_are_all_answered(
+    half_edge: Edge, origin: Origin, stream_path: str
+) -> None:
+    """More hits than the sockets hold: the connection answers until its writes back up, and
+    waits with its reading paused; the half-close behind the last head ends nothing until every
+    head before it is answered."""
+    data = b"x" * 16384
+    _new_stream(origin, stream_path, data)
+    _call(origin.url, "POST", stream_path, **{"Stream-Closed": "true"})
+    hit = _request("GET", f"{stream_path}?offset=-1")
+    assert _call(half_edge.url, "GET", f"{stream_path}?offset=-1")[::2] == (200, data)
+    count = 300
+    replies = _replies(await asyncio.to_thread(_exchange, half_edge, hit * count), ["GET"] * count)
+    assert [(r.status, r.body) for r in replies] == [(200, data)] * count
     await _freed(half_edge)
