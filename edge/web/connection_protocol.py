@@ -14,10 +14,17 @@ Rules this module owns:
 * A hit answered here with ``Connection: close`` ends the connection: nothing more is read, and
   the close flushes the answer first.
 * aiohttp's protocol is only made when the first request needs it; a connection aiohttp never
-  saw is closed here (at a client's EOF, or at shutdown).
+  saw is closed here (once a client's half-close leaves nothing to answer, or at shutdown).
 * A connection the tracker refuses gets the tracker's 503; what it sends is discarded, but for
   its request line (``MAX_REFUSED_LINE_BYTES`` at most), read to count the refusal by kind.
 * A client that pipelines faster than it reads waits with its reading paused, not in our memory.
+* A client's half-close (EOF) ends its sending, not its answers (``edge.protocol.half_close``):
+  the transport stays open for writing, aiohttp never sees the EOF (its protocol would close
+  the transport and cancel the handler), and the connection asks ``after_half_close`` again
+  whenever what it holds changes: at the EOF, when a request reaches the application, when the
+  application classifies it (a live reader is taken as gone), when an answer is written. On
+  the full path it tells aiohttp to close after its last request (``RequestHandler.close``) or
+  closes an idle one itself; what aiohttp holds is read by ``_aiohttp_holding`` alone.
 """
 
 from __future__ import annotations
@@ -26,10 +33,12 @@ import asyncio
 import logging
 from collections.abc import Callable
 from enum import Enum
-from typing import cast
+from typing import assert_never, cast
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
 
+from edge.protocol.half_close import AfterHalfClose, Holding, after_half_close
 from edge.protocol.http1 import MAX_HEAD_BYTES, Handoff, HeadParser
 from edge.protocol.reads import RequestKind, kind_of_request_line
 from edge.web.connection_tracker import ConnectionTracker
@@ -59,6 +68,17 @@ class _Mode(Enum):
     REFUSED = "refused"  # at --max-connections: what it sends is discarded
 
 
+def _aiohttp_holding(handler: RequestHandler, *, cut_short: bool, live: bool) -> Holding:
+    """What aiohttp's protocol holds, read from two attributes of its ``RequestHandler``
+    (aiohttp 3.x; ``tests/unit/test_half_close.py`` pins them): a pending ``_waiter`` is its own
+    test of a handler with nothing in hand (``_process_keepalive``), and ``_messages`` are the
+    requests parsed and waiting behind the one in hand. aiohttp has no public word for either."""
+    waiter = handler._waiter
+    idle = waiter is not None and not waiter.done()
+    queued = bool(handler._messages)
+    return Holding(answering=not idle, queued=queued, cut_short=cut_short, live=live)
+
+
 class _Connection(asyncio.Protocol):
     """One client connection, in one ``_Mode`` at a time (the module's rules say which)."""
 
@@ -66,12 +86,14 @@ class _Connection(asyncio.Protocol):
         "_buffer",
         "_fast",
         "_handler_factory",
+        "_in_hand",
         "_inner",
         "_linger",
         "_mode",
         "_parser",
         "_paused",
         "_refused_kind",
+        "_sending_done",
         "_tracker",
         "_transport",
     )
@@ -79,7 +101,7 @@ class _Connection(asyncio.Protocol):
     def __init__(self, tracker: ConnectionTracker, handler_factory: web.Server) -> None:
         self._tracker = tracker
         self._handler_factory = handler_factory
-        self._inner: asyncio.Protocol | None = None
+        self._inner: RequestHandler | None = None
         self._transport: asyncio.Transport | None = None
         self._linger: asyncio.TimerHandle | None = None
         fast = tracker.fast
@@ -89,6 +111,11 @@ class _Connection(asyncio.Protocol):
         self._buffer = bytearray()
         self._paused = False
         self._refused_kind: RequestKind | None = None
+        # The client half-closed: it sends nothing more, and waits for its answers.
+        self._sending_done = False
+        # The request the application has in hand (between the tracker middleware's start and
+        # ``request_done``), whose body may be cut short by a half-close.
+        self._in_hand: web.BaseRequest | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)
@@ -99,7 +126,7 @@ class _Connection(asyncio.Protocol):
         if self._mode is _Mode.DELEGATED:
             self._ensure_inner()
 
-    def _ensure_inner(self) -> asyncio.Protocol:
+    def _ensure_inner(self) -> RequestHandler:
         if self._inner is None:
             self._inner = self._handler_factory()
             self._inner.connection_made(self._transport)  # type: ignore[arg-type]
@@ -143,6 +170,8 @@ class _Connection(asyncio.Protocol):
             # reading is still buffered, and aiohttp answers it and everything after.
             log.exception("fast path failed; the connection takes the full path")
             self._delegate()
+        if self._sending_done:
+            self._close_when_answered()
 
     def _serve(self) -> None:
         """Answer the complete heads in the buffer, in order, until one is aiohttp's."""
@@ -188,17 +217,31 @@ class _Connection(asyncio.Protocol):
         if pending:
             inner.data_received(pending)
 
+    def request_started(self, request: web.BaseRequest) -> None:
+        """The application has ``request`` in hand (the tracker's middleware)."""
+        self._in_hand = request
+        if self._sending_done:
+            self._close_when_answered()
+
+    def request_classified(self) -> None:
+        """The application has told the tracker what the request in hand is."""
+        if self._sending_done:
+            self._close_when_answered()
+
     def request_done(self, *, completed: bool) -> None:
         """aiohttp has written its answer to the request it was given (``completed``), or its
         handler failed and aiohttp writes an answer of its own after this: then it keeps the
         connection, so that answer and every later one stay in order."""
+        self._in_hand = None
         if self._mode is not _Mode.WAITING:
             return
         if not completed:
             self._delegate()
+            if self._sending_done:
+                self._close_when_answered()
             return
         self._mode = _Mode.FAST
-        if self._buffer:
+        if self._buffer or self._sending_done:
             self._tracker.loop.call_soon(self._resume)
 
     def _resume(self) -> None:
@@ -212,9 +255,53 @@ class _Connection(asyncio.Protocol):
             self._transport.close()
 
     def eof_received(self) -> bool | None:
-        if self._inner is None:
-            return None  # nothing in hand: close it now (its answers are flushed first)
-        return self._inner.eof_received()
+        if self._mode is _Mode.REFUSED or self._mode is _Mode.CLOSED:
+            return None  # nothing to answer: close it now (what is written flushes first)
+        # Not aiohttp's to see: its protocol would close the transport and cancel the handler
+        # of a request the client still waits to be answered.
+        self._sending_done = True
+        self._close_when_answered()
+        return True  # keep the transport open for the answers
+
+    def _close_when_answered(self) -> None:
+        """The client has half-closed: close now if nothing it sent is left to answer, or
+        have the last answer close the connection (the module's rules say when)."""
+        transport = self._transport
+        assert transport is not None
+        if transport.is_closing():
+            return
+        mode = self._mode
+        match mode:
+            case _Mode.FAST:
+                queued = b"\r\n\r\n" in self._buffer
+                holding = Holding(answering=False, queued=queued, cut_short=False, live=False)
+            case _Mode.WAITING:
+                # Only heads without a body wait here; request_done asks again.
+                live = self._tracker.is_live(transport)
+                holding = Holding(answering=True, queued=False, cut_short=False, live=live)
+            case _Mode.DELEGATED:
+                assert self._inner is not None
+                in_hand = self._in_hand
+                cut_short = in_hand is not None and not in_hand.content.is_eof()
+                live = self._tracker.is_live(transport)
+                holding = _aiohttp_holding(self._inner, cut_short=cut_short, live=live)
+            case _Mode.CLOSED | _Mode.REFUSED:
+                return
+            case _:
+                assert_never(mode)
+        decision = after_half_close(holding)
+        match decision:
+            case AfterHalfClose.CLOSE:
+                transport.close()
+            case AfterHalfClose.AFTER_ANSWER:
+                if mode is _Mode.DELEGATED:
+                    assert self._inner is not None
+                    # aiohttp answers the request in hand, then closes the transport itself.
+                    self._inner.close()
+            case AfterHalfClose.WAIT:
+                pass  # the next request's start, or its answer, asks again
+            case _:
+                assert_never(decision)
 
     def connection_lost(self, exc: Exception | None) -> None:
         assert self._transport is not None

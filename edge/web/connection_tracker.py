@@ -8,7 +8,9 @@ Rules this module owns:
   as ``tracker.request_started(request.transport)`` and ``tracker.request_finished(transport)``;
   ``edge.server`` installs it as the stream application's outermost middleware. With the fast
   path on, the middleware writes aiohttp's answer itself and then tells the connection
-  (``request_done``), so the connection knows when its next head may be answered.
+  (``request_done``), so the connection knows when its next head may be answered. It tells the
+  connection too when a request starts (``request_started``) and is classified
+  (``request_classified``): a half-closed client's connection decides on both.
 * Deadlines are enforced by one sweep per listener, every quarter of the shorter timeout (kept
   between 50 ms and 1 s); a transport that fails to close does not stop the sweep.
 * The kind hook: the application tells the tracker what each request is once it has classified
@@ -68,6 +70,10 @@ UNKNOWN_KIND = "unknown"
 
 class TrackedConnection(Protocol):
     """What the tracker asks of an admitted connection (``edge.web.connection_protocol``)."""
+
+    def request_started(self, request: web.BaseRequest) -> None: ...
+
+    def request_classified(self) -> None: ...
 
     def request_done(self, *, completed: bool) -> None: ...
 
@@ -159,6 +165,9 @@ class ConnectionTracker:
             if transport is None:  # the client already left
                 return await handler(request)
             self.request_started(transport)
+            connection = self._connections.get(transport)
+            if connection is not None:
+                connection.request_started(request)
             completed = False
             try:
                 response = await handler(request)
@@ -202,6 +211,9 @@ class ConnectionTracker:
         admission = self.table.request_kind(key, live=kind in LIVE_KINDS, flushing=_flushing)
         if admission.evict is not None:
             self._evict(admission.evict)
+        connection = self._connections.get(key)
+        if connection is not None:
+            connection.request_classified()  # a half-closed client's live reader is gone
         if admission.refusal is not None:
             self.count_refusal(kind.value, admission.refusal)
             self._warn_once_a_minute(
@@ -211,6 +223,9 @@ class ConnectionTracker:
                 self.table.limits.live_cap,
             )
         return admission.refusal
+
+    def is_live(self, transport: asyncio.BaseTransport) -> bool:
+        return self.table.is_live(cast(asyncio.Transport, transport))
 
     def live_ended(self, transport: asyncio.BaseTransport) -> None:
         self.table.live_ended(cast(asyncio.Transport, transport))
