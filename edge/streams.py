@@ -46,6 +46,7 @@ Rules this module owns:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import itertools
 import logging
@@ -511,11 +512,15 @@ class Streams:
         the origin (the shared tier gave them): before they are served, as the origin may have
         expired it since the replica that filled them last touched it. Once its lifetime is
         known, an expiring instance counts from this process's own touches (none yet: its next
-        read asks the origin, which renews it); a 404 forgets it."""
+        read asks the origin, which renews it); a 404 forgets it. An origin that cannot say
+        (unreachable, or no answer within ``--upstream-connect-timeout``: a HEAD is answered at
+        once) leaves what is held served, as without a shared tier."""
         if instance.lifetime_known:
             return
-        # Shielded: a reader that leaves does not cancel the question the others wait on.
-        await asyncio.shield(self.probe_lifetime(key, instance, credentials))
+        # Shielded: a reader that leaves, or stops waiting, does not cancel the question.
+        asked = asyncio.shield(self.probe_lifetime(key, instance, credentials))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asked, self._settings.upstream_connect_timeout_seconds)
 
     async def _head_lifetime(
         self, key: LogKey, instance: StreamInstance, credentials: tuple[tuple[str, str], ...]
