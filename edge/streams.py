@@ -37,12 +37,16 @@ Rules this module owns:
 * A refusal is evidence about its request's scope and range, not about the stream: a 404 with
   credentials forgets only that scope, and a 410 (an offset before retention) forgets nothing.
 * Lifetimes (``Stream-TTL``, ``Stream-Expires-At``) are learned from writes, HEAD answers and any
-  origin answer that carries them; a stream known only from reads is asked once (HEAD).
+  origin answer that carries them; a stream known only from reads is asked once (HEAD). Bytes
+  the shared tier gives are served only once this process knows their instance's lifetime
+  (``confirm_lifetime``): a sliding TTL counts from this process's own reads of the origin, so
+  an instance it never read there asks the origin first, which renews it or says 404.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import itertools
 import logging
@@ -253,7 +257,8 @@ class Streams:
         self._checks: SingleFlight[str, str | None] = SingleFlight()
         self._tickets = itertools.count()
         self._background: set[asyncio.Task[None]] = set()
-        self._probing: set[StreamInstance] = set()
+        # The lifetime asked of the origin (HEAD), one question per instance at a time.
+        self._probing: dict[StreamInstance, asyncio.Task[None]] = {}
         # Told of every stream forgotten on this replica (live tails and viewers stop).
         self.forgotten: list[Callable[[str], None]] = []
         # Told of every forgetting this process decided itself (see the module rules).
@@ -429,7 +434,7 @@ class Streams:
                 return stored
             case ProbeLifetime():
                 if not instance.lifetime_known:
-                    self.probe_lifetime(instance, credentials)
+                    self.probe_lifetime(key, instance, credentials)
         return False
 
     # --- what live upstreams tell ---
@@ -486,19 +491,39 @@ class Streams:
             instance.learn_lifetime(ttl, expires_at)
 
     def probe_lifetime(
-        self, instance: StreamInstance, credentials: Sequence[tuple[str, str]]
-    ) -> None:
-        """A stream known only from reads: ask the origin (HEAD, once per instance) whether it
-        expires, so the edge neither serves it past its end nor advertises it for a year."""
-        if instance in self._probing:
-            return
-        self._probing.add(instance)
-        task = asyncio.ensure_future(self._head_lifetime(instance, tuple(credentials)))
+        self, key: LogKey, instance: StreamInstance, credentials: Sequence[tuple[str, str]]
+    ) -> asyncio.Task[None]:
+        """A stream known only from reads: ask the origin (HEAD, once per instance at a time)
+        whether it expires, so the edge neither serves it past its end nor advertises it for a
+        year. A HEAD does not renew a sliding TTL at the origin (PROTOCOL.md 5.1)."""
+        task = self._probing.get(instance)
+        if task is not None:
+            return task
+        task = asyncio.ensure_future(self._head_lifetime(key, instance, tuple(credentials)))
+        self._probing[instance] = task
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        return task
+
+    async def confirm_lifetime(
+        self, key: LogKey, instance: StreamInstance, credentials: Sequence[tuple[str, str]]
+    ) -> None:
+        """Learn the lifetime of an instance this process holds bytes of without having asked
+        the origin (the shared tier gave them): before they are served, as the origin may have
+        expired it since the replica that filled them last touched it. Once its lifetime is
+        known, an expiring instance counts from this process's own touches (none yet: its next
+        read asks the origin, which renews it); a 404 forgets it. An origin that cannot say
+        (unreachable, or no answer within ``--upstream-connect-timeout``: a HEAD is answered at
+        once) leaves what is held served, as without a shared tier."""
+        if instance.lifetime_known:
+            return
+        # Shielded: a reader that leaves, or stops waiting, does not cancel the question.
+        asked = asyncio.shield(self.probe_lifetime(key, instance, credentials))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asked, self._settings.upstream_connect_timeout_seconds)
 
     async def _head_lifetime(
-        self, instance: StreamInstance, credentials: tuple[tuple[str, str], ...]
+        self, key: LogKey, instance: StreamInstance, credentials: tuple[tuple[str, str], ...]
     ) -> None:
         try:
             upstream = await self._origin.open(
@@ -508,10 +533,14 @@ class Streams:
         except OriginError:
             return
         finally:
-            self._probing.discard(instance)
+            self._probing.pop(instance, None)
         self._metrics.origin_requests.labels(kind="head", code=str(upstream.status)).inc()
-        if upstream.status == 200 and self.local.current(instance):
+        if not self.local.current(instance):
+            return
+        if upstream.status == 200:
             self._headed(instance, list(upstream.headers.items()))
+        elif upstream.status == 404:
+            self.stream_gone(key)  # as a relayed HEAD's 404 says (``observe``)
 
     # --- what pass-through traffic tells ---
 

@@ -95,7 +95,8 @@ class Decision(enum.Enum):
 class Arrival:
     """One origin answer, as values. ``start`` is where it was asked from (a fill's offset, a
     live batch's first offset); ``end`` its ``Stream-Next-Offset``. ``started`` and
-    ``received`` are the edge's tickets when the request left and when the answer came."""
+    ``received`` are the edge's tickets when the request left and when the answer came;
+    ``asked_at`` the edge's clock when a fill's request left (None: a live batch)."""
 
     live: bool
     start: str
@@ -109,6 +110,15 @@ class Arrival:
     started: int
     received: int
     now: float
+    asked_at: float | None = None
+
+    @property
+    def touched_at(self) -> float:
+        """When the origin renewed the stream's sliding TTL for this answer, at the earliest:
+        a read renews it when the origin takes it up (PROTOCOL.md 5.1), after its request left
+        and before its answer started, which may be long before its body ends. A live batch's
+        is its arrival (the origin renews it as it reads the batch it sends)."""
+        return self.now if self.asked_at is None else self.asked_at
 
     @classmethod
     def of_fill(
@@ -121,13 +131,14 @@ class Arrival:
         started: int,
         received: int,
         now: float,
+        asked_at: float | None = None,
     ) -> Arrival:
         return cls(
             live=False, start=start, status=status,
             end=first_value(headers, "stream-next-offset"), body=body, headers=headers,
             content_type=first_value(headers, "content-type"),
             up_to_date=flag(headers, "stream-up-to-date"), closed=flag(headers, "stream-closed"),
-            started=started, received=received, now=now,
+            started=started, received=received, now=now, asked_at=asked_at,
         )  # fmt: skip
 
 
@@ -265,7 +276,7 @@ def _decide_fill(
         return Intake(Decision.NEW_INSTANCE, (Forget("changed content type at the origin"),))
     actions: list[Action] = [
         Describe(arrival.content_type, header_template(headers)),
-        Touched(arrival.now),
+        Touched(arrival.touched_at),
         LearnLifetime(headers),
     ]
     offset = arrival.start
@@ -301,7 +312,7 @@ def _decide_live(
     if end is None or not is_offset_token(end):
         return Intake(Decision.MALFORMED)
     start = arrival.start
-    touched = Touched(arrival.now)
+    touched = Touched(arrival.touched_at)
     if end < start:
         # The upstream follows from an offset the stream reached; behind it is another stream
         # (deleted and recreated, or an origin that lost its tail).

@@ -16,6 +16,13 @@ Rules this module owns:
 * Where matching the origin exactly would need more of the URL standard than a pathname does
   (IPv6 or internationalised hosts in a ``//host/...`` target), the target is refused rather
   than guessed.
+* A stream path with a ``__ds`` segment (``names_control``) may name the origin's control API,
+  not a stream (PROTOCOL.md 6: subscriptions under ``{stream-url}/__ds/…``, routed before stream
+  operations). Which segment is reserved depends on the origin's stream root, which the edge
+  does not know (the reference origin reserves ``/v1/stream/__ds``; the Caddy plugin answers
+  ``…/__ds/jwks.json`` under any path, on its decoded path), so any segment that is ``__ds``,
+  percent-decoded, counts: such a request is only ever relayed, which is exact whatever the
+  origin routes it to.
 
 The percent-encode set is the one of the pinned origin's Node.js (20): ``^`` is left as is there
 (newer URL standard revisions encode it). ``tests/unit/test_paths.py`` compares with Node.
@@ -45,6 +52,8 @@ _DOUBLE_DOT = frozenset({"..", ".%2e", "%2e.", "%2e%2e"})
 # Forbidden domain code points that are ASCII and printable (controls are checked apart).
 _FORBIDDEN_IN_DOMAIN = frozenset(" #%/:<>?@[\\]^|")
 _MAX_PORT = 65535
+# The reserved segment of the control API (PROTOCOL.md 6).
+CONTROL_SEGMENT = "__ds"
 
 
 class BadTarget(ValueError):
@@ -111,6 +120,16 @@ def normalise_path(raw_path: str) -> str:
     if pathname.startswith("//"):
         raise BadTarget("the request target's path starts with an empty segment")
     return pathname
+
+
+def names_control(stream: str) -> bool:
+    """Whether the normalised path ``stream`` may name the origin's control API (a segment that
+    is ``__ds``, percent-decoded): never a stream the edge reads or keeps."""
+    if CONTROL_SEGMENT not in stream and "%" not in stream:
+        return False  # the common case, at the cost of one scan
+    return any(
+        _percent_decode(segment) == CONTROL_SEGMENT for segment in stream.split("/") if segment
+    )
 
 
 def _relative(text: str) -> str:

@@ -8,11 +8,14 @@
   instance and keeps nothing; nothing else forgets it.
 * Catch-up and live answers go through the same tail judgement (``judge_tail``), and
   ``StreamLog.observe_tail`` is exactly ``judge_tail`` then ``believe``.
+* The origin renewed a sliding TTL no later than the edge says: a fill's touch is when its
+  request left, never when its body ended; a live batch's, when it arrived.
 """
 
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -25,6 +28,7 @@ from edge.log.intake import (
     Forget,
     ForgetScope,
     Keep,
+    Touched,
     decide,
 )
 from edge.log.segment import is_json_array, media_type, streams_content_type
@@ -207,3 +211,34 @@ def test_observing_a_tail_is_judging_it_then_believing_it(
     assert verdict is judgement.verdict
     assert observed.tail == log_.tail
     assert repr(observed.instance) == repr(log_.instance)
+
+
+@given(
+    arrival=arrivals(),
+    instance=instances(),
+    tail=tails,
+    asked=st.floats(0, 50),
+)
+def test_the_origin_is_said_to_have_renewed_a_ttl_when_the_request_left(
+    arrival: Arrival, instance: StreamInstance, tail: TailFact | None, asked: float
+) -> None:
+    arrival = replace(arrival, asked_at=None if arrival.live else asked)
+    intake = decide(arrival, instance, tail, current=True)
+    for action in intake.actions:
+        if isinstance(action, Touched):
+            assert action.now == (arrival.now if arrival.live else asked)
+            assert action.now <= arrival.now
+
+
+def test_a_slow_fill_renews_the_ttl_when_it_was_asked_not_when_its_body_ended() -> None:
+    headers = (
+        ("Content-Type", "text/plain"),
+        ("Stream-Next-Offset", "0000_0005"),
+        ("Stream-Up-To-Date", "true"),
+    )
+    arrival = Arrival.of_fill(
+        "-1", 200, headers, b"hello", started=1, received=2, now=130.0, asked_at=10.0
+    )
+    intake = decide(arrival, StreamInstance(stream="/s"), None, current=True)
+    assert intake.decision is Decision.STORE
+    assert [a for a in intake.actions if isinstance(a, Touched)] == [Touched(10.0)]
