@@ -13,6 +13,7 @@ answer each test sends.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -23,12 +24,16 @@ from multidict import CIMultiDict
 from devstack.processes import Edge, Origin, start_edge
 from edge.protocol.purge_keys import stream_key
 from tests.cdn_stand_ins import StandIn, WebhookStandIn, eventually
+from tests.conftest import ORIGIN_LONG_POLL_MS
 from tests.integration.test_passthrough import call
 
 TEXT = {"Content-Type": "text/plain"}
 # Fresh connections spread over the workers by the kernel: the chance that this many all land
 # on one of two workers is 2 / 2**12.
 READS = 12
+# A text stream's live tail long-polls the origin, which answers a waiting long-poll at its
+# timeout (tests.conftest.ORIGIN_LONG_POLL_MS); the tail's next one is refused. Plus slack.
+LIVE_NOTICED = ORIGIN_LONG_POLL_MS / 1000 + 3.0
 
 
 @pytest.fixture(scope="module")
@@ -171,3 +176,29 @@ async def test_a_fork_passes_through_and_its_soft_deleted_source_is_never_served
     assert set(await statuses(fresh, gone_edge, source, offsets)) == {410}
     assert await eventually(lambda: "gone" in reasons(webhook, source))
     assert await held_everywhere(fresh, gone_edge, fork_path) == b"hello there"
+
+
+async def test_a_live_tail_refused_410_ends_its_viewers_and_the_stream(
+    http: aiohttp.ClientSession, fresh: aiohttp.ClientSession, origin: Origin, gone_edge: Edge,
+    stream_path: str,
+) -> None:  # fmt: skip
+    """An SSE viewer follows an open stream through the edge (its tail long-polls the origin);
+    the stream is deleted at the origin while it has a fork (soft-deleted). The tail's next
+    long-poll is answered 410: the stream is gone, so the viewer's answer ends (it is not left
+    open on a tail retrying for ever) and every later read is 410."""
+    source = origin.url + stream_path
+    assert (await call(http, "PUT", source, headers=TEXT))[0] == 201
+    assert (await call(http, "POST", source, headers=TEXT, data=b"hello"))[0] == 204
+    fork = {**TEXT, "Stream-Forked-From": stream_path}
+    assert (await call(http, "PUT", f"{source}-fork", headers=fork))[0] == 201
+    async with http.get(f"{gone_edge.url}{stream_path}?offset=-1&live=sse") as viewer:
+        assert viewer.status == 200
+        seen = b""
+        async with asyncio.timeout(5):
+            while b"hello" not in seen:
+                seen += await viewer.content.read(65536)
+        assert (await call(http, "DELETE", source))[0] == 204  # soft: it has a fork
+        async with asyncio.timeout(LIVE_NOTICED):
+            while await viewer.content.read(65536):
+                pass
+    assert set(await statuses(fresh, gone_edge, stream_path, [])) == {410}
