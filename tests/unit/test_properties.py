@@ -4,7 +4,8 @@ A Hypothesis state machine drives one ``CatchupCache`` in front of ``FakeOrigin`
 ``OriginClient`` answering from ``OriginModel``, a pure model of the reference origin) through
 random interleavings of creates, appends, closes, deletes and recreates (through the edge, so the
 cache is told, and directly at the origin, so it is not), forks and deletes of their sources
-(soft deletes: 410 to everything), purges, clock advances, catch-up reads at
+(soft deletes: 410 to everything), origin restarts (every stream lost), purges, clock advances,
+catch-up reads at
 every kind of offset (absent, ``-1``, before the start, every position any instance ever issued,
 between positions, past the tail, malformed), ``If-None-Match`` with tags handed out earlier, and
 reads racing a write, delete or recreate while their origin fill is in flight.
@@ -84,6 +85,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from edge import catchup as catchup_module
 from edge.catchup import CatchupCache
 from edge.config import Address, Settings, per_worker
+from edge.log.stream_log import LogKey
 from edge.metrics import Metrics
 from edge.origin import BodyTooLarge
 from edge.protocol.http1 import RequestHead
@@ -1400,6 +1402,14 @@ class CatchupMachine(RuleBasedStateMachine):
         if then_delete is not None:
             self.do_delete(source, via_edge=then_delete, worker=worker)
 
+    @rule()
+    def restart_origin(self) -> None:
+        """The origin restarts with an in-memory store: every stream is gone, and nothing tells
+        the edge (to the grading, every path deleted behind its back at once; noticing it on a
+        live tail is the tail's, which this machine does not run)."""
+        note("the origin restarts: every stream is lost")
+        self.model.restart()
+
     @rule(path=st.sampled_from(PATHS))
     def purge(self, path: str) -> None:
         self.do_purge(path)
@@ -2060,3 +2070,27 @@ def test_the_model_forks_soft_deletes_and_restarts_as_the_reference_origin() -> 
     assert model.handle("PUT", B, headers=past).status == 400
     model.restart()
     assert model.handle("GET", A, "offset=-1").status == 404
+
+
+def test_the_lifetime_probe_answered_410_forgets_the_stream(machine: CatchupMachine) -> None:
+    """The edge's own HEAD (a stream known only from reads: does it expire?) is evidence too:
+    answered 410 (soft-deleted meanwhile), the stream held is forgotten, and the next read asks
+    the origin."""
+    machine.do_create(A, TEXT_TYPE, via_edge=False, initial=1, closed=True)
+    machine.do_fork(B, A, None, via_edge=False)
+    edge = machine.edge
+    assert isinstance(edge, EdgeUnderTest)
+    assert _ids(machine.do_read(A, "-1")) == [100]
+    streams = edge.cache.streams
+    instance = edge.cache.local.instance(A)
+    assert instance is not None
+    assert edge.cache.local.holds_data(A)
+    machine.do_delete(A, via_edge=False)  # soft: it has a fork
+
+    async def probe() -> None:
+        streams.probe_lifetime(LogKey(stream=A, scope="public"), instance, ())
+        await asyncio.gather(*streams._background)
+
+    machine.loop.run_until_complete(probe())
+    assert not edge.cache.local.holds_data(A)
+    assert machine.do_read(A, "-1").status == 410
