@@ -8,11 +8,11 @@ Rules this module owns:
 
 * **Forgetting is total.** A stream is forgotten (``purge``) on a DELETE or a 201 PUT through
   the edge, a 404 or 410 to any request that speaks for the stream (``stream_gone``), a live
-  upstream or catch-up answer that the core
-  finds impossible for the instance it knows (the tail went back, a closure vanished), or a
-  purge from the admin listener or another replica. Forgetting drops the instance with every
-  entry kept for it (segments, logs, derived frames), ends its live tails, viewers and waiting
-  long-polls (``forgotten`` listeners), and starts a durable purge in the shared tier.
+  upstream or catch-up answer that the core finds impossible for the instance it knows (the
+  tail went back, a closure vanished), or a purge from the admin listener or another replica.
+  Forgetting drops the instance with every entry kept for it (segments, logs, derived frames),
+  ends its live tails, viewers and waiting long-polls (``forgotten`` listeners), and starts a
+  durable purge in the shared tier.
 * **What this process decides to forget, it tells.** Every forgetting this process decides from
   what it learned itself (``purge``, and a 404 that forgets one scope), whatever its cause, goes
   through ``_decided`` as one ``Forgetting`` (what, why, and whether this process is the one to
@@ -551,12 +551,8 @@ class Streams:
             self._probing.discard(instance)
         self._metrics.origin_requests.labels(kind="head", code=str(upstream.status)).inc()
         headers = list(upstream.headers.items())
-        decision = self.evidence(key, upstream.status, headers, started=started, instance=instance)
-        if (
-            decision is not Decision.GONE
-            and upstream.status == 200
-            and self.local.current(instance)
-        ):
+        self.evidence(key, upstream.status, headers, started=started, instance=instance)
+        if upstream.status == 200 and self.local.current(instance):
             self._headed(instance, headers)
 
     # --- what pass-through traffic tells ---
