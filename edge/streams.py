@@ -93,6 +93,7 @@ from edge.metrics import Metrics
 from edge.origin import OriginClient, OriginError
 from edge.protocol.headers import (
     STREAM_CLOSED,
+    STREAM_FORKED_FROM,
     STREAM_NEXT_OFFSET,
     first_value,
     flag,
@@ -644,8 +645,11 @@ class Streams:
                     floor, closed=True, now=self._clock(), started=ticket, received=ticket
                 )
         if method == "PUT" and status in (200, 201):
-            # A creating PUT states the whole lifetime: no TTL header means none.
-            self.learn_lifetime(instance, request_headers, complete=status == 201)
+            # A creating PUT states the whole lifetime: no TTL header means none. Not a fork's:
+            # without one of its own, it inherits its source's (PROTOCOL.md 4.2), which a HEAD
+            # tells (``probe_lifetime``).
+            forked = first_value(request_headers, STREAM_FORKED_FROM) is not None
+            self.learn_lifetime(instance, request_headers, complete=status == 201 and not forked)
         return judgement.gone
 
     def scope_of(self, request_headers: Sequence[tuple[str, str]]) -> str:
