@@ -509,6 +509,8 @@ class CatchupCache:
         """The origin's answer to ``offset=now`` (never cached; it touches the origin)."""
         headers = own_request_headers(credentials)
         asked_at = self._clock()  # the origin renews a sliding TTL after this (``Arrival``)
+        instance = self.local.instance_for(key.stream)
+        started = self.streams.ticket()
         upstream = await self._origin.open("GET", f"{key.stream}?offset=now", headers, live=False)
         try:
             self._metrics.origin_requests.labels(kind="catchup", code=str(upstream.status)).inc()
@@ -520,8 +522,10 @@ class CatchupCache:
             upstream.close()
         response_headers = list(upstream.headers.items())
         next_offset = first_value(response_headers, "stream-next-offset")
-        if upstream.status == 404:
-            self.streams.stream_gone(key)
+        decision = self.streams.evidence(
+            key, upstream.status, response_headers, started=started, instance=instance
+        )
+        if decision is Decision.GONE:
             await self.streams.settled(key.stream)
         elif upstream.status == 200 and is_offset_token(next_offset):
             instance = self.local.instance_for(key.stream)

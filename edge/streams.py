@@ -7,11 +7,12 @@ pure core (``edge.log.stream_log``): every fact about a stream's existence enter
 Rules this module owns:
 
 * **Forgetting is total.** A stream is forgotten (``purge``) on a DELETE or a 201 PUT through
-  the edge, a 404 to a credential-free request, a live upstream or catch-up answer that the core
-  finds impossible for the instance it knows (the tail went back, a closure vanished), or a
-  purge from the admin listener or another replica. Forgetting drops the instance with every
-  entry kept for it (segments, logs, derived frames), ends its live tails, viewers and waiting
-  long-polls (``forgotten`` listeners), and starts a durable purge in the shared tier.
+  the edge, a 404 or 410 to any request that speaks for the stream (``stream_gone``), a live
+  upstream or catch-up answer that the core finds impossible for the instance it knows (the
+  tail went back, a closure vanished), or a purge from the admin listener or another replica.
+  Forgetting drops the instance with every entry kept for it (segments, logs, derived frames),
+  ends its live tails, viewers and waiting long-polls (``forgotten`` listeners), and starts a
+  durable purge in the shared tier.
 * **What this process decides to forget, it tells.** Every forgetting this process decides from
   what it learned itself (``purge``, and a 404 that forgets one scope), whatever its cause, goes
   through ``_decided`` as one ``Forgetting`` (what, why, and whether this process is the one to
@@ -34,8 +35,15 @@ Rules this module owns:
   generation at most every ``GENERATION_CHECK_SECONDS`` before serving it, after its purge
   channel reconnects (``resync``), and on every shared read; a generation it did not know means
   another replica purged the stream: it forgets its own copy.
-* A refusal is evidence about its request's scope and range, not about the stream: a 404 with
-  credentials forgets only that scope, and a 410 (an offset before retention) forgets nothing.
+* **Every origin answer is evidence, whatever request it answered.** A 404 or 410 (the core's
+  ``says_gone``) to a read, a write (``judge_write``), a DELETE, a HEAD, ``offset=now``, a live
+  upstream or the edge's own lifetime probe ends the instance held as a DELETE through the edge
+  does: every answer the edge relays or asks for without storing it goes through ``evidence``
+  (the intake's ``decide``), a write's through ``judge_write``. Whose it is to forget is
+  ``stream_gone``'s rule: a request that carried credentials the edge did not authorise speaks
+  for its scope only (a bad token must not empty the cache for others), so only that scope is
+  forgotten; without credentials, or with the edge's own, it is the stream's fate.
+* Other refusals (401/403, 409, 400) are evidence about their request, not about the stream.
 * Lifetimes (``Stream-TTL``, ``Stream-Expires-At``) are learned from writes, HEAD answers and any
   origin answer that carries them; a stream known only from reads is asked once (HEAD). Bytes
   the shared tier gives are served only once this process knows their instance's lifetime
@@ -89,6 +97,7 @@ from edge.metrics import Metrics
 from edge.origin import OriginClient, OriginError
 from edge.protocol.headers import (
     STREAM_CLOSED,
+    STREAM_FORKED_FROM,
     STREAM_NEXT_OFFSET,
     first_value,
     flag,
@@ -212,12 +221,13 @@ def carries_body(headers: Sequence[tuple[str, str]]) -> bool:
 
 def written_as(
     method: str,
+    status: int,
     request_headers: Sequence[tuple[str, str]],
     response_headers: Sequence[tuple[str, str]],
     floor: str | None,
     started: int,
 ) -> Write:
-    """A successful write's request and answer as the core judges them (``judge_write``)."""
+    """A write's request and answer as the core judges them (``judge_write``)."""
     body = carries_body(request_headers)
     if method == "PUT":
         named = first_value(response_headers, "content-type")
@@ -234,6 +244,7 @@ def written_as(
         appended=method == "POST" and body and first_value(request_headers, "producer-id") is None,
         content_type=named,
         answered=method == "PUT",
+        status=status,
     )
 
 
@@ -437,6 +448,35 @@ class Streams:
                     self.probe_lifetime(key, instance, credentials)
         return False
 
+    def evidence(
+        self,
+        key: LogKey,
+        status: int,
+        headers: Sequence[tuple[str, str]],
+        *,
+        started: int,
+        instance: StreamInstance | None = None,
+        live: bool = False,
+    ) -> Decision:
+        """An origin answer the edge never stores (a relayed read, HEAD or DELETE, ``offset=now``,
+        a lifetime probe, a live upstream's refusal), to a request in ``key.scope`` that started
+        at ``started`` under ``instance`` (None: whatever is held now): what it says of the
+        stream, through the one intake (``decide``), carried out here. ``GONE`` when it said the
+        stream is gone (the scope, or the instance, is forgotten)."""
+        held = self.local.instance(key.stream) if instance is None else instance
+        # Nothing held of the stream: still the stream's current state (a 404 for a path never
+        # held is told to the shared tier, which may hold it for another replica).
+        current = held is None or self.local.current(held)
+        judged = held if held is not None else StreamInstance(stream=key.stream)
+        arrival = Arrival.evidence(
+            status, tuple(headers), live=live, started=started, received=self.ticket(),
+            now=self._clock(),
+        )  # fmt: skip
+        intake = decide(arrival, judged, None, current=current)
+        for action in intake.actions:
+            self._carry_out(key, judged, action, ())
+        return intake.decision
+
     # --- what live upstreams tell ---
 
     def record_live(
@@ -525,6 +565,7 @@ class Streams:
     async def _head_lifetime(
         self, key: LogKey, instance: StreamInstance, credentials: tuple[tuple[str, str], ...]
     ) -> None:
+        started = self.ticket()
         try:
             upstream = await self._origin.open(
                 "HEAD", instance.stream, own_request_headers(credentials), live=False
@@ -535,12 +576,10 @@ class Streams:
         finally:
             self._probing.pop(instance, None)
         self._metrics.origin_requests.labels(kind="head", code=str(upstream.status)).inc()
-        if not self.local.current(instance):
-            return
-        if upstream.status == 200:
-            self._headed(instance, list(upstream.headers.items()))
-        elif upstream.status == 404:
-            self.stream_gone(key)  # as a relayed HEAD's 404 says (``observe``)
+        headers = list(upstream.headers.items())
+        self.evidence(key, upstream.status, headers, started=started, instance=instance)
+        if upstream.status == 200 and self.local.current(instance):
+            self._headed(instance, headers)
 
     # --- what pass-through traffic tells ---
 
@@ -555,22 +594,24 @@ class Streams:
         started: int,
     ) -> bool:
         """Called for every answer the origin gave to a request the cache did not serve (whose
-        ticket was ``started``); True when it deleted or created the stream (the caller may
-        wait for the purge to be durable)."""
+        ticket was ``started``); True when it deleted, created or found gone the stream for
+        everyone (the caller waits for the purge to be durable, as for a DELETE)."""
         method = method.upper()
-        if status == 404 and method in ("GET", "HEAD"):
-            self.stream_gone(LogKey(stream=stream, scope=self.scope_of(request_headers)))
-        elif method == "DELETE" and status < 400:
-            self.purge(stream, reason="deleted")
-            return True
-        elif method in ("PUT", "POST"):
+        key = LogKey(stream=stream, scope=self.scope_of(request_headers))
+        if method in ("PUT", "POST"):
             created = method == "PUT" and status == 201
             if created:
                 # Created: whatever the edge knew of this path is another's.
                 self.purge(stream, reason="created")
-            self._written(stream, method, status, request_headers, response_headers, started)
-            return created  # like a DELETE, answered once other replicas will not serve the old
-        elif method == "HEAD" and status == 200:
+            gone = self._written(key, method, status, request_headers, response_headers, started)
+            # Like a DELETE, answered once other replicas will not serve the old instance.
+            return created or (gone and speaks_for_the_stream(key.scope))
+        if self.evidence(key, status, response_headers, started=started) is Decision.GONE:
+            return speaks_for_the_stream(key.scope)
+        if method == "DELETE" and status < 400:
+            self.purge(stream, reason="deleted")
+            return True
+        if method == "HEAD" and status == 200:
             self._headed(self.local.instance_for(stream), response_headers)
         return False
 
@@ -585,33 +626,35 @@ class Streams:
 
     def _written(
         self,
-        stream: str,
+        key: LogKey,
         method: str,
         status: int,
         request_headers: Sequence[tuple[str, str]],
         response_headers: Sequence[tuple[str, str]],
         started: int,
-    ) -> None:
+    ) -> bool:
         """A write reached the origin. Any write may have moved the tail (even a failed one may
         have raced one that did); a successful one says how far (its ``Stream-Next-Offset``).
         A successful write that started after the edge knew the stream had reached further
-        than it says went to another instance (deleted and recreated behind the edge)."""
+        than it says went to another instance (deleted and recreated behind the edge); one
+        answered 404 or 410 found the stream gone (forgotten in ``key.scope``: True)."""
+        stream = key.stream
         ok = status < 300
         floor = first_value(response_headers, STREAM_NEXT_OFFSET) if ok else None
         if not is_offset_token(floor):
             floor = None
         closes = ok and flag(request_headers, STREAM_CLOSED)
         instance = self.local.instance_for(stream)
-        names_instance = False
-        if ok:
-            judgement = judge_write(
-                instance, written_as(method, request_headers, response_headers, floor, started)
-            )
-            if judgement.another is not None:
-                log.info("%s %s: a new instance", stream, judgement.another)
-                self.purge(stream, reason="new_instance")
-                instance = self.local.instance_for(stream)
-            names_instance = judgement.names_instance
+        write = written_as(method, status, request_headers, response_headers, floor, started)
+        judgement = judge_write(instance, write)
+        if judgement.gone:
+            self.stream_gone(key)
+            instance = self.local.instance_for(stream)
+        elif judgement.another is not None:
+            log.info("%s %s: a new instance", stream, judgement.another)
+            self.purge(stream, reason="new_instance")
+            instance = self.local.instance_for(stream)
+        names_instance = judgement.names_instance
         ticket = self.ticket()
         if floor is not None:
             instance.reached(floor, ticket)
@@ -627,8 +670,12 @@ class Streams:
                     floor, closed=True, now=self._clock(), started=ticket, received=ticket
                 )
         if method == "PUT" and status in (200, 201):
-            # A creating PUT states the whole lifetime: no TTL header means none.
-            self.learn_lifetime(instance, request_headers, complete=status == 201)
+            # A creating PUT states the whole lifetime: no TTL header means none. Not a fork's:
+            # without one of its own, it inherits its source's (PROTOCOL.md 4.2), which a HEAD
+            # tells (``probe_lifetime``).
+            forked = first_value(request_headers, STREAM_FORKED_FROM) is not None
+            self.learn_lifetime(instance, request_headers, complete=status == 201 and not forked)
+        return judgement.gone
 
     def scope_of(self, request_headers: Sequence[tuple[str, str]]) -> str:
         return auth_scope(
@@ -638,8 +685,8 @@ class Streams:
         )
 
     def stream_gone(self, key: LogKey) -> None:
-        """The origin said 404 to a request in ``key.scope``. Without credentials that is the
-        stream's fate for everyone; with them it may only mean "not for you" (an origin may hide
+        """The origin said 404 or 410 to a request in ``key.scope``. Without credentials that is
+        the stream's fate for everyone; with them it may only mean "not for you" (an origin may hide
         what a token cannot read), so only that scope forgets, and nobody can empty the cache
         for others by sending a bad token. A read the edge authorized carried the edge's own
         credential, so its 404 is the stream's fate too."""

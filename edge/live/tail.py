@@ -7,7 +7,8 @@ Rules this module owns:
 * The upstream always resumes from the offset after the last batch it recorded, so no byte is read
   twice or skipped, whatever the reason it ended (the origin closing it, a reset, a restart).
   Failures back off exponentially with full jitter; a clean end reconnects at once.
-* Closure ends the tail; 404 purges the stream and ends it; so does the stream instance it
+* Closure ends the tail; a 404 or 410 (gone: ``Streams.evidence``) purges the stream and ends
+  it; so does the stream instance it
   follows ending (purged, or found replaced at the origin): a tail never carries bytes from one
   instance of a stream into another.
 * Upstream mode: SSE where its framing is exact (JSON and base64 binary streams); a long-poll loop
@@ -36,6 +37,7 @@ import aiohttp
 from edge.catchup import CatchupCache
 from edge.config import Settings
 from edge.live.upstream_mode import SseOn, SseState, after_sse_batch, after_sse_failure, sse_current
+from edge.log.intake import Decision
 from edge.log.segment import Segment, is_json, join_bodies
 from edge.log.stream_log import LogKey, StreamInstance
 from edge.metrics import Metrics
@@ -184,16 +186,21 @@ class Tail:
 
     def _check_status(self, response: aiohttp.ClientResponse) -> bool:
         """False when the stream is gone (and purged); raises for other refusals."""
-        if response.status == 404:
-            if self.instance is not None and self.cache.local.current(self.instance):
-                self.cache.streams.stream_gone(self.key)
-            self.gone = True
-            if self.listener is not None:
-                self.listener.ended(self.key)
-            return False
-        if response.status not in (200, 204):
+        if response.status in (200, 204):
+            return True
+        instance = self.instance
+        assert instance is not None  # set by start(), before the first upstream request
+        decision = self.cache.streams.evidence(
+            self.key, response.status, list(response.headers.items()),
+            started=self._started, instance=instance, live=True,
+        )  # fmt: skip
+        if decision is Decision.RELAY:
             raise UpstreamRefused(response.status)
-        return True
+        # Gone (forgotten now), or the instance it follows was forgotten before the answer came.
+        self.gone = True
+        if self.listener is not None:
+            self.listener.ended(self.key)
+        return False
 
     def _record(self, end: str, body: bytes, *, up_to_date: bool, closed: bool) -> None:
         now = asyncio.get_running_loop().time()

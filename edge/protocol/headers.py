@@ -44,6 +44,7 @@ STREAM_NEXT_OFFSET = "stream-next-offset"
 STREAM_CURSOR = "stream-cursor"
 STREAM_UP_TO_DATE = "stream-up-to-date"
 STREAM_CLOSED = "stream-closed"
+STREAM_FORKED_FROM = "stream-forked-from"  # a PUT that creates a fork (PROTOCOL.md 4.2)
 LAST_EVENT_ID = "last-event-id"
 AUTHORIZATION = "authorization"
 COOKIE = "cookie"

@@ -5,7 +5,8 @@ Rules this module owns:
 * In one process a write through the edge invalidates at once, so read-after-write is exact;
   with workers, the next read may reach another worker, whose tail knowledge is still fresh
   for up to ``--tail-freshness``. So every answer that changes what the edge may serve (a
-  write: ``PUT``, ``POST``, ``DELETE``, whatever its status; a ``404`` to a read) is observed
+  write: ``PUT``, ``POST``, ``DELETE``, whatever its status; a ``404`` or ``410`` to any
+  request: ``says_gone``) is observed
   by every worker before it is relayed: the worker that relayed it tells the supervisor
   (``POST /observed`` on the supervisor's private loopback listener), which replays it to every
   other reachable worker (``POST /observe`` on theirs) and answers once they all did.
@@ -53,7 +54,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from edge.catchup import CatchupCache
-from edge.log.stream_log import LogKey
+from edge.log.stream_log import LogKey, says_gone
 from edge.streams import TELLS_DOWNSTREAM, Downstream, Forgetting
 from edge.web.app import CACHE, RELAY
 from edge.web.proxy import Observer
@@ -72,18 +73,18 @@ _REPLAY_FORGETS: ContextVar[str | None] = ContextVar("replay_forgets", default=N
 
 
 def worth_telling(method: str, status: int) -> bool:
-    return method.upper() in WRITES or status == 404
+    return method.upper() in WRITES or says_gone(status)
 
 
 def replay_forgets(method: str, status: int) -> bool:
     """Does replaying this observation forget the stream on a sibling, as it did here?
-    (``Streams.observe``: a DELETE that succeeded, a creating PUT, a 404 to a read; a 404 to a
-    credentialed read forgets that scope on the sibling as here.)"""
+    (``Streams.observe``: a DELETE that succeeded, a creating PUT, a 404 or 410 to any request;
+    one to a credentialed request forgets that scope on the sibling as here.)"""
     method = method.upper()
     return (
         (method == "DELETE" and status < 400)
         or (method == "PUT" and status == 201)
-        or (method in ("GET", "HEAD") and status == 404)
+        or says_gone(status)
     )
 
 
@@ -210,9 +211,9 @@ class Siblings:
         """The relay's observer: observed here and by every sibling before the answer goes out."""
         telling = None
         if worth_telling(method, status):
-            # What this worker forgets on a 404 it purges downstream only if it held the stream;
-            # a write's forgetting it purges regardless.
-            held = status != 404 or self.cache.local.holds_data(stream)
+            # What this worker forgets on a 404 or 410 it purges downstream only if it held the
+            # stream; a write's forgetting it purges regardless.
+            held = not says_gone(status) or self.cache.local.holds_data(stream)
             message = encode(method, stream, status, request_headers, response_headers, held=held)
             telling = self._tell(message)
         if telling is None:

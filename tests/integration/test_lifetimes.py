@@ -134,3 +134,30 @@ async def test_a_replica_given_a_stream_by_the_shared_tier_stops_when_the_origin
     for _ in range(2):
         async with http.get(f"{b.url}{stream_path}?offset=-1") as response:
             assert response.status == 404, response.headers.get("Cache-Status")
+
+
+async def test_a_fork_created_through_the_edge_lives_as_long_as_its_source_says(
+    http: aiohttp.ClientSession, origin: Origin, edge: Edge, stream_path: str
+) -> None:
+    """A fork created without a lifetime of its own inherits its source's (the reference
+    origin's ``resolveForkExpiry``): its creating PUT does not state its whole lifetime, as
+    another creating PUT does, so the edge neither promises it for a year nor serves it past
+    the source's expiry."""
+    expires = datetime.now(UTC) + timedelta(seconds=4)
+    await create_at_origin(
+        http, origin, stream_path, {"Stream-Expires-At": expires.isoformat().replace("+00:00", "Z")}
+    )
+    fork = f"{stream_path}-fork"
+    forked = {**TEXT, "Stream-Forked-From": stream_path, "Stream-Closed": "true"}
+    async with http.put(edge.url + fork, headers=forked) as response:
+        assert response.status == 201
+    for _ in range(2):
+        async with http.get(f"{edge.url}{fork}?offset=-1") as response:
+            assert response.status == 200
+            assert await response.read() == b"hello"
+            assert max_age(response.headers["Cache-Control"]) <= 4
+            assert "immutable" not in response.headers["Cache-Control"]
+        await asyncio.sleep(0.5)  # the edge asks the origin (HEAD) once
+    await asyncio.sleep(4.0)
+    async with http.get(f"{edge.url}{fork}?offset=-1") as response:
+        assert response.status == 404

@@ -321,10 +321,15 @@ def test_a_forgetting_is_told_unless_the_supervisor_tells_it_or_a_replay_repeats
     assert replay_forgets("put", 201)
     assert replay_forgets("GET", 404)
     assert replay_forgets("HEAD", 404)
+    # A 404 or 410 to any request: the stream is gone (issue 27).
+    for method in ("GET", "HEAD", "POST", "PUT", "DELETE"):
+        assert replay_forgets(method, 404)
+        assert replay_forgets(method, 410)
     # ...and those that do not (a write below the tail is judged only by who relayed it).
     assert not replay_forgets("POST", 204)
     assert not replay_forgets("PUT", 200)
-    assert not replay_forgets("DELETE", 404)
+    assert not replay_forgets("PUT", 409)
+    assert not replay_forgets("DELETE", 409)
 
 
 def test_a_worker_is_cleared_to_listen_only_after_its_reachable_report() -> None:
