@@ -9,10 +9,14 @@ Rules this module owns:
 * **Forgetting is total.** A stream is forgotten (``purge``) on a DELETE or a 201 PUT through
   the edge, a 404 or 410 to any request that speaks for the stream (``stream_gone``), a live
   upstream or catch-up answer that the core finds impossible for the instance it knows (the
-  tail went back, a closure vanished), or a purge from the admin listener or another replica.
-  Forgetting drops the instance with every entry kept for it (segments, logs, derived frames),
-  ends its live tails, viewers and waiting long-polls (``forgotten`` listeners), and starts a
-  durable purge in the shared tier.
+  tail went back, a closure vanished), or a purge from the admin listener or another replica;
+  and every stream at once when a live upstream saw the origin go away (``origin_lost``,
+  ``edge.log.trust``). Forgetting drops the instance with every entry kept for it (segments,
+  logs, derived frames), ends its live tails, viewers and waiting long-polls (``forgotten``
+  listeners), and starts a durable purge in the shared tier. When what is held is only in
+  doubt, not known to be another stream's (the origin went away, the shared tier silent too
+  long), the live followers stay (``unconfirmed`` listeners): they go on by offset in the
+  instance begun in its place.
 * **What this process decides to forget, it tells.** Every forgetting this process decides from
   what it learned itself (``purge``, and a 404 that forgets one scope), whatever its cause, goes
   through ``_decided`` as one ``Forgetting`` (what, why, and whether this process is the one to
@@ -34,7 +38,8 @@ Rules this module owns:
 * **Replicas agree through generations.** With a shared tier, a replica confirms a stream's
   generation at most every ``GENERATION_CHECK_SECONDS`` before serving it, after its purge
   channel reconnects (``resync``), and on every shared read; a generation it did not know means
-  another replica purged the stream: it forgets its own copy.
+  another replica purged the stream: it forgets its own copy. While the tier cannot say, what
+  is held is served for a bounded time after its last confirmation (``edge.log.trust``).
 * **Every origin answer is evidence, whatever request it answered.** A 404 or 410 (the core's
   ``says_gone``) to a read, a write (``judge_write``), a DELETE, a HEAD, ``offset=now``, a live
   upstream or the edge's own lifetime probe ends the instance held as a DELETE through the edge
@@ -62,7 +67,7 @@ import time
 from collections.abc import Callable, Hashable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Generic, Literal, NamedTuple, TypeVar
+from typing import Generic, Literal, NamedTuple, TypeVar, assert_never
 
 from edge.coalesce import SingleFlight
 from edge.config import Settings
@@ -93,6 +98,7 @@ from edge.log.stream_log import (
     judge_write,
     names_another_instance,
 )
+from edge.log.trust import Unconfirmed, when_unconfirmed
 from edge.metrics import Metrics
 from edge.origin import OriginClient, OriginError
 from edge.protocol.headers import (
@@ -200,6 +206,9 @@ class Forgetting:
     generation: str = ""
     # This process is the one to tell what lies downstream (``TELLS_DOWNSTREAM``).
     tells_downstream: bool = True
+    # What was held is only in doubt (the origin went away): live followers stay
+    # (``Streams.forget_locally``), on the siblings told too.
+    followers_stay: bool = False
 
     @property
     def stream(self) -> str:
@@ -272,6 +281,9 @@ class Streams:
         self._probing: dict[StreamInstance, asyncio.Task[None]] = {}
         # Told of every stream forgotten on this replica (live tails and viewers stop).
         self.forgotten: list[Callable[[str], None]] = []
+        # Told of every stream forgotten while its live followers stay (``forget_locally``):
+        # its tails follow the instance begun in its place.
+        self.unconfirmed: list[Callable[[str], None]] = []
         # Told of every forgetting this process decided itself (see the module rules).
         self.on_forget: list[Teller] = []
         self._telling: Unsettled[asyncio.Future[None]] = Unsettled()
@@ -292,10 +304,31 @@ class Streams:
         if self._clock() - instance.verified_at < GENERATION_CHECK_SECONDS:
             return
         generation, _ = await self._checks.run(stream, lambda: shared.generation(stream))
+        if not self.local.current(instance):
+            return  # forgotten meanwhile: the answer is too old
         if generation is None:
-            return  # the tier cannot say: serve what is held (degraded, not wrong for long)
-        if self.local.current(instance):  # else forgotten meanwhile: the answer is too old
-            self.adopt_generation(stream, generation)
+            self._unconfirmed(instance)
+            return
+        self.adopt_generation(stream, generation)
+
+    def _unconfirmed(self, instance: StreamInstance) -> None:
+        """The shared tier cannot say whether ``instance`` is current: what is held of it is
+        served only for a bounded time after its last confirmation (``edge.log.trust``)."""
+        stream, now = instance.stream, self._clock()
+        held = self.local.holds_learned(stream)
+        verdict = when_unconfirmed(confirmed_at=instance.verified_at, now=now, holds=held)
+        match verdict:
+            case Unconfirmed.SERVE:
+                pass
+            case Unconfirmed.FORGET:
+                log.info("%s unconfirmed for too long: asking the origin", stream)
+                # In doubt, not known to be another: its live followers go on by offset.
+                self.forget_locally(stream, followers_stay=True)
+                self.local.instance_for(stream).verified_at = now  # begun again, empty
+            case Unconfirmed.BEGIN:
+                instance.verified_at = now
+            case _:
+                assert_never(verdict)
 
     def adopt_generation(self, stream: str, generation: str) -> StreamInstance:
         assert self._shared is not None
@@ -304,7 +337,7 @@ class Streams:
         if pending is not None:
             generation = pending  # this replica's own purge, not yet in Redis, is newer
         if instance.generation != generation:
-            if instance.generation or self.local.holds_data(stream):
+            if instance.generation or self.local.holds_learned(stream):
                 self.forget_locally(stream)  # purged elsewhere (or held from before it knew)
                 instance = self.local.instance_for(stream)
             instance.generation = generation
@@ -722,10 +755,25 @@ class Streams:
         if pending:
             await asyncio.wait(pending)
 
-    def forget_locally(self, stream: str) -> int:
-        """Forget ``stream`` (its instance and everything kept for it) on this replica."""
+    def forget_locally(self, stream: str, *, followers_stay: bool = False) -> int:
+        """Forget ``stream`` (its instance and everything kept for it) on this replica.
+        ``followers_stay``: its live tails and readers go on following the stream by offset, in
+        the instance begun in its place (``unconfirmed``: what is held is in doubt, not known to
+        be another stream)."""
+        held = self.local.instance(stream)
+        templates = [(log_.key, log_.header_template) for log_ in self.local.logs_of(stream)]
         dropped = self.local.purge(stream)
-        for listener in self.forgotten:
+        if not followers_stay:
+            for listener in self.forgotten:
+                listener(stream)
+            return dropped
+        if held is not None:
+            # How it is read (its type, the origin's headers), until an answer of the origin
+            # says otherwise; the bytes and tail facts held are gone.
+            self.local.instance_for(stream).content_type = held.content_type
+            for key, template in templates:
+                self.local.log_for(key).header_template = template
+        for listener in self.unconfirmed:
             listener(stream)
         return dropped
 
@@ -749,12 +797,19 @@ class Streams:
             if instance is not None:
                 instance.verified_at = float("-inf")
 
-    def purge(self, stream: str, *, reason: Reason, only_if_known: bool = False) -> int:
+    def purge(
+        self,
+        stream: str,
+        *,
+        reason: Reason,
+        only_if_known: bool = False,
+        followers_stay: bool = False,
+    ) -> int:
         """Forget ``stream`` here and start a durable purge in the shared tier, which tells
         every other replica; a new instance (with the purge's generation) starts at once.
         ``only_if_known``: purge the shared tier only if it holds anything of the stream (this
-        process holds nothing of it)."""
-        dropped = self.forget_locally(stream)
+        process holds nothing of it). ``followers_stay``: as ``forget_locally``'s."""
+        dropped = self.forget_locally(stream, followers_stay=followers_stay)
         generation = ""
         if self._shared is not None:
             generation = self._shared.purge(stream, only_if_known=only_if_known)
@@ -765,10 +820,21 @@ class Streams:
         forgetting = Forgetting(
             key=LogKey(stream=stream, scope=PUBLIC_SCOPE), reason=reason,
             held_here=not only_if_known, generation=generation,
-            tells_downstream=tells_downstream(not only_if_known),
+            tells_downstream=tells_downstream(not only_if_known), followers_stay=followers_stay,
         )  # fmt: skip
         self._decided(forgetting)
         return dropped
+
+    def origin_lost(self) -> int:
+        """A live upstream saw the origin go away (refused, broken: ``edge.log.trust``): it may
+        have lost every stream, and any may be recreated there past the tail held. What this
+        process holds of every stream is forgotten, everywhere (its live followers stay: they
+        go on by offset, as a client of the origin would); returns how many streams. Told again
+        (the origin still refusing), it forgets only what was learned since."""
+        streams = [stream for stream in self.local.streams() if self.local.holds_learned(stream)]
+        for stream in streams:
+            self.purge(stream, reason="gone", followers_stay=True)
+        return len(streams)
 
     async def in_effect(self, stream: str) -> bool:
         """Wait until this process's forgetting of ``stream`` is in effect as far as the edge

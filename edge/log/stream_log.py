@@ -75,7 +75,9 @@ class StreamInstance:
     stream: str
     # Opaque token naming this instance in the shared tier; "" until the tier has been asked.
     generation: str = ""
-    verified_at: float = NEVER  # when the shared tier last confirmed ``generation``
+    # When what is held was last confirmed current: the shared tier named ``generation``, or,
+    # while it could not say, this replica began holding the stream empty (``edge.log.trust``).
+    verified_at: float = NEVER
     high: Mark | None = None
     closed_at: Mark | None = None
     ttl_seconds: float | None = None
@@ -376,6 +378,15 @@ class StreamLog:
             )  # fmt: skip
         elif not tail.closed and tail.offset == offset and tail.heard_at < heard_at:
             self.tail = replace(tail, heard_at=heard_at)
+
+    def followed_from(self, offset: str) -> None:
+        """A live tail goes on from ``offset`` into this log, begun in place of one whose
+        knowledge was forgotten (``edge.log.trust``): nothing to serve (stale), only where the
+        readers following it wait rather than ask the origin for a gap."""
+        if self.tail is None:
+            self.tail = TailFact(
+                offset=offset, closed=False, authoritative=False, observed_at=NEVER
+            )
 
     def lose_authority(self, now: float) -> None:
         if self.tail is not None and self.tail.authoritative:

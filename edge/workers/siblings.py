@@ -19,7 +19,9 @@ Rules this module owns:
   stream's, a tail the core finds impossible, a live tail's 404: ``Streams.on_forget``) is told
   the same way, as a ``forgot`` message, and each sibling forgets the same (``stream_gone`` for
   that scope, which for the public scope forgets the instance). The answer that revealed it
-  waits for the telling (``Streams.settled``), bounded as above.
+  waits for the telling (``Streams.settled``), bounded as above. A forgetting of what is only in
+  doubt (the origin went away: ``edge.log.trust``) says so (``followers_stay``): each sibling
+  forgets what it holds and keeps its live followers, as its decider did.
 * Nothing is told twice, and nothing loops: what a worker does at its supervisor's request (on
   its private admin listener: a replayed observation or forgetting, a purge the supervisor sends
   to every worker) the supervisor already tells every worker, so it is not told again, nor
@@ -113,10 +115,13 @@ def encode(
     ).encode()
 
 
-def encode_forgot(key: LogKey, *, held: bool) -> bytes:
-    return json.dumps(
-        {"kind": "forgot", "stream": key.stream, "scope": key.scope, "held": held}
-    ).encode()
+def encode_forgot(key: LogKey, *, held: bool, followers_stay: bool = False) -> bytes:
+    message: dict[str, object] = {
+        "kind": "forgot", "stream": key.stream, "scope": key.scope, "held": held,
+    }  # fmt: skip
+    if followers_stay:
+        message["followers_stay"] = True
+    return json.dumps(message).encode()
 
 
 @contextmanager
@@ -149,6 +154,11 @@ async def replay(cache: CatchupCache, body: bytes) -> None:
     data = json.loads(body)
     forgot = decode_forgot(data)
     if forgot is not None:
+        if isinstance(data, dict) and data.get("followers_stay") is True:
+            # The sibling saw the origin go away (edge.log.trust) and purged the shared tier and
+            # what lies downstream: what is held here is in doubt, its followers stay.
+            cache.streams.forget_locally(forgot.stream, followers_stay=True)
+            return
         with _downstream_of(data):
             cache.streams.stream_gone(forgot)
         return
@@ -239,7 +249,10 @@ class Siblings:
             replayed=_REPLAY_FORGETS.get(),
         ):
             return None
-        telling = self._tell(encode_forgot(key, held=forgetting.held_here))
+        message = encode_forgot(
+            key, held=forgetting.held_here, followers_stay=forgetting.followers_stay
+        )
+        telling = self._tell(message)
         return None if telling is None else asyncio.ensure_future(telling)
 
     async def apply(self, body: bytes) -> None:
