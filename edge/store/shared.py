@@ -39,7 +39,6 @@ Rules this module owns:
 from __future__ import annotations
 
 import asyncio
-import collections
 import hashlib
 import json
 import logging
@@ -273,9 +272,10 @@ class SharedTier:
         self._pending: set[asyncio.Task[None]] = set()
         # stream -> the generation a purge is still trying to write.
         self.pending_purges: dict[str, str] = {}
-        # Generations this replica issued lately, so its own purge messages are recognised.
-        self._issued: collections.deque[str] = collections.deque(maxlen=MAX_PENDING_PURGES)
-        self._issued_set: set[str] = set()
+        # Generations this replica issued whose purge message may still come back, so it is
+        # recognised as its own (oldest first, at most MAX_PENDING_PURGES): each leaves when its
+        # message is heard, or once its purge is known to send none (nothing to purge).
+        self._issued: dict[str, None] = {}
         self._purges: dict[str, asyncio.Task[bool]] = {}
         # For each purge of a stream this replica held nothing of that someone is asking about
         # (``purge_found_values``): whether it found segments of it (another replica served it
@@ -349,6 +349,7 @@ class SharedTier:
                             purged = parse_purge(message["data"])
                             if purged is not None:
                                 forget(*purged)
+                                self._issued.pop(purged[1], None)  # heard: told at most once
             except Errors:
                 await asyncio.sleep(SUBSCRIBE_RETRY_SECONDS)
 
@@ -508,13 +509,13 @@ class SharedTier:
         for task in list(self._pending_by_stream.pop(stream, ())):
             task.cancel()
         generation = new_generation()
-        if len(self._issued) == self._issued.maxlen:
-            self._issued_set.discard(self._issued[0])
-        self._issued.append(generation)
-        self._issued_set.add(generation)
+        if len(self._issued) >= MAX_PENDING_PURGES:
+            del self._issued[next(iter(self._issued))]
+        self._issued[generation] = None
         if len(self._purges) >= MAX_PENDING_PURGES and stream not in self._purges:
             log.error("too many purges pending in the shared tier; %s is local only", stream)
             self._count("purge", "skipped")
+            self._issued.pop(generation, None)  # never sent
             return generation
         self.pending_purges[stream] = generation
         previous = self._purges.pop(stream, None)
@@ -528,7 +529,7 @@ class SharedTier:
         return generation
 
     def issued_here(self, generation: str) -> bool:
-        return generation in self._issued_set
+        return generation in self._issued
 
     def _purge_ended(self, stream: str, task: asyncio.Task[bool]) -> None:
         if self._purges.get(stream) is task:
@@ -570,6 +571,7 @@ class SharedTier:
                     index_key(stream), generation_key(stream)
                 ):
                     self._note_found(generation, False)
+                    self._issued.pop(generation, None)  # never sent
                     return True  # nothing of it anywhere: nothing to forget
                 durability = await self._link.write_generation(
                     generation_key(stream), generation, self._ttl * 2

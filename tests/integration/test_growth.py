@@ -5,6 +5,7 @@ one edge process (``--workers 1``: these are one process's containers)."""
 from __future__ import annotations
 
 import asyncio
+import collections
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -88,15 +89,15 @@ async def test_a_burst_of_reads_leaves_no_more_redis_connections_than_the_bound(
         edge.stop()
 
 
-async def test_purges_nobody_asks_about_leave_nothing_behind_in_the_shared_tier(
-    own_redis: Redis,
-) -> None:
+async def test_purges_leave_nothing_behind_in_the_shared_tier(own_redis: Redis) -> None:
     """A 404 for a path this replica never held purges the shared tier only if it holds
     anything of the path, and notes whether it did for whoever asks (the CDN purger, when one
-    is configured). Nobody asks about most: the soak reads deleted streams, and the tier kept
-    one note per such 404 (up to 10,000). After ``PURGES`` of them, every container the tier
-    keeps per stream or per purge is empty again; the ring of generations it issued is bounded
-    by its own ``maxlen`` and left out."""
+    is configured); every purge issues a generation, kept so the replica knows its own purge
+    message when it comes back. Nobody asks about most, a purge that found nothing sends no
+    message, and a message is heard once: the tier kept a note and a generation per purge (up
+    to 10,000 each; the soak reads deleted streams). After ``PURGES`` purges of paths nobody
+    held and ``PURGES`` of paths Redis holds, heard back, every container the tier keeps per
+    stream or per purge is empty again."""
     tier = SharedTier(
         RedisTarget(mode="standalone", urls=(own_redis.url,)),
         Metrics(),
@@ -104,17 +105,31 @@ async def test_purges_nobody_asks_about_leave_nothing_behind_in_the_shared_tier(
         timeout_seconds=5,
     )
     await tier.start()
+    heard: list[str] = []
+    subscribed, all_heard = asyncio.Event(), asyncio.Event()
+
+    def hear(stream: str, _: str) -> None:
+        heard.append(stream)
+        if len(heard) == PURGES:
+            all_heard.set()
+
+    tier.listen_for_purges(hear, subscribed.set)
     try:
-        paths = [f"/v1/stream/growth-never-held-{n}" for n in range(PURGES)]
-        for path in paths:
+        await asyncio.wait_for(subscribed.wait(), 10)
+        never_held = [f"/v1/stream/growth-never-held-{n}" for n in range(PURGES)]
+        held = [f"/v1/stream/growth-held-{n}" for n in range(PURGES)]
+        for path in never_held:
             tier.purge(path, only_if_known=True)
-        for path in paths:
+        for path in held:
+            tier.purge(path)
+        for path in never_held + held:
             assert await tier.purged(path, 10)
-        ring = tier._issued_set  # bounded, with the deque it mirrors
+        await asyncio.wait_for(all_heard.wait(), 10)
+        assert sorted(heard) == sorted(held)
         kept = {
             name: len(value)
             for name, value in vars(tier).items()
-            if isinstance(value, dict | set) and value is not ring
+            if isinstance(value, dict | set | collections.deque)
         }
         assert kept == dict.fromkeys(kept, 0)
     finally:
