@@ -25,7 +25,7 @@ from collections.abc import Collection, Sequence
 from typing import NamedTuple
 
 from edge.log.policy import accepts_gzip
-from edge.protocol.paths import BadTarget, names_control, normalise_path
+from edge.protocol.paths import MEMO_ENTRIES, BadTarget, names_control, normalise_path
 from edge.protocol.reads import (
     DEFAULT_SCOPE_COOKIES,
     DEFAULT_SCOPE_HEADERS,
@@ -51,7 +51,7 @@ class AnswerKey(NamedTuple):
 
 # A pure function of a few header values, asked on every fast-path hit (which passes them by
 # position: the cache's key is then one flat tuple): the same values give the same key object.
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=MEMO_ENTRIES)
 def answer_key(
     path: str,
     query: str,
