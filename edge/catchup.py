@@ -42,7 +42,6 @@ from edge.log.policy import (
     Coverage,
     Fetch,
     Hit,
-    accepts_gzip,
     answer_headers,
     etag,
     if_none_match_hits,
@@ -57,6 +56,7 @@ from edge.log.segment import (
 from edge.log.stream_log import LogKey, StreamInstance, StreamLog, TailFact
 from edge.metrics import Metrics
 from edge.origin import BodyTooLarge, OriginClient, OriginTimeout
+from edge.protocol.codings import accepts_gzip
 from edge.protocol.headers import (
     first_value,
     not_to_be_kept,

@@ -199,26 +199,6 @@ def if_none_match_hits(header: str | None, current: str) -> bool:
     return False
 
 
-def accepts_gzip(accept_encoding: str | None) -> bool:
-    """Does ``Accept-Encoding`` allow gzip (explicitly, or by ``*``) with a non-zero q?"""
-    if not accept_encoding:
-        return False
-    allowed: dict[str, float] = {}
-    for part in accept_encoding.split(","):
-        name, _, params = part.strip().partition(";")
-        q = 1.0
-        params = params.strip()
-        if params.startswith("q="):
-            try:
-                q = float(params[2:])
-            except ValueError:
-                q = 0.0
-        allowed[name.strip().lower()] = q
-    if "gzip" in allowed:
-        return allowed["gzip"] > 0
-    return allowed.get("*", 0.0) > 0
-
-
 def answer_headers(
     log: StreamLog,
     *,

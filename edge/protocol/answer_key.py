@@ -24,7 +24,7 @@ import functools
 from collections.abc import Collection, Sequence
 from typing import NamedTuple
 
-from edge.log.policy import accepts_gzip
+from edge.protocol.codings import accepts_gzip
 from edge.protocol.paths import MEMO_ENTRIES, BadTarget, names_control, normalise_path
 from edge.protocol.reads import (
     DEFAULT_SCOPE_COOKIES,

@@ -21,7 +21,7 @@ from edge.origin import OriginClient
 from edge.protocol.reads import PUBLIC_SCOPE
 from edge.store.local import LocalTier
 from edge.streams import Forgetting, InstanceChanged, Streams, Unsettled
-from edge.workers.child import Bootstrap, encode, read_bootstrap
+from edge.workers.bootstrap import Bootstrap, encode, read_bootstrap
 from edge.workers.mirror import Mirror
 from edge.workers.siblings import (
     Siblings,
