@@ -42,7 +42,6 @@ from edge.log.policy import (
     Coverage,
     Fetch,
     Hit,
-    accepts_gzip,
     answer_headers,
     etag,
     if_none_match_hits,
@@ -57,6 +56,7 @@ from edge.log.segment import (
 from edge.log.stream_log import LogKey, StreamInstance, StreamLog, TailFact
 from edge.metrics import Metrics
 from edge.origin import BodyTooLarge, OriginClient, OriginTimeout
+from edge.protocol.codings import accepts_gzip
 from edge.protocol.headers import (
     first_value,
     not_to_be_kept,
@@ -256,6 +256,12 @@ class CatchupCache:
             plan = self._plan(key, offset)
             if isinstance(plan, Fetch) and plan.offset == pulled_at:
                 break  # the plan does not use what was pulled (expired, bypassed): go to origin
+        if shared_hit and not planned.lifetime_known and self.local.current(planned):
+            # Bytes another replica filled: whether the stream still lives is the origin's to
+            # say (a sliding TTL counts from the last read that reached it, not from theirs).
+            await self.streams.confirm_lifetime(key, planned, credentials)
+            await self.streams.settled(key.stream)
+            plan = self._plan(key, offset)
         if not self.local.current(planned):
             # Forgotten while the shared tier answered (another replica's purge, another
             # instance's segment): a plan made of the old instance's segments would join them
@@ -502,6 +508,9 @@ class CatchupCache:
     ) -> tuple[int, list[tuple[str, str]], bytes]:
         """The origin's answer to ``offset=now`` (never cached; it touches the origin)."""
         headers = own_request_headers(credentials)
+        asked_at = self._clock()  # the origin renews a sliding TTL after this (``Arrival``)
+        instance = self.local.instance_for(key.stream)
+        started = self.streams.ticket()
         upstream = await self._origin.open("GET", f"{key.stream}?offset=now", headers, live=False)
         try:
             self._metrics.origin_requests.labels(kind="catchup", code=str(upstream.status)).inc()
@@ -513,12 +522,14 @@ class CatchupCache:
             upstream.close()
         response_headers = list(upstream.headers.items())
         next_offset = first_value(response_headers, "stream-next-offset")
-        if upstream.status == 404:
-            self.streams.stream_gone(key)
+        decision = self.streams.evidence(
+            key, upstream.status, response_headers, started=started, instance=instance
+        )
+        if decision is Decision.GONE:
             await self.streams.settled(key.stream)
         elif upstream.status == 200 and is_offset_token(next_offset):
             instance = self.local.instance_for(key.stream)
-            instance.touched_origin(self._clock())
+            instance.touched_origin(asked_at)
             log_ = self.local.log_for(key)
             if log_.content_type is None:
                 log_.content_type = first_value(response_headers, "content-type")
@@ -537,6 +548,7 @@ class CatchupCache:
     ) -> Fill | Abandoned:
         headers = own_request_headers(credentials)
         started = self.streams.ticket()
+        asked_at = self._clock()
         limit = self._settings.fill_deadline_seconds
         deadline = asyncio.timeout(limit)
         try:
@@ -565,7 +577,7 @@ class CatchupCache:
         hold.release_flight()  # the readers sharing this fetch take their own shares
         fill = self._record(
             key, fetch, upstream.status, response_headers, body,
-            instance=instance, started=started, credentials=credentials,
+            instance=instance, started=started, credentials=credentials, asked_at=asked_at,
         )  # fmt: skip
         return replace(fill, hold=hold)
 
@@ -580,11 +592,13 @@ class CatchupCache:
         instance: StreamInstance,
         started: int,
         credentials: Sequence[tuple[str, str]],
+        asked_at: float,
     ) -> Fill:
-        """Learn from one origin answer, through the one door (``Streams.take_in``)."""
+        """Learn from one origin answer, through the one door (``Streams.take_in``); its request
+        left at ``asked_at``."""
         arrival = Arrival.of_fill(
             fetch.offset, status, headers, body,
-            started=started, received=self.streams.ticket(), now=self._clock(),
+            started=started, received=self.streams.ticket(), now=self._clock(), asked_at=asked_at,
         )  # fmt: skip
         taken = self.streams.take_in(key, instance, arrival, credentials)
         if taken.decision is Decision.STORE:

@@ -749,7 +749,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run(settings: Settings) -> int:
     """Serve until stopped; the exit code. ``--workers`` above 1 runs the supervisor, which
-    starts each worker as ``edge.workers.child`` (``edge.server.run_worker``)."""
+    starts each worker as ``edge.workers.child`` (``run_worker``)."""
     from edge.startup import run_loop
 
     if settings.workers > 1:

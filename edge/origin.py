@@ -41,6 +41,7 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from edge.config import Settings
+from edge.log.trust import Ending
 
 # Below Node's default server keep-alive timeout (5 s).
 POOL_IDLE_SECONDS = 4.0
@@ -55,18 +56,22 @@ class OriginError(Exception):
     status = 502
     reason = "protocol"
     public_text = "origin connection failed"
+    # What the failure says of the origin itself (``edge.log.trust.origin_went_away``).
+    ending = Ending.BROKEN
 
 
 class OriginUnreachable(OriginError):
     status = 502
     reason = "connect"
     public_text = "origin unreachable"
+    ending = Ending.REFUSED
 
 
 class OriginTimeout(OriginError):
     status = 504
     reason = "timeout"
     public_text = "origin timed out"
+    ending = Ending.TIMED_OUT
 
 
 class OriginBroken(OriginError):

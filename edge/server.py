@@ -3,7 +3,8 @@
 Start-up failures a user can fix (a port in use, a host that does not resolve) are raised as
 ``StartupError`` (``edge.startup``) with a one-line reason naming the flag; ``edge.cli``
 prints it and exits 2. ``edge.cli.run`` chooses between this and the supervisor of
-``--workers N`` (``edge.workers``), whose workers run ``run_worker``.
+``--workers N`` (``edge.workers``), whose workers run ``serve`` as an ``AsWorker``
+(``edge.workers.child.run_worker``); this module imports nothing from ``edge.workers``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ import json
 import logging
 import signal
 import threading
-from typing import TYPE_CHECKING, TypeVar
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
 
 from aiohttp import web
 
@@ -26,7 +29,6 @@ from edge.startup import (
     bound_url,
     check_redis,
     raise_open_file_limit,
-    run_loop,
     settle_heap,
     why,
 )
@@ -37,9 +39,6 @@ from edge.web.connection_tracker import ConnectionTracker
 from edge.web.descriptors import DescriptorBudget, budget_for, holds_line, limits_for
 from edge.web.gatekeeper import TokenFreeAccessLog
 
-if TYPE_CHECKING:
-    from edge.workers.child import Bootstrap
-
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -48,6 +47,18 @@ T = TypeVar("T")
 LISTEN_BACKLOG = 4096
 # aiohttp's idle timer on the stream listener, where ConnectionTracker owns idle deadlines.
 AIOHTTP_KEEPALIVE_BACKSTOP_SECONDS = 24 * 3600.0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AsWorker:
+    """``serve`` as one worker of ``--workers N`` (edge.workers.child): it shares the stream
+    port with its siblings, and listens on it once ``cleared`` is set (its supervisor has
+    recorded where its siblings reach it); ``join`` wires its stream and admin applications to
+    its supervisor and siblings before either starts; its supervisor checks Redis at start-up,
+    once for all."""
+
+    cleared: threading.Event
+    join: Callable[[web.Application, web.Application], None]
 
 
 def descriptor_budget(settings: Settings) -> DescriptorBudget:
@@ -155,7 +166,7 @@ async def _start_worker(
     admin_app: web.Application,
     settings: Settings,
     tracker: ConnectionTracker,
-    cleared: threading.Event | None,
+    cleared: threading.Event,
 ) -> tuple[web.AppRunner, web.AppRunner]:
     """A worker takes stream connections only once its siblings can reach it: its admin
     listener first, reported to the supervisor (one ``{"event": "reachable"}`` line), and the
@@ -164,8 +175,7 @@ async def _start_worker(
     admin_runner = await _start_admin(admin_app, settings, beside=stream_runner)
     reachable = {"event": "reachable", "admin": bound_url(admin_runner, settings.admin_listen)}
     print(json.dumps(reachable), flush=True)
-    if cleared is not None:
-        await asyncio.to_thread(cleared.wait)
+    await asyncio.to_thread(cleared.wait)
     try:
         await _listen(
             stream_runner, settings.listen, flag="--listen", tracker=tracker, reuse_port=True
@@ -176,18 +186,8 @@ async def _start_worker(
     return stream_runner, admin_runner
 
 
-async def serve(
-    settings: Settings,
-    *,
-    worker: Bootstrap | None = None,
-    cleared: threading.Event | None = None,
-) -> None:
-    """Run one edge until SIGTERM or SIGINT. A ``worker`` of ``--workers N`` (edge.workers)
-    shares the stream port with its siblings, which it listens on once ``cleared`` is set (its
-    supervisor has recorded where its siblings reach it), tells them what its relayed writes
-    changed and what it forgot (edge.workers.siblings), and writes its metrics into the
-    supervisor's directory when asked (edge.workers.mirror); its supervisor checks Redis at
-    start-up, once for all."""
+async def serve(settings: Settings, *, worker: AsWorker | None = None) -> None:
+    """Run one edge until SIGTERM or SIGINT, alone or as a ``worker`` of ``--workers N``."""
     metrics = Metrics()
     each = descriptor_budget(settings)
     origin = OriginClient(settings, pool_limit=each.origin)
@@ -199,18 +199,7 @@ async def serve(
     stream_app.middlewares.insert(0, tracker.middleware)
     admin_app = create_admin_app(settings, metrics, stream_app)
     if worker is not None:
-        from edge.workers.mirror import add_refresh_route
-        from edge.workers.siblings import share_observations
-
-        add_refresh_route(admin_app, metrics, worker.metrics_dir)
-        assert settings.purge_token is not None  # the supervisor's private token
-        share_observations(
-            stream_app,
-            admin_app,
-            supervisor=worker.supervisor,
-            token=settings.purge_token,
-            index=worker.index,
-        )
+        worker.join(stream_app, admin_app)
     if worker is None:
         stream_runner = await _start(
             stream_app, settings.listen, settings, flag="--listen", tracker=tracker
@@ -218,7 +207,7 @@ async def serve(
         admin_runner = await _start_admin(admin_app, settings, beside=stream_runner)
     else:
         stream_runner, admin_runner = await _start_worker(
-            stream_app, admin_app, settings, tracker, cleared
+            stream_app, admin_app, settings, tracker, worker.cleared
         )
     redis_target = settings.redis_target
     if redis_target is not None and worker is None:
@@ -259,8 +248,3 @@ async def serve(
         purger.start_draining()
     await stream_runner.cleanup()
     await admin_runner.cleanup()
-
-
-def run_worker(worker: Bootstrap, cleared: threading.Event) -> None:
-    """One worker of ``--workers N`` (edge.workers.child); ``cleared``: see ``serve``."""
-    run_loop(serve(worker.settings, worker=worker, cleared=cleared))

@@ -7,11 +7,16 @@ pure core (``edge.log.stream_log``): every fact about a stream's existence enter
 Rules this module owns:
 
 * **Forgetting is total.** A stream is forgotten (``purge``) on a DELETE or a 201 PUT through
-  the edge, a 404 to a credential-free request, a live upstream or catch-up answer that the core
-  finds impossible for the instance it knows (the tail went back, a closure vanished), or a
-  purge from the admin listener or another replica. Forgetting drops the instance with every
-  entry kept for it (segments, logs, derived frames), ends its live tails, viewers and waiting
-  long-polls (``forgotten`` listeners), and starts a durable purge in the shared tier.
+  the edge, a 404 or 410 to any request that speaks for the stream (``stream_gone``), a live
+  upstream or catch-up answer that the core finds impossible for the instance it knows (the
+  tail went back, a closure vanished), or a purge from the admin listener or another replica;
+  and every stream at once when a live upstream saw the origin go away (``origin_lost``,
+  ``edge.log.trust``). Forgetting drops the instance with every entry kept for it (segments,
+  logs, derived frames), ends its live tails, viewers and waiting long-polls (``forgotten``
+  listeners), and starts a durable purge in the shared tier. When what is held is only in
+  doubt, not known to be another stream's (the origin went away, the shared tier silent too
+  long), the live followers stay (``unconfirmed`` listeners): they go on by offset in the
+  instance begun in its place.
 * **What this process decides to forget, it tells.** Every forgetting this process decides from
   what it learned itself (``purge``, and a 404 that forgets one scope), whatever its cause, goes
   through ``_decided`` as one ``Forgetting`` (what, why, and whether this process is the one to
@@ -33,16 +38,28 @@ Rules this module owns:
 * **Replicas agree through generations.** With a shared tier, a replica confirms a stream's
   generation at most every ``GENERATION_CHECK_SECONDS`` before serving it, after its purge
   channel reconnects (``resync``), and on every shared read; a generation it did not know means
-  another replica purged the stream: it forgets its own copy.
-* A refusal is evidence about its request's scope and range, not about the stream: a 404 with
-  credentials forgets only that scope, and a 410 (an offset before retention) forgets nothing.
+  another replica purged the stream: it forgets its own copy. While the tier cannot say, what
+  is held is served for a bounded time after its last confirmation (``edge.log.trust``).
+* **Every origin answer is evidence, whatever request it answered.** A 404 or 410 (the core's
+  ``says_gone``) to a read, a write (``judge_write``), a DELETE, a HEAD, ``offset=now``, a live
+  upstream or the edge's own lifetime probe ends the instance held as a DELETE through the edge
+  does: every answer the edge relays or asks for without storing it goes through ``evidence``
+  (the intake's ``decide``), a write's through ``judge_write``. Whose it is to forget is
+  ``stream_gone``'s rule: a request that carried credentials the edge did not authorise speaks
+  for its scope only (a bad token must not empty the cache for others), so only that scope is
+  forgotten; without credentials, or with the edge's own, it is the stream's fate.
+* Other refusals (401/403, 409, 400) are evidence about their request, not about the stream.
 * Lifetimes (``Stream-TTL``, ``Stream-Expires-At``) are learned from writes, HEAD answers and any
-  origin answer that carries them; a stream known only from reads is asked once (HEAD).
+  origin answer that carries them; a stream known only from reads is asked once (HEAD). Bytes
+  the shared tier gives are served only once this process knows their instance's lifetime
+  (``confirm_lifetime``): a sliding TTL counts from this process's own reads of the origin, so
+  an instance it never read there asks the origin first, which renews it or says 404.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import itertools
 import logging
@@ -50,7 +67,7 @@ import time
 from collections.abc import Callable, Hashable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Generic, Literal, NamedTuple, TypeVar
+from typing import Generic, Literal, NamedTuple, TypeVar, assert_never
 
 from edge.coalesce import SingleFlight
 from edge.config import Settings
@@ -81,10 +98,12 @@ from edge.log.stream_log import (
     judge_write,
     names_another_instance,
 )
+from edge.log.trust import Unconfirmed, when_unconfirmed
 from edge.metrics import Metrics
 from edge.origin import OriginClient, OriginError
 from edge.protocol.headers import (
     STREAM_CLOSED,
+    STREAM_FORKED_FROM,
     STREAM_NEXT_OFFSET,
     first_value,
     flag,
@@ -187,6 +206,9 @@ class Forgetting:
     generation: str = ""
     # This process is the one to tell what lies downstream (``TELLS_DOWNSTREAM``).
     tells_downstream: bool = True
+    # What was held is only in doubt (the origin went away): live followers stay
+    # (``Streams.forget_locally``), on the siblings told too.
+    followers_stay: bool = False
 
     @property
     def stream(self) -> str:
@@ -208,12 +230,13 @@ def carries_body(headers: Sequence[tuple[str, str]]) -> bool:
 
 def written_as(
     method: str,
+    status: int,
     request_headers: Sequence[tuple[str, str]],
     response_headers: Sequence[tuple[str, str]],
     floor: str | None,
     started: int,
 ) -> Write:
-    """A successful write's request and answer as the core judges them (``judge_write``)."""
+    """A write's request and answer as the core judges them (``judge_write``)."""
     body = carries_body(request_headers)
     if method == "PUT":
         named = first_value(response_headers, "content-type")
@@ -230,6 +253,7 @@ def written_as(
         appended=method == "POST" and body and first_value(request_headers, "producer-id") is None,
         content_type=named,
         answered=method == "PUT",
+        status=status,
     )
 
 
@@ -253,9 +277,13 @@ class Streams:
         self._checks: SingleFlight[str, str | None] = SingleFlight()
         self._tickets = itertools.count()
         self._background: set[asyncio.Task[None]] = set()
-        self._probing: set[StreamInstance] = set()
+        # The lifetime asked of the origin (HEAD), one question per instance at a time.
+        self._probing: dict[StreamInstance, asyncio.Task[None]] = {}
         # Told of every stream forgotten on this replica (live tails and viewers stop).
         self.forgotten: list[Callable[[str], None]] = []
+        # Told of every stream forgotten while its live followers stay (``forget_locally``):
+        # its tails follow the instance begun in its place.
+        self.unconfirmed: list[Callable[[str], None]] = []
         # Told of every forgetting this process decided itself (see the module rules).
         self.on_forget: list[Teller] = []
         self._telling: Unsettled[asyncio.Future[None]] = Unsettled()
@@ -276,10 +304,31 @@ class Streams:
         if self._clock() - instance.verified_at < GENERATION_CHECK_SECONDS:
             return
         generation, _ = await self._checks.run(stream, lambda: shared.generation(stream))
+        if not self.local.current(instance):
+            return  # forgotten meanwhile: the answer is too old
         if generation is None:
-            return  # the tier cannot say: serve what is held (degraded, not wrong for long)
-        if self.local.current(instance):  # else forgotten meanwhile: the answer is too old
-            self.adopt_generation(stream, generation)
+            self._unconfirmed(instance)
+            return
+        self.adopt_generation(stream, generation)
+
+    def _unconfirmed(self, instance: StreamInstance) -> None:
+        """The shared tier cannot say whether ``instance`` is current: what is held of it is
+        served only for a bounded time after its last confirmation (``edge.log.trust``)."""
+        stream, now = instance.stream, self._clock()
+        held = self.local.holds_learned(stream)
+        verdict = when_unconfirmed(confirmed_at=instance.verified_at, now=now, holds=held)
+        match verdict:
+            case Unconfirmed.SERVE:
+                pass
+            case Unconfirmed.FORGET:
+                log.info("%s unconfirmed for too long: asking the origin", stream)
+                # In doubt, not known to be another: its live followers go on by offset.
+                self.forget_locally(stream, followers_stay=True)
+                self.local.instance_for(stream).verified_at = now  # begun again, empty
+            case Unconfirmed.BEGIN:
+                instance.verified_at = now
+            case _:
+                assert_never(verdict)
 
     def adopt_generation(self, stream: str, generation: str) -> StreamInstance:
         assert self._shared is not None
@@ -288,7 +337,7 @@ class Streams:
         if pending is not None:
             generation = pending  # this replica's own purge, not yet in Redis, is newer
         if instance.generation != generation:
-            if instance.generation or self.local.holds_data(stream):
+            if instance.generation or self.local.holds_learned(stream):
                 self.forget_locally(stream)  # purged elsewhere (or held from before it knew)
                 instance = self.local.instance_for(stream)
             instance.generation = generation
@@ -429,8 +478,37 @@ class Streams:
                 return stored
             case ProbeLifetime():
                 if not instance.lifetime_known:
-                    self.probe_lifetime(instance, credentials)
+                    self.probe_lifetime(key, instance, credentials)
         return False
+
+    def evidence(
+        self,
+        key: LogKey,
+        status: int,
+        headers: Sequence[tuple[str, str]],
+        *,
+        started: int,
+        instance: StreamInstance | None = None,
+        live: bool = False,
+    ) -> Decision:
+        """An origin answer the edge never stores (a relayed read, HEAD or DELETE, ``offset=now``,
+        a lifetime probe, a live upstream's refusal), to a request in ``key.scope`` that started
+        at ``started`` under ``instance`` (None: whatever is held now): what it says of the
+        stream, through the one intake (``decide``), carried out here. ``GONE`` when it said the
+        stream is gone (the scope, or the instance, is forgotten)."""
+        held = self.local.instance(key.stream) if instance is None else instance
+        # Nothing held of the stream: still the stream's current state (a 404 for a path never
+        # held is told to the shared tier, which may hold it for another replica).
+        current = held is None or self.local.current(held)
+        judged = held if held is not None else StreamInstance(stream=key.stream)
+        arrival = Arrival.evidence(
+            status, tuple(headers), live=live, started=started, received=self.ticket(),
+            now=self._clock(),
+        )  # fmt: skip
+        intake = decide(arrival, judged, None, current=current)
+        for action in intake.actions:
+            self._carry_out(key, judged, action, ())
+        return intake.decision
 
     # --- what live upstreams tell ---
 
@@ -486,20 +564,41 @@ class Streams:
             instance.learn_lifetime(ttl, expires_at)
 
     def probe_lifetime(
-        self, instance: StreamInstance, credentials: Sequence[tuple[str, str]]
-    ) -> None:
-        """A stream known only from reads: ask the origin (HEAD, once per instance) whether it
-        expires, so the edge neither serves it past its end nor advertises it for a year."""
-        if instance in self._probing:
-            return
-        self._probing.add(instance)
-        task = asyncio.ensure_future(self._head_lifetime(instance, tuple(credentials)))
+        self, key: LogKey, instance: StreamInstance, credentials: Sequence[tuple[str, str]]
+    ) -> asyncio.Task[None]:
+        """A stream known only from reads: ask the origin (HEAD, once per instance at a time)
+        whether it expires, so the edge neither serves it past its end nor advertises it for a
+        year. A HEAD does not renew a sliding TTL at the origin (PROTOCOL.md 5.1)."""
+        task = self._probing.get(instance)
+        if task is not None:
+            return task
+        task = asyncio.ensure_future(self._head_lifetime(key, instance, tuple(credentials)))
+        self._probing[instance] = task
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        return task
+
+    async def confirm_lifetime(
+        self, key: LogKey, instance: StreamInstance, credentials: Sequence[tuple[str, str]]
+    ) -> None:
+        """Learn the lifetime of an instance this process holds bytes of without having asked
+        the origin (the shared tier gave them): before they are served, as the origin may have
+        expired it since the replica that filled them last touched it. Once its lifetime is
+        known, an expiring instance counts from this process's own touches (none yet: its next
+        read asks the origin, which renews it); a 404 forgets it. An origin that cannot say
+        (unreachable, or no answer within ``--upstream-connect-timeout``: a HEAD is answered at
+        once) leaves what is held served, as without a shared tier."""
+        if instance.lifetime_known:
+            return
+        # Shielded: a reader that leaves, or stops waiting, does not cancel the question.
+        asked = asyncio.shield(self.probe_lifetime(key, instance, credentials))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asked, self._settings.upstream_connect_timeout_seconds)
 
     async def _head_lifetime(
-        self, instance: StreamInstance, credentials: tuple[tuple[str, str], ...]
+        self, key: LogKey, instance: StreamInstance, credentials: tuple[tuple[str, str], ...]
     ) -> None:
+        started = self.ticket()
         try:
             upstream = await self._origin.open(
                 "HEAD", instance.stream, own_request_headers(credentials), live=False
@@ -508,10 +607,12 @@ class Streams:
         except OriginError:
             return
         finally:
-            self._probing.discard(instance)
+            self._probing.pop(instance, None)
         self._metrics.origin_requests.labels(kind="head", code=str(upstream.status)).inc()
+        headers = list(upstream.headers.items())
+        self.evidence(key, upstream.status, headers, started=started, instance=instance)
         if upstream.status == 200 and self.local.current(instance):
-            self._headed(instance, list(upstream.headers.items()))
+            self._headed(instance, headers)
 
     # --- what pass-through traffic tells ---
 
@@ -526,22 +627,24 @@ class Streams:
         started: int,
     ) -> bool:
         """Called for every answer the origin gave to a request the cache did not serve (whose
-        ticket was ``started``); True when it deleted or created the stream (the caller may
-        wait for the purge to be durable)."""
+        ticket was ``started``); True when it deleted, created or found gone the stream for
+        everyone (the caller waits for the purge to be durable, as for a DELETE)."""
         method = method.upper()
-        if status == 404 and method in ("GET", "HEAD"):
-            self.stream_gone(LogKey(stream=stream, scope=self.scope_of(request_headers)))
-        elif method == "DELETE" and status < 400:
-            self.purge(stream, reason="deleted")
-            return True
-        elif method in ("PUT", "POST"):
+        key = LogKey(stream=stream, scope=self.scope_of(request_headers))
+        if method in ("PUT", "POST"):
             created = method == "PUT" and status == 201
             if created:
                 # Created: whatever the edge knew of this path is another's.
                 self.purge(stream, reason="created")
-            self._written(stream, method, status, request_headers, response_headers, started)
-            return created  # like a DELETE, answered once other replicas will not serve the old
-        elif method == "HEAD" and status == 200:
+            gone = self._written(key, method, status, request_headers, response_headers, started)
+            # Like a DELETE, answered once other replicas will not serve the old instance.
+            return created or (gone and speaks_for_the_stream(key.scope))
+        if self.evidence(key, status, response_headers, started=started) is Decision.GONE:
+            return speaks_for_the_stream(key.scope)
+        if method == "DELETE" and status < 400:
+            self.purge(stream, reason="deleted")
+            return True
+        if method == "HEAD" and status == 200:
             self._headed(self.local.instance_for(stream), response_headers)
         return False
 
@@ -556,33 +659,35 @@ class Streams:
 
     def _written(
         self,
-        stream: str,
+        key: LogKey,
         method: str,
         status: int,
         request_headers: Sequence[tuple[str, str]],
         response_headers: Sequence[tuple[str, str]],
         started: int,
-    ) -> None:
+    ) -> bool:
         """A write reached the origin. Any write may have moved the tail (even a failed one may
         have raced one that did); a successful one says how far (its ``Stream-Next-Offset``).
         A successful write that started after the edge knew the stream had reached further
-        than it says went to another instance (deleted and recreated behind the edge)."""
+        than it says went to another instance (deleted and recreated behind the edge); one
+        answered 404 or 410 found the stream gone (forgotten in ``key.scope``: True)."""
+        stream = key.stream
         ok = status < 300
         floor = first_value(response_headers, STREAM_NEXT_OFFSET) if ok else None
         if not is_offset_token(floor):
             floor = None
         closes = ok and flag(request_headers, STREAM_CLOSED)
         instance = self.local.instance_for(stream)
-        names_instance = False
-        if ok:
-            judgement = judge_write(
-                instance, written_as(method, request_headers, response_headers, floor, started)
-            )
-            if judgement.another is not None:
-                log.info("%s %s: a new instance", stream, judgement.another)
-                self.purge(stream, reason="new_instance")
-                instance = self.local.instance_for(stream)
-            names_instance = judgement.names_instance
+        write = written_as(method, status, request_headers, response_headers, floor, started)
+        judgement = judge_write(instance, write)
+        if judgement.gone:
+            self.stream_gone(key)
+            instance = self.local.instance_for(stream)
+        elif judgement.another is not None:
+            log.info("%s %s: a new instance", stream, judgement.another)
+            self.purge(stream, reason="new_instance")
+            instance = self.local.instance_for(stream)
+        names_instance = judgement.names_instance
         ticket = self.ticket()
         if floor is not None:
             instance.reached(floor, ticket)
@@ -598,8 +703,12 @@ class Streams:
                     floor, closed=True, now=self._clock(), started=ticket, received=ticket
                 )
         if method == "PUT" and status in (200, 201):
-            # A creating PUT states the whole lifetime: no TTL header means none.
-            self.learn_lifetime(instance, request_headers, complete=status == 201)
+            # A creating PUT states the whole lifetime: no TTL header means none. Not a fork's:
+            # without one of its own, it inherits its source's (PROTOCOL.md 4.2), which a HEAD
+            # tells (``probe_lifetime``).
+            forked = first_value(request_headers, STREAM_FORKED_FROM) is not None
+            self.learn_lifetime(instance, request_headers, complete=status == 201 and not forked)
+        return judgement.gone
 
     def scope_of(self, request_headers: Sequence[tuple[str, str]]) -> str:
         return auth_scope(
@@ -609,8 +718,8 @@ class Streams:
         )
 
     def stream_gone(self, key: LogKey) -> None:
-        """The origin said 404 to a request in ``key.scope``. Without credentials that is the
-        stream's fate for everyone; with them it may only mean "not for you" (an origin may hide
+        """The origin said 404 or 410 to a request in ``key.scope``. Without credentials that is
+        the stream's fate for everyone; with them it may only mean "not for you" (an origin may hide
         what a token cannot read), so only that scope forgets, and nobody can empty the cache
         for others by sending a bad token. A read the edge authorized carried the edge's own
         credential, so its 404 is the stream's fate too."""
@@ -646,10 +755,25 @@ class Streams:
         if pending:
             await asyncio.wait(pending)
 
-    def forget_locally(self, stream: str) -> int:
-        """Forget ``stream`` (its instance and everything kept for it) on this replica."""
+    def forget_locally(self, stream: str, *, followers_stay: bool = False) -> int:
+        """Forget ``stream`` (its instance and everything kept for it) on this replica.
+        ``followers_stay``: its live tails and readers go on following the stream by offset, in
+        the instance begun in its place (``unconfirmed``: what is held is in doubt, not known to
+        be another stream)."""
+        held = self.local.instance(stream)
+        templates = [(log_.key, log_.header_template) for log_ in self.local.logs_of(stream)]
         dropped = self.local.purge(stream)
-        for listener in self.forgotten:
+        if not followers_stay:
+            for listener in self.forgotten:
+                listener(stream)
+            return dropped
+        if held is not None:
+            # How it is read (its type, the origin's headers), until an answer of the origin
+            # says otherwise; the bytes and tail facts held are gone.
+            self.local.instance_for(stream).content_type = held.content_type
+            for key, template in templates:
+                self.local.log_for(key).header_template = template
+        for listener in self.unconfirmed:
             listener(stream)
         return dropped
 
@@ -673,12 +797,19 @@ class Streams:
             if instance is not None:
                 instance.verified_at = float("-inf")
 
-    def purge(self, stream: str, *, reason: Reason, only_if_known: bool = False) -> int:
+    def purge(
+        self,
+        stream: str,
+        *,
+        reason: Reason,
+        only_if_known: bool = False,
+        followers_stay: bool = False,
+    ) -> int:
         """Forget ``stream`` here and start a durable purge in the shared tier, which tells
         every other replica; a new instance (with the purge's generation) starts at once.
         ``only_if_known``: purge the shared tier only if it holds anything of the stream (this
-        process holds nothing of it)."""
-        dropped = self.forget_locally(stream)
+        process holds nothing of it). ``followers_stay``: as ``forget_locally``'s."""
+        dropped = self.forget_locally(stream, followers_stay=followers_stay)
         generation = ""
         if self._shared is not None:
             generation = self._shared.purge(stream, only_if_known=only_if_known)
@@ -689,10 +820,21 @@ class Streams:
         forgetting = Forgetting(
             key=LogKey(stream=stream, scope=PUBLIC_SCOPE), reason=reason,
             held_here=not only_if_known, generation=generation,
-            tells_downstream=tells_downstream(not only_if_known),
+            tells_downstream=tells_downstream(not only_if_known), followers_stay=followers_stay,
         )  # fmt: skip
         self._decided(forgetting)
         return dropped
+
+    def origin_lost(self) -> int:
+        """A live upstream saw the origin go away (refused, broken: ``edge.log.trust``): it may
+        have lost every stream, and any may be recreated there past the tail held. What this
+        process holds of every stream is forgotten, everywhere (its live followers stay: they
+        go on by offset, as a client of the origin would); returns how many streams. Told again
+        (the origin still refusing), it forgets only what was learned since."""
+        streams = [stream for stream in self.local.streams() if self.local.holds_learned(stream)]
+        for stream in streams:
+            self.purge(stream, reason="gone", followers_stay=True)
+        return len(streams)
 
     async def in_effect(self, stream: str) -> bool:
         """Wait until this process's forgetting of ``stream`` is in effect as far as the edge

@@ -1,6 +1,12 @@
-"""What the speed benchmarks (``loadtest.hits``, ``loadtest.longpoll``) share.
+"""The skeleton every benchmark shares (``hits``, ``join``, ``longpoll``, ``fanout``, ``cdn``):
+start the origin and a pinned edge, run, render, write the section. A benchmark script holds
+only what it measures.
 
 Rules this module owns:
+* One run is a ``Bench``: the open-file limit raised, the cores planned, a fresh logs directory,
+  the start time and the load average before, taken once when it begins (``Bench.begin``).
+* An edge that does not start is reported on stderr with the ``--edge-args`` it was given and
+  the end of its output, and the run ends with exit 2 (``EdgeDidNotStart``).
 * Pinning is set before a process starts, so every thread it ever makes inherits it: a server
   spawned inside ``pinned(cores)`` runs on those cores only; the helper threads this process
   made meanwhile are put back on every core.
@@ -19,11 +25,24 @@ import http.client
 import os
 import resource
 import shlex
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
+
+from devstack.processes import (
+    REPO,
+    Edge,
+    Origin,
+    ProcessFailed,
+    new_logs_dir,
+    start_edge,
+    start_origin,
+)
 
 BENCHMARKS_INTRO = (
     "# Benchmarks\n\nFigures printed by the scripts in `loadtest/`, newest run first.\n"
@@ -99,6 +118,146 @@ def raise_nofile() -> int:
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     return hard
+
+
+def now_utc() -> str:
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+
+
+def command_line(module: str) -> str:
+    """How this run was started, as its section quotes it."""
+    return " ".join([f"python -m {module}", *sys.argv[1:]])
+
+
+def git_revision() -> str:
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=False)
+        return done.stdout.strip()
+
+    revision = git("rev-parse", "--short", "HEAD") or "unknown"
+    return revision + ("+dirty" if git("status", "--porcelain", "--", "edge") else "")
+
+
+# --- one run: the origin, a pinned edge ----------------------------------------------------------
+
+
+class EdgeDidNotStart(RuntimeError):
+    """Reported on stderr already; the benchmark exits 2."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Bench:
+    logs: Path
+    cores: Cores
+    edge_cores: frozenset[int]  # every core for an edge with several workers, else the servers'
+    edge_args: list[str]
+    edge_args_text: str  # as given, for the messages
+    started: str
+    load_before: tuple[float, float, float]
+
+    @classmethod
+    def begin(cls, logs_prefix: str, *, pin: bool, edge_args: str = "") -> Bench:
+        words = split_edge_args(edge_args)
+        raise_nofile()
+        cores = plan_cores(pin)
+        return cls(
+            logs=new_logs_dir(logs_prefix),
+            cores=cores,
+            edge_cores=cores.every if edge_workers(words) > 1 else cores.server,
+            edge_args=words,
+            edge_args_text=edge_args,
+            started=now_utc(),
+            load_before=os.getloadavg(),
+        )
+
+    def origin(self, name: str) -> Origin:
+        with pinned(self.cores.server):
+            return start_origin(self.logs, name=name)
+
+    def edge(
+        self,
+        origin: Origin,
+        *more_args: str,
+        name: str,
+        launcher: tuple[str, ...] = ("-m", "edge"),
+        also: str = "",
+    ) -> Edge:
+        """The edge under test, given ``--edge-args`` then ``more_args``; ``also`` names what
+        else its start depended on, for the message."""
+        try:
+            with pinned(self.edge_cores):
+                return start_edge(
+                    origin.url, self.logs, *self.edge_args, *more_args, name=name,
+                    launcher=launcher,
+                )  # fmt: skip
+        except ProcessFailed as failure:
+            print(
+                f"the edge did not start with --edge-args {self.edge_args_text!r}{also}:",
+                file=sys.stderr,
+            )
+            print(str(failure)[-3000:], file=sys.stderr)
+            raise EdgeDidNotStart from None
+
+    @contextlib.contextmanager
+    def servers(
+        self, name: str, *, with_edge: bool, launcher: tuple[str, ...] = ("-m", "edge")
+    ) -> Iterator[tuple[Origin, Edge | None]]:
+        """``<name>-origin`` and, ``with_edge``, ``<name>-edge``; both stopped after."""
+        origin = self.origin(f"{name}-origin")
+        edge = None
+        try:
+            if with_edge:
+                edge = self.edge(origin, name=f"{name}-edge", launcher=launcher)
+            yield origin, edge
+        finally:
+            if edge is not None:
+                edge.stop()
+            origin.stop()
+
+    def pinning(self, servers: str = "origin and nginx") -> str:
+        return self.cores.describe(self.edge_cores, servers)
+
+
+def publish(output: Path, heading: str, section: str) -> None:
+    insert_section(output, heading, section)
+    print(f"written to {output}")
+
+
+# --- processes ---------------------------------------------------------------------------------
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its live descendants (an edge with --workers N is a supervisor and N)."""
+    pids, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        pids.append(current)
+        for task in Path(f"/proc/{current}/task").glob("*/children"):
+            todo += [int(child) for child in task.read_text().split()]
+    return pids
+
+
+def proc_cpu_seconds(pid: int) -> float:
+    total = 0
+    for member in process_tree(pid):
+        fields = Path(f"/proc/{member}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def proc_peak_rss_mb(pid: int) -> float:
+    return sum(_status_mb(member, "VmHWM:") for member in process_tree(pid))
+
+
+def proc_rss_mb(pid: int) -> float:
+    return sum(_status_mb(member, "VmRSS:") for member in process_tree(pid))
+
+
+def _status_mb(pid: int, field: str) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field):
+            return int(line.split()[1]) / 1024
+    return 0.0
 
 
 # --- streams at the origin ---------------------------------------------------------------------
@@ -189,6 +348,19 @@ def insert_section(path: Path, heading: str, section: str) -> None:
         else:
             text = text[: first + 1] + section + text[first + 1 :]
     path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text.rstrip("\n") + "\n")
+
+
+def write_section(path: Path, heading: str, section: str) -> None:
+    """Replace the section whose heading starts with ``heading`` (a rerun of the same
+    benchmark, whatever its date), or put it first, as ``insert_section`` does."""
+    text = path.read_text() if path.exists() else ""
+    start = text.find(heading)
+    if start == -1:
+        insert_section(path, section.split("\n", 1)[0], section)
+        return
+    end = text.find("\n## ", start + len(heading))
+    text = text[:start] + section.rstrip("\n") + "\n\n" + (text[end + 1 :] if end != -1 else "")
     path.write_text(text.rstrip("\n") + "\n")
 
 

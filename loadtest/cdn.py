@@ -55,11 +55,16 @@ from devstack.cdn_stack import (
     start_stack,
     tier_url,
 )
-from devstack.processes import REPO, new_logs_dir, start_origin
-from loadtest.benchkit import insert_section, raise_nofile, split_edge_args
+from devstack.processes import REPO
+from loadtest.benchkit import (
+    Bench,
+    command_line,
+    git_revision,
+    insert_section,
+    split_edge_args,
+)
 from loadtest.cdn_report import GIVE_UP_SECONDS, quantile, render
 from loadtest.cdn_sse import sse_figures
-from loadtest.hits import git_revision
 
 TIERS = ("edge", "varnish", "nginx")
 MAX_RESPONSE_BYTES = 64 * 1024
@@ -325,11 +330,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    raise_nofile()
-    logs = new_logs_dir("edge-cdn-")
-    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    load_before = os.getloadavg()
-    origin = start_origin(logs, name="cdn-origin")
+    # Not pinned: the caches, the edge and the clients share every core.
+    bench = Bench.begin("edge-cdn-", pin=False)
+    started, load_before = bench.started, bench.load_before
+    origin = bench.origin("cdn-origin")
     edge_args = [
         "--long-poll-timeout",
         f"{args.long_poll_timeout:g}",
@@ -338,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
         *split_edge_args(args.edge_args),
     ]
     try:
-        stack = start_stack(origin, logs, *edge_args)
+        stack = start_stack(origin, bench.logs, *edge_args)
         try:
             figures = asyncio.run(measure(stack, args))
         finally:
@@ -356,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     print(rendered)
     if not args.no_write:
         heading = f"## CDN tier: offload and correctness through Varnish and nginx ({started})"
-        command = " ".join(["python -m loadtest.cdn", *sys.argv[1:]])
+        command = command_line("loadtest.cdn")
         section = (
             f"{heading}\n\n`{command}` at {started}, edge at `{git_revision()}`, edge args "
             f"`{' '.join(edge_args)} --cdn-purge varnish=<the Varnish>`. Debian's Varnish 7.1 "

@@ -19,7 +19,6 @@ import asyncio
 import json
 import multiprocessing
 import os
-import resource
 import statistics
 import sys
 import time
@@ -31,7 +30,18 @@ import aiohttp
 
 from devstack.processes import REPO, new_logs_dir, start_edge, start_origin
 from edge.protocol.sse import SseDecoder
-from loadtest.benchkit import Cores, insert_section, pinned, plan_cores
+from loadtest.benchkit import (
+    Cores,
+    command_line,
+    now_utc,
+    pinned,
+    plan_cores,
+    proc_cpu_seconds,
+    proc_peak_rss_mb,
+    proc_rss_mb,
+    raise_nofile,
+    write_section,
+)
 
 SAMPLED_PER_WORKER = 100
 CONNECT_BATCH = 250
@@ -166,46 +176,11 @@ async def _worker_main(
 
 
 def _worker(args: tuple[str, int, str, int, float, int], ready: Any, stop: Any, queue: Any) -> None:
-    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    raise_nofile()
     import uvloop
 
     report = uvloop.run(_worker_main(ready, stop, *args))
     queue.put(report)
-
-
-def process_tree(pid: int) -> list[int]:
-    """``pid`` and its live descendants (an edge with --workers N is a supervisor and N)."""
-    pids, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        pids.append(current)
-        for task in Path(f"/proc/{current}/task").glob("*/children"):
-            todo += [int(child) for child in task.read_text().split()]
-    return pids
-
-
-def proc_cpu_seconds(pid: int) -> float:
-    total = 0
-    for member in process_tree(pid):
-        fields = Path(f"/proc/{member}/stat").read_text().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
-
-
-def proc_peak_rss_mb(pid: int) -> float:
-    return sum(_status_mb(member, "VmHWM:") for member in process_tree(pid))
-
-
-def proc_rss_mb(pid: int) -> float:
-    return sum(_status_mb(member, "VmRSS:") for member in process_tree(pid))
-
-
-def _status_mb(pid: int, field: str) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 async def agent(base: str, path: str, rate: float, seconds: float) -> int:
@@ -390,8 +365,7 @@ def main() -> int:
     cores = plan_cores(args.pin)
     if args.pin:
         os.sched_setaffinity(0, cores.load)  # the agent, in this process
-    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    raise_nofile()
     logs = new_logs_dir("edge-fanout-")
     rows = []
     for viewers in args.viewers:
@@ -410,8 +384,8 @@ def main() -> int:
     heading = "## Fan-out on one pinned core" if args.pin else "## Fan-out ("
     pinning = f"Pinned: {cores.describe(cores.server, 'the origin')}.\n\n" if args.pin else ""
     section = (
-        f"{heading.rstrip(' (')} ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})\n\n"
-        f"`{' '.join(['python -m loadtest.fanout', *sys.argv[1:]])}` — an agent appends "
+        f"{heading.rstrip(' (')} ({now_utc()})\n\n"
+        f"`{command_line('loadtest.fanout')}` — an agent appends "
         f"{args.rate:g} JSON events/s for {args.seconds:g} s; viewers join at `offset=now` "
         f"over SSE "
         f"from {args.workers} worker processes on the same 2-core machine; latency is append "
@@ -421,19 +395,6 @@ def main() -> int:
     )
     write_section(args.output, heading, section)
     return 0
-
-
-def write_section(path: Path, heading: str, section: str) -> None:
-    """Replace the section whose heading starts with ``heading`` (a rerun of the same
-    benchmark, whatever its date), or put it first, as ``benchkit.insert_section`` does."""
-    text = path.read_text() if path.exists() else ""
-    start = text.find(heading)
-    if start == -1:
-        insert_section(path, section.split("\n", 1)[0], section)
-        return
-    end = text.find("\n## ", start + len(heading))
-    text = text[:start] + section.rstrip("\n") + "\n\n" + (text[end + 1 :] if end != -1 else "")
-    path.write_text(text.rstrip("\n") + "\n")
 
 
 if __name__ == "__main__":

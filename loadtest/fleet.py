@@ -42,9 +42,8 @@ import aiohttp
 from devstack.agents import Producer
 from devstack.cluster import Cluster, start_cluster
 from edge.protocol.sse import SseDecoder
-from loadtest.benchkit import metric_total
+from loadtest.benchkit import metric_total, proc_cpu_seconds, write_section
 from loadtest.capacity import MEASURED, FleetPrediction, fleet_prediction
-from loadtest.fanout import proc_cpu_seconds, write_section
 
 JSON = {"Content-Type": "application/json"}
 REPO = Path(__file__).resolve().parent.parent

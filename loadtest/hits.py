@@ -64,7 +64,6 @@ import gzip
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -72,28 +71,23 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from devstack.processes import (
-    REPO,
-    Edge,
-    Origin,
-    ProcessFailed,
-    new_logs_dir,
-    start_edge,
-    start_origin,
-)
+from devstack.processes import REPO, Edge, Origin
 from loadtest import authbench, headload, pyspy, wrk
 from loadtest.benchkit import (
+    Bench,
     Cores,
+    EdgeDidNotStart,
     SetupFailed,
     affinity_of,
     append,
     close_stream,
+    command_line,
     create_stream,
     edge_workers,
-    insert_section,
+    git_revision,
+    now_utc,
     pinned,
-    plan_cores,
-    raise_nofile,
+    publish,
     request,
     split_edge_args,
     text_body,
@@ -318,15 +312,6 @@ def warm_and_check(bases: dict[str, str], stream: Stream, cell: Cell, load: Load
         served[server] = encoding if is_hit(server, cache) else f"{encoding} ({cache})"
     check_all(bases, stream, cell, load)
     return served
-
-
-def git_revision() -> str:
-    def git(*args: str) -> str:
-        done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=False)
-        return done.stdout.strip()
-
-    revision = git("rev-parse", "--short", "HEAD") or "unknown"
-    return revision + ("+dirty" if git("status", "--porcelain", "--", "edge") else "")
 
 
 def fmt_rps(value: float) -> str:
@@ -637,33 +622,26 @@ def main(argv: list[str] | None = None) -> int:
     if wrk.wrk_binary() is None:
         print("wrk not found: `make bootstrap` installs Debian's wrk", file=sys.stderr)
         return 2
-    edge_args = split_edge_args(args.edge_args)
-    raise_nofile()
-    cores = plan_cores(not args.no_pin)
-    edge_cores = cores.every if edge_workers(edge_args) > 1 else cores.server
-    logs = new_logs_dir("edge-hits-")
-    load_before = os.getloadavg()
-    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    bench = Bench.begin("edge-hits-", pin=not args.no_pin, edge_args=args.edge_args)
     names = list(dict.fromkeys(args.cells))
     cells = [CELLS[name] for name in names]
     # One edge per configuration, in the order the cells first need it; the profile, the plain one.
     groups = list(dict.fromkeys((["plain"] if args.profile else []) + [c.edge for c in cells]))
-    with pinned(cores.server):
-        origin = start_origin(logs, name="hits-origin")
+    origin = bench.origin("hits-origin")
     nginxes: dict[str, Nginx] = {}
     auth = Auth()
     rows: dict[str, dict[str, object]] = {}
     profiled = None
     try:
         try:
-            with pinned(cores.server):
+            with pinned(bench.cores.server):
                 for kind in dict.fromkeys(c.nginx for c in cells if c.nginx != "none"):
                     nginxes[kind] = start_nginx(origin.url, micro=kind == "micro")
         except NginxFailed as failure:
             print(str(failure), file=sys.stderr)
             return 2
-        auth = make_auth(cells, logs)
-        print(f"logs in {logs}")
+        auth = make_auth(cells, bench.logs)
+        print(f"logs in {bench.logs}")
         stamp = str(int(time.time() * 1000))
         needed = {c.stream_key: c for c in cells} | (
             {CELLS["100B"].stream_key: CELLS["100B"]} if args.profile else {}
@@ -672,30 +650,21 @@ def main(argv: list[str] | None = None) -> int:
             key: make_stream(origin.url, cell, stamp) for key, cell in sorted(needed.items())
         }
         for group in groups:
+            also = "" if group == "plain" else f" and the {group} cells' --auth flags"
+            edge = bench.edge(
+                origin, *edge_config(group, auth), name=f"hits-edge-{group}", also=also
+            )
             try:
-                with pinned(edge_cores):
-                    edge = start_edge(
-                        origin.url,
-                        logs,
-                        *edge_args,
-                        *edge_config(group, auth),
-                        name=f"hits-edge-{group}",
-                    )
-            except ProcessFailed as failure:
-                also = "" if group == "plain" else f" and the {group} cells' --auth flags"
-                print(
-                    f"the edge did not start with --edge-args {args.edge_args!r}{also}:",
-                    file=sys.stderr,
+                rows |= run_group(
+                    group, names, edge, origin, nginxes, streams, auth, args, bench.cores
                 )
-                print(str(failure)[-3000:], file=sys.stderr)
-                return 2
-            try:
-                rows |= run_group(group, names, edge, origin, nginxes, streams, auth, args, cores)
                 if group == "plain" and args.profile:
                     stream = streams[CELLS["100B"].stream_key]
-                    profiled = profile(edge.process.pid, edge.url, stream, args, cores.load)
+                    profiled = profile(edge.process.pid, edge.url, stream, args, bench.cores.load)
             finally:
                 edge.stop()
+    except EdgeDidNotStart:
+        return 2
     except (WrongBytes, wrk.WrkFailed, pyspy.ProfileFailed, SetupFailed) as failure:
         print(f"benchmark failed: {failure}", file=sys.stderr)
         return 1
@@ -722,23 +691,17 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(profile_text.strip())
     if not args.no_write:
-        write_doc(args, rendered + profile_text, cores.describe(edge_cores), started, load_before)
-        print(f"written to {args.output}")
+        write_doc(args, rendered + profile_text, bench)
     return 0
 
 
-def write_doc(
-    args: argparse.Namespace,
-    body: str,
-    pinning: str,
-    started: str,
-    load_before: tuple[float, float, float],
-) -> None:
-    date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+def write_doc(args: argparse.Namespace, body: str, bench: Bench) -> None:
+    date = now_utc()
     edge_args = f"`{args.edge_args}`" if args.edge_args else "none"
     # The time in the heading: every run is a section of its own, earlier ones are kept.
     heading = f"## Cached hits: origin, edge, nginx ({date}, edge args {edge_args})"
-    command = " ".join(["python -m loadtest.hits", *sys.argv[1:]])
+    command = command_line("loadtest.hits")
+    pinning, started, load_before = bench.pinning(), bench.started, bench.load_before
     load_after = os.getloadavg()
     chosen = {CELLS[name].edge for name in args.cells} | {
         name for name in args.cells if name in ("tail2KB", "cookie", "head")
@@ -825,7 +788,7 @@ def write_doc(
         f"engineers' builds and tests, so the figures are noisy; compare ratios from one run.\n\n"
         f"{body}\n"
     )
-    insert_section(args.output, heading, section)
+    publish(args.output, heading, section)
 
 
 if __name__ == "__main__":

@@ -63,32 +63,24 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from devstack.processes import (
-    REPO,
-    Edge,
-    Origin,
-    ProcessFailed,
-    new_logs_dir,
-    start_edge,
-    start_origin,
-)
+from devstack.processes import REPO, Edge, Origin
 from loadtest import pyspy
 from loadtest.benchkit import (
+    Bench,
+    EdgeDidNotStart,
     append,
     close_stream,
+    command_line,
     create_stream,
-    edge_workers,
-    insert_section,
+    git_revision,
     pinned,
-    plan_cores,
-    raise_nofile,
+    process_tree,
+    publish,
     request,
-    split_edge_args,
     text_body,
 )
-from loadtest.fanout import process_tree
-from loadtest.hits import git_revision
 from loadtest.join_clients import Record, Slot, client, run_and_wait, step_costs
+from loadtest.rawhttp import ClientProcesses
 
 CONTENT_TYPE = "text/plain"
 CLIENT_GRACE_S = 30.0  # after the close, how long viewers may take to see it
@@ -236,16 +228,9 @@ def run_target(
         for i in range(args.viewers)
     ]
     deadline = args.max_seconds + CLIENT_GRACE_S
-    context = multiprocessing.get_context("fork")
-    pipes, procs = [], []
-    with pinned(load):
-        for number in range(args.processes):
-            mine, theirs = context.Pipe()
-            share = slots[number :: args.processes]
-            proc = context.Process(target=client, args=(theirs, host, port, path, share, deadline))
-            proc.start()
-            pipes.append(mine)
-            procs.append(proc)
+    each = [(host, port, path, slots[n :: args.processes], deadline) for n in range(args.processes)]
+    clients = ClientProcesses.start(client, each, load)
+    pipes = clients.pipes
     watched = args.gc_pauses and edge is not None
     profiler = None
     agent = Agent(origin.url, path, args.rate, args.append_bytes)
@@ -262,7 +247,7 @@ def run_target(
             profiler = Profiler.start(server_pid, Path(args.profile), args.max_seconds, load)
         time.sleep(max(0.0, t0 - time.monotonic()))
         cpu_t0 = server_cpu(server_pid)
-        viewers_t0 = run_and_wait([proc.pid for proc in procs if proc.pid is not None])
+        viewers_t0 = run_and_wait(clients.pids)
         if watched:
             os.kill(server_pid, signal.SIGUSR1)  # loadtest.gcwatch: from here on
         all_live: float | None = t0
@@ -271,7 +256,7 @@ def run_target(
             when = pipe.recv()[1] if pipe.poll(max(0.0, remaining)) else None
             all_live = max(all_live, when) if all_live is not None and when else None
         cpu_live = server_cpu(server_pid)
-        viewers_live = run_and_wait([proc.pid for proc in procs if proc.pid is not None])
+        viewers_live = run_and_wait(clients.pids)
         live_at = time.monotonic()
         if profiler is not None:
             profile_path: Path | None = profiler.stop()
@@ -295,10 +280,7 @@ def run_target(
         if profiler is not None:
             profiler.proc.kill()
             profiler.proc.wait()
-        for proc in procs:
-            proc.join(timeout=30)
-            if proc.is_alive():
-                proc.kill()
+        clients.reap()
     counts = origin.counts(path)
     content = final_content(origin.url, path)
     digest = hashlib.sha256(content).hexdigest()
@@ -557,41 +539,23 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.step_costs is None:
         args.step_costs = min(args.viewers, 1000)
-    edge_args = split_edge_args(args.edge_args)
-    raise_nofile()
-    cores = plan_cores(not args.no_pin)
-    edge_cores = cores.every if edge_workers(edge_args) > 1 else cores.server
-    logs = new_logs_dir("edge-join-")
-    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    load_before = os.getloadavg()
-    with pinned(cores.server):
-        origin = start_origin(logs, name="join-origin")
-    edge = None
-    rows = []
+    bench = Bench.begin("edge-join-", pin=not args.no_pin, edge_args=args.edge_args)
+    launcher: tuple[str, ...] = ("-m", "edge")
+    if args.gc_pauses:
+        launcher = ("-m", "loadtest.gcwatch", str(bench.logs / GC_PAUSES_FILE))
     try:
-        if "edge" in args.targets:
-            launcher: tuple[str, ...] = ("-m", "edge")
-            if args.gc_pauses:
-                launcher = ("-m", "loadtest.gcwatch", str(logs / GC_PAUSES_FILE))
-            try:
-                with pinned(edge_cores):
-                    edge = start_edge(
-                        origin.url, logs, *edge_args, name="join-edge", launcher=launcher
-                    )
-            except ProcessFailed as failure:
-                print(
-                    f"the edge did not start with --edge-args {args.edge_args!r}:", file=sys.stderr
+        with bench.servers("join", with_edge="edge" in args.targets, launcher=launcher) as (
+            origin,
+            edge,
+        ):
+            rows = [
+                run_target(
+                    target, origin, edge if target == "edge" else None, args, bench.cores.load
                 )
-                print(str(failure)[-3000:], file=sys.stderr)
-                return 2
-        for target in args.targets:
-            rows.append(
-                run_target(target, origin, edge if target == "edge" else None, args, cores.load)
-            )
-    finally:
-        if edge is not None:
-            edge.stop()
-        origin.stop()
+                for target in args.targets
+            ]
+    except EdgeDidNotStart:
+        return 2
     rendered = render(rows)
     print(rendered)
     profile_text = ""
@@ -607,9 +571,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(profile_text.strip())
     if not args.no_write:
-        pinning = cores.describe(edge_cores, "the origin")
-        write_doc(args, rendered + profile_text, pinning, started, load_before)
-        print(f"written to {args.output}")
+        write_doc(args, rendered + profile_text, bench)
     unfinished = [r for r in rows if r["unfinished"]]
     for r in unfinished:
         print(
@@ -622,20 +584,15 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if failed else 0
 
 
-def write_doc(
-    args: argparse.Namespace,
-    body: str,
-    pinning: str,
-    started: str,
-    load_before: tuple[float, float, float],
-) -> None:
+def write_doc(args: argparse.Namespace, body: str, bench: Bench) -> None:
     date = time.strftime("%Y-%m-%d")
+    pinning, started, load_before = bench.pinning("the origin"), bench.started, bench.load_before
     shown = f"`{args.edge_args}`" if args.edge_args else "none"
     heading = f"## Join storm ({date}, {args.viewers} viewers, {args.mode}, edge args {shown})"
     load_after = os.getloadavg()
     section = (
         f"{heading}\n\n"
-        f"`{' '.join(['python -m loadtest.join', *sys.argv[1:]])}` at {started}, edge at "
+        f"`{command_line('loadtest.join')}` at {started}, edge at "
         f"`{git_revision()}`. One open `text/plain` stream per server with "
         f"{args.history_bytes:,} B in it; an agent appends a {args.append_bytes} B line "
         f"{args.rate:g} times a second straight to the origin, from {args.lead_in:g} s before "
@@ -654,7 +611,7 @@ def write_doc(
         f"shared with other engineers' work, so the figures are noisy (the server's wait for "
         f"a core is in the second table).\n\n{body}\n"
     )
-    insert_section(args.output, heading, section)
+    publish(args.output, heading, section)
 
 
 if __name__ == "__main__":

@@ -8,8 +8,8 @@ Rules this module owns:
 * One keep-alive connection per viewer, opened at its join time, carries its catch-up and its
   live reads (what a client library's pool does); a connection the server ends before the
   stream is closed is opened again and the read resumed from the last offset (counted).
-* Answers are parsed here (status, headers, a Content-Length or chunked body) on uvloop: no
-  client library's per-request work between a byte's arrival and its stamp. An SSE body is kept
+* Answers are parsed by ``loadtest.rawhttp`` on uvloop: no client library's per-request work
+  between a byte's arrival and its stamp. An SSE body is kept
   raw while it streams (only the first ``event: data`` frame and the final chunk are looked
   for) and decoded, chunks then events, once it ends; once a viewer has its first live event,
   its SSE connection is read every ``READ_INTERVAL_S`` (``Pacer``), so the stream's end is seen
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from edge.protocol.sse import SseDecoder
-from loadtest.benchkit import raise_nofile
+from loadtest.rawhttp import dechunk, dechunk_partial, parse_head, run_client, take_body
 
 MAX_RECONNECTS = 5
 
@@ -197,23 +197,11 @@ class Viewer(asyncio.Protocol):
 
     # --- answers ---
 
-    def _parse_head(self) -> bool:
-        end = self.buffer.find(b"\r\n\r\n")
-        if end == -1:
-            return False
-        lines = bytes(self.buffer[:end]).decode("latin-1").split("\r\n")
-        del self.buffer[: end + 4]
-        headers = {}
-        for line in lines[1:]:
-            name, _, value = line.partition(":")
-            headers[name.strip().lower()] = value.strip()
-        self.head = (int(lines[0].split()[1]), headers)
-        return True
-
     def _parse_one(self) -> bool:
-        if self.head is None and not self._parse_head():
-            return False
-        assert self.head is not None
+        if self.head is None:
+            self.head = parse_head(self.buffer)
+            if self.head is None:
+                return False
         status, headers = self.head
         if self.phase == "live" and self.live_head is None:
             self.live_head = time.monotonic() - self.started
@@ -228,7 +216,7 @@ class Viewer(asyncio.Protocol):
             if rest:
                 self._sse_bytes(rest)
             return False
-        body = self._body(status, headers)
+        body = take_body(self.buffer, status, headers)
         if body is None:
             return False
         self.head = None
@@ -263,26 +251,6 @@ class Viewer(asyncio.Protocol):
             self.caught_up = time.monotonic() - self.started
             self.phase = "live"
         self._request()
-
-    def _body(self, status: int, headers: dict[str, str]) -> bytes | None:
-        """The complete body, or None while it is still arriving."""
-        if status in (204, 304) or 100 <= status < 200:
-            return b""
-        if "content-length" in headers:
-            length = int(headers["content-length"])
-            if len(self.buffer) < length:
-                return None
-            body = bytes(self.buffer[:length])
-            del self.buffer[:length]
-            return body
-        if "chunked" in headers.get("transfer-encoding", "").lower():
-            parsed = dechunk(self.buffer)
-            if parsed is None:
-                return None
-            body, used = parsed
-            del self.buffer[:used]
-            return body
-        return None  # until close: not expected from either server
 
     # --- SSE ---
 
@@ -373,43 +341,6 @@ def sse_events(text: str) -> list[tuple[str, str]]:
     return events
 
 
-def dechunk(buffer: bytes | bytearray) -> tuple[bytes, int] | None:
-    """A complete chunked body at the start of ``buffer`` and the bytes it took, or None."""
-    body = bytearray()
-    at = 0
-    while True:
-        line_end = buffer.find(b"\r\n", at)
-        if line_end == -1:
-            return None
-        size = int(bytes(buffer[at:line_end]).split(b";")[0], 16)
-        if size == 0:  # the last chunk, then trailers (none expected) and a blank line
-            end = buffer.find(b"\r\n\r\n", line_end)
-            if end == -1:
-                return None
-            return bytes(body), end + 4
-        start = line_end + 2
-        if len(buffer) < start + size + 2:
-            return None
-        body += buffer[start : start + size]
-        at = start + size + 2
-
-
-def dechunk_partial(buffer: bytes) -> bytes:
-    """The whole chunks of a chunked body cut short (the connection ended inside it)."""
-    body = bytearray()
-    at = 0
-    while True:
-        line_end = buffer.find(b"\r\n", at)
-        if line_end == -1:
-            return bytes(body)
-        size = int(buffer[at:line_end].split(b";")[0], 16)
-        start = line_end + 2
-        if size == 0 or len(buffer) < start + size + 2:
-            return bytes(body)
-        body += buffer[start : start + size]
-        at = start + size + 2
-
-
 async def _one(viewer: Viewer, t0: float) -> None:
     loop = asyncio.get_running_loop()
     await asyncio.sleep(max(0.0, t0 + viewer.slot.at - time.monotonic()))
@@ -488,10 +419,7 @@ def client(
     conn: Any, host: str, port: int, path: str, slots: list[Slot], deadline_s: float
 ) -> None:
     """A client process's entry point: the viewers of ``slots`` on ``host:port`` for ``path``."""
-    raise_nofile()
-    import uvloop
-
-    uvloop.run(_client_main(conn, host, port, path, slots, deadline_s))
+    run_client(_client_main(conn, host, port, path, slots, deadline_s))
 
 
 # --- what each step of a join costs the server ------------------------------------------------
@@ -606,7 +534,4 @@ def step_costs(
     step of a join done by all of them in turn (connect and ``GET ?offset=-1``; the SSE read at
     the tail, until its answer's head; closing); sends the server's CPU microseconds per
     connection for each step (every thread of ``pids``)."""
-    raise_nofile()
-    import uvloop
-
-    conn.send(uvloop.run(_steps_main(host, port, path, tail, count, pids)))
+    conn.send(run_client(_steps_main(host, port, path, tail, count, pids)))

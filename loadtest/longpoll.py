@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import multiprocessing
 import os
 import statistics
 import sys
@@ -31,28 +30,19 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from devstack.processes import (
-    REPO,
-    Edge,
-    Origin,
-    ProcessFailed,
-    new_logs_dir,
-    start_edge,
-    start_origin,
-)
+from devstack.processes import REPO, Edge, Origin
 from loadtest.benchkit import (
+    Bench,
+    EdgeDidNotStart,
     append,
+    command_line,
     create_stream,
-    edge_workers,
-    insert_section,
-    pinned,
-    plan_cores,
-    raise_nofile,
-    split_edge_args,
+    git_revision,
+    publish,
     text_body,
 )
-from loadtest.hits import git_revision
 from loadtest.longpoll_clients import client
+from loadtest.rawhttp import ClientProcesses
 
 CONTENT_TYPE = "text/plain"
 WAITING_TIMEOUT_S = 20.0
@@ -82,19 +72,12 @@ def run_target(
     path = f"/v1/stream/longpoll-{target}-{int(time.time() * 1000)}"
     create_stream(origin.url, path, CONTENT_TYPE)
     tail = append(origin.url, path, b"start\n", CONTENT_TYPE)
-    context = multiprocessing.get_context("fork")
     shares = [
         args.waiters // args.processes + (i < args.waiters % args.processes)
         for i in range(args.processes)
     ]
-    pipes, procs = [], []
-    with pinned(load):
-        for share in shares:
-            mine, theirs = context.Pipe()
-            proc = context.Process(target=client, args=(theirs, host, port, path, share))
-            proc.start()
-            pipes.append(mine)
-            procs.append(proc)
+    clients = ClientProcesses.start(client, [(host, port, path, n) for n in shares], load)
+    pipes = clients.pipes
     rounds: list[dict[str, Any]] = []
     origin_parts = urlsplit(origin.url)
     try:
@@ -153,10 +136,7 @@ def run_target(
     finally:
         for pipe in pipes:
             pipe.send(("stop",))
-        for proc in procs:
-            proc.join(timeout=30)
-            if proc.is_alive():
-                proc.kill()
+        clients.reap()
     return {
         "target": target,
         "waiters": args.waiters,
@@ -211,46 +191,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    edge_args = split_edge_args(args.edge_args)
-    raise_nofile()
-    cores = plan_cores(not args.no_pin)
-    edge_cores = cores.every if edge_workers(edge_args) > 1 else cores.server
-    logs = new_logs_dir("edge-longpoll-")
-    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    load_before = os.getloadavg()
-    with pinned(cores.server):
-        origin = start_origin(logs, name="longpoll-origin")
-    edge = None
-    rows = []
+    bench = Bench.begin("edge-longpoll-", pin=not args.no_pin, edge_args=args.edge_args)
     try:
-        if "edge" in args.targets:
-            try:
-                with pinned(edge_cores):
-                    edge = start_edge(origin.url, logs, *edge_args, name="longpoll-edge")
-            except ProcessFailed as failure:
-                print(
-                    f"the edge did not start with --edge-args {args.edge_args!r}:", file=sys.stderr
+        with bench.servers("longpoll", with_edge="edge" in args.targets) as (origin, edge):
+            rows = [
+                run_target(
+                    target, origin, edge if target == "edge" else None, args, bench.cores.load
                 )
-                print(str(failure)[-3000:], file=sys.stderr)
-                return 2
-        for target in args.targets:
-            rows.append(
-                run_target(target, origin, edge if target == "edge" else None, args, cores.load)
-            )
-    finally:
-        if edge is not None:
-            edge.stop()
-        origin.stop()
+                for target in args.targets
+            ]
+    except EdgeDidNotStart:
+        return 2
     rendered = render(rows)
     print(rendered)
     if not args.no_write:
         date = time.strftime("%Y-%m-%d")
         shown = f"`{args.edge_args}`" if args.edge_args else "none"
         heading = f"## Long-poll release ({date}, edge args {shown})"
-        load_after = os.getloadavg()
+        load_before, load_after = bench.load_before, os.getloadavg()
         section = (
             f"{heading}\n\n"
-            f"`{' '.join(['python -m loadtest.longpoll', *sys.argv[1:]])}` at {started}, edge at "
+            f"`{command_line('loadtest.longpoll')}` at {bench.started}, edge at "
             f"`{git_revision()}`. {args.waiters} long-polls (HTTP/1.1, one connection each, from "
             f"{args.processes} client processes on raw sockets) wait at the tail of one open "
             f"`text/plain` stream, straight at the origin, then through the edge; one "
@@ -258,12 +219,11 @@ def main(argv: list[str] | None = None) -> int:
             f"Latency: from the append's send to each waiter's complete answer; every answer "
             f"checked (200, exactly the appended bytes, the append's `Stream-Next-Offset`). "
             f"p50/p99/max are medians of {args.rounds} rounds after a warm-up round. Pinning: "
-            f"{cores.describe(edge_cores, 'the origin')}. Load average "
+            f"{bench.pinning('the origin')}. Load average "
             f"{load_before[0]:.2f} before, {load_after[0]:.2f} after: the machine is shared "
             f"with other engineers' work, so the figures are noisy.\n\n{rendered}\n"
         )
-        insert_section(args.output, heading, section)
-        print(f"written to {args.output}")
+        publish(args.output, heading, section)
     failed = sum(r["failed"] for r in rows)
     return 1 if failed else 0
 

@@ -1,9 +1,9 @@
 """The waiting side of ``loadtest.longpoll``: processes of raw long-poll connections.
 
 Rules this module owns:
-* One keep-alive HTTP/1.1 connection per waiter, on uvloop, parsing answers itself (status,
-  headers, a Content-Length or chunked body): no client library's per-request work stands
-  between an answer's last byte and the time it is stamped with.
+* One keep-alive HTTP/1.1 connection per waiter, on uvloop, its answers parsed by
+  ``loadtest.rawhttp``: no client library's per-request work stands between an answer's last
+  byte and the time it is stamped with.
 * An answer is stamped with ``time.monotonic()`` when its last byte is parsed; the parent's
   append is stamped with the same clock (one clock for every process of the machine).
 * A 204 before the append (the long-poll timed out) is answered, as the protocol's clients do,
@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from loadtest.benchkit import raise_nofile
+from loadtest.rawhttp import parse_head, run_client, take_body
 
 CONNECT_BATCH = 250
 ROUND_TIMEOUT_S = 60.0
@@ -74,19 +74,11 @@ class Waiter(asyncio.Protocol):
 
     def _parse_one(self) -> bool:
         if self.head is None:
-            end = self.buffer.find(b"\r\n\r\n")
-            if end == -1:
+            self.head = parse_head(self.buffer)
+            if self.head is None:
                 return False
-            lines = bytes(self.buffer[:end]).decode("latin-1").split("\r\n")
-            del self.buffer[: end + 4]
-            status = int(lines[0].split()[1])
-            headers = {}
-            for line in lines[1:]:
-                name, _, value = line.partition(":")
-                headers[name.strip().lower()] = value.strip()
-            self.head = (status, headers)
         status, headers = self.head
-        body = self._body(status, headers)
+        body = take_body(self.buffer, status, headers)
         if body is None:
             return False
         self.head = None
@@ -105,41 +97,6 @@ class Waiter(asyncio.Protocol):
                 )
             )
         return True
-
-    def _body(self, status: int, headers: dict[str, str]) -> bytes | None:
-        """The complete body, or None while it is still arriving."""
-        if status in (204, 304) or 100 <= status < 200:
-            return b""
-        if "content-length" in headers:
-            length = int(headers["content-length"])
-            if len(self.buffer) < length:
-                return None
-            body = bytes(self.buffer[:length])
-            del self.buffer[:length]
-            return body
-        if "chunked" in headers.get("transfer-encoding", "").lower():
-            return self._chunked()
-        return None  # until close: not expected from either server
-
-    def _chunked(self) -> bytes | None:
-        body = bytearray()
-        at = 0
-        while True:
-            line_end = self.buffer.find(b"\r\n", at)
-            if line_end == -1:
-                return None
-            size = int(bytes(self.buffer[at:line_end]).split(b";")[0], 16)
-            if size == 0:  # the last chunk, then trailers (none expected) and a blank line
-                end = self.buffer.find(b"\r\n\r\n", line_end)
-                if end == -1:
-                    return None
-                del self.buffer[: end + 4]
-                return bytes(body)
-            start = line_end + 2
-            if len(self.buffer) < start + size + 2:
-                return None
-            body += self.buffer[start : start + size]
-            at = start + size + 2
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
@@ -200,7 +157,4 @@ async def _client_main(conn: Any, host: str, port: int, path: str, count: int) -
 
 def client(conn: Any, host: str, port: int, path: str, count: int) -> None:
     """A client process's entry point: ``count`` waiters on ``host:port`` for ``path``."""
-    raise_nofile()
-    import uvloop
-
-    uvloop.run(_client_main(conn, host, port, path, count))
+    run_client(_client_main(conn, host, port, path, count))

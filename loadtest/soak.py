@@ -288,8 +288,11 @@ class Soak:
             try:
                 async with self.http.post(base + stream.path, data=part, headers=headers) as r:
                     if r.status in (200, 204):
-                        size = len(stream.items) if stream.json else len(stream.written)
-                        stream.offsets.append((r.headers["Stream-Next-Offset"], size))
+                        # A retry of an append that landed is a duplicate: 204 without the
+                        # offset it reached (the reference origin's answer).
+                        if "Stream-Next-Offset" in r.headers:
+                            size = len(stream.items) if stream.json else len(stream.written)
+                            stream.offsets.append((r.headers["Stream-Next-Offset"], size))
                         self.tally.counts["appends"] += 1
                         return
                     self.tally.counts[f"append {r.status}"] += 1

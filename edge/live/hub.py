@@ -14,7 +14,9 @@ Rules this module owns (PROTOCOL.md §5.7, §5.8, §10; DESIGN.md):
   their stream: a stream deleted and recreated can never be read through an old frame.
 * When a stream is forgotten (deleted, purged, found replaced at the origin), its tails stop and
   its viewers and waiting long-polls end: none of them may carry one instance's bytes into
-  another. Clients resume by offset against whatever the stream is now.
+  another. Clients resume by offset against whatever the stream is now. When only what is held
+  of it is in doubt (the origin went away: ``edge.log.trust``), that is forgotten and the tails
+  go on from their offsets, as a client of the origin would; a fresh reader asks the origin.
 * Long-polls at the tail wait on the tail and end in 200 with the new bytes, or 204 at the
   timeout; a closed stream at its tail answers 204 with ``Stream-Closed`` at once. Those
   waiting together are answered together (``edge.live.polls``): one ``settle`` per group.
@@ -76,6 +78,7 @@ class LiveHub:
         self.clock = clock
         self.rng = rng or random.Random()
         cache.streams.forgotten.append(self._stream_forgotten)
+        cache.streams.unconfirmed.append(self._stream_unconfirmed)
 
     async def close(self) -> None:
         await self.tails.close()
@@ -93,6 +96,16 @@ class LiveHub:
                 tail.gone = True
                 self.fanout.ended(tail.key)
                 self.polls.ended(tail.key)
+
+    def _stream_unconfirmed(self, stream: str) -> None:
+        """What was held of ``stream`` is forgotten but its followers stay (the origin went
+        away: ``edge.log.trust``): its tails go on from their offsets into the instance begun
+        in its place, and readers read what they record, or ask the origin for the rest."""
+        instance = self.cache.local.instance_for(stream)
+        for tail in self.tails.all():
+            if tail.key.stream == stream and not tail.finished:
+                tail.instance = instance
+                self.cache.local.log_for(tail.key).followed_from(tail.offset)
 
     # --- the tails' listener: SSE viewers first, then long-polls ---
 

@@ -7,9 +7,12 @@ Rules this module owns:
 * The upstream always resumes from the offset after the last batch it recorded, so no byte is read
   twice or skipped, whatever the reason it ended (the origin closing it, a reset, a restart).
   Failures back off exponentially with full jitter; a clean end reconnects at once.
-* Closure ends the tail; 404 purges the stream and ends it; so does the stream instance it
-  follows ending (purged, or found replaced at the origin): a tail never carries bytes from one
-  instance of a stream into another.
+* An upstream refused or broken (reset, cut short) says the origin went away, with every stream
+  it held (``edge.log.trust``): what every stream of this process holds is forgotten, and its
+  tails go on from their offsets (``LiveHub``), as a client reading the origin would.
+* Closure ends the tail; a 404 or 410 (gone: ``Streams.evidence``) purges the stream and ends
+  it; so does the stream instance it follows ending (purged, or found replaced at the origin):
+  a tail never carries bytes from one instance of a stream into another.
 * Upstream mode: SSE where its framing is exact (JSON and base64 binary streams); a long-poll loop
   for text streams, because the reference origin writes ``data:`` + line, so a line that starts
   with a space loses it in every SSE decoder. A failed SSE request is retried as SSE; only the
@@ -36,8 +39,10 @@ import aiohttp
 from edge.catchup import CatchupCache
 from edge.config import Settings
 from edge.live.upstream_mode import SseOn, SseState, after_sse_batch, after_sse_failure, sse_current
+from edge.log.intake import Decision
 from edge.log.segment import Segment, is_json, join_bodies
 from edge.log.stream_log import LogKey, StreamInstance
+from edge.log.trust import Ending, origin_went_away
 from edge.metrics import Metrics
 from edge.origin import BodyTooLarge, OriginClient, OriginError
 from edge.protocol.headers import first_value, flag, own_request_headers
@@ -142,6 +147,8 @@ class Tail:
                 except (OriginError, UpstreamRefused) as error:
                     reason = getattr(error, "reason", "refused")
                     failed = True
+                    if isinstance(error, OriginError):
+                        self._ended(error.ending)
                     if isinstance(error, UpstreamRefused) and self._use_sse:
                         now = asyncio.get_running_loop().time()
                         self._sse = after_sse_failure(self._sse, error.status, now=now)
@@ -169,6 +176,16 @@ class Tail:
         finally:
             self.cache.streams.live_ended(self.key)
 
+    def _ended(self, ending: Ending) -> None:
+        """The upstream failed as ``ending``. If that says the origin went away, nothing held of
+        it is confirmed any more: what every stream holds is forgotten (``edge.log.trust``), and
+        the tails go on from their offsets. Told again on every failure: only what was learned
+        since the last is forgotten again."""
+        instance = self.instance
+        if origin_went_away(ending) and instance is not None and self.cache.local.current(instance):
+            log.warning("%s: the origin went away (%s)", self.key.stream, ending.value)
+            self.cache.streams.origin_lost()
+
     async def _open(self, live: str, kind: str, *extra: tuple[str, str]) -> aiohttp.ClientResponse:
         """One live request from the tail's offset (and cursor), counted by ``kind``."""
         url = f"{self.key.stream}?offset={quote(self.offset, safe='')}&live={live}"
@@ -184,16 +201,21 @@ class Tail:
 
     def _check_status(self, response: aiohttp.ClientResponse) -> bool:
         """False when the stream is gone (and purged); raises for other refusals."""
-        if response.status == 404:
-            if self.instance is not None and self.cache.local.current(self.instance):
-                self.cache.streams.stream_gone(self.key)
-            self.gone = True
-            if self.listener is not None:
-                self.listener.ended(self.key)
-            return False
-        if response.status not in (200, 204):
+        if response.status in (200, 204):
+            return True
+        instance = self.instance
+        assert instance is not None  # set by start(), before the first upstream request
+        decision = self.cache.streams.evidence(
+            self.key, response.status, list(response.headers.items()),
+            started=self._started, instance=instance, live=True,
+        )  # fmt: skip
+        if decision is Decision.RELAY:
             raise UpstreamRefused(response.status)
-        return True
+        # Gone (forgotten now), or the instance it follows was forgotten before the answer came.
+        self.gone = True
+        if self.listener is not None:
+            self.listener.ended(self.key)
+        return False
 
     def _record(self, end: str, body: bytes, *, up_to_date: bool, closed: bool) -> None:
         now = asyncio.get_running_loop().time()

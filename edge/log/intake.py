@@ -1,14 +1,17 @@
-"""The one door for origin answers: what an answer the origin gave (to a catch-up fill or on a
-live tail) means for the stream instance the edge knows, as a decision and the actions that
-carry it out.
+"""The one door for origin answers: what an answer the origin gave (to a catch-up fill, on a
+live tail, or to a request the edge relays or makes without storing its answer: a read, a HEAD,
+a DELETE, ``offset=now``, a lifetime probe) means for the stream instance the edge knows, as a
+decision and the actions that carry it out. Writes are judged by ``judge_write``.
 
 Rules this module owns (DESIGN.md "a stream's identity"; PROTOCOL-NOTES "Cacheability"):
 
 * An answer fetched under an instance that is no longer current changes nothing (``STALE``): it
   is its client's only, and a live tail that follows a forgotten instance stops.
-* Only a 200 in identity encoding with a well-formed ``Stream-Next-Offset`` can become a segment;
-  any other answer is evidence about its own request (``RELAY``), except a 404, which says the
-  stream (in that scope) does not exist (``GONE``).
+* A 404 or 410 to any request says the stream (in that scope) is gone (``GONE``: ``says_gone``);
+  about an instance already forgotten it says nothing of the current one.
+* Only a 200 in identity encoding with a well-formed ``Stream-Next-Offset`` to a fill can become
+  a segment; any other answer is evidence about its own request (``RELAY``). An answer the edge
+  never stores (``Arrival.evidence``) is judged for its status only.
 * ``Cache-Control: no-store``/``private`` is relayed verbatim and makes the edge relay the stream
   for ``BYPASS_SECONDS`` (RFC 9111 §5.2.2: not a shared cache's to keep).
 * A stream keeps its content type for life, offsets never go back, and a closure never moves:
@@ -42,6 +45,7 @@ from edge.log.stream_log import (
     TailVerdict,
     judge_tail,
     names_another_instance,
+    says_gone,
 )
 from edge.protocol.headers import HOP_BY_HOP, cors_headers, first_value, flag
 from edge.protocol.offsets import is_offset_token
@@ -87,7 +91,7 @@ class Decision(enum.Enum):
     RELAY = "relay"  # true for its own request only: relayed, nothing kept
     STALE = "stale"  # fetched under an instance already forgotten: nothing of it is kept
     NEW_INSTANCE = "new instance"  # impossible for the instance known: forget it everywhere
-    GONE = "gone"  # a 404: the stream does not exist in this scope
+    GONE = "gone"  # a 404 or 410: the stream is gone in this scope
     MALFORMED = "malformed"  # a live batch with an offset that is not one: the tail stops
 
 
@@ -95,7 +99,8 @@ class Decision(enum.Enum):
 class Arrival:
     """One origin answer, as values. ``start`` is where it was asked from (a fill's offset, a
     live batch's first offset); ``end`` its ``Stream-Next-Offset``. ``started`` and
-    ``received`` are the edge's tickets when the request left and when the answer came."""
+    ``received`` are the edge's tickets when the request left and when the answer came;
+    ``asked_at`` the edge's clock when a fill's request left (None: a live batch)."""
 
     live: bool
     start: str
@@ -109,6 +114,36 @@ class Arrival:
     started: int
     received: int
     now: float
+    asked_at: float | None = None
+
+    @property
+    def touched_at(self) -> float:
+        """When the origin renewed the stream's sliding TTL for this answer, at the earliest:
+        a read renews it when the origin takes it up (PROTOCOL.md 5.1), after its request left
+        and before its answer started, which may be long before its body ends. A live batch's
+        is its arrival (the origin renews it as it reads the batch it sends)."""
+        return self.now if self.asked_at is None else self.asked_at
+
+    # Evidence only: an answer the edge relays or asked for itself and never stores (a relayed
+    # read, HEAD or DELETE; ``offset=now``; a lifetime probe; a live upstream's refusal).
+    evidence_only: bool = False
+
+    @classmethod
+    def evidence(
+        cls,
+        status: int,
+        headers: tuple[tuple[str, str], ...],
+        *,
+        live: bool,
+        started: int,
+        received: int,
+        now: float,
+    ) -> Arrival:
+        return cls(
+            live=live, start="", status=status, end=None, body=b"", headers=headers,
+            content_type=first_value(headers, "content-type"), up_to_date=False, closed=False,
+            started=started, received=received, now=now, evidence_only=True,
+        )  # fmt: skip
 
     @classmethod
     def of_fill(
@@ -121,13 +156,14 @@ class Arrival:
         started: int,
         received: int,
         now: float,
+        asked_at: float | None = None,
     ) -> Arrival:
         return cls(
             live=False, start=start, status=status,
             end=first_value(headers, "stream-next-offset"), body=body, headers=headers,
             content_type=first_value(headers, "content-type"),
             up_to_date=flag(headers, "stream-up-to-date"), closed=flag(headers, "stream-closed"),
-            started=started, received=received, now=now,
+            started=started, received=received, now=now, asked_at=asked_at,
         )  # fmt: skip
 
 
@@ -235,6 +271,14 @@ def decide(
 ) -> Intake:
     """What ``arrival`` means for ``instance`` (the one it was fetched under; ``current``:
     still the one the edge knows) whose log believes ``tail``."""
+    if says_gone(arrival.status):
+        if current:
+            return Intake(Decision.GONE, (ForgetScope(),))
+        # About an instance already gone, it says nothing about the current one: a fill's is
+        # its client's answer; a live upstream following a forgotten instance stops.
+        return Intake(Decision.STALE if arrival.live else Decision.RELAY)
+    if arrival.evidence_only:
+        return Intake(Decision.RELAY)
     return _decide_live(arrival, instance, tail, current=current) if arrival.live else (
         _decide_fill(arrival, instance, tail, current=current)
     )  # fmt: skip
@@ -244,13 +288,10 @@ def _decide_fill(
     arrival: Arrival, instance: StreamInstance, tail: TailFact | None, *, current: bool
 ) -> Intake:
     headers = arrival.headers
-    if arrival.status == 404:
-        # About an instance already gone, it says nothing about the current one.
-        return Intake(Decision.GONE, (ForgetScope(),)) if current else Intake(Decision.RELAY)
     encoding = (first_value(headers, "content-encoding") or "identity").lower()
     end = arrival.end
     if arrival.status != 200 or encoding != "identity" or not is_offset_token(end):
-        return Intake(Decision.RELAY)  # 410 and other refusals: about this request only
+        return Intake(Decision.RELAY)  # other refusals: about this request only
     assert end is not None
     if forbids_storing(headers):
         return Intake(Decision.RELAY, (Bypass(until=arrival.now + BYPASS_SECONDS),))
@@ -265,7 +306,7 @@ def _decide_fill(
         return Intake(Decision.NEW_INSTANCE, (Forget("changed content type at the origin"),))
     actions: list[Action] = [
         Describe(arrival.content_type, header_template(headers)),
-        Touched(arrival.now),
+        Touched(arrival.touched_at),
         LearnLifetime(headers),
     ]
     offset = arrival.start
@@ -301,7 +342,7 @@ def _decide_live(
     if end is None or not is_offset_token(end):
         return Intake(Decision.MALFORMED)
     start = arrival.start
-    touched = Touched(arrival.now)
+    touched = Touched(arrival.touched_at)
     if end < start:
         # The upstream follows from an offset the stream reached; behind it is another stream
         # (deleted and recreated, or an origin that lost its tail).

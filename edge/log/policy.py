@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from edge.log.freshness import Reuse
 from edge.log.segment import Segment
 from edge.log.stream_log import LogKey, StreamLog
+from edge.protocol.paths import MEMO_ENTRIES
 from edge.protocol.purge_keys import PurgeKeys, purge_keys
 
 SegmentLookup = Callable[[LogKey, str], Segment | None]
@@ -137,13 +138,13 @@ def at_tail_holds(
     )
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=MEMO_ENTRIES)
 def stream_id(stream: str) -> str:
     digest = hashlib.sha256(stream.encode()).digest()[:12]
     return base64.urlsafe_b64encode(digest).decode().rstrip("=")
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=MEMO_ENTRIES)
 def keys_of(stream: str, generation: str) -> PurgeKeys:
     """The purge keys of the answers of ``stream``'s instance ``generation`` (computed once)."""
     return purge_keys(stream, generation)
@@ -196,26 +197,6 @@ def if_none_match_hits(header: str | None, current: str) -> bool:
         elif candidate == opaque:
             return True
     return False
-
-
-def accepts_gzip(accept_encoding: str | None) -> bool:
-    """Does ``Accept-Encoding`` allow gzip (explicitly, or by ``*``) with a non-zero q?"""
-    if not accept_encoding:
-        return False
-    allowed: dict[str, float] = {}
-    for part in accept_encoding.split(","):
-        name, _, params = part.strip().partition(";")
-        q = 1.0
-        params = params.strip()
-        if params.startswith("q="):
-            try:
-                q = float(params[2:])
-            except ValueError:
-                q = 0.0
-        allowed[name.strip().lower()] = q
-    if "gzip" in allowed:
-        return allowed["gzip"] > 0
-    return allowed.get("*", 0.0) > 0
 
 
 def answer_headers(

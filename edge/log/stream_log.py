@@ -27,6 +27,12 @@ Rules this module owns:
   be another instance's that reached the same offset: its closure is kept as a mark (older
   answers that say open are not believed) but not told as the tail of the bytes held, so the
   next read asks the origin, whose answer names its instance.
+* **A 404 or a 410 says the instance is gone** (``says_gone``), whatever request it answered: a
+  read, a write, a DELETE, a HEAD, a live read, the edge's own probe. A 410 is a stream deleted
+  while it has forks (soft-deleted: 410 to every request on it, PROTOCOL.md 4.2) or one whose
+  retention ended; either way "gone", never only "this range". The one judge of what a write
+  says (``judge_write``) and the one intake (``edge.log.intake.decide``) both ask it; whose
+  scope forgets is ``edge.streams.Streams.stream_gone``'s rule.
 * Expiry: an absolute ``Stream-Expires-At`` ends service at that instant. A sliding ``Stream-TTL``
   is counted from the last time the edge touched the origin for the stream, because reads the
   edge absorbs do not extend it there (PROTOCOL-NOTES "Cacheability").
@@ -69,7 +75,9 @@ class StreamInstance:
     stream: str
     # Opaque token naming this instance in the shared tier; "" until the tier has been asked.
     generation: str = ""
-    verified_at: float = NEVER  # when the shared tier last confirmed ``generation``
+    # When what is held was last confirmed current: the shared tier named ``generation``, or,
+    # while it could not say, this replica began holding the stream empty (``edge.log.trust``).
+    verified_at: float = NEVER
     high: Mark | None = None
     closed_at: Mark | None = None
     ttl_seconds: float | None = None
@@ -186,6 +194,14 @@ def judge_tail(
     )  # fmt: skip
 
 
+def says_gone(status: int) -> bool:
+    """Does an origin answer of ``status``, to any request, say the stream instance is gone (in
+    the request's scope)? 404: there is no such stream. 410: there was, and it is gone (a
+    soft-deleted source of forks answers 410 to ``GET``, ``HEAD``, ``POST`` and ``DELETE``).
+    Forgetting on either is always safe; serving the bytes held afterwards is not. Pure."""
+    return status in (404, 410)
+
+
 def names_another_instance(instance: StreamInstance, content_type: str | None) -> bool:
     """Does an origin answer of ``content_type`` (a read's, a HEAD's, a PUT's; or a value a
     replica derived from one) belong to another stream at the path than ``instance``? A stream
@@ -238,7 +254,7 @@ def judge_shared(
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Write:
-    """A write through the edge that the origin took, as values: its answer's tail
+    """A write through the edge and the origin's answer, as values: its answer's tail
     (``Stream-Next-Offset``; None when it gave none), the ticket when it started, whether it
     appended bytes (which always moves the tail), and the content type it names: the type the
     origin checked it against (an append's body's, a PUT answer's), None for a close without
@@ -250,6 +266,9 @@ class Write:
     appended: bool
     content_type: str | None
     answered: bool = False
+    # The origin's status: a write it refused says nothing of the tail, but a 404 or 410 says
+    # the stream is gone (``says_gone``).
+    status: int
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -260,10 +279,17 @@ class WriteJudgement:
 
     another: str | None
     names_instance: bool
+    # The origin answered the write 404 or 410: the stream is gone (``says_gone``).
+    gone: bool = False
 
 
 def judge_write(instance: StreamInstance, write: Write) -> WriteJudgement:
-    """The one judge of what a successful write through the edge says about ``instance``. Pure."""
+    """The one judge of what a write through the edge says about ``instance``, whatever the
+    origin answered. Pure."""
+    if says_gone(write.status):
+        return WriteJudgement(another=None, names_instance=False, gone=True)
+    if not 200 <= write.status < 300:
+        return WriteJudgement(another=None, names_instance=False)  # refused: nothing of the tail
     if instance.closed_at is not None:
         # A closed stream takes no appends (the origin answers 409) and closing it again
         # changes nothing: a write that succeeds went to another stream at the path, or did
@@ -352,6 +378,15 @@ class StreamLog:
             )  # fmt: skip
         elif not tail.closed and tail.offset == offset and tail.heard_at < heard_at:
             self.tail = replace(tail, heard_at=heard_at)
+
+    def followed_from(self, offset: str) -> None:
+        """A live tail goes on from ``offset`` into this log, begun in place of one whose
+        knowledge was forgotten (``edge.log.trust``): nothing to serve (stale), only where the
+        readers following it wait rather than ask the origin for a gap."""
+        if self.tail is None:
+            self.tail = TailFact(
+                offset=offset, closed=False, authoritative=False, observed_at=NEVER
+            )
 
     def lose_authority(self, now: float) -> None:
         if self.tail is not None and self.tail.authoritative:

@@ -13,7 +13,9 @@ Rules this module owns:
   representation (gzip or identity), and the request's ``Origin`` when the origin's CORS
   varies by it (``cors_varies``). Two requests with the same key get the same answer.
 * A target that is not the stream's normalised path as sent (an alias: ``./``, ``%2e``, a
-  backslash) or that is not ASCII has no key: it is answered by the full path every time.
+  backslash) or that is not ASCII has no key: it is answered by the full path every time. So has
+  one of the origin's control API (``names_control``): the full path classifies it ``control``
+  and only relays it, so no answer to it is ever stored or found.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ import functools
 from collections.abc import Collection, Sequence
 from typing import NamedTuple
 
-from edge.log.policy import accepts_gzip
-from edge.protocol.paths import BadTarget, normalise_path
+from edge.protocol.codings import accepts_gzip
+from edge.protocol.paths import MEMO_ENTRIES, BadTarget, names_control, normalise_path
 from edge.protocol.reads import (
     DEFAULT_SCOPE_COOKIES,
     DEFAULT_SCOPE_HEADERS,
@@ -49,7 +51,7 @@ class AnswerKey(NamedTuple):
 
 # A pure function of a few header values, asked on every fast-path hit (which passes them by
 # position: the cache's key is then one flat tuple): the same values give the same key object.
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=MEMO_ENTRIES)
 def answer_key(
     path: str,
     query: str,
@@ -64,7 +66,7 @@ def answer_key(
     if not (path.isascii() and query.isascii()):
         return None
     try:
-        if normalise_path(path) != path:
+        if normalise_path(path) != path or names_control(path):
             return None
     except BadTarget:
         return None

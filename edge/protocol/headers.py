@@ -44,6 +44,7 @@ STREAM_NEXT_OFFSET = "stream-next-offset"
 STREAM_CURSOR = "stream-cursor"
 STREAM_UP_TO_DATE = "stream-up-to-date"
 STREAM_CLOSED = "stream-closed"
+STREAM_FORKED_FROM = "stream-forked-from"  # a PUT that creates a fork (PROTOCOL.md 4.2)
 LAST_EVENT_ID = "last-event-id"
 AUTHORIZATION = "authorization"
 COOKIE = "cookie"
@@ -186,6 +187,7 @@ def relayed_read_cache_control(
     method: str,
     private: bool,
     event_stream: bool = False,
+    control: bool = False,
 ) -> str | None:
     """The ``Cache-Control`` a relayed answer to a read gets instead of any lifetime it had:
     ``no-store`` (``private, no-store`` with credentials). A read the edge relays was not
@@ -194,10 +196,11 @@ def relayed_read_cache_control(
     the tail now; a refusal is about its own request, and a stream created after a 404 must be
     readable at once. None: leave the answer as it is: not a read's, or an event stream
     (``event_stream``) that says how it may be cached (``no-cache, no-transform``: no proxy
-    may buffer or alter it)."""
+    may buffer or alter it), or an answer of the origin's control API (``control``) that says
+    it: the origin's word on its own resource, which no purge of the edge's is about."""
     if method.upper() not in ("GET", "HEAD"):
         return None
-    if event_stream and any(name.lower() == "cache-control" for name, _ in headers):
+    if (event_stream or control) and any(name.lower() == "cache-control" for name, _ in headers):
         return None
     return "private, no-store" if private else "no-store"
 

@@ -16,6 +16,13 @@ Rules this module owns:
 * Where matching the origin exactly would need more of the URL standard than a pathname does
   (IPv6 or internationalised hosts in a ``//host/...`` target), the target is refused rather
   than guessed.
+* A stream path with a ``__ds`` segment (``names_control``) may name the origin's control API,
+  not a stream (PROTOCOL.md 6: subscriptions under ``{stream-url}/__ds/…``, routed before stream
+  operations). Which segment is reserved depends on the origin's stream root, which the edge
+  does not know (the reference origin reserves ``/v1/stream/__ds``; the Caddy plugin answers
+  ``…/__ds/jwks.json`` under any path, on its decoded path), so any segment that is ``__ds``,
+  percent-decoded, counts: such a request is only ever relayed, which is exact whatever the
+  origin routes it to.
 
 The percent-encode set is the one of the pinned origin's Node.js (20): ``^`` is left as is there
 (newer URL standard revisions encode it). ``tests/unit/test_paths.py`` compares with Node.
@@ -45,6 +52,8 @@ _DOUBLE_DOT = frozenset({"..", ".%2e", "%2e.", "%2e%2e"})
 # Forbidden domain code points that are ASCII and printable (controls are checked apart).
 _FORBIDDEN_IN_DOMAIN = frozenset(" #%/:<>?@[\\]^|")
 _MAX_PORT = 65535
+# The reserved segment of the control API (PROTOCOL.md 6).
+CONTROL_SEGMENT = "__ds"
 
 
 class BadTarget(ValueError):
@@ -87,7 +96,15 @@ def parse_target(raw: str, method: str) -> Target:
     return Target(upstream=path_qs, query=query, stream=normalise_path(path))
 
 
-@functools.lru_cache(maxsize=8192)  # a pure function of the path, asked on every request
+# How many entries each memo of a pure function keeps (this module's, ``answer_key``,
+# ``stream_id``, ``keys_of``). Memos live outside the cache budget and fill with values each seen
+# once (a stream's path, a request target, a stream instance's generation), so they grow with
+# what was ever seen until full: 1024 entries of each are about 1.6 MiB together; the 4096 to
+# 8192 they had were 6.4 MiB, filled over hours of churn (a soak saw it as growth).
+MEMO_ENTRIES = 1024
+
+
+@functools.lru_cache(maxsize=MEMO_ENTRIES)  # a pure function of the path, asked on every request
 def normalise_path(raw_path: str) -> str:
     """The pathname of ``new URL(raw_path, "http://host")``: the stream the origin routes to.
 
@@ -111,6 +128,16 @@ def normalise_path(raw_path: str) -> str:
     if pathname.startswith("//"):
         raise BadTarget("the request target's path starts with an empty segment")
     return pathname
+
+
+def names_control(stream: str) -> bool:
+    """Whether the normalised path ``stream`` may name the origin's control API (a segment that
+    is ``__ds``, percent-decoded): never a stream the edge reads or keeps."""
+    if CONTROL_SEGMENT not in stream and "%" not in stream:
+        return False  # the common case, at the cost of one scan
+    return any(
+        _percent_decode(segment) == CONTROL_SEGMENT for segment in stream.split("/") if segment
+    )
 
 
 def _relative(text: str) -> str:

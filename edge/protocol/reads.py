@@ -6,6 +6,11 @@ Rules this module owns:
   ``GET`` with ``live=sse`` is an SSE read, with ``live=long-poll`` a long-poll, with no ``live`` a
   catch-up read; ``HEAD`` is metadata; ``PUT``/``POST``/``DELETE`` change a stream; anything else
   (``OPTIONS``, an unknown ``live`` value, other methods) is ``other`` and is only forwarded.
+* A request to the origin's control API (a path with a ``__ds`` segment,
+  ``edge.protocol.paths.names_control``) is ``control``, whatever its method and query: decided
+  before anything else, as servers route it before stream operations (PROTOCOL.md 6). It is no
+  stream's read or write: only relayed, verbatim, never stored, collapsed or fanned out, and its
+  answer teaches the edge nothing of any stream.
 * A read is described by value: stream path, offset, live mode, cursor, ``Last-Event-ID`` and the
   credential scope, so the cache can key on it without looking at the request again.
 * Credentials put a request in a private scope named by a hash of them; requests without
@@ -34,6 +39,7 @@ from dataclasses import dataclass
 from urllib.parse import parse_qsl
 
 from edge.protocol.headers import AUTHORIZATION, COOKIE, LAST_EVENT_ID, filter_cookies
+from edge.protocol.paths import names_control
 
 PUBLIC_SCOPE = "public"
 CREDENTIAL_SCOPE_PREFIX = "cred-"
@@ -49,6 +55,7 @@ class RequestKind(enum.StrEnum):
     SSE = "sse"
     HEAD = "head"
     WRITE = "write"
+    CONTROL = "control"
     OTHER = "other"
 
 
@@ -182,6 +189,8 @@ def classify(
     """What to do with a request; ``path`` is the stream's normalised path
     (``edge.protocol.paths``). ``scope``, when given, is the read's scope whatever its
     credentials (a read the edge authorized itself is its policy's, ``policy_scope``)."""
+    if names_control(path):
+        return Classified(kind=RequestKind.CONTROL, read=None)
     method = method.upper()
     if method == "HEAD":
         # Metadata of the stream: the edge may answer it where it knows the whole stream, when

@@ -31,7 +31,7 @@ from typing import Any
 from cachetools import LRUCache
 
 from edge.log.segment import Segment
-from edge.log.stream_log import LogKey, StreamInstance, StreamLog
+from edge.log.stream_log import NEVER, LogKey, StreamInstance, StreamLog
 from edge.protocol.answer_key import AnswerKey
 
 # Measured with tracemalloc on CPython 3.11 (tests/unit/test_budget.py keeps them honest):
@@ -308,6 +308,20 @@ class LocalTier:
     def holds_data(self, stream: str) -> bool:
         """Anything kept for ``stream`` besides its instance?"""
         return any(key[0] != INSTANCE for key in self._index.get(stream, ()))
+
+    def holds_learned(self, stream: str) -> bool:
+        """Anything learned from the origin kept for ``stream``: bytes, what was derived from
+        them, a tail fact believed; not only how it is read (its type, the origin's headers) and
+        where a live follower stands (``StreamLog.followed_from``)."""
+        for entry in list(self._index.get(stream, ())):
+            if entry[0] in (SEGMENT, DERIVED, RESPONSE):
+                return True
+            if entry[0] == LOG:
+                found = self.log(entry[1])
+                fact = found.tail if found is not None else None
+                if fact is not None and (fact.closed or fact.observed_at != NEVER):
+                    return True
+        return False
 
     def streams(self) -> list[str]:
         return list(self._index)

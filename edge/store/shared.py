@@ -20,6 +20,9 @@ Rules this module owns:
 * Every operation is bounded by ``timeout_seconds`` and guarded by a circuit breaker: Redis down
   or slow means service from the local tier and the origin, with no client error, until a probe
   after the cooldown finds it back.
+* At most ``MAX_REDIS_COMMANDS`` operations are in flight at once; the others wait for one to
+  end, within their own bound. The connections the edge holds to Redis follow that bound, not
+  the busiest moment it ever had (redis-py's pool keeps every connection it ever opened).
 * The tier is **up** only once Redis has answered (``start`` pings it before the edge takes
   traffic) and while the breaker is closed; until then readiness and ``edge_redis_up`` say down
   and nothing waits on it. While it is not up, a ping every ``PROBE_SECONDS`` (as the breaker
@@ -37,7 +40,6 @@ Rules this module owns:
 from __future__ import annotations
 
 import asyncio
-import collections
 import hashlib
 import json
 import logging
@@ -61,6 +63,10 @@ KEY_PREFIX = "edge:v2"
 PURGE_CHANNEL = f"{KEY_PREFIX}:purge"
 INITIAL_GENERATION = "0"
 MAX_PENDING_WRITES = 256
+# Commands (or one purge's or write's sequence of them) in flight at once, each on a connection
+# of its own: redis-py's pool never closes one, so without this bound it would keep as many as
+# the busiest moment so far needed (a soak's descriptors grew step by step).
+MAX_REDIS_COMMANDS = 64
 # Purges retried at once; past it a purge stays local (and is logged): a flood of 404s must not
 # grow an unbounded set of retry tasks while Redis is away.
 MAX_PENDING_PURGES = 10_000
@@ -263,16 +269,20 @@ class SharedTier:
         self._timeout = timeout_seconds
         self._clock = clock
         self._breaker = CircuitBreaker()
+        self._commands = asyncio.Semaphore(MAX_REDIS_COMMANDS)
         self._pending: set[asyncio.Task[None]] = set()
         # stream -> the generation a purge is still trying to write.
         self.pending_purges: dict[str, str] = {}
-        # Generations this replica issued lately, so its own purge messages are recognised.
-        self._issued: collections.deque[str] = collections.deque(maxlen=MAX_PENDING_PURGES)
-        self._issued_set: set[str] = set()
+        # Generations this replica issued whose purge message may still come back, so it is
+        # recognised as its own (oldest first, at most MAX_PENDING_PURGES): each leaves when its
+        # message is heard, or once its purge is known to send none (nothing to purge).
+        self._issued: dict[str, None] = {}
         self._purges: dict[str, asyncio.Task[bool]] = {}
-        # Whether each recent purge of a stream this replica held nothing of found segments of
-        # it (another replica served it since its last purge): generation -> found.
-        self._found_values: collections.OrderedDict[str, bool] = collections.OrderedDict()
+        # For each purge of a stream this replica held nothing of that someone is asking about
+        # (``purge_found_values``): whether it found segments of it (another replica served it
+        # since its last purge), None until it knows. Only while asked: a 404 for a path never
+        # held purges too, and nobody asks about most of them.
+        self._asked: dict[str, bool | None] = {}
         # Redis has answered once: a closed breaker alone says only that nothing failed yet.
         self._reached = False
         self._prober: asyncio.Task[None] | None = None
@@ -292,7 +302,7 @@ class SharedTier:
         if not self._breaker.allow(self._clock()):
             return
         try:
-            async with asyncio.timeout(self._timeout):
+            async with asyncio.timeout(self._timeout), self._commands:
                 await self._link.ping()
         except Errors as error:
             self._failed("ping", error)
@@ -340,6 +350,7 @@ class SharedTier:
                             purged = parse_purge(message["data"])
                             if purged is not None:
                                 forget(*purged)
+                                self._issued.pop(purged[1], None)  # heard: told at most once
             except Errors:
                 await asyncio.sleep(SUBSCRIBE_RETRY_SECONDS)
 
@@ -366,7 +377,7 @@ class SharedTier:
             self._count(op, "skipped")
             return None
         try:
-            async with asyncio.timeout(self._timeout):
+            async with asyncio.timeout(self._timeout), self._commands:
                 values = await self._client.mget(list(names))
         except Errors as error:
             self._failed(op, error)
@@ -376,7 +387,7 @@ class SharedTier:
 
     async def _discard(self, name: str) -> None:
         try:
-            async with asyncio.timeout(self._timeout):
+            async with asyncio.timeout(self._timeout), self._commands:
                 await self._client.delete(name)
         except Errors as error:
             self._failed("delete", error)
@@ -473,14 +484,17 @@ class SharedTier:
 
     async def _put(self, name: str, value: bytes, stream: str) -> None:
         try:
-            async with asyncio.timeout(self._timeout * 4):
-                async with self._client.pipeline(transaction=False) as pipe:
-                    pipe.set(name, value, ex=self._ttl)
-                    pipe.sadd(index_key(stream), name)
-                    pipe.expire(index_key(stream), self._ttl)
-                    # The generation must outlive every value it guards.
-                    pipe.expire(generation_key(stream), self._ttl * 2)
-                    await pipe.execute()
+            async with (
+                asyncio.timeout(self._timeout * 4),
+                self._commands,
+                self._client.pipeline(transaction=False) as pipe,
+            ):
+                pipe.set(name, value, ex=self._ttl)
+                pipe.sadd(index_key(stream), name)
+                pipe.expire(index_key(stream), self._ttl)
+                # The generation must outlive every value it guards.
+                pipe.expire(generation_key(stream), self._ttl * 2)
+                await pipe.execute()
         except Errors as error:
             self._failed("put", error)
             return
@@ -496,13 +510,13 @@ class SharedTier:
         for task in list(self._pending_by_stream.pop(stream, ())):
             task.cancel()
         generation = new_generation()
-        if len(self._issued) == self._issued.maxlen:
-            self._issued_set.discard(self._issued[0])
-        self._issued.append(generation)
-        self._issued_set.add(generation)
+        if len(self._issued) >= MAX_PENDING_PURGES:
+            del self._issued[next(iter(self._issued))]
+        self._issued[generation] = None
         if len(self._purges) >= MAX_PENDING_PURGES and stream not in self._purges:
             log.error("too many purges pending in the shared tier; %s is local only", stream)
             self._count("purge", "skipped")
+            self._issued.pop(generation, None)  # never sent
             return generation
         self.pending_purges[stream] = generation
         previous = self._purges.pop(stream, None)
@@ -516,7 +530,7 @@ class SharedTier:
         return generation
 
     def issued_here(self, generation: str) -> bool:
-        return generation in self._issued_set
+        return generation in self._issued
 
     def _purge_ended(self, stream: str, task: asyncio.Task[bool]) -> None:
         if self._purges.get(stream) is task:
@@ -559,11 +573,12 @@ class SharedTier:
     async def _purge_once(self, stream: str, generation: str, only_if_known: bool) -> bool:
         # Not gated by the breaker: a purge must be tried even while reads are skipped.
         try:
-            async with asyncio.timeout(self._timeout * 4):
+            async with asyncio.timeout(self._timeout * 4), self._commands:
                 if only_if_known and not await self._client.exists(
                     index_key(stream), generation_key(stream)
                 ):
                     self._note_found(generation, False)
+                    self._issued.pop(generation, None)  # never sent
                     return True  # nothing of it anywhere: nothing to forget
                 durability = await self._link.write_generation(
                     generation_key(stream), generation, self._ttl * 2
@@ -585,9 +600,8 @@ class SharedTier:
         return True
 
     def _note_found(self, generation: str, found: bool) -> None:
-        self._found_values[generation] = found
-        while len(self._found_values) > MAX_PENDING_PURGES:
-            self._found_values.popitem(last=False)
+        if generation in self._asked:
+            self._asked[generation] = found
 
     async def purge_found_values(
         self, stream: str, generation: str, timeout_seconds: float
@@ -595,5 +609,11 @@ class SharedTier:
         """Did the purge of a stream this replica held nothing of, the one that wrote
         ``generation``, find segments of it (another replica served it since its last purge)?
         Waits for that purge up to ``timeout_seconds``; False if it is not done by then."""
-        await self.purged(stream, timeout_seconds)
-        return self._found_values.pop(generation, False)
+        # Asked as the purge starts (the forgetting's tellers are told as it is decided), so
+        # before its first round trip to Redis can have returned.
+        self._asked[generation] = None
+        try:
+            await self.purged(stream, timeout_seconds)
+            return self._asked.get(generation) is True
+        finally:
+            del self._asked[generation]

@@ -358,6 +358,11 @@ async def serve_sse(request: web.Request, classified: Classified) -> web.StreamR
 async def dispatch(request: web.Request, classified: Classified) -> web.StreamResponse:
     read = classified.read
     kind = classified.kind
+    if kind is RequestKind.CONTROL:
+        # The origin's control API: relayed as it is, whatever it asks (PROTOCOL.md 6).
+        return await request.app[RELAY].forward(
+            request, kind, cache_status="edge; fwd=bypass; detail=control"
+        )
     live = kind in (RequestKind.SSE, RequestKind.LONG_POLL)
     if live and request.app[CORS].unknown_for(request_origin(request)):
         # Its CORS headers are the origin's to say for this Origin: its answer teaches the edge.

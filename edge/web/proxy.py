@@ -21,6 +21,12 @@ Rules this module owns:
   no-store`` with credentials) in every tier, whatever the origin said (a 404, a HEAD, a read
   with an unknown parameter, ``offset=now``, one too large to keep), except an event stream
   that says how it may be cached (``edge.protocol.headers.relayed_read_cache_control``).
+* A request to the origin's control API (``RequestKind.CONTROL``) is relayed verbatim: its
+  answer is about subscriptions, not about the stream its path may look like, so the observer
+  (what relayed answers teach the cache: a DELETE or creating PUT forgets a stream, a 404 ends
+  one) never hears it, and its own ``Cache-Control`` is kept (the JWKS's ``public,
+  max-age=300``, PROTOCOL.md 6.5); a read answered with none gets ``no-store``, as above, so a
+  CDN does not keep subscription state by default (PROTOCOL-NOTES 11).
 * A read the cache relays instead of answering (``validators=False``) carries no validator
   either way: the origin's tags do not tell stream instances apart (a stream deleted and
   recreated reuses its offsets, hence its tags), so the origin's ``ETag`` is not handed out (the
@@ -330,7 +336,7 @@ class Relay:
             log.warning("origin error for %s %r: %s", request.method, target.upstream, error)
             return origin_error_response(error, self.cors, request_origin(request))
         self.metrics.origin_requests.labels(kind=kind.value, code=str(upstream.status)).inc()
-        if self.observe is not None:
+        if self.observe is not None and kind is not RequestKind.CONTROL:
             await self.observe(
                 request.method,
                 target.stream,
@@ -375,7 +381,7 @@ class Relay:
         )
         control = relayed_read_cache_control(
             relayed, method=request.method, private=credentialed(request),
-            event_stream=kind is RequestKind.SSE,
+            event_stream=kind is RequestKind.SSE, control=kind is RequestKind.CONTROL,
         )  # fmt: skip
         if control is not None:
             relayed = with_cache_control(relayed, control)

@@ -34,7 +34,7 @@ import json
 import logging
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -53,9 +53,6 @@ from edge.config import Address, Settings
 from edge.metrics import Metrics
 from edge.startup import StartupError, bound_url, why
 from edge.web.admin import admin_guard, purge_target
-
-if TYPE_CHECKING:
-    from edge.workers.supervisor import Worker
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +83,24 @@ class EdgeFamilies(Collector):
         for family in self._schema:
             if family.name not in seen:
                 yield family
+
+
+@dataclass
+class Worker:
+    """One worker process as the supervisor runs it (edge.workers.supervisor) and this
+    listener reports it."""
+
+    index: int
+    proc: asyncio.subprocess.Process | None = None
+    admin: str | None = None  # its private admin URL, from when it is reachable until it exits
+    listening: asyncio.Event = field(default_factory=asyncio.Event)  # on the stream port
+    started_at: float = 0.0
+    failures: int = 0  # consecutive exits without STABLE_SECONDS of life
+    forwarder: asyncio.Task[None] | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None
 
 
 @dataclass

@@ -2,9 +2,8 @@
 
 Rules this module owns:
 
-* The supervisor writes one ``Bootstrap`` to the worker's stdin (length-prefixed pickle: the
-  pipe is private to the two processes, and the settings, purge token included, never appear
-  on a command line) and keeps the pipe open for the worker's lifetime.
+* The supervisor writes one ``Bootstrap`` to the worker's stdin (edge.workers.bootstrap) and
+  keeps the pipe open for the worker's lifetime.
 * The worker's metrics stay in-process (``PROMETHEUS_MULTIPROC_DIR`` is never set: it would
   make every update a write to a file); the directory goes to ``edge.workers.mirror``.
 * When the pipe closes, the supervisor is gone (killed, even with SIGKILL): the worker exits at
@@ -13,57 +12,28 @@ Rules this module owns:
   before it takes any stream connection, and listens on the stream port only once the
   supervisor writes ``CLEARED`` on the pipe: the supervisor has recorded where it is reached,
   so every write a sibling relays from then on reaches it. Then it reports ``listening``.
+* A worker is a single-process edge (``edge.server.serve``) joined to its fleet here: its
+  admin listener refreshes the supervisor's metrics files (edge.workers.mirror) and its relayed
+  writes and forgettings reach its siblings (edge.workers.siblings). ``edge.server`` imports
+  nothing from ``edge.workers``.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import pickle
-import struct
 import sys
 import threading
-from dataclasses import dataclass
-from typing import BinaryIO
+from functools import partial
+from typing import TYPE_CHECKING, BinaryIO
 
-from edge.config import Settings
+from edge.workers.bootstrap import CLEARED, Bootstrap, read_bootstrap
 
-LENGTH = struct.Struct("!I")
+if TYPE_CHECKING:
+    from aiohttp import web
+
 # The exit code of a worker whose supervisor disappeared (EX_SOFTWARE would suggest a bug).
 ORPHANED = 75
-# The one thing the supervisor writes after the bootstrap: "your siblings reach you: listen".
-CLEARED = b"L"
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Bootstrap:
-    index: int
-    settings: Settings
-    metrics_dir: str  # the supervisor's multiprocess directory (edge.workers.mirror)
-    supervisor: str  # its private loopback listener (edge.workers.siblings)
-
-
-def encode(bootstrap: Bootstrap) -> bytes:
-    body = pickle.dumps(bootstrap)
-    return LENGTH.pack(len(body)) + body
-
-
-def _read_exactly(stream: BinaryIO, size: int) -> bytes:
-    data = b""
-    while len(data) < size:
-        chunk = stream.read(size - len(data))
-        if not chunk:
-            raise EOFError("the supervisor closed the pipe before the bootstrap")
-        data += chunk
-    return data
-
-
-def read_bootstrap(stream: BinaryIO) -> Bootstrap:
-    (size,) = LENGTH.unpack(_read_exactly(stream, LENGTH.size))
-    bootstrap = pickle.loads(_read_exactly(stream, size))
-    if not isinstance(bootstrap, Bootstrap):
-        raise TypeError("not a worker bootstrap")
-    return bootstrap
 
 
 def _watch_supervisor(stream: BinaryIO, cleared: threading.Event) -> None:
@@ -88,7 +58,8 @@ def main() -> None:
         target=_watch_supervisor, args=(stdin, cleared), name="supervisor-watch", daemon=True
     ).start()
 
-    from edge.server import run_worker
+    # The edge itself is imported only now, with the orphan watch running: a supervisor that
+    # dies during the second it takes ends this worker at once.
     from edge.startup import StartupError
 
     try:
@@ -96,3 +67,32 @@ def main() -> None:
     except StartupError as error:
         print(f"edge: error: worker {bootstrap.index}: {error}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
+
+
+def run_worker(bootstrap: Bootstrap, cleared: threading.Event) -> None:
+    """One worker of ``--workers N``; ``cleared``: see ``edge.server.AsWorker``."""
+    from edge.server import AsWorker, serve
+    from edge.startup import run_loop
+
+    worker = AsWorker(cleared=cleared, join=partial(join_fleet, bootstrap))
+    run_loop(serve(bootstrap.settings, worker=worker))
+
+
+def join_fleet(
+    bootstrap: Bootstrap, stream_app: web.Application, admin_app: web.Application
+) -> None:
+    """Wire a worker's two applications to its supervisor and siblings before they start."""
+    from edge.web.app import METRICS
+    from edge.workers.mirror import add_refresh_route
+    from edge.workers.siblings import share_observations
+
+    add_refresh_route(admin_app, stream_app[METRICS], bootstrap.metrics_dir)
+    token = bootstrap.settings.purge_token
+    assert token is not None  # the supervisor's private token
+    share_observations(
+        stream_app,
+        admin_app,
+        supervisor=bootstrap.supervisor,
+        token=token,
+        index=bootstrap.index,
+    )

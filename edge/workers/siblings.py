@@ -5,7 +5,8 @@ Rules this module owns:
 * In one process a write through the edge invalidates at once, so read-after-write is exact;
   with workers, the next read may reach another worker, whose tail knowledge is still fresh
   for up to ``--tail-freshness``. So every answer that changes what the edge may serve (a
-  write: ``PUT``, ``POST``, ``DELETE``, whatever its status; a ``404`` to a read) is observed
+  write: ``PUT``, ``POST``, ``DELETE``, whatever its status; a ``404`` or ``410`` to any
+  request: ``says_gone``) is observed
   by every worker before it is relayed: the worker that relayed it tells the supervisor
   (``POST /observed`` on the supervisor's private loopback listener), which replays it to every
   other reachable worker (``POST /observe`` on theirs) and answers once they all did.
@@ -18,7 +19,9 @@ Rules this module owns:
   stream's, a tail the core finds impossible, a live tail's 404: ``Streams.on_forget``) is told
   the same way, as a ``forgot`` message, and each sibling forgets the same (``stream_gone`` for
   that scope, which for the public scope forgets the instance). The answer that revealed it
-  waits for the telling (``Streams.settled``), bounded as above.
+  waits for the telling (``Streams.settled``), bounded as above. A forgetting of what is only in
+  doubt (the origin went away: ``edge.log.trust``) says so (``followers_stay``): each sibling
+  forgets what it holds and keeps its live followers, as its decider did.
 * Nothing is told twice, and nothing loops: what a worker does at its supervisor's request (on
   its private admin listener: a replayed observation or forgetting, a purge the supervisor sends
   to every worker) the supervisor already tells every worker, so it is not told again, nor
@@ -53,7 +56,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from edge.catchup import CatchupCache
-from edge.log.stream_log import LogKey
+from edge.log.stream_log import LogKey, says_gone
 from edge.streams import TELLS_DOWNSTREAM, Downstream, Forgetting
 from edge.web.app import CACHE, RELAY
 from edge.web.proxy import Observer
@@ -72,18 +75,18 @@ _REPLAY_FORGETS: ContextVar[str | None] = ContextVar("replay_forgets", default=N
 
 
 def worth_telling(method: str, status: int) -> bool:
-    return method.upper() in WRITES or status == 404
+    return method.upper() in WRITES or says_gone(status)
 
 
 def replay_forgets(method: str, status: int) -> bool:
     """Does replaying this observation forget the stream on a sibling, as it did here?
-    (``Streams.observe``: a DELETE that succeeded, a creating PUT, a 404 to a read; a 404 to a
-    credentialed read forgets that scope on the sibling as here.)"""
+    (``Streams.observe``: a DELETE that succeeded, a creating PUT, a 404 or 410 to any request;
+    one to a credentialed request forgets that scope on the sibling as here.)"""
     method = method.upper()
     return (
         (method == "DELETE" and status < 400)
         or (method == "PUT" and status == 201)
-        or (method in ("GET", "HEAD") and status == 404)
+        or says_gone(status)
     )
 
 
@@ -112,10 +115,13 @@ def encode(
     ).encode()
 
 
-def encode_forgot(key: LogKey, *, held: bool) -> bytes:
-    return json.dumps(
-        {"kind": "forgot", "stream": key.stream, "scope": key.scope, "held": held}
-    ).encode()
+def encode_forgot(key: LogKey, *, held: bool, followers_stay: bool = False) -> bytes:
+    message: dict[str, object] = {
+        "kind": "forgot", "stream": key.stream, "scope": key.scope, "held": held,
+    }  # fmt: skip
+    if followers_stay:
+        message["followers_stay"] = True
+    return json.dumps(message).encode()
 
 
 @contextmanager
@@ -148,6 +154,11 @@ async def replay(cache: CatchupCache, body: bytes) -> None:
     data = json.loads(body)
     forgot = decode_forgot(data)
     if forgot is not None:
+        if isinstance(data, dict) and data.get("followers_stay") is True:
+            # The sibling saw the origin go away (edge.log.trust) and purged the shared tier and
+            # what lies downstream: what is held here is in doubt, its followers stay.
+            cache.streams.forget_locally(forgot.stream, followers_stay=True)
+            return
         with _downstream_of(data):
             cache.streams.stream_gone(forgot)
         return
@@ -210,9 +221,9 @@ class Siblings:
         """The relay's observer: observed here and by every sibling before the answer goes out."""
         telling = None
         if worth_telling(method, status):
-            # What this worker forgets on a 404 it purges downstream only if it held the stream;
-            # a write's forgetting it purges regardless.
-            held = status != 404 or self.cache.local.holds_data(stream)
+            # What this worker forgets on a 404 or 410 it purges downstream only if it held the
+            # stream; a write's forgetting it purges regardless.
+            held = not says_gone(status) or self.cache.local.holds_data(stream)
             message = encode(method, stream, status, request_headers, response_headers, held=held)
             telling = self._tell(message)
         if telling is None:
@@ -238,7 +249,10 @@ class Siblings:
             replayed=_REPLAY_FORGETS.get(),
         ):
             return None
-        telling = self._tell(encode_forgot(key, held=forgetting.held_here))
+        message = encode_forgot(
+            key, held=forgetting.held_here, followers_stay=forgetting.followers_stay
+        )
+        telling = self._tell(message)
         return None if telling is None else asyncio.ensure_future(telling)
 
     async def apply(self, body: bytes) -> None:

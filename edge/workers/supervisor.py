@@ -49,7 +49,7 @@ import socket
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from prometheus_client import multiprocess
 
@@ -58,8 +58,8 @@ from edge.config import Address, Settings, per_worker
 from edge.startup import StartupError, check_redis, raise_open_file_limit, why
 from edge.summary import limits_summary, startup_lines
 from edge.web.descriptors import budget_for, holds_line
-from edge.workers.admin import Fleet, start_admin, start_internal
-from edge.workers.child import CLEARED, Bootstrap, encode
+from edge.workers.admin import Fleet, Worker, start_admin, start_internal
+from edge.workers.bootstrap import CLEARED, Bootstrap, encode
 
 log = logging.getLogger(__name__)
 
@@ -74,21 +74,6 @@ STABLE_SECONDS = 30.0
 
 class WorkerFailed(Exception):
     """A worker exited (or said nothing) before it listened."""
-
-
-@dataclass
-class Worker:
-    index: int
-    proc: asyncio.subprocess.Process | None = None
-    admin: str | None = None  # its private admin URL, from when it is reachable until it exits
-    listening: asyncio.Event = field(default_factory=asyncio.Event)  # on the stream port
-    started_at: float = 0.0
-    failures: int = 0  # consecutive exits without STABLE_SECONDS of life
-    forwarder: asyncio.Task[None] | None = None
-
-    @property
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.returncode is None
 
 
 def reserve_port(address: Address) -> tuple[list[socket.socket], int]:

@@ -1007,3 +1007,37 @@ async def test_a_replica_reading_only_the_shared_tier_tells_a_shared_closure_of_
     answer = await fetch(http, "GET", f"{c.url}{stream_path}?offset=-1")
     assert (answer.status, answer.body) == (200, b"abcdefghij")
     assert answer.header("Stream-Closed") is None, answer.headers
+
+
+# --- 8. a 404 or 410 to a write is the stream's end on every replica (issue 27) ---
+
+
+@pytest.mark.parametrize("gone", [404, 410])
+async def test_a_write_answered_gone_ends_the_stream_on_every_replica(
+    http: aiohttp.ClientSession, origin: Origin, redis_cluster: Cluster, stream_path: str,
+    gone: int,
+) -> None:  # fmt: skip
+    """A closed stream every replica serves from what it holds is deleted at the origin (for
+    410: while it has a fork, so it is soft-deleted); an append through replica A is answered
+    404 or 410, and from then on (within the purge's propagation) every replica answers what
+    the origin does, for good."""
+    a = redis_cluster.edges[0]
+    offsets = await write(http, origin.url + stream_path, [b"old ", b"bytes"], close=True)
+    if gone == 410:
+        fork = {**TEXT, "Stream-Forked-From": stream_path, "Stream-Fork-Offset": offsets[1]}
+        forked = await fetch(http, "PUT", f"{origin.url}{stream_path}-fork", headers=fork)
+        assert forked.status == 201
+    for edge in redis_cluster:
+        answer = await fetch(http, "GET", f"{edge.url}{stream_path}?offset=-1")
+        assert (answer.status, answer.body) == (200, b"old bytes")
+    assert (await fetch(http, "DELETE", origin.url + stream_path)).status == 204
+    appended = await fetch(http, "POST", a.url + stream_path, headers=TEXT, data=b"!")
+    assert appended.status == gone
+    for edge in redis_cluster:
+        answer = await until_status(
+            http, f"{edge.url}{stream_path}?offset=-1", gone, PURGE_PROPAGATION
+        )
+        assert answer.status == gone, (edge.url, answer.status, answer.body)
+        for offset in ("-1", *offsets):
+            answer = await fetch(http, "GET", f"{edge.url}{stream_path}?offset={offset}")
+            assert answer.status == gone, (edge.url, offset, answer.status, answer.body)

@@ -22,8 +22,21 @@ What it reproduces, byte for byte where the edge can see it:
   the ETag ``"<base64 path>:<offset as sent or -1>:<next>[:c]"`` and a 304 on an exact
   ``If-None-Match``.
 
-Not modelled: live reads (long-poll, SSE), TTL/expiry, forks and soft deletes (410), producers,
-``Stream-Seq``, compression (the edge always asks for identity), fault injection.
+* Forks (``StreamStore.create`` with ``forkedFrom``, ``readForkedMessages``): ``PUT`` with
+  ``Stream-Forked-From`` (and ``Stream-Fork-Offset``, a message boundary of the source's, or
+  its tail when absent) makes a stream that reads the source's messages up to the fork offset,
+  at their offsets, then its own; its content type is the source's (another is a 409). A
+  source that is missing is a 404, a soft-deleted one a 409, an offset past its tail a 400.
+  Since those bytes never change, a fork keeps a copy of them (``Instance.forked_from`` names
+  the source, which counts its forks).
+* Soft deletes: deleting a stream that has forks marks it ``soft_deleted``: 410 ``Stream is
+  gone`` to ``GET``, ``HEAD``, ``POST`` (an append or a close) and ``DELETE``, 409 to a ``PUT``
+  at its path; once its last fork is deleted it is deleted for good (``deleteWithCascade``).
+* ``restart()``: the in-memory store loses every stream (a restarted origin).
+
+Not modelled: live reads (long-poll, SSE), TTL/expiry, fork sub-offsets and fork offsets that
+are not message boundaries, producers, ``Stream-Seq``, compression (the edge always asks for
+identity), fault injection.
 
 Time is integer milliseconds (no float drift); every mutation of a path appends a ``Version`` to
 that path's history, so a test can ask what the origin would have answered at any moment.
@@ -118,6 +131,9 @@ class Instance:
     content_type: str
     messages: tuple[Message, ...] = ()
     closed: bool = False
+    forked_from: str | None = None  # the source's path, for a fork
+    fork_offset: str | None = None
+    soft_deleted: bool = False  # deleted while it has forks: 410 to everything
 
     @property
     def json(self) -> bool:
@@ -125,7 +141,7 @@ class Instance:
 
     @property
     def current_offset(self) -> str:
-        return self.messages[-1].offset if self.messages else OFFSET_ZERO
+        return self.messages[-1].offset if self.messages else (self.fork_offset or OFFSET_ZERO)
 
     @property
     def positions(self) -> tuple[str, ...]:
@@ -248,6 +264,8 @@ def read_response(
     """``handleRead`` for a catch-up read (no ``live``) of ``instance`` (None: no such stream)."""
     if instance is None:
         return _text(404, "Stream not found")
+    if instance.soft_deleted:
+        return _text(410, "Stream is gone")
     offsets = [value for name, value in query if name == "offset"]
     offset = offsets[0] if offsets else None
     if any(name == "live" for name, _ in query):
@@ -329,6 +347,20 @@ class OriginModel:
         history = self.history(path)
         history.append(Version(index=len(history), since_ms=self.now_ms, instance=instance))
 
+    def forks_of(self, path: str) -> list[str]:
+        """The paths whose current stream is a fork of ``path`` (its ``refCount``)."""
+        return [
+            fork
+            for fork, history in self._history.items()
+            if history[-1].instance is not None and history[-1].instance.forked_from == path
+        ]
+
+    def restart(self) -> None:
+        """The origin restarts: its in-memory store has lost every stream."""
+        for path in list(self._history):
+            if self.current(path) is not None:
+                self._set(path, None)
+
     # --- HTTP ---
 
     def handle(
@@ -355,6 +387,13 @@ class OriginModel:
         return _text(405, "Method not allowed")
 
     def _create(self, path: str, headers: Sequence[tuple[str, str]], body: bytes) -> Response:
+        source = _header(headers, "stream-forked-from")
+        if source is not None:
+            return self._fork(path, source, headers)
+        existing = self.current(path)
+        if existing is not None and (existing.soft_deleted or existing.forked_from is not None):
+            # A fork's configuration names its source: a PUT without one is another.
+            return _text(409, "Stream already exists with different configuration")
         content_type = _header(headers, "content-type")
         if (
             not content_type
@@ -391,12 +430,79 @@ class OriginModel:
             answer.append(("Stream-Closed", "true"))
         return _respond(201 if existing is None else 200, answer)
 
+    def _fork(self, path: str, source_path: str, headers: Sequence[tuple[str, str]]) -> Response:
+        """``handleCreate`` with ``Stream-Forked-From`` (no sub-offset, no body)."""
+        asked_offset = _header(headers, "stream-fork-offset")
+        if asked_offset is not None and not re.fullmatch(r"[0-9]+_[0-9]+", asked_offset):
+            return _text(400, "Invalid Stream-Fork-Offset format")
+        content_type = _header(headers, "content-type")
+        if (
+            not content_type
+            or not content_type.strip()
+            or not _VALID_CONTENT_TYPE.match(content_type)
+        ):
+            content_type = None
+        closed = _header(headers, "stream-closed") == "true"
+        existing = self.current(path)
+        if existing is not None:
+            if existing.soft_deleted:
+                return _text(
+                    409,
+                    "stream was deleted but still has active forks — path cannot be reused "
+                    "until all forks are removed",
+                )
+            same = (
+                existing.forked_from == source_path
+                and asked_offset in (None, existing.fork_offset)
+                and (normalize_content_type(content_type) or DEFAULT_TYPE)
+                == (normalize_content_type(existing.content_type) or DEFAULT_TYPE)
+                and closed == existing.closed
+            )
+            if not same:
+                return _text(409, "Stream already exists with different configuration")
+            return self._created(existing, new=False)
+        source = self.current(source_path)
+        if source is None:
+            return _text(404, "Source stream not found")
+        if source.soft_deleted:
+            return _text(409, "source stream was deleted but still has active forks")
+        if content_type is not None and normalize_content_type(
+            content_type
+        ) != normalize_content_type(source.content_type):
+            return _text(409, "Content type mismatch with source stream")
+        fork_offset = source.current_offset if asked_offset is None else asked_offset
+        if fork_offset < OFFSET_ZERO or source.current_offset < fork_offset:
+            return _text(400, "Fork offset beyond source stream length")
+        self._generations += 1
+        stream = Instance(
+            path=path,
+            generation=self._generations,
+            content_type=content_type or source.content_type,
+            messages=tuple(m for m in source.messages if m.offset <= fork_offset),
+            closed=closed,
+            forked_from=source_path,
+            fork_offset=fork_offset,
+        )
+        self._set(path, stream)
+        return self._created(stream, new=True)
+
+    def _created(self, stream: Instance, *, new: bool) -> Response:
+        answer = [("content-type", stream.content_type)]
+        answer.append(("Stream-Next-Offset", stream.current_offset))
+        if new:
+            answer.append(("location", f"http://origin.invalid{stream.path}"))
+        if stream.closed:
+            answer.append(("Stream-Closed", "true"))
+        return _respond(201 if new else 200, answer)
+
     def _append(self, path: str, headers: Sequence[tuple[str, str]], body: bytes) -> Response:
         close = _header(headers, "stream-closed") == "true"
         stream = self.current(path)
         if not body and close:
             if stream is None:
                 return _text(404, "Stream not found")
+            if stream.soft_deleted:
+                return _text(410, "Stream is gone")
             if not stream.closed:
                 self._set(path, replace(stream, closed=True))
             return _respond(
@@ -409,6 +515,8 @@ class OriginModel:
             return _text(400, "Content-Type header is required")
         if stream is None:
             return _text(404, "Stream not found")
+        if stream.soft_deleted:
+            return _text(410, "Stream is gone")
         if stream.closed:
             return _text(
                 409,
@@ -432,15 +540,34 @@ class OriginModel:
         return _respond(204, answer)
 
     def _delete(self, path: str) -> Response:
-        if self.current(path) is None:
+        stream = self.current(path)
+        if stream is None:
             return _text(404, "Stream not found")
-        self._set(path, None)
+        if stream.soft_deleted:
+            return _text(410, "Stream is gone")
+        if self.forks_of(path):
+            self._set(path, replace(stream, soft_deleted=True))
+        else:
+            self._delete_with_cascade(path)
         return _respond(204, ())
+
+    def _delete_with_cascade(self, path: str) -> None:
+        """``deleteWithCascade``: a fork's soft-deleted source goes with its last fork."""
+        stream = self.current(path)
+        self._set(path, None)
+        source_path = stream.forked_from if stream is not None else None
+        if source_path is None:
+            return
+        source = self.current(source_path)
+        if source is not None and source.soft_deleted and not self.forks_of(source_path):
+            self._delete_with_cascade(source_path)
 
     def _head(self, path: str) -> Response:
         stream = self.current(path)
         if stream is None:
             return _respond(404, (("content-type", "text/plain"),))
+        if stream.soft_deleted:
+            return _respond(410, (("content-type", "text/plain"),))
         headers = [("Stream-Next-Offset", stream.current_offset), ("cache-control", "no-store")]
         headers.append(("content-type", stream.content_type))
         if stream.closed:

@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from loadtest.benchkit import edge_workers, insert_section
-from loadtest.fanout import write_section
+from loadtest.benchkit import edge_workers, insert_section, write_section
 from loadtest.pyspy import table, top_frames
 from loadtest.wrk import WrkFailed, parse
 
@@ -91,7 +90,8 @@ def test_the_edge_worker_count_is_read_from_its_arguments() -> None:
 
 
 def test_the_join_viewers_decode_both_servers_sse_and_chunked_bodies() -> None:
-    from loadtest.join_clients import dechunk, dechunk_partial, sse_events
+    from loadtest.join_clients import sse_events
+    from loadtest.rawhttp import dechunk, dechunk_partial
 
     origin = 'event: data\ndata:abc def\ndata:\n\nevent: control\ndata:{"streamNextOffset":"5"}\n\n'
     edge = "retry: 1000\n\n: keep-alive\n\nevent: data\ndata:abc def\ndata:\n\nevent: cont"

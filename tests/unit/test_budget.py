@@ -14,9 +14,11 @@ from dataclasses import replace
 
 import pytest
 
+from edge.log.policy import keys_of, stream_id
 from edge.log.segment import Segment
 from edge.log.stream_log import LogKey
 from edge.protocol.answer_key import AnswerKey, answer_key
+from edge.protocol.paths import normalise_path
 from edge.store.local import LocalTier, StoredHit
 
 ENTRIES = 5000
@@ -158,3 +160,36 @@ def test_forgetting_a_scope_forgets_the_answers_stored_for_it() -> None:
     local.purge_scope(LogKey(stream=KEY.stream, scope="cred-a"))
     assert local.response(mine) is None
     assert local.response(theirs) is not None
+
+
+# What the memos of pure functions (outside the budget) may cost together when full.
+MEMOS_MAX_BYTES = 2 * 1024 * 1024
+
+
+def test_the_memos_outside_the_budget_stay_small_when_full() -> None:
+    """The memos of ``answer_key``, ``normalise_path``, ``stream_id`` and ``keys_of`` fill with
+    values seen once (each catch-up read's target, each stream, each instance's generation), so
+    they grow with what was ever seen until full: filled past their size with such values, they
+    cost at most ``MEMOS_MAX_BYTES`` together."""
+    for memo in (answer_key, normalise_path, stream_id, keys_of):
+        memo.cache_clear()
+    distinct = 20_000
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(distinct):
+            stream = f"/v1/stream/soak-{i}"
+            scope = "public" if i % 20 else f"s={i * 99991:x}"
+            query = f"offset={_offset(i, 7 * i)}"
+            answer_key(stream, query, scope, "gzip" if i % 2 else None, None, False)
+            normalise_path(stream)
+            stream_id(stream)
+            keys_of(stream, f"{i:016x}")
+        gc.collect()
+        real = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+        for memo in (answer_key, normalise_path, stream_id, keys_of):
+            memo.cache_clear()
+    assert real <= MEMOS_MAX_BYTES, real

@@ -240,7 +240,10 @@ def test_a_write_tells_the_tail_of_the_bytes_held_only_if_it_names_their_instanc
         instance.reached(high, received=1)
         if closed:
             instance.closed_at = Mark(offset=high, received=1)
-    write = Write(floor=floor, started=2, appended=appended, content_type=named, answered=answered)
+    write = Write(
+        floor=floor, started=2, appended=appended, content_type=named, answered=answered,
+        status=204,
+    )  # fmt: skip
     judgement = judge_write(instance, write)
     # An append's body says its media type only (the origin takes any parameters); a PUT's
     # answer names the stream's whole Content-Type (case and spaces aside).
@@ -256,3 +259,30 @@ def test_a_write_tells_the_tail_of_the_bytes_held_only_if_it_names_their_instanc
     assert judgement.names_instance == (
         judgement.another is None and held is not None and named is not None
     )
+
+
+@given(
+    held=content_types,
+    high=st.one_of(st.none(), offsets),
+    closed=st.booleans(),
+    status=st.sampled_from([400, 401, 403, 404, 409, 410, 413, 500, 503]),
+    answered=st.booleans(),
+)
+def test_a_write_answered_404_or_410_says_the_stream_is_gone_and_other_refusals_nothing(
+    held: str | None, high: str | None, closed: bool, status: int, answered: bool
+) -> None:
+    """Issue 27: the one judge of writes takes every answer: a 404 (deleted) or 410 (deleted
+    while it has forks: soft-deleted) is gone, whatever the edge held; another refusal says
+    nothing about the instance (it neither forgets it nor tells its tail)."""
+    instance = StreamInstance(stream="/s", content_type=held)
+    if high is not None:
+        instance.reached(high, received=1)
+        if closed:
+            instance.closed_at = Mark(offset=high, received=1)
+    write = Write(
+        floor=None, started=2, appended=True, content_type=held, answered=answered, status=status
+    )
+    judgement = judge_write(instance, write)
+    assert judgement.gone == (status in (404, 410))
+    assert judgement.another is None
+    assert not judgement.names_instance

@@ -8,11 +8,17 @@
   instance and keeps nothing; nothing else forgets it.
 * Catch-up and live answers go through the same tail judgement (``judge_tail``), and
   ``StreamLog.observe_tail`` is exactly ``judge_tail`` then ``believe``.
+* The origin renewed a sliding TTL no later than the edge says: a fill's touch is when its
+  request left, never when its body ended; a live batch's, when it arrived.
+* A 404 or 410 says the stream is gone, whatever request it answered (a fill, a live read, an
+  answer the edge only relays or asked for itself): ``GONE`` for the current instance, and
+  nothing for a forgotten one (issue 27).
 """
 
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -25,6 +31,7 @@ from edge.log.intake import (
     Forget,
     ForgetScope,
     Keep,
+    Touched,
     decide,
 )
 from edge.log.segment import is_json_array, media_type, streams_content_type
@@ -36,6 +43,7 @@ from edge.log.stream_log import (
     TailFact,
     TailVerdict,
     judge_tail,
+    says_gone,
 )
 
 offsets = st.integers(min_value=0, max_value=40).map(lambda n: f"{n:04d}_{n * 3:04d}")
@@ -95,10 +103,15 @@ def arrivals(draw: st.DrawFn) -> Arrival:
         "received": draw(st.integers(0, 30)),
         "now": 50.0,
     }
-    if draw(st.booleans()):
+    kind = draw(st.sampled_from(["fill", "live", "evidence"]))
+    if kind == "fill":
         return Arrival.of_fill(start, status, tuple(headers), body, **stamps)  # type: ignore[arg-type]
+    if kind == "evidence":
+        live = draw(st.booleans())
+        return Arrival.evidence(status, tuple(headers), live=live, **stamps)  # type: ignore[arg-type]
+    live_status = draw(st.sampled_from([200, 200, 200, 404, 410]))
     return Arrival(
-        live=True, start=start, status=200, end=end, body=body, headers=(),
+        live=True, start=start, status=live_status, end=end, body=body, headers=(),
         content_type=content_type, up_to_date=("Stream-Up-To-Date", "true") in headers,
         closed=("Stream-Closed", "true") in headers, **stamps,  # type: ignore[arg-type]
     )  # fmt: skip
@@ -207,3 +220,58 @@ def test_observing_a_tail_is_judging_it_then_believing_it(
     assert verdict is judgement.verdict
     assert observed.tail == log_.tail
     assert repr(observed.instance) == repr(log_.instance)
+
+
+@given(
+    arrival=arrivals(),
+    instance=instances(),
+    tail=tails,
+    asked=st.floats(0, 50),
+)
+def test_the_origin_is_said_to_have_renewed_a_ttl_when_the_request_left(
+    arrival: Arrival, instance: StreamInstance, tail: TailFact | None, asked: float
+) -> None:
+    arrival = replace(arrival, asked_at=None if arrival.live else asked)
+    intake = decide(arrival, instance, tail, current=True)
+    for action in intake.actions:
+        if isinstance(action, Touched):
+            assert action.now == (arrival.now if arrival.live else asked)
+            assert action.now <= arrival.now
+
+
+def test_a_slow_fill_renews_the_ttl_when_it_was_asked_not_when_its_body_ended() -> None:
+    headers = (
+        ("Content-Type", "text/plain"),
+        ("Stream-Next-Offset", "0000_0005"),
+        ("Stream-Up-To-Date", "true"),
+    )
+    arrival = Arrival.of_fill(
+        "-1", 200, headers, b"hello", started=1, received=2, now=130.0, asked_at=10.0
+    )
+    intake = decide(arrival, StreamInstance(stream="/s"), None, current=True)
+    assert intake.decision is Decision.STORE
+    assert [a for a in intake.actions if isinstance(a, Touched)] == [Touched(10.0)]
+
+
+@settings(max_examples=300)
+@given(arrival=arrivals(), instance=instances(), tail=tails, current=st.booleans())
+def test_a_404_or_410_to_any_request_is_gone(
+    arrival: Arrival, instance: StreamInstance, tail: TailFact | None, current: bool
+) -> None:
+    """Issue 27: whatever the request (a fill, a live read, a relayed read, HEAD or DELETE, a
+    probe), a 404 or 410 forgets the scope's stream; nothing else does without contradicting
+    the instance; about a forgotten instance it says nothing. An answer the edge never stores
+    keeps nothing and forgets nothing else."""
+    intake = decide(arrival, instance, tail, current=current)
+    gone = says_gone(arrival.status)
+    assert (intake.decision is Decision.GONE) == (gone and current)
+    if intake.decision is Decision.GONE:
+        assert intake.actions == (ForgetScope(),)
+    if gone and not current:
+        assert intake.actions == ()
+    if arrival.evidence_only:
+        assert intake.decision in (Decision.GONE, Decision.RELAY, Decision.STALE)
+        assert all(isinstance(a, ForgetScope) for a in intake.actions)
+    assert says_gone(404)
+    assert says_gone(410)
+    assert not any(says_gone(s) for s in (200, 204, 304, 400, 401, 403, 409, 500))

@@ -9,7 +9,6 @@ from hypothesis import strategies as st
 from edge.log.policy import (
     Fetch,
     Hit,
-    accepts_gzip,
     etag,
     if_none_match_hits,
     plan_catchup,
@@ -24,6 +23,7 @@ from edge.log.stream_log import (
     TailVerdict,
     judge_shared,
 )
+from edge.protocol.codings import accepts_gzip
 from edge.store.local import LocalTier, entry_cost
 
 KEY = LogKey(stream="/s", scope="public")

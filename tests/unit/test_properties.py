@@ -3,7 +3,9 @@
 A Hypothesis state machine drives one ``CatchupCache`` in front of ``FakeOrigin`` (an in-process
 ``OriginClient`` answering from ``OriginModel``, a pure model of the reference origin) through
 random interleavings of creates, appends, closes, deletes and recreates (through the edge, so the
-cache is told, and directly at the origin, so it is not), purges, clock advances, catch-up reads at
+cache is told, and directly at the origin, so it is not), forks and deletes of their sources
+(soft deletes: 410 to everything), origin restarts (every stream lost), purges, clock advances,
+catch-up reads at
 every kind of offset (absent, ``-1``, before the start, every position any instance ever issued,
 between positions, past the tail, malformed), ``If-None-Match`` with tags handed out earlier, and
 reads racing a write, delete or recreate while their origin fill is in flight.
@@ -25,8 +27,10 @@ Every answer is graded against the model's history (``Grader``):
    (rule 1; ``Stream-Up-To-Date`` is a fact about time, not part of what a tag vouches for). A tag
    the edge hands out again must mean the same bytes, unless only an *untold* recreation separates
    the two (the origin's own tags collide then): after the edge is told, old tags must not match.
-5. A 404 only if the stream was absent at some moment of the freshness window; a 400 only for an
-   offset the origin refuses.
+5. A 404 only if the stream was absent at some moment of the freshness window, a 410 only if it
+   was soft-deleted then; a 400 only for an offset the origin refuses.
+6. A 404 or 410 the edge relays, to a read or a write, tells the edge the stream is gone in that
+   scope (rule 2), as a DELETE through it does (issue 27).
 
 Untold recreation (delete and create directly at the origin after the edge already holds bytes of
 the old instance) cannot be detected in general: the new instance reuses the old offsets, and a
@@ -81,6 +85,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from edge import catchup as catchup_module
 from edge.catchup import CatchupCache
 from edge.config import Address, Settings, per_worker
+from edge.log.stream_log import LogKey
 from edge.metrics import Metrics
 from edge.origin import BodyTooLarge
 from edge.protocol.http1 import RequestHead
@@ -466,7 +471,7 @@ class ReferenceEdge(EdgeUnderTest):
             generation = self._generation.get(path, 0)
             asked = [*credentials, *([("Origin", origin)] if origin is not None else [])]
             seen, _, _ = await relay(self.origin, path, offset, asked)
-            if seen.status == 404:
+            if seen.status in (404, 410):
                 self._told(path, key[1])
             if seen.status != 200:
                 return replace(seen, cache_control="no-store")
@@ -587,13 +592,14 @@ def answer_of(instance: Instance, seen: Seen, path: str, offset: str | None) -> 
 class Grader:
     def __init__(self, model: OriginModel) -> None:
         self.model = model
-        self.owner: dict[int, tuple[str, int]] = {}  # message id -> (path, generation)
+        # message id -> every (path, generation) that holds it (a fork holds its source's)
+        self.owner: dict[int, set[tuple[str, int]]] = {}
 
     def learn_ids(self, path: str) -> None:
         instance = self.model.current(path)
         if instance is not None:
             for message_id in instance.ids:
-                self.owner[message_id] = (path, instance.generation)
+                self.owner.setdefault(message_id, set()).add((path, instance.generation))
 
     def _versions(self, ctx: Context) -> list[Version]:
         return self.model.history(ctx.path)[ctx.lowest :]
@@ -640,6 +646,11 @@ class Grader:
         elif seen.status == 404:
             if not any(v.instance is None for v in self._fresh(ctx)):
                 raise self._fail(ctx, seen, "404 for a stream that existed all along")
+        elif seen.status == 410:
+            if not any(
+                v.instance is not None and v.instance.soft_deleted for v in self._fresh(ctx)
+            ):
+                raise self._fail(ctx, seen, "410 for a stream that was never soft-deleted")
         elif seen.status == 400:
             # The origin looks for the stream first (404), but an edge may refuse a malformed
             # offset without asking.
@@ -660,7 +671,8 @@ class Grader:
             for v in self.model.history(ctx.path)[ctx.told :]
             if v.instance is not None
         }
-        foreign = [i for i in ids if self.owner.get(i) not in {(ctx.path, g) for g in allowed}]
+        mine = {(ctx.path, g) for g in allowed}
+        foreign = [i for i in ids if not self.owner.get(i, set()) & mine]
         if foreign:
             owners = {i: self.owner.get(i) for i in foreign}
             raise self._fail(
@@ -840,7 +852,7 @@ class CatchupMachine(RuleBasedStateMachine):
         if served.status == 200 and served.generation is not None:
             key = (worker, served.path, scope)
             self.served.setdefault(key, []).append((served.version, served.generation))
-        elif served.status == 404:
+        elif served.status in (404, 410):
             # The edge learns the stream is gone for this scope: it must forget what it held
             # (every worker: the one that learned it tells the others before it answers).
             self._tell(served.path, [scope], served.version)
@@ -943,6 +955,11 @@ class CatchupMachine(RuleBasedStateMachine):
                 if response.status == 201 or method == "DELETE":
                     self._tell(path, SCOPES)
                 self._wrote(path)
+            elif response.status in (404, 410):
+                event(f"{method} through the edge answered {response.status}")
+                # Gone, said to a write or a DELETE it relayed: the edge forgets the stream as
+                # if deleted through it (the machine's writes carry no credentials).
+                self._tell(path, SCOPES)
         return response.status
 
     def _on(self, worker: int) -> str:
@@ -981,6 +998,29 @@ class CatchupMachine(RuleBasedStateMachine):
 
     def do_delete(self, path: str, *, via_edge: bool, worker: int = 0) -> int:
         return self._write("DELETE", path, [], b"", via_edge=via_edge, worker=worker)
+
+    def do_fork(
+        self,
+        path: str,
+        source: str,
+        fork_offset: str | None,
+        *,
+        via_edge: bool,
+        typed: bool = False,
+        worker: int = 0,
+    ) -> int:
+        """``PUT path`` with ``Stream-Forked-From: source`` (and ``Stream-Fork-Offset``);
+        ``typed``: with the source's Content-Type (else none: the fork takes the source's)."""
+        headers = [("Stream-Forked-From", source)]
+        if fork_offset is not None:
+            headers.append(("Stream-Fork-Offset", fork_offset))
+        current = self.model.current(source)
+        if typed and current is not None:
+            headers.append(("Content-Type", current.content_type))
+        status = self._write("PUT", path, headers, b"", via_edge=via_edge, worker=worker)
+        self.grader.learn_ids(path)
+        event(f"fork {status}")
+        return status
 
     def do_purge(self, path: str) -> None:
         """From the admin listener: the supervisor's ``POST /purge`` goes to every worker."""
@@ -1327,6 +1367,48 @@ class CatchupMachine(RuleBasedStateMachine):
         self.do_create(
             path, content_type, via_edge=create_via_edge, initial=initial, worker=creator
         )
+
+    @rule(
+        data=st.data(),
+        source=st.sampled_from(PATHS),
+        delete_via_edge=st.booleans(),
+        fork_via_edge=st.sampled_from([True, True, False]),
+        typed=st.booleans(),
+        then_delete=st.sampled_from([None, None, True, False]),
+        worker=WORKER,
+        creator=WORKER,
+    )
+    def fork(
+        self,
+        data: st.DataObject,
+        source: str,
+        delete_via_edge: bool,
+        fork_via_edge: bool,
+        typed: bool,
+        then_delete: bool | None,
+        worker: int = 0,
+        creator: int = 0,
+    ) -> None:
+        """The other path becomes a fork of ``source`` (deleted first if it exists), at one of
+        the source's boundaries or its tail; then, maybe, the source is deleted (through the
+        edge or not): a soft delete, since it has a fork."""
+        path = next(p for p in PATHS if p != source)
+        if self.model.current(path) is not None:
+            self.do_delete(path, via_edge=delete_via_edge, worker=worker)
+        current = self.model.current(source)
+        boundaries = list(current.positions) if current is not None else []
+        fork_offset = data.draw(st.sampled_from([None, *boundaries]), label="fork_offset")
+        self.do_fork(path, source, fork_offset, via_edge=fork_via_edge, typed=typed, worker=creator)
+        if then_delete is not None:
+            self.do_delete(source, via_edge=then_delete, worker=worker)
+
+    @rule()
+    def restart_origin(self) -> None:
+        """The origin restarts with an in-memory store: every stream is gone, and nothing tells
+        the edge (to the grading, every path deleted behind its back at once; noticing it on a
+        live tail is the tail's, which this machine does not run)."""
+        note("the origin restarts: every stream is lost")
+        self.model.restart()
 
     @rule(path=st.sampled_from(PATHS))
     def purge(self, path: str) -> None:
@@ -1890,3 +1972,125 @@ def test_a_put_that_finds_a_closed_stream_of_another_type_is_another_instance(
     for worker in (0, 1):
         seen = two_workers.do_read(A, "-1", worker=worker)
         assert (seen.content_type, seen.body, seen.closed) == (TEXT_TYPE, b"", True)
+
+
+# --- issue 27: a 404 or 410 to a write is evidence; forks and soft deletes ---
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_an_append_answered_404_ends_the_closed_stream_held(workers: int) -> None:
+    """Found by the machine (its falsifying example): a closed stream, served for ever from what
+    the edge holds, deleted at the origin; an append through the edge is answered 404, and the
+    edge went on serving the closed stream's bytes."""
+    state = TwoWorkersMachine() if workers == 2 else CatchupMachine()
+    state.setup(
+        freshness=1.0, max_response_bytes=4 * MiB, cache_bytes=256 * MiB, cors_by_origin=False
+    )
+    try:
+        state.do_create(A, JSON_TYPE, via_edge=False, initial=1, closed=True)
+        for worker in range(workers):
+            assert _ids(state.do_read(A, None, worker=worker)) == [100]
+        state.do_delete(A, via_edge=False)
+        assert state.do_append(A, 1, via_edge=True, worker=0) == 404
+        for worker in range(workers):
+            assert state.do_read(A, None, worker=worker).status == 404
+    finally:
+        state.teardown()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_soft_deleted_source_is_gone_once_a_write_is_answered_410(workers: int) -> None:
+    """A fork of a closed stream a, then a deleted at the origin: soft-deleted (it has a fork),
+    410 to everything. An append through the edge is answered 410; no worker serves a's bytes
+    afterwards, and the fork still reads them, at their offsets, then its own."""
+    state = TwoWorkersMachine() if workers == 2 else CatchupMachine()
+    state.setup(
+        freshness=1.0, max_response_bytes=4 * MiB, cache_bytes=256 * MiB, cors_by_origin=False
+    )
+    try:
+        state.do_create(A, TEXT_TYPE, via_edge=False, initial=1)
+        state.do_append(A, 1, via_edge=False, close=True)
+        for worker in range(workers):
+            assert _ids(state.do_read(A, "-1", worker=worker)) == [100, 101]
+        source = state.model.current(A)
+        assert source is not None
+        middle = source.positions[1]
+        assert state.do_fork(B, A, middle, via_edge=True) == 201
+        assert _ids(state.do_read(B, "-1", worker=workers - 1)) == [100]
+        assert state.do_delete(A, via_edge=False) == 204
+        assert state.do_append(A, 1, via_edge=True, worker=0) == 410
+        for worker in range(workers):
+            assert state.do_read(A, "-1", worker=worker).status == 410
+            assert state.do_read(A, middle, worker=worker).status == 410
+        assert state.do_create(A, TEXT_TYPE, via_edge=True) == 409
+        state.do_append(B, 1, via_edge=True)
+        for worker in range(workers):
+            assert _ids(state.do_read(B, "-1", worker=worker)) == [100, 103]  # 102: refused
+        assert state.do_delete(B, via_edge=True) == 204  # its last fork: a goes for good
+        assert state.do_read(A, "-1").status == 404
+        assert state.do_create(A, TEXT_TYPE, via_edge=True) == 201
+    finally:
+        state.teardown()
+
+
+def test_the_model_forks_soft_deletes_and_restarts_as_the_reference_origin() -> None:
+    """What the origin model does with forks (``StreamStore.create``, ``delete``): read through,
+    410 to every request on a soft-deleted source, 409 to re-creating it, 404 for a fork of a
+    missing source, 400 past its tail; a restart loses everything."""
+    model = OriginModel()
+    text = [("Content-Type", TEXT_TYPE)]
+    assert model.handle("PUT", A, headers=text, body=b"<1>").status == 201
+    assert model.handle("POST", A, headers=text, body=b"<2>").status == 204
+    source = model.current(A)
+    assert source is not None
+    first = source.positions[1]
+    forked = [("Stream-Forked-From", A), ("Stream-Fork-Offset", first)]
+    assert model.handle("PUT", B, headers=forked).status == 201
+    # The same fork again is idempotent, if it names its type: without one the origin compares
+    # the fork's type with application/octet-stream (StreamStore.create).
+    assert model.handle("PUT", B, headers=[*forked, *text]).status == 200
+    assert model.handle("PUT", B, headers=forked).status == 409
+    assert model.handle("PUT", B, headers=text).status == 409  # not a fork: another config
+    assert model.handle("GET", B, "offset=-1").body == b"<1>"
+    assert model.handle("POST", B, headers=text, body=b"<3>").status == 204
+    assert model.handle("GET", B, "offset=-1").body == b"<1><3>"
+    assert model.handle("GET", B, f"offset={first}").body == b"<3>"
+    assert model.handle("DELETE", A).status == 204
+    for method in ("GET", "HEAD", "POST", "DELETE"):
+        assert model.handle(method, A, headers=text, body=b"<4>").status == 410, method
+    assert model.handle("POST", A, headers=[("Stream-Closed", "true")]).status == 410
+    assert model.handle("PUT", A, headers=text).status == 409
+    assert model.handle("PUT", "/v1/stream/c", headers=[("Stream-Forked-From", A)]).status == 409
+    assert model.handle("GET", B, "offset=-1").body == b"<1><3>"  # read through the soft delete
+    assert model.handle("DELETE", B).status == 204  # the last fork: the source goes with it
+    assert model.handle("GET", A, "offset=-1").status == 404
+    assert model.handle("PUT", "/v1/stream/c", headers=[("Stream-Forked-From", A)]).status == 404
+    assert model.handle("PUT", A, headers=text, body=b"<5>").status == 201
+    past = [("Stream-Forked-From", A), ("Stream-Fork-Offset", format_offset(0, 999))]
+    assert model.handle("PUT", B, headers=past).status == 400
+    model.restart()
+    assert model.handle("GET", A, "offset=-1").status == 404
+
+
+def test_the_lifetime_probe_answered_410_forgets_the_stream(machine: CatchupMachine) -> None:
+    """The edge's own HEAD (a stream known only from reads: does it expire?) is evidence too:
+    answered 410 (soft-deleted meanwhile), the stream held is forgotten, and the next read asks
+    the origin."""
+    machine.do_create(A, TEXT_TYPE, via_edge=False, initial=1, closed=True)
+    machine.do_fork(B, A, None, via_edge=False)
+    edge = machine.edge
+    assert isinstance(edge, EdgeUnderTest)
+    assert _ids(machine.do_read(A, "-1")) == [100]
+    streams = edge.cache.streams
+    instance = edge.cache.local.instance(A)
+    assert instance is not None
+    assert edge.cache.local.holds_data(A)
+    machine.do_delete(A, via_edge=False)  # soft: it has a fork
+
+    async def probe() -> None:
+        streams.probe_lifetime(LogKey(stream=A, scope="public"), instance, ())
+        await asyncio.gather(*streams._background)
+
+    machine.loop.run_until_complete(probe())
+    assert not edge.cache.local.holds_data(A)
+    assert machine.do_read(A, "-1").status == 410

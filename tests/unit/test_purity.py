@@ -12,7 +12,9 @@ import edge.live.answers
 import edge.live.board
 import edge.live.upstream_mode
 import edge.log
+import edge.log.policy
 import edge.protocol
+import edge.protocol.paths
 import edge.summary
 import edge.web.connection_table
 
@@ -52,3 +54,35 @@ def imported_modules(source: Path) -> set[str]:
 def test_pure_module_imports_no_io(module: Path) -> None:
     bad = {m for m in imported_modules(module) if m.split(".")[0] in FORBIDDEN}
     assert not bad, f"{module} imports {bad}"
+
+
+# Each pure layer imports only from itself and the layers below it: protocol/ is the floor (the
+# wire's rules), log/ builds on it (plus the constants of edge.config).
+LAYERS = {
+    Path(edge.protocol.__file__).parent: ("edge.protocol",),
+    Path(edge.log.__file__).parent: ("edge.log", "edge.protocol", "edge.config"),
+}
+
+
+def climbs(module: Path, allowed: tuple[str, ...]) -> set[str]:
+    """The edge modules ``module`` imports from outside ``allowed`` (and above it)."""
+    return {
+        m
+        for m in imported_modules(module)
+        if m.split(".")[0] == "edge" and not any(m == a or m.startswith(a + ".") for a in allowed)
+    }
+
+
+def test_a_layer_that_imports_upwards_is_caught() -> None:
+    assert climbs(Path(edge.protocol.paths.__file__), ("edge.protocol",)) == set()
+    assert climbs(Path(edge.log.policy.__file__), ("edge.protocol",)) >= {"edge.log.freshness"}
+
+
+@pytest.mark.parametrize(
+    ("module", "allowed"),
+    [(p, allowed) for pkg, allowed in LAYERS.items() for p in sorted(pkg.rglob("*.py"))],
+    ids=str,
+)
+def test_pure_layers_import_nothing_above_them(module: Path, allowed: tuple[str, ...]) -> None:
+    bad = climbs(module, allowed)
+    assert not bad, f"{module} imports {bad} from above its layer"

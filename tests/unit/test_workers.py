@@ -21,7 +21,7 @@ from edge.origin import OriginClient
 from edge.protocol.reads import PUBLIC_SCOPE
 from edge.store.local import LocalTier
 from edge.streams import Forgetting, InstanceChanged, Streams, Unsettled
-from edge.workers.child import Bootstrap, encode, read_bootstrap
+from edge.workers.bootstrap import Bootstrap, encode, read_bootstrap
 from edge.workers.mirror import Mirror
 from edge.workers.siblings import (
     Siblings,
@@ -321,10 +321,15 @@ def test_a_forgetting_is_told_unless_the_supervisor_tells_it_or_a_replay_repeats
     assert replay_forgets("put", 201)
     assert replay_forgets("GET", 404)
     assert replay_forgets("HEAD", 404)
+    # A 404 or 410 to any request: the stream is gone (issue 27).
+    for method in ("GET", "HEAD", "POST", "PUT", "DELETE"):
+        assert replay_forgets(method, 404)
+        assert replay_forgets(method, 410)
     # ...and those that do not (a write below the tail is judged only by who relayed it).
     assert not replay_forgets("POST", 204)
     assert not replay_forgets("PUT", 200)
-    assert not replay_forgets("DELETE", 404)
+    assert not replay_forgets("PUT", 409)
+    assert not replay_forgets("DELETE", 409)
 
 
 def test_a_worker_is_cleared_to_listen_only_after_its_reachable_report() -> None:
