@@ -35,7 +35,7 @@ from edge.answer import Answer, Derivation, relayable
 from edge.coalesce import Joined, Led, Overdue, SingleFlight
 from edge.compress import Compressor
 from edge.config import Settings
-from edge.fill_budget import FillBudget, Hold, read_body
+from edge.fill_budget import FillBudget, Hold, fill_deadline_seconds, read_body
 from edge.log.freshness import Reuse, Tiers, never_stored, reuse, tail_age_seconds
 from edge.log.intake import Arrival, Decision, header_template
 from edge.log.policy import (
@@ -550,7 +550,12 @@ class CatchupCache:
         started = self.streams.ticket()
         asked_at = self._clock()
         limit = self._settings.fill_deadline_seconds
-        deadline = asyncio.timeout(limit)
+        begun = asyncio.get_running_loop().time()
+        deadline = asyncio.timeout_at(begun + limit)
+
+        def earned(received_bytes: int) -> None:
+            deadline.reschedule(begun + fill_deadline_seconds(limit, received_bytes))
+
         try:
             async with deadline:
                 upstream = await self._origin.open(
@@ -561,7 +566,7 @@ class CatchupCache:
                     code = str(upstream.status)
                     self._metrics.origin_requests.labels(kind="catchup", code=code).inc()
                     body, hold = await read_body(
-                        upstream, self._settings.max_segment_bytes, self.fill_budget
+                        upstream, self._settings.max_segment_bytes, self.fill_budget, earned
                     )
                 finally:
                     # Closing (not releasing) drops a connection whose body was cut short.
@@ -570,8 +575,9 @@ class CatchupCache:
             if not deadline.expired():
                 raise
             # read_body gave back what it held; nothing reached the log.
-            log.warning("fill of %s at %s abandoned after %g s", key.stream, fetch.offset, limit)
-            return Abandoned(deadline_seconds=limit)
+            waited = asyncio.get_running_loop().time() - begun
+            log.warning("fill of %s at %s abandoned after %g s", key.stream, fetch.offset, waited)
+            return Abandoned(deadline_seconds=waited)
         self._metrics.origin_bytes.inc(len(body))
         response_headers = tuple(upstream.headers.items())
         hold.release_flight()  # the readers sharing this fetch take their own shares

@@ -380,9 +380,10 @@ SERVE_OPTIONS = (
         "--fill-deadline",
         _duration,
         "30",
-        "Seconds a cache fill (the origin's headers and whole body) may take; past it the fill "
-        "is abandoned, nothing of it is stored, and its reader is answered 504. Only a total "
-        "bounds an origin that trickles: it is never idle for --upstream-read-timeout.",
+        "Seconds a cache fill (the origin's headers and whole body) may take, plus one more for "
+        "every 64 KiB it has received; past it the fill is abandoned, nothing of it is stored, "
+        "and its reader is answered 504. Only a total bounds an origin that trickles: it is "
+        "never idle for --upstream-read-timeout.",
         field="fill_deadline_seconds",
     ),
     Option(

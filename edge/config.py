@@ -158,7 +158,9 @@ class Settings:
     # Every wait has an end. A cache fill (headers and whole body) that has not ended by
     # ``fill_deadline_seconds`` is abandoned: its upstream closed, its buffer given back, its
     # reader answered 504. An origin that trickles is never idle for --upstream-read-timeout, so
-    # only a total bounds it; 30 s is far past a healthy fill of --max-segment-bytes.
+    # only a total bounds it; a fill that keeps moving earns more (edge.fill_budget's
+    # ``fill_deadline_seconds``: a second per 64 KiB received), so a large body on a busy edge
+    # is not cut.
     fill_deadline_seconds: float = 30 * SECONDS
     # A reader that finds another reader's fill of the same range in flight waits for it at most
     # this long, then asks the origin itself (a relay, stored nowhere): a healthy fill ends in

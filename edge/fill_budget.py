@@ -5,6 +5,10 @@ Rules this module owns:
 * All fills together hold at most ``--fill-buffer-bytes``: while an origin answer is read, and
   until every answer made of it is written to its client (``Hold``), since an evicted segment
   still lives while a slow client reads it.
+* A fill that keeps moving is not a trickle: past its ``--fill-deadline`` it earns one more
+  second for every ``FILL_MIN_BYTES_PER_SECOND`` it has received (``fill_deadline_seconds``),
+  so a large body read on a busy edge ends while a trickle is cut at the base; the total stays
+  bounded, as one fill holds at most ``--max-segment-bytes``.
 * One fill holds at most ``--max-segment-bytes``. Past either bound the body is not buffered
   (``BodyTooLarge``): the web layer relays the client's own request instead.
 """
@@ -12,11 +16,22 @@ Rules this module owns:
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import aiohttp
 
 from edge.memory import TRIMMER
 from edge.origin import BodyTooLarge, OriginClient
+
+# The slowest an origin answer may arrive and still earn time past --fill-deadline (Apache's
+# mod_reqtimeout MinRate, for the same reason): a 40 MB body read beside a hundred others on a
+# busy edge moves at hundreds of KiB/s; the trickle that made the deadline needed is 5 B/s.
+FILL_MIN_BYTES_PER_SECOND = 64 * 1024
+
+
+def fill_deadline_seconds(base_seconds: float, received_bytes: int) -> float:
+    """Seconds a fill may take in all, from its start, having received ``received_bytes``."""
+    return base_seconds + received_bytes / FILL_MIN_BYTES_PER_SECOND
 
 
 class FillBudget:
@@ -65,11 +80,15 @@ class Hold:
 
 
 async def read_body(
-    upstream: aiohttp.ClientResponse, limit: int, budget: FillBudget
+    upstream: aiohttp.ClientResponse,
+    limit: int,
+    budget: FillBudget,
+    received: Callable[[int], None] | None = None,
 ) -> tuple[bytes, Hold]:
     """The whole body, within ``limit`` (``--max-segment-bytes``) and ``budget``; past
     either, BodyTooLarge (the web layer relays instead of buffering). The body's share of
-    the budget is the returned ``Hold``'s until every answer made of it is written."""
+    the budget is the returned ``Hold``'s until every answer made of it is written.
+    ``received`` is told the bytes taken so far after each chunk (a fill's deadline)."""
     declared = upstream.content_length
     if declared is not None and (declared > limit or declared > budget.limit - budget.used):
         raise BodyTooLarge(f"{upstream.url.path}: {declared} bytes is over the fill budget")
@@ -83,6 +102,8 @@ async def read_body(
                 raise BodyTooLarge(f"{upstream.url.path}: over the fill budget")
             taken += len(chunk)
             buffer += chunk
+            if received is not None:
+                received(taken)
         return bytes(buffer), Hold(budget, taken)
     except BaseException:
         budget.give_back(taken)

@@ -24,6 +24,7 @@ from devstack.processes import (
 )
 from edge.protocol.purge_keys import purge_keys
 from edge.protocol.sse import SseDecoder
+from tests.cdn_stand_ins import eventually
 from tests.integration.live_support import View, append_all, slow_phone, view_sse
 from tests.integration.test_passthrough import call, metric_value
 
@@ -296,11 +297,15 @@ async def test_origin_restart_with_a_data_dir_loses_and_doubles_nothing(
         url = edge.url + stream_path
         await call(crowd, "PUT", url, headers=JSON)
         parts = [json.dumps([{"i": i}]).encode() for i in range(40)]
-        viewers = [asyncio.create_task(view_sse(crowd, url)) for _ in range(50)]
+        following = [View() for _ in range(50)]
+        viewers = [asyncio.create_task(view_sse(crowd, url, view=view)) for view in following]
         writer = asyncio.create_task(
             append_all(crowd, url, parts, content_type="application/json", rate_per_second=20)
         )
         await asyncio.sleep(1.0)
+        # Every viewer is following when the origin goes: one that only arrives while it is
+        # down is answered 502 (the edge vouches for nothing of an origin that went away).
+        assert await eventually(lambda: all(view.progress for view in following), within=30)
         origin.stop()
         await asyncio.sleep(0.5)
         origin = start_origin(

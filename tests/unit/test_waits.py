@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from edge.catchup import CatchupCache, FillOverdue
 from edge.coalesce import Joined, Led, Overdue, SingleFlight
 from edge.config import Address, Settings
+from edge.fill_budget import FILL_MIN_BYTES_PER_SECOND, fill_deadline_seconds
 from edge.live.upstream_mode import (
     REFUSING,
     SSE_ATTEMPTS,
@@ -203,3 +204,24 @@ def test_sse_failing_again_and_again_rests_then_is_tried_once_more() -> None:
     # One more failure after the rest sends it back; a batch would have cleared it.
     assert isinstance(after_sse_failure(state, 500, now=200.0), SseResting)
     assert after_sse_batch(state) == SseOn()
+
+
+@given(
+    base=st.floats(0.5, 120),
+    rate=st.floats(FILL_MIN_BYTES_PER_SECOND, 1e9),
+    elapsed=st.floats(0, 3600),
+)
+def test_a_fill_that_keeps_moving_earns_its_time(base: float, rate: float, elapsed: float) -> None:
+    """A body arriving at least at the minimum rate is never cut, however long it is."""
+    received = int(rate * elapsed)
+    assert fill_deadline_seconds(base, received) > elapsed - 1.0
+
+
+@given(base=st.floats(0.5, 120), rate=st.floats(0, 64))
+def test_a_trickle_is_cut_near_the_base_deadline(base: float, rate: float) -> None:
+    """The 1 byte every 0.2 s of issue 27 (5 B/s), or anything like it, earns next to nothing:
+    the first moment its deadline is passed comes within a second of the base."""
+    elapsed = base
+    while fill_deadline_seconds(base, int(rate * elapsed)) > elapsed:
+        elapsed += 0.25
+    assert elapsed <= base + 1.0
