@@ -23,6 +23,12 @@ Rules this module owns:
   origin's long-poll.
 * Pooled connections are dropped before the origin's own keep-alive timeout (Node: 5 s), so a
   request never lands on a socket the origin is closing.
+* **A write is sent once.** aiohttp sends a request of an idempotent method (PUT and DELETE
+  among them) again, on a new connection, when the first broke before an answer; but the origin
+  may have applied the first, and answers the second otherwise (a DELETE 404, a creating PUT
+  200), which the edge would relay, and act on, as the answer to the one the client sent. A
+  broken write is ``OriginBroken`` (502), as a client of the origin alone sees a broken
+  connection: the outcome unknown, never a wrong one. Reads (``READ_METHODS``) may be asked again.
 * Every origin connection (relays, cache fills, live tails, long-poll groups) comes from the one
   pool, so its cap bounds the descriptors they hold; a request past it waits for a connection
   (within ``upstream_headers_timeout_seconds``).
@@ -45,6 +51,9 @@ from edge.log.trust import Ending
 
 # Below Node's default server keep-alive timeout (5 s).
 POOL_IDLE_SECONDS = 4.0
+# Methods aiohttp may send again on a fresh connection when the first one broke: a read asks
+# again what it asked. Every other method goes once (see the module rules).
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 BODY_CHUNK_BYTES = 64 * 1024
 
 
@@ -108,6 +117,7 @@ class OriginClient:
         self._settings = settings
         self._pool_limit = settings.upstream_max_connections if pool_limit is None else pool_limit
         self._session: aiohttp.ClientSession | None = None
+        self._writes: aiohttp.ClientSession | None = None
         self._listeners: list[AnswerListener] = []
 
     def listen_to_answers(self, listener: AnswerListener) -> None:
@@ -120,8 +130,18 @@ class OriginClient:
             keepalive_timeout=POOL_IDLE_SECONDS,
             enable_cleanup_closed=False,
         )
-        self._session = aiohttp.ClientSession(
+        self._session = self._new_session(connector, owner=True)
+        # Writes go through one pool but a session of their own that never sends a request
+        # twice (see the module rules).
+        self._writes = self._new_session(connector, owner=False)
+        self._writes._retry_connection = False  # as aiohttp's own test client turns it off
+
+    def _new_session(
+        self, connector: aiohttp.TCPConnector, *, owner: bool
+    ) -> aiohttp.ClientSession:
+        return aiohttp.ClientSession(
             connector=connector,
+            connector_owner=owner,
             auto_decompress=False,
             skip_auto_headers=("Accept", "Accept-Encoding", "User-Agent", "Content-Type"),
             timeout=aiohttp.ClientTimeout(
@@ -133,6 +153,9 @@ class OriginClient:
         )
 
     async def close(self) -> None:
+        if self._writes is not None:
+            await self._writes.close()
+            self._writes = None
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -160,12 +183,13 @@ class OriginClient:
         upstream tails set it; relayed live answers have none). The caller owns the response:
         read it with ``body_chunks`` and ``close`` it.
         """
-        if self._session is None:
+        session = self._session if method.upper() in READ_METHODS else self._writes
+        if session is None:
             raise RuntimeError("OriginClient.start() was not awaited")
         read_timeout = idle_timeout if live else self._settings.upstream_read_timeout_seconds
         try:
             async with asyncio.timeout(self._settings.upstream_headers_timeout_seconds):
-                response = await self._session.request(
+                response = await session.request(
                     method,
                     URL(self.url_for(path_qs), encoded=True),
                     headers=CIMultiDict(headers),

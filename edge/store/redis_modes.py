@@ -6,6 +6,9 @@ Rules this module owns:
   redis-py's own ``Redis``, ``RedisCluster`` (which follows ``MOVED``/``ASK`` and refreshes its
   slot map after a failover) or ``Sentinel.master_for`` (which asks the sentinels for the
   primary on every new connection). ``edge.store.shared`` sends the same commands in every mode.
+* **Every fault of reaching Redis is one of ``REDIS_ERRORS``**, whatever redis-py raises for it
+  (a connection closed under a command in flight is a RuntimeError or an AttributeError there):
+  the shared tier degrades and retries, and no such fault ends a purge or reaches a request.
 * Every command goes to a **primary**, never a replica: a replica may not have a purge's new
   generation yet, and would vouch for the bytes it guards.
 * A command that names several keys names keys of one stream only. They share a hash tag
@@ -62,7 +65,16 @@ WAIT_SHARE_OF_TIMEOUT = 0.5
 
 Commands = redis.Redis | RedisCluster
 # What reaching Redis may raise, in every mode (redis-py's cluster errors are not RedisErrors).
-REDIS_ERRORS = (RedisError, RedisClusterException, OSError, TimeoutError)
+# A connection closed under a command in flight is one too, however redis-py's asyncio client
+# lets it out: when a node dies, the cluster client closes every connection it holds to re-learn
+# the slots, and a command still using one fails with uvloop's RuntimeError ("the handler is
+# closed") or an AttributeError (the connection's writer is already None), not a
+# ConnectionError. Left out, such a fault ended a purge's retries for good (the purge was lost)
+# and reached the request that waited for it (a DELETE the origin applied, answered 500 or not
+# at all).
+REDIS_ERRORS = (
+    RedisError, RedisClusterException, OSError, TimeoutError, RuntimeError, AttributeError,
+)  # fmt: skip
 
 
 class Durability(enum.Enum):

@@ -12,7 +12,8 @@ Rules this module owns:
   generation read *in the same round trip* (one ``MGET``), so a segment written before a purge,
   or by a replica that had not heard of it yet, is never served again by anyone, including
   replicas that were partitioned or started later. The generation key outlives every value it
-  guards.
+  guards. A purge of a stream supersedes the one before it (which stops being retried): whoever
+  waits for the older one (``purged``) waits for the newer, and is never cancelled by it.
 * Every value read is validated (shape, types, offsets, stamp); a bad one is a miss, deleted.
 * Writes happen in the background and never delay a response; when too many are pending (Redis
   slow) new ones are dropped and counted, since the origin still has every byte.
@@ -540,16 +541,22 @@ class SharedTier:
         """Wait up to ``timeout_seconds`` for the purge of ``stream`` to be durable; not at all
         while the tier is not up (Redis is away or never answered: waiting would only delay
         the client)."""
-        task = self._purges.get(stream)
-        if task is None:
-            return stream not in self.pending_purges
-        if not self.up:
-            return False
-        try:
-            async with asyncio.timeout(timeout_seconds):
-                return await asyncio.shield(task)
-        except TimeoutError:
-            return False
+        deadline = time.monotonic() + timeout_seconds
+        while True:
+            task = self._purges.get(stream)
+            if task is None:
+                return stream not in self.pending_purges
+            if not self.up:
+                return False
+            # Waited on, never awaited: a newer purge of the stream cancels this one (``purge``),
+            # and a cancellation must not reach the request waiting (a DELETE the origin applied
+            # would go unanswered, as if its client had gone).
+            await asyncio.wait({task}, timeout=max(0.0, deadline - time.monotonic()))
+            if not task.done():
+                return False
+            if task.cancelled():
+                continue  # superseded by a newer purge of the stream: it is the one to wait for
+            return task.exception() is None and task.result()
 
     async def _purge_until_written(self, stream: str, generation: str, only_if_known: bool) -> bool:
         delay = PURGE_RETRY_FIRST_SECONDS
