@@ -38,8 +38,11 @@ Rules this module owns:
 * **Replicas agree through generations.** With a shared tier, a replica confirms a stream's
   generation at most every ``GENERATION_CHECK_SECONDS`` before serving it, after its purge
   channel reconnects (``resync``), and on every shared read; a generation it did not know means
-  another replica purged the stream: it forgets its own copy. While the tier cannot say, what
-  is held is served for a bounded time after its last confirmation (``edge.log.trust``).
+  another replica purged the stream: it forgets its own copy. A generation key Redis lost
+  (restarted empty, expired, evicted) confirms nothing: the tier mints a new one in its place
+  (``edge.store.shared``), so every replica holding the stream forgets it once and asks the
+  origin, which says 404 for a stream deleted meanwhile. While the tier cannot say (Redis down),
+  what is held is served for a bounded time after its last confirmation (``edge.log.trust``).
 * **Every origin answer is evidence, whatever request it answered.** A 404 or 410 (the core's
   ``says_gone``) to a read, a write (``judge_write``), a DELETE, a HEAD, ``offset=now``, a live
   upstream or the edge's own lifetime probe ends the instance held as a DELETE through the edge

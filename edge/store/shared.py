@@ -5,15 +5,28 @@ Rules this module owns:
 * Only immutable facts are shared: segments, and the final offset of a closed stream, each
   stamped with the stream's **generation**. Where a stream's tail is now is not shared: each
   replica learns that from the origin or its own live tail.
-* **Generations make purges durable.** Each stream has a generation key (absent means ``"0"``).
-  A purge writes a fresh random generation, retried until Redis takes it (in cluster and
-  sentinel mode, until a replica has it too, so a failover keeps it: ``edge.store.redis_modes``),
-  and publishes the stream on one channel. A value is served only when its stamp equals the
-  generation read *in the same round trip* (one ``MGET``), so a segment written before a purge,
-  or by a replica that had not heard of it yet, is never served again by anyone, including
-  replicas that were partitioned or started later. The generation key outlives every value it
-  guards. A purge of a stream supersedes the one before it (which stops being retried): whoever
-  waits for the older one (``purged``) waits for the newer, and is never cancelled by it.
+* **Generations make purges durable.** Each stream has a generation key. A purge writes a fresh
+  random generation, retried until Redis takes it (in cluster and sentinel mode, until a replica
+  has it too, so a failover keeps it: ``edge.store.redis_modes``), and publishes the stream on
+  one channel. A value is served only when its stamp equals the generation read *in the same
+  round trip* (one ``MGET``), so a segment written before a purge, or by a replica that had not
+  heard of it yet, is never served again by anyone, including replicas that were partitioned or
+  started later. The generation key outlives every value it guards. A purge of a stream
+  supersedes the one before it (which stops being retried): whoever waits for the older one
+  (``purged``) waits for the newer, and is never cancelled by it.
+* **An absent generation key means lost, never a generation.** It was never written, or Redis
+  lost it (restarted empty, expired, evicted) and with it maybe a purge, or the keys a purge
+  finds: an absent key must not confirm what a replica holds. A read that finds it absent
+  (``generation``, ``get``) mints a fresh generation as a purge does and stores it only if the
+  key is still absent (``SET NX``, the key's own slot), then adopts whatever is stored, its own
+  or another replica's that won the race: every replica that holds another generation forgets
+  at its next check and asks the origin. The price is once per stream and per loss: the first
+  check after Redis lost the key (or after the edge first ran with this rule) has every
+  replica read the stream from the origin again. A minted generation is not replicated first
+  (``WAIT``): if a failover loses it, it is absent again, so minted again, and forgotten again.
+  A closure read with no generation key is no closure (``get_closed``): it names none. While
+  Redis cannot be asked nothing is minted: what a replica holds alone is served only within the
+  bound of ``edge.log.trust`` after its last confirmation.
 * Every value read is validated (shape, types, offsets, stamp); a bad one is a miss, deleted.
 * Writes happen in the background and never delay a response; when too many are pending (Redis
   slow) new ones are dropped and counted, since the origin still has every byte.
@@ -61,7 +74,6 @@ log = logging.getLogger(__name__)
 
 KEY_PREFIX = "edge:v2"
 PURGE_CHANNEL = f"{KEY_PREFIX}:purge"
-INITIAL_GENERATION = "0"
 MAX_PENDING_WRITES = 256
 # Commands (or one purge's or write's sequence of them) in flight at once, each on a connection
 # of its own: redis-py's pool never closes one, so without this bound it would keep as many as
@@ -228,9 +240,11 @@ def _content_type_ok(content_type: object) -> bool:
     )
 
 
-def _generation(blob: object) -> str:
+def _generation(blob: object) -> str | None:
+    """The generation a generation key's value names; None for an absent key, which names
+    none: it was lost (or never written), so it confirms nothing (the caller mints one)."""
     if blob is None:
-        return INITIAL_GENERATION
+        return None
     if isinstance(blob, bytes) and blob.isascii() and 0 < len(blob) <= 64:
         return blob.decode()
     raise BadValue("bad generation")
@@ -397,20 +411,52 @@ class SharedTier:
         values = await self._mget("generation", generation_key(stream))
         if values is None:
             return None
+        return await self._generation_of(stream, values[0], "generation")
+
+    async def _generation_of(self, stream: str, blob: object, op: str) -> str | None:
+        """The generation a read of the stream's key found; an absent key is lost, so a fresh
+        one is minted in its place. None when the tier cannot say."""
         try:
-            return _generation(values[0])
+            found = _generation(blob)
         except BadValue:
-            self._count("generation", "error")
+            self._count(op, "error")
             return None
+        if found is not None:
+            return found
+        return await self._mint(stream)
+
+    async def _mint(self, stream: str) -> str | None:
+        """Store a fresh generation for ``stream`` unless one is there by now, and return the
+        one stored (another replica's, if it won the race); None when the tier cannot say."""
+        name = generation_key(stream)
+        try:
+            async with (
+                asyncio.timeout(self._timeout * 4),
+                self._commands,
+                self._client.pipeline(transaction=False) as pipe,
+            ):
+                # One key, so one slot and one round trip in every mode; the same TTL as a
+                # purge's generation, renewed by every write it guards (``_put``).
+                pipe.set(name, new_generation(), ex=self._ttl * 2, nx=True)
+                pipe.get(name)
+                _, stored = await pipe.execute()
+        except Errors as error:
+            self._failed("mint", error)
+            return None
+        self._succeeded()
+        try:
+            minted = _generation(stored)
+        except BadValue:
+            minted = None
+        self._count("mint", "ok" if minted is not None else "error")
+        return minted  # None: gone again at once (expired, a flush): ask again next check
 
     async def get(self, key: LogKey, start: str) -> Lookup | None:
         values = await self._mget("get", generation_key(key.stream), segment_key(key, start))
         if values is None:
             return None
-        try:
-            generation = _generation(values[0])
-        except BadValue:
-            self._count("get", "error")
+        generation = await self._generation_of(key.stream, values[0], "get")
+        if generation is None:
             return None
         if values[1] is None:
             self._count("get", "miss")
@@ -443,6 +489,7 @@ class SharedTier:
             await self._discard(closed_key(key))
             return None
         self._count("get", "hit")
+        # No key (current None) names no generation, so no closure is of one.
         return closure if stamp == current == generation else None
 
     def put(

@@ -99,13 +99,6 @@ async def _redis_up(http: aiohttp.ClientSession, edge: Edge, bound: float) -> bo
     return False
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a 404 on a replica that held nothing purges the shared tier only if Redis holds "
-    "something of the stream (only_if_known); a Redis that lost the stream's keys holds "
-    "nothing, so no purge is published, and the replica that held the stream keeps serving "
-    "it: its generation '0' (no key) is confirmed by an absent key",
-)
 @pytest.mark.parametrize("loss", ["restarted_empty", "evicted"])
 async def test_a_stream_deleted_after_redis_lost_its_keys_is_not_served_by_the_replica_that_held_it(
     loss: str,

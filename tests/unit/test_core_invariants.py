@@ -32,10 +32,12 @@ from edge.protocol.offsets import START, is_offset_token
 from edge.store.shared import (
     BadValue,
     SharedClosure,
+    _generation,
     decode,
     decode_closed,
     encode,
     encode_closed,
+    new_generation,
 )
 
 KEY = LogKey(stream="/s", scope="public")
@@ -203,6 +205,21 @@ def test_bad_closures_are_refused() -> None:
     closure = SharedClosure(end="0_1", content_type="text/plain", seen_at=1.5)
     assert decode_closed(json.dumps(good).encode()) == (closure, "g")
     assert decode_closed(encode_closed(closure, "g")) == (closure, "g")
+
+
+@given(stamp=st.one_of(st.just("0"), st.just(""), any_text))
+def test_an_absent_generation_key_names_no_generation(stamp: str) -> None:
+    """A generation key Redis lost (restarted empty, expired, evicted) or never had confirms no
+    stamp a replica holds, not even the old default "0": the tier mints one in its place."""
+    assert _generation(None) is None
+    assert _generation(None) != stamp
+
+
+@given(count=st.integers(min_value=1, max_value=20))
+def test_a_minted_generation_is_read_back_as_itself(count: int) -> None:
+    for _ in range(count):
+        minted = new_generation()
+        assert _generation(minted.encode()) == minted
 
 
 def test_content_digests_tell_bytes_apart_not_offsets() -> None:
