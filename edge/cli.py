@@ -410,6 +410,15 @@ SERVE_OPTIONS = (
         field="keepalive_timeout_seconds",
     ),
     Option(
+        "--body-timeout",
+        _duration,
+        "20",
+        "Seconds a request body may take after its head, plus one more for every KiB it has "
+        "delivered; past it the connection is answered 408 and closed, and nothing of the "
+        "request reaches the origin as if whole.",
+        field="body_timeout_seconds",
+    ),
+    Option(
         "--max-connections",
         _positive_int,
         "0",
@@ -604,7 +613,8 @@ TOPICS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ),
     (
         "limits",
-        ("--max-viewers", "--max-connections", "--header-timeout", "--keepalive-timeout"),
+        ("--max-viewers", "--max-connections", "--header-timeout", "--keepalive-timeout",
+         "--body-timeout"),
     ),
     (
         "cdn in front",

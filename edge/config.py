@@ -172,6 +172,10 @@ class Settings:
     # (0 = derived from the open-file limit at start-up: edge.web.descriptors).
     header_timeout_seconds: float = 10 * SECONDS
     keepalive_timeout_seconds: float = 60 * SECONDS
+    # A request body must be whole this soon after its head, plus a second for every KiB it has
+    # delivered (edge.web.connection_table's ``body_deadline``); past it the connection is
+    # answered 408 and closed, so bodies that trickle cannot hold the connection slots.
+    body_timeout_seconds: float = 20 * SECONDS
     max_connections: int = 0
     # Immutable shared hits answered from stored, pre-serialised responses (edge.web.fastpath).
     fast_path: bool = True
@@ -245,6 +249,7 @@ class Settings:
             "sse_buffer_bytes",
             "header_timeout_seconds",
             "keepalive_timeout_seconds",
+            "body_timeout_seconds",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError("{" + name + "} must be positive")

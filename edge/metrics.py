@@ -117,7 +117,8 @@ def _listener_families(stats: ListenerStats) -> Iterator[Metric]:
     closed_family = CounterMetricFamily(
         "edge_client_connections_closed",
         "Client connections the edge closed itself, by reason: header_timeout, "
-        "keepalive_timeout, evicted (the longest idle, to make room at --max-connections), "
+        "keepalive_timeout, body_timeout (a request body slower than --body-timeout), evicted "
+        "(the longest idle, to make room at --max-connections), "
         "refused (a plain 503: no room even to read the request).",
         labels=["reason"],
     )

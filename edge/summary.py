@@ -64,7 +64,8 @@ def limits_summary(holds: str, settings: Settings) -> str:
     (``edge.web.descriptors.holds_line``), and its timeouts."""
     return (
         f"{holds}; header timeout {_seconds(settings.header_timeout_seconds)}, keep-alive "
-        f"timeout {_seconds(settings.keepalive_timeout_seconds)}"
+        f"timeout {_seconds(settings.keepalive_timeout_seconds)}, body timeout "
+        f"{_seconds(settings.body_timeout_seconds)}"
     )
 
 

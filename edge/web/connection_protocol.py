@@ -50,6 +50,8 @@ log = logging.getLogger(__name__)
 MAX_WAITING_BYTES = 64 * 1024
 # What a refused connection's request line may take to arrive whole (the rest is discarded).
 MAX_REFUSED_LINE_BYTES = 8192
+# The answer to a request whose body came slower than the connection table's body deadline.
+REQUEST_TIMEOUT = b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 
 
 def protocol_factory(
@@ -143,6 +145,7 @@ class _Connection(asyncio.Protocol):
         self._tracker.bytes_received(self._transport)
         if mode is _Mode.DELEGATED:
             self._ensure_inner().data_received(data)
+            self._body_progress(len(data))
             return
         self._buffer += data
         if mode is _Mode.WAITING:
@@ -217,9 +220,32 @@ class _Connection(asyncio.Protocol):
         if pending:
             inner.data_received(pending)
 
+    def _body_progress(self, size: int) -> None:
+        """aiohttp has parsed what came: the body in hand earns time, or is whole."""
+        in_hand, transport = self._in_hand, self._transport
+        if in_hand is None or transport is None:
+            return
+        if in_hand.content.is_eof():
+            self._tracker.body_ended(transport)
+        else:
+            self._tracker.body_received(transport, size)
+
+    def body_timed_out(self) -> None:
+        """The body in hand came too slowly (the tracker closes the transport next): answer 408
+        if nothing of an answer has been written. The close makes aiohttp's read of the body
+        fail, so a write relayed upstream is cut short there too, never sent partly as whole.
+        ``output_size``: what aiohttp's writer has given the transport (aiohttp 3.x)."""
+        in_hand, transport = self._in_hand, self._transport
+        if in_hand is None or transport is None or transport.is_closing():
+            return
+        if in_hand._payload_writer.output_size == 0:
+            transport.write(REQUEST_TIMEOUT)
+
     def request_started(self, request: web.BaseRequest) -> None:
         """The application has ``request`` in hand (the tracker's middleware)."""
         self._in_hand = request
+        if self._transport is not None and not request.content.is_eof():
+            self._tracker.body_started(self._transport)
         if self._sending_done:
             self._close_when_answered()
 

@@ -10,7 +10,11 @@ Rules this module owns:
   (keep-alive, between requests).
 * HEAD lasts at most ``header_timeout`` from the connect or from that first byte; IDLE at most
   ``keepalive_timeout`` from the end of the last request; then the connection is closed. BUSY
-  has no deadline here: SSE, long-polls and relays are bounded by their own settings.
+  has no deadline here (SSE, long-polls and relays are bounded by their own settings) but for
+  a request body still arriving: it must be whole by ``body_deadline`` (``body_timeout`` from
+  the start of the request, plus a second for every ``BODY_MIN_BYTES_PER_SECOND`` received:
+  mod_reqtimeout's ``body=…,MinRate=…``), so a body that trickles cannot hold its slot for
+  ever; past it the connection is closed (``Expiry`` with phase BUSY).
 * At most ``max_connections`` are open, and ``at_cap`` more while every one of them is busy: a
   newcomer past ``max_connections`` is admitted without evicting anyone, and its request's
   kind decides (``request_kind``), so a writer is told from a viewer before anyone is cut.
@@ -46,6 +50,16 @@ from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
 
+# A request body earns a second more of ``body_timeout`` for every this many bytes it delivers:
+# a slow but honest upload keeps going, a trickle of a byte now and then does not.
+BODY_MIN_BYTES_PER_SECOND = 1024
+
+
+def body_deadline(started: float, timeout_seconds: float, received_bytes: int) -> float:
+    """When a request body begun at ``started`` must be whole, having delivered
+    ``received_bytes`` so far."""
+    return started + timeout_seconds + received_bytes / BODY_MIN_BYTES_PER_SECOND
+
 
 class Phase(Enum):
     HEAD = "head"
@@ -69,6 +83,8 @@ class Limits:
     max_live: int | None = None
     # Connections past max_connections whose heads are read while every one under it is busy.
     at_cap: int = 0
+    # Seconds a request body may take before it earns more (``body_deadline``); None: no end.
+    body_timeout_seconds: float | None = None
 
     @property
     def live_cap(self) -> int:
@@ -85,7 +101,9 @@ class Admission(Generic[K]):
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Expiry(Generic[K]):
     key: K
-    phase: Phase  # HEAD: the header deadline passed; IDLE: the keep-alive timeout
+    # HEAD: the header deadline passed; IDLE: the keep-alive timeout; BUSY: a request body
+    # arrived slower than its ``body_deadline`` allows.
+    phase: Phase
 
 
 def _never(_: object) -> bool:
@@ -110,6 +128,8 @@ class ConnectionTable(Generic[K]):
         self._idle_order: OrderedDict[K, None] = OrderedDict()
         # Connections whose request in progress is a live reader.
         self._live: set[K] = set()
+        # BUSY connections whose request body is still arriving: (started, bytes received).
+        self._bodies: dict[K, tuple[float, int]] = {}
 
     def __len__(self) -> int:
         return len(self._phase)
@@ -183,6 +203,27 @@ class ConnectionTable(Generic[K]):
             del self._deadlines[Phase.IDLE][key]
             self._wait(key, Phase.HEAD, now)
 
+    def body_started(self, key: K, now: float) -> None:
+        """The request in progress on ``key`` has a body not yet whole: its deadline runs."""
+        if self.limits.body_timeout_seconds is not None and self._phase.get(key) is Phase.BUSY:
+            self._bodies[key] = (now, 0)
+
+    def body_received(self, key: K, size: int) -> None:
+        body = self._bodies.get(key)
+        if body is not None:
+            self._bodies[key] = (body[0], body[1] + size)
+
+    def body_ended(self, key: K) -> None:
+        """The body is whole (or the request over): no deadline of its own any more."""
+        self._bodies.pop(key, None)
+
+    def body_deadline(self, key: K) -> float | None:
+        body = self._bodies.get(key)
+        timeout = self.limits.body_timeout_seconds
+        if body is None or timeout is None:
+            return None
+        return body_deadline(body[0], timeout, body[1])
+
     def request_started(self, key: K) -> None:
         phase = self._phase.get(key)
         if phase is None:
@@ -202,6 +243,7 @@ class ConnectionTable(Generic[K]):
             return
         del self._requests[key]
         self._live.discard(key)
+        self._bodies.pop(key, None)
         self._wait(key, Phase.IDLE, now)
         self._idle_order[key] = None
 
@@ -231,6 +273,7 @@ class ConnectionTable(Generic[K]):
     def forget(self, key: K) -> bool:
         """The connection is closed (or being closed by us); False if it was not known."""
         self._live.discard(key)
+        self._bodies.pop(key, None)
         phase = self._phase.pop(key, None)
         if phase is None:
             return False
@@ -257,4 +300,18 @@ class ConnectionTable(Generic[K]):
                     continue
                 self.forget(key)
                 expired.append(Expiry(key=key, phase=phase))
+        # Each body earns its own deadline, so no queue keeps them in order: a scan, bounded by
+        # the open connections, once a sweep.
+        timeout = self.limits.body_timeout_seconds
+        late = [
+            key
+            for key, (started, received) in self._bodies.items()
+            if timeout is not None and body_deadline(started, timeout, received) <= now
+        ]
+        for key in late:
+            if flushing(key):
+                self._bodies[key] = (now, 0)  # sending an answer: its clock starts again
+                continue
+            self.forget(key)
+            expired.append(Expiry(key=key, phase=Phase.BUSY))
         return expired

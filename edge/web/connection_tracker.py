@@ -11,8 +11,10 @@ Rules this module owns:
   (``request_done``), so the connection knows when its next head may be answered. It tells the
   connection too when a request starts (``request_started``) and is classified
   (``request_classified``): a half-closed client's connection decides on both.
-* Deadlines are enforced by one sweep per listener, every quarter of the shorter timeout (kept
-  between 50 ms and 1 s); a transport that fails to close does not stop the sweep.
+* Deadlines are enforced by one sweep per listener, every quarter of the shortest timeout (kept
+  between 50 ms and 1 s); a transport that fails to close does not stop the sweep. A request
+  whose body is past its deadline is answered 408 by its connection (``body_timed_out``: if
+  nothing of an answer was written) before the close.
 * The kind hook: the application tells the tracker what each request is once it has classified
   it (``request_kind``: a live reader or a short request) and when a live one ends
   (``live_ended``); the table decides, the tracker closes whom it evicts and says which
@@ -24,7 +26,7 @@ Rules this module owns:
   once.
 * An operator is warned when a cap is hit, at most once a minute per kind (evicting,
   refusing, turning viewers away).
-* Counters (evicted, refused, header and keep-alive timeouts, refusals by request kind and
+* Counters (evicted, refused, header, keep-alive and body timeouts, refusals by request kind and
   reason) are plain attributes, read at scrape time.
 
 The connections themselves are ``edge.web.connection_protocol``'s; the tracker knows them only
@@ -36,7 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Protocol, cast
+from typing import Protocol, assert_never, cast
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
@@ -79,6 +81,8 @@ class TrackedConnection(Protocol):
 
     def close_if_idle(self) -> None: ...
 
+    def body_timed_out(self) -> None: ...
+
 
 def _flushing(transport: asyncio.Transport) -> bool:
     return transport.get_write_buffer_size() > 0
@@ -96,6 +100,7 @@ class ConnectionTracker:
         self.refusals: dict[tuple[str, str], int] = {}
         self.header_timeouts = 0
         self.keepalive_timeouts = 0
+        self.body_timeouts = 0
         self._lingering = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sweeper: asyncio.Task[None] | None = None
@@ -119,6 +124,7 @@ class ConnectionTracker:
             closed={
                 "header_timeout": self.header_timeouts,
                 "keepalive_timeout": self.keepalive_timeouts,
+                "body_timeout": self.body_timeouts,
                 "evicted": self.evicted,
                 "refused": self.refused,
             },
@@ -133,7 +139,10 @@ class ConnectionTracker:
 
     def start(self) -> None:
         limits = self.table.limits
-        tick = min(limits.header_timeout_seconds, limits.keepalive_timeout_seconds) / 4
+        timeouts = [limits.header_timeout_seconds, limits.keepalive_timeout_seconds]
+        if limits.body_timeout_seconds is not None:
+            timeouts.append(limits.body_timeout_seconds)
+        tick = min(timeouts) / 4
         self._sweeper = self.loop.create_task(self._sweep(min(max(tick, 0.05), 1.0)))
 
     async def stop(self) -> None:
@@ -237,6 +246,15 @@ class ConnectionTracker:
     def bytes_received(self, transport: asyncio.Transport) -> None:
         self.table.bytes_received(transport, self.loop.time())
 
+    def body_started(self, transport: asyncio.Transport) -> None:
+        self.table.body_started(transport, self.loop.time())
+
+    def body_received(self, transport: asyncio.Transport, size: int) -> None:
+        self.table.body_received(transport, size)
+
+    def body_ended(self, transport: asyncio.Transport) -> None:
+        self.table.body_ended(transport)
+
     def closed(self, transport: asyncio.Transport) -> None:
         self.table.forget(transport)
         self._connections.pop(transport, None)
@@ -273,11 +291,21 @@ class ConnectionTracker:
         while True:
             await asyncio.sleep(tick)
             for expiry in self.table.expire(self.loop.time(), flushing=_flushing):
-                if expiry.phase is Phase.HEAD:
-                    self.header_timeouts += 1
-                else:
-                    self.keepalive_timeouts += 1
+                phase = expiry.phase
+                connection = None
+                match phase:
+                    case Phase.HEAD:
+                        self.header_timeouts += 1
+                    case Phase.IDLE:
+                        self.keepalive_timeouts += 1
+                    case Phase.BUSY:
+                        self.body_timeouts += 1
+                        connection = self._connections.get(expiry.key)
+                    case _:
+                        assert_never(phase)
                 try:
+                    if connection is not None:
+                        connection.body_timed_out()  # a 408 if it can, then the close
                     expiry.key.close()
                 except Exception:  # one odd transport must not end every deadline after it
                     log.exception("closing an expired connection failed")

@@ -145,6 +145,7 @@ def limits_for(settings: Settings, each: DescriptorBudget) -> Limits:
     return Limits(
         header_timeout_seconds=settings.header_timeout_seconds,
         keepalive_timeout_seconds=settings.keepalive_timeout_seconds,
+        body_timeout_seconds=settings.body_timeout_seconds,
         max_connections=each.clients,
         max_live=each.live,
         at_cap=each.at_cap,

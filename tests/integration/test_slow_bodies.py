@@ -30,7 +30,7 @@ TRICKLE_PAUSE_SECONDS = 0.2
 def capped(origin: Origin, logs_dir: Path) -> Iterator[Edge]:
     edge = start_edge(
         origin.url, logs_dir, "--max-connections", str(MAX_CONNECTIONS), "--header-timeout", "2",
-        name="slow-bodies",
+        "--body-timeout", "0.5", name="slow-bodies",
     )  # fmt: skip
     yield edge
     edge.stop()
@@ -58,15 +58,7 @@ async def _trickle(url: str, path: str, started: asyncio.Event, count: list[int]
             writer.close()
 
 
-SLOW_BODIES_HOLD_SLOTS = pytest.mark.xfail(
-    strict=True,
-    reason="a request's body has no deadline and no minimum rate (the connection table gives a "
-    "BUSY connection no deadline; --header-timeout ends with the head), so writes whose bodies "
-    "trickle hold every connection slot and a reader past the cap is refused 503",
-)
-
-
-@pytest.mark.parametrize("target", ["origin", pytest.param("edge", marks=SLOW_BODIES_HOLD_SLOTS)])
+@pytest.mark.parametrize("target", ["origin", "edge"])
 async def test_writes_whose_bodies_trickle_do_not_keep_readers_out(
     http: aiohttp.ClientSession, origin: Origin, capped: Edge, stream_path: str, target: str
 ) -> None:
@@ -89,3 +81,35 @@ async def test_writes_whose_bodies_trickle_do_not_keep_readers_out(
         for trickler in tricklers:
             trickler.cancel()
         await asyncio.gather(*tricklers, return_exceptions=True)
+
+
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+async def test_a_write_whose_body_stalls_is_answered_408_and_never_applied(
+    http: aiohttp.ClientSession, origin: Origin, capped: Edge, stream_path: str, framing: str
+) -> None:
+    """A POST whose body stops half-way past --body-timeout is answered 408 and closed, and the
+    part of it that came is not appended: the edge relays bodies as they arrive, so the cut must
+    reach the origin as an incomplete body, never as a whole one."""
+    await write(http, origin.url + stream_path, [b"before"])
+    host, _, port = capped.url.removeprefix("http://").partition(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        framing_header = (
+            "Content-Length: 100\r\n"
+            if framing == "content-length"
+            else "Transfer-Encoding: chunked\r\n"
+        )
+        part = b"partial"
+        sent = part if framing == "content-length" else b"%x\r\n%s\r\n" % (len(part), part)
+        writer.write(
+            f"POST {stream_path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: text/plain\r\n"
+            f"{framing_header}\r\n".encode()
+            + sent
+        )
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), 10)  # the edge closes: read to EOF
+    finally:
+        writer.close()
+    assert answer.startswith(b"HTTP/1.1 408 "), answer
+    after = await fetch(http, "GET", f"{origin.url}{stream_path}?offset=-1")
+    assert (after.status, after.body) == (200, b"before")

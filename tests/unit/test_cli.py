@@ -59,6 +59,7 @@ def test_every_flag_reads_its_env_and_the_flag_wins() -> None:
         "EDGE_FILL_WAIT": "500ms",
         "EDGE_HEADER_TIMEOUT": "4",
         "EDGE_KEEPALIVE_TIMEOUT": "20",
+        "EDGE_BODY_TIMEOUT": "15",
         "EDGE_MAX_CONNECTIONS": "500",
         "EDGE_FAST_PATH": "off",
         "EDGE_ORIGIN_HEALTH_PATH": "/healthz",
@@ -124,6 +125,7 @@ def test_every_flag_reads_its_env_and_the_flag_wins() -> None:
     assert settings.fill_buffer_bytes == 8 * 1024 * 1024
     assert settings.header_timeout_seconds == 4
     assert settings.keepalive_timeout_seconds == 20
+    assert settings.body_timeout_seconds == 15
     assert settings.max_connections == 500
     assert settings.origin_health_path == "/healthz"
     assert settings.purge_token == "s3cret"
@@ -310,6 +312,7 @@ def test_new_defaults() -> None:
     settings = parse_settings(["serve", "--origin", "http://o"], {})
     assert settings.header_timeout_seconds == 10
     assert settings.keepalive_timeout_seconds == 60
+    assert settings.body_timeout_seconds == 20
     assert settings.max_connections == 0  # derived from the open-file limit at start-up
     assert settings.max_viewers == 0  # what the connections leave after the short reserve
     assert settings.upstream_max_connections == 0  # an eighth of the open-file limit
@@ -329,6 +332,7 @@ def test_every_setting_has_exactly_one_flag() -> None:
     [
         (["--sse-max-seconds", "1"], "--sse-max-seconds must be 0 (never) or at least 5"),
         (["--header-timeout", "0"], "--header-timeout must be positive"),
+        (["--body-timeout", "0"], "--body-timeout must be positive"),
         (["--keepalive-timeout", "-1"], "--keepalive-timeout must be positive"),
         (["--max-connections", "-1"], "--max-connections='-1': must be >= 0"),
         (["--origin-health-path", "healthz"], "--origin-health-path must start with /"),

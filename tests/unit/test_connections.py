@@ -10,12 +10,14 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from edge.web.connection_table import (
+    BODY_MIN_BYTES_PER_SECOND,
     Admission,
     ConnectionTable,
     Expiry,
     Limits,
     Phase,
     Refusal,
+    body_deadline,
 )
 from edge.web.connection_tracker import REFUSAL
 from edge.web.descriptors import (
@@ -67,6 +69,100 @@ def test_a_busy_connection_has_no_deadline_and_idles_after_its_request() -> None
     t.request_finished("a", 10_000.0)
     assert (t.phase("a"), t.deadline("a")) == (Phase.IDLE, 10_000.0 + KEEPALIVE)
     assert t.expire(10_000.0 + KEEPALIVE) == [Expiry(key="a", phase=Phase.IDLE)]
+
+
+BODY = 5.0
+
+
+def body_table() -> ConnectionTable[str]:
+    return ConnectionTable(
+        Limits(
+            header_timeout_seconds=HEADER,
+            keepalive_timeout_seconds=KEEPALIVE,
+            max_connections=100,
+            body_timeout_seconds=BODY,
+        )
+    )
+
+
+def test_a_body_that_trickles_is_cut_at_its_deadline() -> None:
+    t = body_table()
+    t.admit("slow", 0.0)
+    t.request_started("slow")
+    t.body_started("slow", 1.0)
+    for _ in range(10):  # a byte now and then (slowloris with a whole head)
+        t.body_received("slow", 1)
+    assert t.body_deadline("slow") == 1.0 + BODY + 10 / BODY_MIN_BYTES_PER_SECOND
+    assert t.expire(1.0 + BODY) == []
+    assert t.expire(1.0 + BODY + 0.01) == [Expiry(key="slow", phase=Phase.BUSY)]
+    assert t.phase("slow") is None
+
+
+def test_a_body_that_keeps_its_rate_or_ends_is_not_cut() -> None:
+    t = body_table()
+    for key in ("upload", "done"):
+        t.admit(key, 0.0)
+        t.request_started(key)
+        t.body_started(key, 0.0)
+    t.body_received("upload", 60 * BODY_MIN_BYTES_PER_SECOND)  # a minute's more time earned
+    t.body_ended("done")  # whole: the handler's own settings bound the rest of the request
+    assert t.body_deadline("done") is None
+    assert t.expire(BODY + 59) == []
+    assert t.phase("upload") is t.phase("done") is Phase.BUSY
+    t.request_finished("upload", BODY + 59)  # the request's end ends its body's deadline
+    assert t.body_deadline("upload") is None
+    # Its keep-alive timeout, nothing else.
+    assert t.expire(10_000.0) == [Expiry(key="upload", phase=Phase.IDLE)]
+
+
+def test_a_body_deadline_spares_an_answer_being_sent_and_needs_a_setting() -> None:
+    t = body_table()
+    t.admit("a", 0.0)
+    t.request_started("a")
+    t.body_started("a", 0.0)
+    assert t.expire(BODY, flushing=lambda k: k == "a") == []
+    assert t.body_deadline("a") == 2 * BODY  # its clock started again
+    unset = table()
+    unset.admit("a", 0.0)
+    unset.request_started("a")
+    unset.body_started("a", 0.0)
+    assert (unset.body_deadline("a"), unset.expire(10_000.0)) == (None, [])
+
+
+@given(
+    st.floats(min_value=0, max_value=1e6),
+    st.floats(min_value=0.001, max_value=1e4),
+    st.lists(st.integers(min_value=0, max_value=1 << 20), max_size=20),
+)
+def test_a_body_earns_time_by_what_it_delivers_and_only_by_that(
+    started: float, timeout: float, chunks: list[int]
+) -> None:
+    """The deadline grows with every byte received, never shrinks, and never passes the base
+    plus a second per BODY_MIN_BYTES_PER_SECOND: a trickle cannot buy more than it sends."""
+    t = ConnectionTable(
+        Limits(
+            header_timeout_seconds=HEADER,
+            keepalive_timeout_seconds=KEEPALIVE,
+            max_connections=4,
+            body_timeout_seconds=timeout,
+        )
+    )
+    t.admit("a", started)
+    t.request_started("a")
+    t.body_started("a", started)
+    received, last = 0, t.body_deadline("a")
+    assert last == body_deadline(started, timeout, 0) == started + timeout
+    for size in chunks:
+        t.body_received("a", size)
+        received += size
+        deadline = t.body_deadline("a")
+        assert deadline is not None
+        assert last is not None
+        assert deadline >= last
+        assert deadline == body_deadline(started, timeout, received)
+        last = deadline
+    assert last is not None
+    assert t.expire(last) == [Expiry(key="a", phase=Phase.BUSY)]
 
 
 def test_the_next_requests_first_byte_starts_its_header_deadline() -> None:
