@@ -68,7 +68,7 @@ from edge.store.local import LocalTier
 from edge.store.shared import SharedTier
 from edge.streams import Streams
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 COMPRESS_MIN_BYTES = 1024
 # Pulling a long chain from the shared tier is one round trip per segment; past this many the
@@ -320,20 +320,20 @@ class CatchupCache:
         key = LogKey(stream=read.stream, scope=read.scope)
         await self.streams.check_generation(key.stream)
         plan = self._plan(key, START)
-        log_ = self.local.log(key)
-        if not isinstance(plan, Hit) or not plan.up_to_date or log_ is None:
+        log = self.local.log(key)
+        if not isinstance(plan, Hit) or not plan.up_to_date or log is None:
             return None
-        instance = log_.instance
+        instance = log.instance
         if not instance.lifetime_known or instance.remaining_seconds(self._clock()) is not None:
             return None
         segments, end = plan.coverage.segments, plan.coverage.end
         closed = plan.closed
-        digest = content_digest(segments, log_.content_type)
+        digest = content_digest(segments, log.content_type)
         tag = etag(read.stream, START, end, digest=digest, closed=closed, encoding=None)
-        verdict = never_stored(shared=log_.key.scope == PUBLIC_SCOPE)
+        verdict = never_stored(shared=log.key.scope == PUBLIC_SCOPE)
         generation = instance.generation
         headers = answer_headers(
-            log_, next_offset=end, up_to_date=False, closed=closed, tag=tag, verdict=verdict,
+            log, next_offset=end, up_to_date=False, closed=closed, tag=tag, verdict=verdict,
             keys=keys_of(read.stream, generation), varies_by_encoding=False,
         )  # fmt: skip
         derivation = Derivation(
@@ -359,14 +359,14 @@ class CatchupCache:
         resolved = await self.resolve(key, offset, credentials)
         plan, fill = resolved.plan, resolved.fill
         if isinstance(plan, Hit):
-            log_ = self.local.log(key)
-            assert log_ is not None
+            log = self.local.log(key)
+            assert log is not None
             status = "edge; hit; detail=shared" if resolved.shared_hit else "edge; hit"
             return await self._answer(
-                read, log_, offset, plan.coverage.segments, plan.coverage.end,
+                read, log, offset, plan.coverage.segments, plan.coverage.end,
                 up_to_date=plan.up_to_date, closed=plan.closed,
                 if_none_match=if_none_match, accept_encoding=accept_encoding,
-                cache_status=status, result="hit", kept=True, observed=log_.tail,
+                cache_status=status, result="hit", kept=True, observed=log.tail,
             )  # fmt: skip
         assert fill is not None
         try:
@@ -410,13 +410,13 @@ class CatchupCache:
                 status=fill.status, headers=headers, body=fill.body,
                 cache_status=cache_status, result=result if fill.status != 200 else "bypass",
             )  # fmt: skip
-        log_ = self.local.log_for(key)
-        if log_.content_type is None:  # evicted or purged while the fetch was in flight
-            log_.content_type = first_value(fill.headers, "content-type")
-            log_.header_template = self.local.template(header_template(fill.headers))
+        log = self.local.log_for(key)
+        if log.content_type is None:  # evicted or purged while the fetch was in flight
+            log.content_type = first_value(fill.headers, "content-type")
+            log.header_template = self.local.template(header_template(fill.headers))
         segments = self._joined(plan.prefix, fill.segment)
         return await self._answer(
-            read, log_, offset, segments, fill.next_offset,
+            read, log, offset, segments, fill.next_offset,
             up_to_date=fill.up_to_date, closed=fill.closed,
             if_none_match=if_none_match, accept_encoding=accept_encoding,
             cache_status=cache_status, result=result,
@@ -427,11 +427,11 @@ class CatchupCache:
     def _joined(prefix: Coverage, segment: Segment | None) -> tuple[Segment, ...]:
         return (*prefix.segments, segment) if segment is not None else prefix.segments
 
-    def reuse_for(self, log_: StreamLog, *, immutable: bool) -> Reuse:
-        """The policy's verdict on reusing an answer built from ``log_`` now."""
-        instance = log_.instance
+    def reuse_for(self, log: StreamLog, *, immutable: bool) -> Reuse:
+        """The policy's verdict on reusing an answer built from ``log`` now."""
+        instance = log.instance
         return reuse(
-            scope=log_.key.scope,
+            scope=log.key.scope,
             immutable=immutable,
             tiers=self.tiers,
             lifetime_known=instance.lifetime_known,
@@ -448,7 +448,7 @@ class CatchupCache:
     async def _answer(
         self,
         read: Read,
-        log_: StreamLog,
+        log: StreamLog,
         start: str,
         segments: Sequence[Segment],
         end: str,
@@ -465,9 +465,9 @@ class CatchupCache:
         """``observed``: the tail fact an at-tail answer from the log ends at (None: a fill's
         answer, whose tail the origin has just told)."""
         # Fixed before any await: the answer is of this instance, whatever happens meanwhile.
-        instance = log_.instance
+        instance = log.instance
         generation = instance.generation
-        body = stitch(segments, json=log_.json)
+        body = stitch(segments, json=log.json)
         final = closed and up_to_date
         # Past --max-response-bytes (a single large segment) the body goes as it is: compressing
         # megabytes on the event loop would stall every viewer, and hold a second copy per reader.
@@ -475,15 +475,15 @@ class CatchupCache:
             body
         ) <= self._settings.max_response_bytes and accepts_gzip(accept_encoding)
         encoding = "gzip" if compress else None
-        digest = content_digest(segments, log_.content_type)
+        digest = content_digest(segments, log.content_type)
         tag = etag(read.stream, start, end, digest=digest, closed=final, encoding=encoding)
-        verdict = self.reuse_for(log_, immutable=final or not up_to_date)
+        verdict = self.reuse_for(log, immutable=final or not up_to_date)
         headers = answer_headers(
-            log_, next_offset=end, up_to_date=up_to_date, closed=final, tag=tag,
+            log, next_offset=end, up_to_date=up_to_date, closed=final, tag=tag,
             verdict=verdict, keys=keys_of(read.stream, generation),
         )  # fmt: skip
         derivation = Derivation(
-            instance=instance, generation=generation, scope=log_.key.scope, start=start,
+            instance=instance, generation=generation, scope=log.key.scope, start=start,
             end=end, encoding=encoding, reuse=verdict, kept=kept, up_to_date=up_to_date,
             closed=final,
         )  # fmt: skip
@@ -494,7 +494,7 @@ class CatchupCache:
                 derivation=derivation, age_seconds=age,
             )  # fmt: skip
         if compress:
-            body = await self.compressor.gzip(log_.key, instance, (start, end, digest), body)
+            body = await self.compressor.gzip(log.key, instance, (start, end, digest), body)
             headers.append(("Content-Encoding", "gzip"))
         return Answer(
             status=200, headers=headers, body=body, cache_status=cache_status, result=result,
@@ -530,10 +530,10 @@ class CatchupCache:
         elif upstream.status == 200 and is_offset_token(next_offset):
             instance = self.local.instance_for(key.stream)
             instance.touched_origin(asked_at)
-            log_ = self.local.log_for(key)
-            if log_.content_type is None:
-                log_.content_type = first_value(response_headers, "content-type")
-                log_.header_template = self.local.template(header_template(response_headers))
+            log = self.local.log_for(key)
+            if log.content_type is None:
+                log.content_type = first_value(response_headers, "content-type")
+                log.header_template = self.local.template(header_template(response_headers))
         return upstream.status, response_headers, body
 
     async def _read_body(self, upstream: aiohttp.ClientResponse) -> tuple[bytes, Hold]:
@@ -576,7 +576,9 @@ class CatchupCache:
                 raise
             # read_body gave back what it held; nothing reached the log.
             waited = asyncio.get_running_loop().time() - begun
-            log.warning("fill of %s at %s abandoned after %g s", key.stream, fetch.offset, waited)
+            logger.warning(
+                "fill of %s at %s abandoned after %g s", key.stream, fetch.offset, waited
+            )
             return Abandoned(deadline_seconds=waited)
         self._metrics.origin_bytes.inc(len(body))
         response_headers = tuple(upstream.headers.items())

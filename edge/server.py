@@ -39,7 +39,7 @@ from edge.web.connection_tracker import ConnectionTracker
 from edge.web.descriptors import DescriptorBudget, budget_for, holds_line, limits_for
 from edge.web.gatekeeper import TokenFreeAccessLog
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -67,7 +67,7 @@ def descriptor_budget(settings: Settings) -> DescriptorBudget:
     limit = raise_open_file_limit()
     each = budget_for(settings, limit)
     if not each.fits:
-        log.warning(
+        logger.warning(
             "--max-connections %d and --upstream-max-connections %d need %d descriptors, more "
             "than the open-file limit %d: past it, connections fail (raise the limit: README, "
             "'Limits and descriptors')",
@@ -77,7 +77,7 @@ def descriptor_budget(settings: Settings) -> DescriptorBudget:
             limit,
         )
     if settings.max_viewers > each.live:
-        log.warning(
+        logger.warning(
             "--max-viewers %d is more than the connections leave live readers after the short "
             "requests' reserve: this process holds %d",
             settings.max_viewers,
@@ -107,7 +107,7 @@ async def _set_up(
         app,
         # A client that disconnects cancels its handler, and so its upstream request.
         handler_cancellation=True,
-        access_log=log if log.isEnabledFor(logging.DEBUG) else None,
+        access_log=logger if logger.isEnabledFor(logging.DEBUG) else None,
         access_log_class=TokenFreeAccessLog,
         shutdown_timeout=settings.drain_seconds,
         # With a tracker, it alone closes idle connections: aiohttp's own timer cannot see the
@@ -228,9 +228,9 @@ async def serve(settings: Settings, *, worker: AsWorker | None = None) -> None:
             settings, listen=ready["listen"], admin=ready["admin"], version=__version__,
             limits=limits_line,
         )  # fmt: skip
-        log.info("%s", "\n".join(lines))
+        logger.info("%s", "\n".join(lines))
     else:  # its supervisor speaks for the edge; a worker's own ports are for debugging
-        log.debug("worker listening on %s (admin %s); %s", ready["listen"], ready["admin"],
+        logger.debug("worker listening on %s (admin %s); %s", ready["listen"], ready["admin"],
                   limits_line)  # fmt: skip
 
     stop = asyncio.Event()
@@ -238,7 +238,7 @@ async def serve(settings: Settings, *, worker: AsWorker | None = None) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     await stop.wait()
-    log.info("stopping: draining for up to %.0f s", settings.drain_seconds)
+    logger.info("stopping: draining for up to %.0f s", settings.drain_seconds)
     # Live readers end cleanly first (clients resume elsewhere by offset); then the runner stops
     # accepting and waits for what is left, up to --drain-seconds, while the CDN purges still
     # owed are sent in the same time.

@@ -35,7 +35,7 @@ from aiohttp import web
 from edge.config import Address, RedisTarget
 from edge.store.redis_modes import REDIS_ERRORS, connect
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -117,7 +117,7 @@ async def check_redis(target: RedisTarget) -> bool:
     try:
         await asyncio.wait_for(link.ping(), REDIS_STARTUP_PING_SECONDS * 2)
     except REDIS_ERRORS as error:
-        log.warning(
+        logger.warning(
             "--redis-url: Redis at %s does not answer (%s); serving without the shared tier "
             "until it does",
             _redis_location(target),

@@ -118,7 +118,7 @@ from edge.protocol.reads import PUBLIC_SCOPE, auth_scope, speaks_for_the_stream
 from edge.store.local import LocalTier
 from edge.store.shared import SharedClosure, SharedTier
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 # How often a replica confirms a stream's generation with the shared tier before serving it: a
 # purge missed on the pub/sub channel (partition, restart) stops being served within this.
@@ -324,7 +324,7 @@ class Streams:
             case Unconfirmed.SERVE:
                 pass
             case Unconfirmed.FORGET:
-                log.info("%s unconfirmed for too long: asking the origin", stream)
+                logger.info("%s unconfirmed for too long: asking the origin", stream)
                 # In doubt, not known to be another: its live followers go on by offset.
                 self.forget_locally(stream, followers_stay=True)
                 self.local.instance_for(stream).verified_at = now  # begun again, empty
@@ -368,43 +368,43 @@ class Streams:
             # Another stream at the path than the one held (one of the two was filled after a
             # recreation behind the edge): only the origin knows which is current. A purge
             # starts a new generation, so neither is served again, here or on any replica.
-            log.info("%s shared as another content type: a new instance", key.stream)
+            logger.info("%s shared as another content type: a new instance", key.stream)
             self.purge(key.stream, reason="new_instance")
             return False
         if verdict is not TailVerdict.BELIEVED:
             return False  # heard the tail open at ``start`` since it was seen past it
-        log_ = self.local.log_for(key)
-        if log_.content_type is None:
-            log_.content_type = found.value.content_type
+        log = self.local.log_for(key)
+        if log.content_type is None:
+            log.content_type = found.value.content_type
         segment = found.value.segment
         instance.reached(segment.end, self.ticket())
         if found.value.open_tail:
-            log_.heard_open(segment.end, found.value.seen_at)
+            log.heard_open(segment.end, found.value.seen_at)
         return self.local.put(key, segment, instance)
 
     async def pull_shared_closure(self, key: LogKey, end: str) -> bool:
         """Did another replica see the stream closed exactly where the edge's chain ends?"""
         assert self._shared is not None
-        log_ = self.local.log(key)
-        if log_ is None or (log_.tail is not None and log_.tail.closed):
+        log = self.local.log(key)
+        if log is None or (log.tail is not None and log.tail.closed):
             return False
-        instance = log_.instance
+        instance = log.instance
         if not instance.generation:
             return False
         closure = await self._shared.get_closed(key, instance.generation)
         if closure is None or closure.end != end or not self.local.current(instance):
             return False
         verdict = judge_shared(
-            instance, log_.tail, end, content_type=closure.content_type, seen_at=closure.seen_at
+            instance, log.tail, end, content_type=closure.content_type, seen_at=closure.seen_at
         )
         if verdict is TailVerdict.NEW_INSTANCE:
-            log.info("%s shared closed as another content type: a new instance", key.stream)
+            logger.info("%s shared closed as another content type: a new instance", key.stream)
             self.purge(key.stream, reason="new_instance")
             return False
         if verdict is not TailVerdict.BELIEVED:
             return False  # heard open there since that closure was seen: the origin says
         ticket = self.ticket()
-        verdict = log_.observe_tail(
+        verdict = log.observe_tail(
             end, closed=True, now=self._clock(), started=ticket, received=ticket
         )
         return verdict is TailVerdict.BELIEVED
@@ -413,16 +413,16 @@ class Streams:
         self, key: LogKey, segment: Segment | None, closed_at: str | None, open_tail: bool = False
     ) -> None:
         shared = self._shared
-        log_ = self.local.log(key)
-        if shared is None or log_ is None or not log_.instance.generation:
+        log = self.local.log(key)
+        if shared is None or log is None or not log.instance.generation:
             return  # a generation the tier has not named: keep it local
-        generation, seen_at = log_.instance.generation, self._clock()
+        generation, seen_at = log.instance.generation, self._clock()
         if segment is not None:
             shared.put(
-                key, segment, log_.content_type, generation, seen_at=seen_at, open_tail=open_tail
+                key, segment, log.content_type, generation, seen_at=seen_at, open_tail=open_tail
             )
         if closed_at is not None:
-            closure = SharedClosure(end=closed_at, content_type=log_.content_type, seen_at=seen_at)
+            closure = SharedClosure(end=closed_at, content_type=log.content_type, seen_at=seen_at)
             shared.put_closed(key, closure, generation)
 
     # --- what live upstreams tell ---
@@ -457,16 +457,16 @@ class Streams:
         """Carry out one action; True when it stored a segment."""
         match action:
             case Forget(why=why):
-                log.info("%s: a new instance (%s)", key.stream, why)
+                logger.info("%s: a new instance (%s)", key.stream, why)
                 self.purge(key.stream, reason="new_instance")
             case ForgetScope():
                 self.stream_gone(key)
             case Bypass(until=until):
                 instance.bypass_until = until
             case Describe(content_type=content_type, template=template):
-                log_ = self.local.log_for(key)
-                log_.content_type = content_type
-                log_.header_template = self.local.template(template)
+                log = self.local.log_for(key)
+                log.content_type = content_type
+                log.header_template = self.local.template(template)
             case Touched(now=now):
                 instance.touched_origin(now)
             case LearnLifetime(headers=headers):
@@ -530,8 +530,8 @@ class Streams:
         """A batch a live upstream delivered: [start, end). While the upstream runs, what it
         says about the tail is authoritative. Returns the segment, if any; raises
         InstanceChanged when the instance it follows is gone, ValueError for a bad offset."""
-        log_ = self.local.log(key)
-        content_type = log_.content_type if log_ is not None else instance.content_type
+        log = self.local.log(key)
+        content_type = log.content_type if log is not None else instance.content_type
         arrival = Arrival(
             live=True, start=start, status=200, end=end, body=body, headers=(),
             content_type=content_type, up_to_date=up_to_date, closed=closed, started=started,
@@ -546,9 +546,9 @@ class Streams:
 
     def live_ended(self, key: LogKey) -> None:
         """The live upstream stopped: its last word on the tail is now only as of its time."""
-        log_ = self.local.log(key)
-        if log_ is not None:
-            log_.lose_authority(self._clock())
+        log = self.local.log(key)
+        if log is not None:
+            log.lose_authority(self._clock())
 
     # --- lifetimes ---
 
@@ -655,7 +655,9 @@ class Streams:
         """A HEAD answer states the stream's whole lifetime, and its content type: of another
         type, it is another stream's lifetime (forget the instance held), not this one's."""
         if names_another_instance(instance, first_value(headers, "content-type")):
-            log.info("%s answered a HEAD as another content type: a new instance", instance.stream)
+            logger.info(
+                "%s answered a HEAD as another content type: a new instance", instance.stream
+            )
             self.purge(instance.stream, reason="new_instance")
             return
         self.learn_lifetime(instance, headers, complete=True)
@@ -687,7 +689,7 @@ class Streams:
             self.stream_gone(key)
             instance = self.local.instance_for(stream)
         elif judgement.another is not None:
-            log.info("%s %s: a new instance", stream, judgement.another)
+            logger.info("%s %s: a new instance", stream, judgement.another)
             self.purge(stream, reason="new_instance")
             instance = self.local.instance_for(stream)
         names_instance = judgement.names_instance
@@ -696,13 +698,13 @@ class Streams:
             instance.reached(floor, ticket)
             if closes and instance.closed_at is None:
                 instance.closed_at = Mark(offset=floor, received=ticket)
-        for log_ in self.local.logs_of(stream):
-            log_.mark_stale()
+        for log in self.local.logs_of(stream):
+            log.mark_stale()
             if closes and floor is not None and names_instance:
                 # Closed through this edge: every later read says so (read-after-write). A
                 # close that names no instance is left to the next read to ask the origin
                 # (its closure mark keeps an older answer that says open from being believed).
-                log_.observe_tail(
+                log.observe_tail(
                     floor, closed=True, now=self._clock(), started=ticket, received=ticket
                 )
         if method == "PUT" and status in (200, 201):
@@ -764,7 +766,7 @@ class Streams:
         the instance begun in its place (``unconfirmed``: what is held is in doubt, not known to
         be another stream)."""
         held = self.local.instance(stream)
-        templates = [(log_.key, log_.header_template) for log_ in self.local.logs_of(stream)]
+        templates = [(log.key, log.header_template) for log in self.local.logs_of(stream)]
         dropped = self.local.purge(stream)
         if not followers_stay:
             for listener in self.forgotten:

@@ -41,7 +41,7 @@ from edge.coalesce import SingleFlight
 from edge.metrics import Metrics
 from edge.protocol.paths import Target
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 MAX_VERDICTS = 65_536
 MAX_BODY_BYTES = 4096
@@ -186,7 +186,7 @@ class ForwardAuth:
         except (aiohttp.ClientError, TimeoutError, OSError) as error:
             result = "timeout" if isinstance(error, TimeoutError) else "error"
             self._metrics.auth_upstream_requests.labels(kind="forward", result=result).inc()
-            log.warning("--auth-url did not answer (%s)", type(error).__name__)
+            logger.warning("--auth-url did not answer (%s)", type(error).__name__)
             return 0.0, UNAVAILABLE
         finally:
             self._metrics.auth_upstream_duration.labels(kind="forward").observe(
@@ -201,5 +201,5 @@ class ForwardAuth:
             refusal = Refusal(status=status, reason="", result="denied", headers=relayed, body=body)
             return until, refusal
         self._metrics.auth_upstream_requests.labels(kind="forward", result="error").inc()
-        log.warning("--auth-url answered %d: refusing (fail closed)", status)
+        logger.warning("--auth-url answered %d: refusing (fail closed)", status)
         return 0.0, UNAVAILABLE

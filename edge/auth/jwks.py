@@ -26,7 +26,7 @@ import aiohttp
 from edge.auth.keys import JwksError, KeyRing
 from edge.metrics import Metrics
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 MAX_AGE_SECONDS = 300.0
 MAX_DOCUMENT_BYTES = 1024 * 1024
@@ -122,7 +122,9 @@ class JwksSource:
         except (OSError, aiohttp.ClientError, TimeoutError, JwksError) as error:
             result = "timeout" if isinstance(error, TimeoutError) else "error"
             self._metrics.auth_upstream_requests.labels(kind="jwks", result=result).inc()
-            log.warning("--jwt-jwks: cannot load the key set (%s: %s)", type(error).__name__, error)
+            logger.warning(
+                "--jwt-jwks: cannot load the key set (%s: %s)", type(error).__name__, error
+            )
             return
         finally:
             self._metrics.auth_upstream_duration.labels(kind="jwks").observe(

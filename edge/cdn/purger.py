@@ -49,7 +49,7 @@ from edge.metrics import CDN_PURGE_RESULTS, Metrics
 from edge.protocol.reads import PUBLIC_SCOPE
 from edge.streams import GENERATION_CHECK_SECONDS, Forgetting, Streams
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 # The double purge: past the window in which replicas confirm a stream's generation, plus a
 # second for answers begun before the forgetting that are still being written.
@@ -133,7 +133,7 @@ class CdnPurger:
         )
         for lane in self._lanes:
             lane.task = asyncio.ensure_future(self._run(lane))
-        log.debug(  # the start-up summary (edge.summary) names the kinds
+        logger.debug(  # the start-up summary (edge.summary) names the kinds
             "CDN purges go to %s",
             ", ".join(lane.target.label for lane in self._lanes) or "nobody",
         )
@@ -145,7 +145,7 @@ class CdnPurger:
         if forgetting.key.scope != PUBLIC_SCOPE or not forgetting.tells_downstream:
             return
         if self._closed:
-            log.warning("%s forgotten after the CDN purges ended: not sent", forgetting.stream)
+            logger.warning("%s forgotten after the CDN purges ended: not sent", forgetting.stream)
             return
         if forgetting.held_here:
             self._owe(forgetting.stream, forgetting.reason)
@@ -177,7 +177,7 @@ class CdnPurger:
             self._metrics.cdn_purges.labels(kind=lane.target.kind, result="dropped").inc()
             if not lane.dropping:
                 lane.dropping = True
-                log.error(
+                logger.error(
                     "%s: %d streams already owed a purge; %s (and any other new one until "
                     "some are sent) is dropped: the CDN keeps its copy until it expires",
                     lane.target.label,
@@ -244,7 +244,7 @@ class CdnPurger:
             try:
                 await self._send(lane, batch)
             except Exception:  # a bug must not stop every later purge of this target
-                log.exception("%s: a purge call failed", lane.target.label)
+                logger.exception("%s: a purge call failed", lane.target.label)
                 self._failed(lane, batch, "edge error", None)
             self._progress.set()
 
@@ -259,7 +259,7 @@ class CdnPurger:
         self._metrics.cdn_purges.labels(kind=lane.target.kind, result="ok").inc(len(batch))
         if lane.failing:
             lane.failing = False
-            log.info("%s: purges are acknowledged again", lane.target.label)
+            logger.info("%s: purges are acknowledged again", lane.target.label)
 
     def _failed(
         self, lane: Lane, batch: list[Owed], detail: str, retry_after_seconds: float | None
@@ -272,14 +272,14 @@ class CdnPurger:
         self._metrics.cdn_purges.labels(kind=kind, result="error").inc(len(streams))
         if not lane.failing:
             lane.failing = True
-            log.warning(
+            logger.warning(
                 "%s: a purge failed (%s); retried with backoff until acknowledged",
                 lane.target.label,
                 detail,
             )
         if given_up:
             self._metrics.cdn_purges.labels(kind=kind, result="gave_up").inc(len(given_up))
-            log.error(
+            logger.error(
                 "%s: gave up purging %d streams after %.0f s of failures (%s): %s",
                 lane.target.label,
                 len(given_up),
@@ -349,7 +349,7 @@ class CdnPurger:
                 self._metrics.cdn_purges.labels(kind=lane.target.kind, result="abandoned").inc(
                     len(left)
                 )
-                log.error(
+                logger.error(
                     "%s: %d purges still owed when the drain ended (--drain-seconds): %s",
                     lane.target.label,
                     len(left),

@@ -84,7 +84,7 @@ def chunk(frame: bytes) -> bytes:
 
 
 def long_poll_data(
-    log_: StreamLog,
+    log: StreamLog,
     offset: str,
     coverage: Coverage,
     *,
@@ -96,25 +96,25 @@ def long_poll_data(
     """The 200 for a long-poll at ``offset`` whose ``coverage`` holds at least one segment.
     ``waited``: it waited at the tail for these bytes (``Cache-Status`` says so)."""
     end = coverage.end
-    tail = log_.tail
+    tail = log.tail
     at_tail = tail is not None and tail.offset == end and not coverage.capped
     closed = at_tail and tail is not None and tail.closed
     verdict = reuse_for(immutable=closed or not at_tail)
     headers = answer_headers(
-        log_,
+        log,
         next_offset=end,
         up_to_date=at_tail,
         closed=closed,
         tag=etag(
-            log_.key.stream,
+            log.key.stream,
             offset,
             end,
-            digest=content_digest(coverage.segments, log_.content_type),
+            digest=content_digest(coverage.segments, log.content_type),
             closed=closed,
             encoding=None,
         ),
         verdict=verdict,
-        keys=keys_of(log_.key.stream, log_.instance.generation),
+        keys=keys_of(log.key.stream, log.instance.generation),
         cursor=None if closed else cursor,
         varies_by_encoding=False,
     )
@@ -122,24 +122,24 @@ def long_poll_data(
         result="live",
         status=200,
         headers=headers,
-        body=stitch(coverage.segments, json=log_.json),
+        body=stitch(coverage.segments, json=log.json),
         cache_status="edge; hit; detail=waited" if waited else "edge; hit",
         age_seconds=age_of(verdict, tail),
     )
 
 
-def long_poll_empty(log_: StreamLog, offset: str, *, cursor: str, closed: bool) -> Answer:
+def long_poll_empty(log: StreamLog, offset: str, *, cursor: str, closed: bool) -> Answer:
     """The 204 for a long-poll at ``offset`` with nothing new: the stream is closed there, or
     nothing arrived before its timeout (or the edge drains)."""
-    headers = list(log_.header_template)
+    headers = list(log.header_template)
     headers += [("Stream-Next-Offset", offset), ("Stream-Up-To-Date", "true")]
     if closed:
         headers.append(("Stream-Closed", "true"))
     else:
         headers.append(("Stream-Cursor", cursor))
     # No browser keeps "nothing new" (PROTOCOL-NOTES trap 1); a CDN for a second (trap 13).
-    headers += long_poll_empty_reuse(shared=log_.key.scope == PUBLIC_SCOPE).headers()
-    headers += purge_headers(keys_of(log_.key.stream, log_.instance.generation))
+    headers += long_poll_empty_reuse(shared=log.key.scope == PUBLIC_SCOPE).headers()
+    headers += purge_headers(keys_of(log.key.stream, log.instance.generation))
     return Answer(status=204, headers=headers, body=b"", cache_status="edge; hit", result="live")
 
 
@@ -177,7 +177,7 @@ def origin_refusal(
 
 
 def sse_frames(
-    log_: StreamLog,
+    log: StreamLog,
     coverage: Coverage,
     *,
     up_to_date: bool,
@@ -190,8 +190,8 @@ def sse_frames(
     end = coverage.end
     frame = b""
     if coverage.segments:
-        body = stitch(coverage.segments, json=log_.json)
-        if sse_encoding(log_.content_type) == "base64":
+        body = stitch(coverage.segments, json=log.json)
+        if sse_encoding(log.content_type) == "base64":
             payload = base64.b64encode(body).decode()
         else:
             # SSE is UTF-8 text: bytes of a text stream that are not valid UTF-8 cannot be

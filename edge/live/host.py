@@ -84,7 +84,7 @@ class ViewerHost(Protocol):
     def frames(
         self,
         key: LogKey,
-        log_: StreamLog,
+        log: StreamLog,
         coverage: Coverage,
         *,
         up_to_date: bool,

@@ -143,9 +143,9 @@ class LiveHub:
     async def tail_now(self, key: LogKey, credentials: Sequence[tuple[str, str]]) -> str | Answer:
         """The tail offset for ``offset=now``: the live upstream's word if there is one, else the
         origin's (``offset=now`` answers are never cached)."""
-        log_ = self.cache.local.log(key)
-        if log_ is not None and log_.tail is not None and log_.tail.authoritative:
-            return log_.tail.offset
+        log = self.cache.local.log(key)
+        if log is not None and log.tail is not None and log.tail.authoritative:
+            return log.tail.offset
         status, headers, body = await self.cache.probe_now(key, credentials)
         next_offset = {n.lower(): v for n, v in headers}.get("stream-next-offset")
         if status != 200 or next_offset is None or not is_offset_token(next_offset):
@@ -165,8 +165,8 @@ class LiveHub:
         return response_cursor(client_cursor, now=self.clock(), rng=self.rng)
 
     def tail_offset(self, key: LogKey) -> str | None:
-        log_ = self.cache.local.log(key)
-        return log_.tail.offset if log_ is not None and log_.tail is not None else None
+        log = self.cache.local.log(key)
+        return log.tail.offset if log is not None and log.tail is not None else None
 
     def stream_log(self, key: LogKey) -> StreamLog | None:
         return self.cache.local.log(key)
@@ -241,26 +241,26 @@ class LiveHub:
         then differ only by ``cursor``). ``fetched``: the gap before the tail was just fetched
         and did not reach ``offset``, so wait for the tail rather than fetch again."""
         coverage = self.cover(key, offset, max_bytes=self.settings.max_response_bytes)
-        log_ = self.cache.local.log(key)
-        if coverage.segments and log_ is not None:
+        log = self.cache.local.log(key)
+        if coverage.segments and log is not None:
             return long_poll_data(
-                log_, offset, coverage, cursor=cursor, waited=waited,
-                reuse_for=functools.partial(self.cache.reuse_for, log_),
+                log, offset, coverage, cursor=cursor, waited=waited,
+                reuse_for=functools.partial(self.cache.reuse_for, log),
                 age_of=self.cache.age_of,
             )  # fmt: skip
-        if tail.gone or log_ is None:
+        if tail.gone or log is None:
             return Pending.GONE
-        fact = log_.tail
+        fact = log.tail
         at_tail = fact is not None and fact.offset == offset
         if at_tail and fact is not None and fact.closed:
-            return long_poll_empty(log_, offset, cursor=cursor, closed=True)
+            return long_poll_empty(log, offset, cursor=cursor, closed=True)
         if not at_tail and not fetched:
             return Pending.GAP
         if expired or self.draining.is_set():
             if tail.failing and not self.draining.is_set():
                 # "Nothing new" would be a guess: the edge cannot reach the origin.
                 return upstream_failing()
-            return long_poll_empty(log_, offset, cursor=cursor, closed=False)
+            return long_poll_empty(log, offset, cursor=cursor, closed=False)
         return Pending.WAIT
 
     # --- SSE ---
@@ -268,7 +268,7 @@ class LiveHub:
     def frames(
         self,
         key: LogKey,
-        log_: StreamLog,
+        log: StreamLog,
         coverage: Coverage,
         *,
         up_to_date: bool,
@@ -279,15 +279,15 @@ class LiveHub:
         """The data + control events for ``coverage``, encoded once per (range, state, cursor),
         and, for direct writes to a chunked response, framed as one HTTP chunk."""
         start = coverage.segments[0].start if coverage.segments else coverage.end
-        digest = content_digest(coverage.segments, log_.content_type)
+        digest = content_digest(coverage.segments, log.content_type)
         name = ("sse", start, coverage.end, digest, up_to_date, closed, cursor, chunked)
         cached = self.cache.local.derived(key, name)
         if cached is not None:
             return cached
         frame = sse_frames(
-            log_, coverage, up_to_date=up_to_date, closed=closed, cursor=cursor, chunked=chunked
+            log, coverage, up_to_date=up_to_date, closed=closed, cursor=cursor, chunked=chunked
         )
-        self.cache.local.put_derived(key, name, frame, log_.instance)
+        self.cache.local.put_derived(key, name, frame, log.instance)
         return frame
 
 

@@ -35,7 +35,7 @@ from edge.live.tail import Tail
 from edge.log.stream_log import LogKey
 from edge.protocol.cursor import current_interval, next_cursor
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 TIMEOUT_GRANULARITY_SECONDS = 0.05
 
@@ -168,7 +168,7 @@ class LongPollFanout:
         try:
             self._release(key, members, expired=expired)
         except Exception:
-            log.exception("releasing long-polls of %s failed", key)
+            logger.exception("releasing long-polls of %s failed", key)
             for waiter in members:
                 self._resolve(waiter, None)
 
@@ -235,5 +235,7 @@ class LongPollFanout:
         except ValueError:
             # A header value aiohttp would refuse (a control character): each handler answers
             # the usual way and aiohttp turns it into the error it always did.
-            log.warning("long-poll answer could not be encoded for a direct write", exc_info=True)
+            logger.warning(
+                "long-poll answer could not be encoded for a direct write", exc_info=True
+            )
             return None

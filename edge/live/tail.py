@@ -50,7 +50,7 @@ from edge.protocol.offsets import is_offset_token
 from edge.protocol.sse import SseDecoder
 from edge.streams import InstanceChanged
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 BACKOFF_FIRST_SECONDS = 0.1
 BACKOFF_MAX_SECONDS = 5.0
@@ -97,8 +97,8 @@ class Tail:
 
     def start(self) -> None:
         self.instance = self.cache.local.instance_for(self.key.stream)
-        log_ = self.cache.local.log(self.key)
-        content_type = log_.content_type if log_ is not None else None
+        log = self.cache.local.log(self.key)
+        content_type = log.content_type if log is not None else None
         self._use_sse = self._sse_suits(content_type)
         self._task = asyncio.ensure_future(self._run())
         self.metrics.live_tails.inc()
@@ -129,8 +129,8 @@ class Tail:
                 recorded = self.batches
                 self._sse = sse_current(self._sse, now=asyncio.get_running_loop().time())
                 if not self._use_sse and isinstance(self._sse, SseOn):
-                    log_ = self.cache.local.log(self.key)
-                    self._use_sse = self._sse_suits(log_.content_type if log_ else None)
+                    log = self.cache.local.log(self.key)
+                    self._use_sse = self._sse_suits(log.content_type if log else None)
                 failed = False
                 try:
                     if self._use_sse:
@@ -153,11 +153,11 @@ class Tail:
                         now = asyncio.get_running_loop().time()
                         self._sse = after_sse_failure(self._sse, error.status, now=now)
                         if not isinstance(self._sse, SseOn):
-                            log.info("SSE upstream of %s: %s; long-poll", self.key, self._sse)
+                            logger.info("SSE upstream of %s: %s; long-poll", self.key, self._sse)
                             self._use_sse = False
                             failed = False
                 except Exception:  # a malformed upstream answer must not kill the tail silently
-                    log.exception("live upstream for %s failed", self.key)
+                    logger.exception("live upstream for %s failed", self.key)
                     reason, failed = "protocol", True
                 if self._use_sse and self.batches > recorded:
                     self._sse = after_sse_batch(self._sse)
@@ -183,7 +183,7 @@ class Tail:
         since the last is forgotten again."""
         instance = self.instance
         if origin_went_away(ending) and instance is not None and self.cache.local.current(instance):
-            log.warning("%s: the origin went away (%s)", self.key.stream, ending.value)
+            logger.warning("%s: the origin went away (%s)", self.key.stream, ending.value)
             self.cache.streams.origin_lost()
 
     async def _open(self, live: str, kind: str, *extra: tuple[str, str]) -> aiohttp.ClientResponse:
@@ -310,8 +310,8 @@ class Tail:
             self.cursor = cursor
 
     def _log_is_json(self) -> bool:
-        log_ = self.cache.local.log(self.key)
-        return log_ is not None and log_.json
+        log = self.cache.local.log(self.key)
+        return log is not None and log.json
 
     def _join(self, parts: Sequence[bytes], json_stream: bool) -> bytes:
         if not json_stream:
@@ -384,8 +384,8 @@ class TailRegistry:
                 metrics=self._metrics,
                 listener=self._listener,
             )
-            log_ = self._cache.local.log(key)
-            if log_ is not None and log_.tail is not None and log_.tail.closed:
+            log = self._cache.local.log(key)
+            if log is not None and log.tail is not None and log.tail.closed:
                 tail.closed = True  # nothing will ever arrive: no upstream for a closed stream
             else:
                 tail.start()

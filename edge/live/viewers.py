@@ -74,8 +74,8 @@ class SseFanout:
         if not viewers or (segment is None and not closed):
             return
         hub = self._hub
-        log_ = hub.stream_log(key)
-        if log_ is None:
+        log = hub.stream_log(key)
+        if log is None:
             return
         start = segment.start if segment is not None else end
         coverage = Coverage(segments=(segment,) if segment else (), end=end, capped=False)
@@ -105,7 +105,7 @@ class SseFanout:
             frame = frames.get(variant)
             if frame is None:
                 frame = frames[variant] = hub.frames(
-                    key, log_, coverage, up_to_date=up_to_date, closed=closed,
+                    key, log, coverage, up_to_date=up_to_date, closed=closed,
                     cursor=variant[0], chunked=variant[1],
                 )  # fmt: skip
             transport.write(frame)
@@ -179,11 +179,11 @@ class SseFanout:
         async with hub.tails.watching(key, start, credentials) as tail:
             try:
                 while not viewer.finished:
-                    log_ = hub.stream_log(key)
-                    if log_ is None or tail.gone:
+                    log = hub.stream_log(key)
+                    if log is None or tail.gone:
                         return
                     coverage = hub.cover(key, viewer.offset, max_bytes=SSE_BATCH_BYTES)
-                    fact = log_.tail
+                    fact = log.tail
                     at_tail = fact is not None and fact.offset == coverage.end
                     closed = at_tail and fact is not None and fact.closed
                     if viewer.rotate_at is not None and loop.time() >= viewer.rotate_at:
@@ -193,7 +193,7 @@ class SseFanout:
                             hub.metrics.viewers_lagging.inc()
                             lagging = True
                         frame = hub.frames(
-                            key, log_, coverage,
+                            key, log, coverage,
                             up_to_date=at_tail and not coverage.capped, closed=closed,
                             cursor=viewer.cursor(current_interval(hub.clock())), chunked=False,
                         )  # fmt: skip

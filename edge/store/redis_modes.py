@@ -54,7 +54,7 @@ from redis.exceptions import ConnectionError, RedisClusterException, RedisError
 
 from edge.config import RedisTarget
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 DEFAULT_PORT = 6379
 DEFAULT_SENTINEL_PORT = 26379
@@ -157,7 +157,7 @@ class RedisLink:
         if connected != [] or standby != 0:
             return Durability.NOT_YET
         if not self._told_only_copy:
-            log.warning(
+            logger.warning(
                 "%s mode: the primary has no replica a failover could promote; purges are "
                 "durable on it alone until it has one",
                 self.mode,

@@ -70,7 +70,7 @@ from edge.protocol.offsets import is_offset_token
 from edge.store.breaker import BreakerState, CircuitBreaker
 from edge.store.redis_modes import REDIS_ERRORS, Durability, connect
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 KEY_PREFIX = "edge:v2"
 PURGE_CHANNEL = f"{KEY_PREFIX}:purge"
@@ -377,11 +377,11 @@ class SharedTier:
         self._count(op, "error")
         self._metrics.redis_up.set(1 if self.up else 0)
         if was_up and not self.up:
-            log.warning("shared tier unavailable, serving from local + origin: %r", error)
+            logger.warning("shared tier unavailable, serving from local + origin: %r", error)
 
     def _succeeded(self) -> None:
         if not self.up:
-            log.info("shared tier is back" if self._reached else "shared tier reached")
+            logger.info("shared tier is back" if self._reached else "shared tier reached")
         self._reached = True
         self._breaker.success()
         self._metrics.redis_up.set(1)
@@ -465,7 +465,7 @@ class SharedTier:
             found, stamp = decode(values[1], start=start)
         except BadValue as error:
             # Not ours, or corrupt: a miss, never a wrong byte; and gone, so it stays a miss.
-            log.warning("dropping a bad shared value for %s: %s", key.stream, error)
+            logger.warning("dropping a bad shared value for %s: %s", key.stream, error)
             self._count("get", "error")
             await self._discard(segment_key(key, start))
             return Lookup(generation=generation, value=None)
@@ -484,7 +484,7 @@ class SharedTier:
             closure, stamp = decode_closed(values[1])
             current = _generation(values[0])
         except BadValue as error:
-            log.warning("dropping a bad shared closure for %s: %s", key.stream, error)
+            logger.warning("dropping a bad shared closure for %s: %s", key.stream, error)
             self._count("get", "error")
             await self._discard(closed_key(key))
             return None
@@ -561,7 +561,7 @@ class SharedTier:
             del self._issued[next(iter(self._issued))]
         self._issued[generation] = None
         if len(self._purges) >= MAX_PENDING_PURGES and stream not in self._purges:
-            log.error("too many purges pending in the shared tier; %s is local only", stream)
+            logger.error("too many purges pending in the shared tier; %s is local only", stream)
             self._count("purge", "skipped")
             self._issued.pop(generation, None)  # never sent
             return generation
@@ -612,7 +612,7 @@ class SharedTier:
             if await self._purge_once(stream, generation, only_if_known):
                 return True
             if self._clock() >= give_up:
-                log.error("purge of %s never reached the shared tier", stream)
+                logger.error("purge of %s never reached the shared tier", stream)
                 return False
             await asyncio.sleep(delay)
             delay = min(delay * 2, PURGE_RETRY_MAX_SECONDS)

@@ -69,7 +69,7 @@ from edge.web.proxy import (
 )
 from edge.web.wire import VIA, WrittenResponse, client_headers, encode
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 SETTINGS = web.AppKey("settings", Settings)
 METRICS = web.AppKey("metrics", Metrics)
@@ -120,7 +120,7 @@ def to_response(
 
 def origin_failed(request: web.Request, error: OriginError) -> web.Response:
     request.app[METRICS].origin_errors.labels(reason=error.reason).inc()
-    log.warning(
+    logger.warning(
         "origin error for %s %r: %s", request.method, request_target(request).upstream, error
     )
     return origin_error_response(error, request.app[CORS], request_origin(request))
@@ -143,7 +143,7 @@ async def serve_catchup(request: web.Request, classified: Classified) -> web.Str
     try:
         answer, headers = await request.app[FRONT].answer(catchup)
     except BodyTooLarge as uncacheable:
-        log.info("relaying without caching: %s", uncacheable)
+        logger.info("relaying without caching: %s", uncacheable)
         metrics.cache_result("bypass").inc()
         return await relay_uncached(request, classified, uncacheable)
     except OriginError as error:
@@ -292,17 +292,17 @@ async def serve_sse(request: web.Request, classified: Classified) -> web.StreamR
         return origin_failed(request, error)
     if refused is not None:
         return to_response(request, refused)
-    log_ = hub.cache.local.log_for(key)
+    log = hub.cache.local.log_for(key)
     response = EdgeStreamResponse(status=200)
     cors = request.app[CORS]
     response.headers.extend(cors.grant(request_origin(request)))  # first, as the origin sends
-    response.headers.extend(log_.header_template)
+    response.headers.extend(log.header_template)
     cors.mark_vary(response.headers)
     response.headers["Content-Type"] = "text/event-stream"
     # No cache keeps it (no-store), and no proxy buffers or alters it (PROTOCOL-NOTES trap 4).
     response.headers["Cache-Control"] = "no-cache, no-store, no-transform"
     response.headers["X-Accel-Buffering"] = "no"
-    if sse_encoding(log_.content_type) == "base64":
+    if sse_encoding(log.content_type) == "base64":
         response.headers["stream-sse-data-encoding"] = "base64"
     response.headers["Cache-Status"] = "edge; hit; detail=live"
     response.headers["Via"] = VIA
@@ -440,7 +440,7 @@ async def handle_stream_request(request: web.Request) -> web.StreamResponse:
         code = response.status
         return response
     except ClientGone:
-        log.debug(
+        logger.debug(
             "client left before its answer to %s %r was written", request.method, target.upstream
         )
         metrics.client_gone(kind).inc()

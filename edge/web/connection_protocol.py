@@ -43,7 +43,7 @@ from edge.protocol.http1 import MAX_HEAD_BYTES, Handoff, HeadParser
 from edge.protocol.reads import RequestKind, kind_of_request_line
 from edge.web.connection_tracker import ConnectionTracker
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 # Bytes a connection may send while aiohttp answers its previous request; past it, aiohttp
 # takes the connection for good (it queues pipelined requests itself).
@@ -171,7 +171,7 @@ class _Connection(asyncio.Protocol):
         except Exception:
             # A fault of the fast path must not cost the client its answer: the head it was
             # reading is still buffered, and aiohttp answers it and everything after.
-            log.exception("fast path failed; the connection takes the full path")
+            logger.exception("fast path failed; the connection takes the full path")
             self._delegate()
         if self._sending_done:
             self._close_when_answered()

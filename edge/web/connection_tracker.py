@@ -48,7 +48,7 @@ from edge.protocol.reads import RequestKind
 from edge.web.connection_table import ConnectionTable, Limits, Phase, Refusal
 from edge.web.fastpath import FastPath
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 # A refused newcomer reads its 503 before the close: lingering refusals half-close and discard
 # what the client sent, for at most this long and this many at once (beyond: close at once).
@@ -285,7 +285,7 @@ class ConnectionTracker:
         now = self.loop.time()
         if now - self._warned_at.get(what, float("-inf")) >= CAP_WARNING_INTERVAL_SECONDS:
             self._warned_at[what] = now
-            log.warning(message, *args)
+            logger.warning(message, *args)
 
     async def _sweep(self, tick: float) -> None:
         while True:
@@ -308,7 +308,7 @@ class ConnectionTracker:
                         connection.body_timed_out()  # a 408 if it can, then the close
                     expiry.key.close()
                 except Exception:  # one odd transport must not end every deadline after it
-                    log.exception("closing an expired connection failed")
+                    logger.exception("closing an expired connection failed")
 
 
 # Where the stream application keeps its listener's tracker (the kind hook, and metrics at

@@ -190,10 +190,10 @@ class FastPath:
             return None
         # A stored answer lives only while the log it was built from does: whatever forgets
         # that log (its stream, or only its scope: a 404 to a credential) ends the answer too.
-        log_ = entry.log
-        if not log_.kept:
+        log = entry.log
+        if not log.kept:
             return None
-        if entry.tail_end is not None and not self._tail_holds(log_, entry, now):
+        if entry.tail_end is not None and not self._tail_holds(log, entry, now):
             return None
         second = int(now)
         if second != self._date_second:
@@ -207,7 +207,7 @@ class FastPath:
             self.heads += 1
             return [entry.ok + self._date + trailer]
         if entry.ages:
-            return self._aged(entry, log_, head, now, trailer)
+            return self._aged(entry, log, head, now, trailer)
         if if_none_match_hits(head.if_none_match, entry.etag):
             self.not_modified += 1
             return [entry.not_modified + self._date + trailer]
@@ -219,11 +219,11 @@ class FastPath:
         return [entry.ok + self._date + trailer, body]
 
     def _aged(
-        self, entry: StoredHit, log_: StreamLog, head: RequestHead, now: float, trailer: bytes
+        self, entry: StoredHit, log: StreamLog, head: RequestHead, now: float, trailer: bytes
     ) -> list[bytes]:
         """An at-tail answer, with this hit's ``Age``: how long ago its tail was observed
         (``edge.log.freshness.tail_age_seconds``, the full path's own rule)."""
-        tail = log_.tail
+        tail = log.tail
         assert tail is not None  # its tail holds
         seconds = tail_age_seconds(tail, now)
         age = AGE_LINES[seconds] if seconds < len(AGE_LINES) else b"Age: %d\r\n" % seconds
@@ -238,11 +238,11 @@ class FastPath:
             return [b"".join((entry.ok, age, entry.ok_rest, self._date, trailer, body))]
         return [b"".join((entry.ok, age, entry.ok_rest, self._date, trailer)), body]
 
-    def _tail_holds(self, log_: StreamLog, entry: StoredHit, now: float) -> bool:
+    def _tail_holds(self, log: StreamLog, entry: StoredHit, now: float) -> bool:
         """An at-tail answer is given while the full path would give it: its log's tail is
         still where it ends, and trusted (the catch-up plan's own rule)."""
         return at_tail_holds(
-            log_, entry.tail_end or "", entry.tail_closed, now=now,
+            log, entry.tail_end or "", entry.tail_closed, now=now,
             freshness_seconds=self._freshness, authority_seconds=self._authority,
         )  # fmt: skip
 
@@ -303,8 +303,8 @@ class FastPath:
         cors = self._cors.for_request(origin)
         if cors is None:
             return False
-        log_ = self._local.log(LogKey(stream=derivation.instance.stream, scope=derivation.scope))
-        if log_ is None or log_.instance is not derivation.instance:
+        log = self._local.log(LogKey(stream=derivation.instance.stream, scope=derivation.scope))
+        if log is None or log.instance is not derivation.instance:
             return False  # forgotten meanwhile: nothing of it is stored
         stored = StoredHit(
             instance=derivation.instance,
@@ -317,7 +317,7 @@ class FastPath:
             ok_rest=ok_rest,
             not_modified_rest=not_modified_rest,
             cors=cors,
-            log=log_,
+            log=log,
             tail_end=derivation.end if holds_with_tail else None,
             tail_closed=key.head and derivation.closed,
         )

@@ -60,7 +60,7 @@ from edge.protocol.headers import (
 from edge.protocol.paths import Target, parse_target
 from edge.protocol.reads import RequestKind
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 LIVE_KINDS = frozenset({RequestKind.LONG_POLL, RequestKind.SSE})
 VALIDATORS = frozenset({"etag", "if-none-match"})
@@ -333,7 +333,7 @@ class Relay:
             )
         except OriginError as error:
             self.metrics.origin_errors.labels(reason=error.reason).inc()
-            log.warning("origin error for %s %r: %s", request.method, target.upstream, error)
+            logger.warning("origin error for %s %r: %s", request.method, target.upstream, error)
             return origin_error_response(error, self.cors, request_origin(request))
         self.metrics.origin_requests.labels(kind=kind.value, code=str(upstream.status)).inc()
         if self.observe is not None and kind is not RequestKind.CONTROL:
@@ -401,7 +401,7 @@ class Relay:
             raise ClientGone from gone
         except OriginError as error:
             self.metrics.origin_errors.labels(reason=error.reason).inc()
-            log.warning(
+            logger.warning(
                 "origin failed mid-body for %r: %s", request_target(request).upstream, error
             )
             if request.transport is not None:

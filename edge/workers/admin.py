@@ -54,7 +54,7 @@ from edge.metrics import Metrics
 from edge.startup import StartupError, bound_url, why
 from edge.web.admin import admin_guard, purge_target
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 WORKER_CALL_SECONDS = 3.0  # above a worker's own origin probe timeout (2 s)
 # In the query of the ``POST /purge`` the supervisor sends to the one worker it names to purge
@@ -279,7 +279,7 @@ def add_internal_routes(app: web.Application, fleet: Fleet) -> None:
         told = await asyncio.gather(*(fleet.call(w, "POST", "/observe", body) for w in others))
         missed = [w.index for w, (status, _) in zip(others, told, strict=True) if status != 204]
         if missed:
-            log.warning("workers %s were not told of a write", missed)
+            logger.warning("workers %s were not told of a write", missed)
             return web.Response(status=502, text=f"workers {missed} did not confirm\n")
         return web.Response(status=204)
 

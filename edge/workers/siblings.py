@@ -62,7 +62,7 @@ from edge.web.app import CACHE, RELAY
 from edge.web.proxy import Observer
 from edge.workers.admin import TELLS_DOWNSTREAM_PARAM
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 SIBLING_SECONDS = 3.0  # above a purge's wait for Redis (2 s)
 WRITES = frozenset({"PUT", "POST", "DELETE"})
@@ -321,8 +321,8 @@ async def _tell(
         ):
             await response.read()
             if response.status != 204:
-                log.warning(
+                logger.warning(
                     "siblings were not all told of a change (supervisor: %d)", response.status
                 )
     except (aiohttp.ClientError, TimeoutError, OSError) as error:
-        log.warning("siblings were not told of a change: %s", type(error).__name__)
+        logger.warning("siblings were not told of a change: %s", type(error).__name__)

@@ -61,7 +61,7 @@ from edge.web.descriptors import budget_for, holds_line
 from edge.workers.admin import Fleet, Worker, start_admin, start_internal
 from edge.workers.bootstrap import CLEARED, Bootstrap, encode
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 CHILD = "from edge.workers.child import main; main()"
 START_TIMEOUT_SECONDS = 30.0
@@ -194,7 +194,7 @@ class Supervisor:
             reason = "no report line in time" if isinstance(error, TimeoutError) else None
             raise WorkerFailed(reason or f"exited with code {code} (see its error above)") from None
         worker.listening.set()
-        log.debug("worker %d (pid %d) listening, admin %s", worker.index, proc.pid, worker.admin)
+        logger.debug("worker %d (pid %d) listening, admin %s", worker.index, proc.pid, worker.admin)
         # Nothing else is expected on a worker's stdout; whatever comes goes to stderr.
         worker.forwarder = asyncio.ensure_future(_forward(proc.stdout, worker.index))
 
@@ -211,7 +211,7 @@ class Supervisor:
             worker.failures = 1 if lived >= STABLE_SECONDS else worker.failures + 1
             while True:
                 delay = restart_delay(worker.failures)
-                log.warning(
+                logger.warning(
                     "worker %d (pid %d) exited with code %s after %.1f s; restarting in %.1f s",
                     worker.index,
                     worker.proc.pid,
@@ -228,7 +228,7 @@ class Supervisor:
                     await self._spawn(worker)
                     break
                 except WorkerFailed as error:
-                    log.warning("worker %d did not start: %s", worker.index, error)
+                    logger.warning("worker %d did not start: %s", worker.index, error)
                     worker.failures += 1
                     lived, code = 0.0, worker.proc.returncode
 
@@ -248,7 +248,9 @@ class Supervisor:
             _, pending = await asyncio.wait(waits, timeout=deadline)
             if pending:
                 clean = False
-                log.error("%d workers still running after %.0f s: killed", len(pending), deadline)
+                logger.error(
+                    "%d workers still running after %.0f s: killed", len(pending), deadline
+                )
                 await self._kill_all()
             clean = clean and all(proc.returncode == 0 for proc in running)
         for watcher in self._watchers:
@@ -317,13 +319,13 @@ async def supervise(settings: Settings) -> int:
                 version=__version__,
                 limits=limits_summary(holds, settings),
             )
-            log.info("%s", "\n".join(lines))
+            logger.info("%s", "\n".join(lines))
             stop = asyncio.Event()
             loop = asyncio.get_running_loop()
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(signum, stop.set)
             await stop.wait()
-            log.info("stopping: draining %d workers", settings.workers)
+            logger.info("stopping: draining %d workers", settings.workers)
             clean = await supervisor.drain()
         finally:
             await internal_runner.cleanup()

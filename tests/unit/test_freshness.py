@@ -154,9 +154,9 @@ def test_lag_does_not_stack_in_caches_downstream(
     freshness window plus a second (a live tail is observed whenever the edge answers)."""
     instance = StreamInstance(stream="/s", lifetime_known=True)
     tail = TailFact(offset=END, closed=False, authoritative=authoritative, observed_at=observed_at)
-    log_ = StreamLog(key=LogKey(stream="/s", scope=PUBLIC_SCOPE), instance=instance, tail=tail)
+    log = StreamLog(key=LogKey(stream="/s", scope=PUBLIC_SCOPE), instance=instance, tail=tail)
     sent_at = observed_at + elapsed
-    assume(at_tail_holds(log_, END, False, now=sent_at, freshness_seconds=freshness))
+    assume(at_tail_holds(log, END, False, now=sent_at, freshness_seconds=freshness))
     tiers = Tiers(freshness_seconds=freshness, cdn_purged=purged)
     verdict = reuse(scope=PUBLIC_SCOPE, immutable=False, tiers=tiers, remaining_seconds=remaining)
     age = tail_age_seconds(tail, sent_at)

@@ -210,16 +210,16 @@ def test_observing_a_tail_is_judging_it_then_believing_it(
         authoritative=authoritative,
     )  # fmt: skip
     assert repr(judged) == repr(instance)  # judging is pure
-    log_ = StreamLog(key=LogKey(stream="/s", scope="public"), instance=judged, tail=tail)
-    log_.believe(judgement)
+    log = StreamLog(key=LogKey(stream="/s", scope="public"), instance=judged, tail=tail)
+    log.believe(judgement)
     observed = StreamLog(key=LogKey(stream="/s", scope="public"), instance=instance, tail=tail)
     verdict = observed.observe_tail(
         offset, closed=closed, now=7.0, started=started, received=received,
         authoritative=authoritative,
     )  # fmt: skip
     assert verdict is judgement.verdict
-    assert observed.tail == log_.tail
-    assert repr(observed.instance) == repr(log_.instance)
+    assert observed.tail == log.tail
+    assert repr(observed.instance) == repr(log.instance)
 
 
 @given(

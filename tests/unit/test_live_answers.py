@@ -116,18 +116,18 @@ class World:
         return count, False
 
     def log(self) -> StreamLog:
-        log_ = StreamLog(
+        log = StreamLog(
             key=self.key,
             instance=StreamInstance(stream=STREAM, content_type=self.content_type),
             header_template=TEMPLATE,
         )
-        self.record_tail(log_)
-        return log_
+        self.record_tail(log)
+        return log
 
-    def record_tail(self, log_: StreamLog) -> None:
+    def record_tail(self, log: StreamLog) -> None:
         if self.lifetime_known:
-            log_.instance.learn_lifetime(None, None)
-        log_.observe_tail(
+            log.instance.learn_lifetime(None, None)
+        log.observe_tail(
             self.tail, closed=self.closed, now=NOW, started=0, received=1, authoritative=True
         )
 
@@ -212,7 +212,7 @@ def same_body(world: World, body: bytes, expected: bytes) -> bool:
 
 @given(world=worlds(), waited=st.booleans())
 def test_a_long_poll_answer_holds_exactly_its_coverage(world: World, waited: bool) -> None:
-    log_ = world.log()
+    log = world.log()
     coverage = world.coverage()
     asked: list[bool] = []
 
@@ -223,11 +223,11 @@ def test_a_long_poll_answer_holds_exactly_its_coverage(world: World, waited: boo
         return Reuse(shared=shared, immutable=immutable, browser=seven, cdn=seven)
 
     def age_of(verdict: Reuse, observed: TailFact | None) -> int | None:
-        assert observed is log_.tail
+        assert observed is log.tail
         return 3
 
     answer = long_poll_data(
-        log_, world.offset, coverage, cursor=CURSOR, waited=waited, reuse_for=reuse_for,
+        log, world.offset, coverage, cursor=CURSOR, waited=waited, reuse_for=reuse_for,
         age_of=age_of,
     )  # fmt: skip
 
@@ -254,7 +254,7 @@ def test_a_long_poll_answer_holds_exactly_its_coverage(world: World, waited: boo
     shared = world.scope == PUBLIC_SCOPE
     assert header(answer, "CDN-Cache-Control") == ("max-age=7" if shared else None)
     assert header(answer, "Surrogate-Control") == header(answer, "CDN-Cache-Control")
-    keys = purge_keys(STREAM, log_.instance.generation)
+    keys = purge_keys(STREAM, log.instance.generation)
     assert header(answer, "Surrogate-Key") == keys.surrogate_key
     assert header(answer, "Cache-Tag") == keys.cache_tag
     assert answer.age_seconds == 3
@@ -281,12 +281,12 @@ def edge_holding(world: World) -> tuple[CatchupCache, LiveHub, Tail]:
     )
     origin = cast(OriginClient, Unreachable())
     cache = CatchupCache(settings, origin, Metrics(), clock=lambda: NOW)
-    log_ = cache.local.log_for(world.key)
-    log_.content_type = world.content_type
-    log_.header_template = TEMPLATE
-    world.record_tail(log_)
+    log = cache.local.log_for(world.key)
+    log.content_type = world.content_type
+    log.header_template = TEMPLATE
+    world.record_tail(log)
     for segment in world.segments:
-        assert cache.local.put(world.key, segment, log_.instance)
+        assert cache.local.put(world.key, segment, log.instance)
     metrics = Metrics()
     hub = LiveHub(settings, cache, origin, metrics, clock=lambda: NOW)
     tail = Tail(
@@ -347,13 +347,13 @@ def test_a_long_poll_short_of_the_tail_answers_what_the_edge_has(world: World) -
 def test_nothing_new_is_a_204_at_the_offset_no_browser_keeps(closed: bool, scope: str) -> None:
     """A CDN keeps a shared scope's for a second under its cursor URL (the herd parked there
     is released at once); nobody keeps a credential's."""
-    log_ = StreamLog(
+    log = StreamLog(
         key=LogKey(stream=STREAM, scope=scope),
         instance=StreamInstance(stream=STREAM, content_type=JSON_TYPE, generation="g7"),
         header_template=TEMPLATE,
     )
     offset = position(12)
-    answer = long_poll_empty(log_, offset, cursor=CURSOR, closed=closed)
+    answer = long_poll_empty(log, offset, cursor=CURSOR, closed=closed)
     assert answer.status == 204
     assert answer.body == b""
     last = ("Stream-Closed", "true") if closed else ("Stream-Cursor", CURSOR)
@@ -414,7 +414,7 @@ def decoded_events(frames: bytes, *, chunked: bool) -> list[SseEvent]:
     cursor=st.integers(min_value=0, max_value=10**9).map(str),
 )
 def test_sse_frames_decode_to_exactly_the_bytes(world: World, chunked: bool, cursor: str) -> None:
-    log_ = world.log()
+    log = world.log()
     coverage = world.coverage()
     count, capped = world.expected()
     held = world.segments[world.read_from : world.read_from + count]
@@ -422,7 +422,7 @@ def test_sse_frames_decode_to_exactly_the_bytes(world: World, chunked: bool, cur
     up_to_date = world.tail == end and not capped
     closed = up_to_date and world.closed
     frames = sse_frames(
-        log_, coverage, up_to_date=up_to_date, closed=closed, cursor=cursor, chunked=chunked
+        log, coverage, up_to_date=up_to_date, closed=closed, cursor=cursor, chunked=chunked
     )
     data, control = decoded_events(frames, chunked=chunked)
     assert (data.event, data.id) == ("data", end)
@@ -443,13 +443,13 @@ def test_sse_frames_decode_to_exactly_the_bytes(world: World, chunked: bool, cur
 
 
 def test_a_closure_with_no_new_bytes_is_the_control_event_alone() -> None:
-    log_ = StreamLog(
+    log = StreamLog(
         key=LogKey(stream=STREAM, scope=PUBLIC_SCOPE),
         instance=StreamInstance(stream=STREAM, content_type=TEXT_TYPE),
     )
     end = position(3)
     frames = sse_frames(
-        log_, Coverage(segments=(), end=end, capped=False),
+        log, Coverage(segments=(), end=end, capped=False),
         up_to_date=True, closed=True, cursor=CURSOR, chunked=False,
     )  # fmt: skip
     assert decoded_events(frames, chunked=False) == [

@@ -424,14 +424,14 @@ def test_a_shared_closure_closes_only_the_instance_it_names(
     open at 0_9 since it was seen closed there (a closed stream never reopens: that closure was
     another instance's, recreated behind every replica's back up to the same offset)."""
     instance = StreamInstance(stream="/s", content_type=held_as)
-    log_ = StreamLog(key=LogKey(stream="/s", scope=""), instance=instance)
-    log_.tail = TailFact(
+    log = StreamLog(key=LogKey(stream="/s", scope=""), instance=instance)
+    log.tail = TailFact(
         offset=tail_offset, closed=False, authoritative=False, observed_at=heard_open_at,
         heard_at=heard_open_at,
     )  # fmt: skip
     if stale:
-        log_.mark_stale()
-    tail = log_.tail
+        log.mark_stale()
+    tail = log.tail
     verdict = judge_shared(instance, tail, "0_9", content_type=shared_as, seen_at=seen_closed_at)
     another_type = shared_as is not None and shared_as != held_as  # parameters and all
     reopened = tail_offset == "0_9" and heard_open_at >= seen_closed_at
@@ -447,11 +447,11 @@ def test_a_tail_heard_open_elsewhere_tells_an_earlier_closure_apart_and_serves_n
     """A segment another replica shared from an answer that said the stream open at its end:
     what a replica that reads only the shared tier knows of when the stream was open there."""
     instance = StreamInstance(stream="/s", content_type="text/plain")
-    log_ = StreamLog(key=LogKey(stream="/s", scope=""), instance=instance)
-    log_.heard_open("0_9", 50.0)
-    assert not log_.tail_trusted(now=50.0, freshness_seconds=1.0)  # nothing to serve from it
+    log = StreamLog(key=LogKey(stream="/s", scope=""), instance=instance)
+    log.heard_open("0_9", 50.0)
+    assert not log.tail_trusted(now=50.0, freshness_seconds=1.0)  # nothing to serve from it
     seen = {"content_type": "text/plain"}
-    assert judge_shared(instance, log_.tail, "0_9", **seen, seen_at=40.0) is TailVerdict.OLDER
-    assert judge_shared(instance, log_.tail, "0_9", **seen, seen_at=60.0) is TailVerdict.BELIEVED
-    log_.heard_open("0_9", 30.0)  # an earlier word changes nothing
-    assert judge_shared(instance, log_.tail, "0_9", **seen, seen_at=40.0) is TailVerdict.OLDER
+    assert judge_shared(instance, log.tail, "0_9", **seen, seen_at=40.0) is TailVerdict.OLDER
+    assert judge_shared(instance, log.tail, "0_9", **seen, seen_at=60.0) is TailVerdict.BELIEVED
+    log.heard_open("0_9", 30.0)  # an earlier word changes nothing
+    assert judge_shared(instance, log.tail, "0_9", **seen, seen_at=40.0) is TailVerdict.OLDER

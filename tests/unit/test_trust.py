@@ -149,9 +149,9 @@ def test_an_origin_seen_going_away_forgets_what_is_held_but_keeps_how_it_is_read
     streams.unconfirmed.append(stayed.append)
     streams.on_forget.append(lambda forgetting: told.append((forgetting.stream, forgetting.reason)))
     held = streams.local.instance_for(KEY.stream)
-    log_ = streams.local.log_for(KEY)
-    log_.content_type = "application/json"
-    log_.header_template = (("Access-Control-Allow-Origin", "*"),)
+    log = streams.local.log_for(KEY)
+    log.content_type = "application/json"
+    log.header_template = (("Access-Control-Allow-Origin", "*"),)
     assert streams.local.put(KEY, Segment(start="-1", end=_offset(1), body=b"[1]"), held)
     known_only = streams.local.instance_for("/other")  # an instance, nothing learned
 
