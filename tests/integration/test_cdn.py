@@ -477,7 +477,7 @@ async def test_sse_through_varnish_and_nginx_is_exact_and_as_prompt_as_direct(
     stack: Stack, crowd: aiohttp.ClientSession, stream_path: str
 ) -> None:
     """Viewers through each CDN and straight at the edge watch one writer: every viewer gets
-    every byte once, and the CDNs add no more than a few milliseconds (nothing buffered)."""
+    every byte once, and the CDNs buffer nothing (each frame passes before the next is sent)."""
     parts = [f"event {i:03d};".encode() for i in range(40)]
     part_size = len(parts[0])
     await create(crowd, stack.edge.url + stream_path, [])
@@ -501,8 +501,10 @@ async def test_sse_through_varnish_and_nginx_is_exact_and_as_prompt_as_direct(
         assert all(bytes(view.body) == b"".join(parts) for view in views), name
         lags = [lag for view in views for lag in arrival_lags(view, sent_at, part_size)]
         medians[name] = statistics.median(lags)
+    # A CDN that buffers holds a frame until the next one comes (50 ms later) or the stream
+    # ends; half the append interval tells that apart from a loaded 2-core machine's jitter.
     for name in ("varnish", "nginx"):
-        assert medians[name] - medians["direct"] < 0.005, medians
+        assert medians[name] - medians["direct"] < 0.025, medians
 
 
 @pytest.mark.parametrize("cdn", CDNS)
