@@ -333,9 +333,12 @@ def text_body(size: int, seed: int) -> bytes:
 # --- docs/benchmarks.md ------------------------------------------------------------------------
 
 
-def insert_section(path: Path, heading: str, section: str) -> None:
-    """Put ``section`` (starting with ``heading``) first under the intro, or where it was."""
-    text = path.read_text() if path.exists() else BENCHMARKS_INTRO
+def insert_section(
+    path: Path, heading: str, section: str, *, intro: str = BENCHMARKS_INTRO
+) -> None:
+    """Put ``section`` (starting with ``heading``) first under the intro, or where it was;
+    ``intro`` opens a file that does not exist yet."""
+    text = path.read_text() if path.exists() else intro
     section = section.rstrip("\n") + "\n\n"
     start = text.find(heading + "\n")
     if start != -1:
