@@ -2,6 +2,10 @@
 start the origin and a pinned edge, run, render, write the section. A benchmark script holds
 only what it measures.
 
+    bench = Bench.begin("edge-join-", pin=..., edge_args=...)      # limits, cores, logs, load
+    rows = bench.run_targets("join", ["origin", "edge"], measure)   # servers up, each Target
+    publish(output, heading, f"{heading}\n\n{bench.provenance(...)} ... {bench.load_average()}")
+
 Rules this module owns:
 * One run is a ``Bench``: the open-file limit raised, the cores planned, a fresh logs directory,
   the start time and the load average before, taken once when it begins (``Bench.begin``).
@@ -13,7 +17,12 @@ Rules this module owns:
 * The servers get core 0, the load generators the other core(s), when this process may use at
   least two; with fewer, nothing is pinned, and the report says so.
 * A section of ``docs/benchmarks.md`` is inserted at the top (newest first); a run with the
-  same heading (same benchmark, date and edge arguments) replaces its earlier section in place.
+  same heading (same benchmark, date and edge arguments) replaces its earlier section in place;
+  a benchmark that keeps one section per kind of run (``fanout``) replaces the section whose
+  heading starts the same, whatever its date (``publish(..., any_date=True)``).
+* A section says how it was made: the command, the start time, the edge's revision
+  (``Bench.provenance``), and the machine's load average before and after
+  (``Bench.load_average``).
 * Streams are set up at the origin with the protocol's own requests (PUT with a content type,
   POST the bytes, POST ``Stream-Closed: true``), each answer checked.
 """
@@ -29,9 +38,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 from devstack.processes import (
@@ -44,6 +54,7 @@ from devstack.processes import (
     start_origin,
 )
 
+T = TypeVar("T")
 BENCHMARKS_INTRO = (
     "# Benchmarks\n\nFigures printed by the scripts in `loadtest/`, newest run first.\n"
 )
@@ -181,11 +192,13 @@ class Bench:
         name: str,
         launcher: tuple[str, ...] = ("-m", "edge"),
         also: str = "",
+        cores: frozenset[int] | None = None,
     ) -> Edge:
-        """The edge under test, given ``--edge-args`` then ``more_args``; ``also`` names what
-        else its start depended on, for the message."""
+        """The edge under test, given ``--edge-args`` then ``more_args``, on ``cores`` (default
+        the plan's edge cores); ``also`` names what else its start depended on, for the
+        message."""
         try:
-            with pinned(self.edge_cores):
+            with pinned(self.edge_cores if cores is None else cores):
                 return start_edge(
                     origin.url, self.logs, *self.edge_args, *more_args, name=name,
                     launcher=launcher,
@@ -214,12 +227,69 @@ class Bench:
                 edge.stop()
             origin.stop()
 
+    def run_targets(
+        self,
+        name: str,
+        targets: list[str],
+        measure: Callable[[Target], T],
+        *,
+        launcher: tuple[str, ...] = ("-m", "edge"),
+    ) -> list[T]:
+        """``measure`` each of ``targets`` ("origin", "edge") in turn, one origin and (when
+        "edge" is among them) one edge for all, both stopped after."""
+        with self.servers(name, with_edge="edge" in targets, launcher=launcher) as (origin, edge):
+            return [
+                measure(Target(name=t, origin=origin, edge=edge if t == "edge" else None))
+                for t in targets
+            ]
+
     def pinning(self, servers: str = "origin and nginx") -> str:
         return self.cores.describe(self.edge_cores, servers)
 
+    def provenance(self, module: str) -> str:
+        """How the run was made, as its section opens: the command, when, the edge's revision."""
+        return f"`{command_line(module)}` at {self.started}, edge at `{git_revision()}`"
 
-def publish(output: Path, heading: str, section: str) -> None:
-    insert_section(output, heading, section)
+    def load_average(self, *, minutes: str = "1/5/15") -> str:
+        """The load average before the run and now: all three (1/5/15 min), or the 1 min one."""
+        after = os.getloadavg()
+        if minutes == "1":
+            return f"Load average {self.load_before[0]:.2f} before, {after[0]:.2f} after"
+        return (
+            f"Load average (1/5/15 min) {'/'.join(f'{x:.2f}' for x in self.load_before)} "
+            f"before, {'/'.join(f'{x:.2f}' for x in after)} after"
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Target:
+    """One server a benchmark measures: the origin alone, or the edge in front of it."""
+
+    name: str  # "origin" | "edge"
+    origin: Origin
+    edge: Edge | None  # the edge when name is "edge"
+
+    @property
+    def url(self) -> str:
+        return self.edge.url if self.edge is not None else self.origin.url
+
+    @property
+    def address(self) -> tuple[str, int]:
+        parts = urlsplit(self.url)
+        return parts.hostname or "127.0.0.1", int(parts.port or 80)
+
+    @property
+    def pid(self) -> int:
+        return (self.edge or self.origin).process.pid
+
+
+def publish(output: Path, heading: str, section: str, *, any_date: bool = False) -> None:
+    """Write ``section`` into ``output`` and say where: in place of the section with the same
+    ``heading`` (``any_date``: whose heading starts with ``heading``), else first."""
+    if any_date:
+        write_section(output, heading, section)
+    else:
+        insert_section(output, heading, section)
     print(f"written to {output}")
 
 
@@ -258,6 +328,22 @@ def _status_mb(pid: int, field: str) -> float:
         if line.startswith(field):
             return int(line.split()[1]) / 1024
     return 0.0
+
+
+def run_and_wait(pids: list[int]) -> tuple[float, float]:
+    """Seconds the threads of ``pids`` have run on a CPU, and waited runnable for one
+    (``/proc/<pid>/task/<tid>/schedstat``)."""
+    ran = waited = 0
+    for pid in pids:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{task}/schedstat") as stat:
+                    fields = stat.read().split()
+            except FileNotFoundError:
+                continue  # a thread that ended meanwhile
+            ran += int(fields[0])
+            waited += int(fields[1])
+    return ran / 1e9, waited / 1e9
 
 
 # --- streams at the origin ---------------------------------------------------------------------
@@ -333,9 +419,12 @@ def text_body(size: int, seed: int) -> bytes:
 # --- docs/benchmarks.md ------------------------------------------------------------------------
 
 
-def insert_section(path: Path, heading: str, section: str) -> None:
-    """Put ``section`` (starting with ``heading``) first under the intro, or where it was."""
-    text = path.read_text() if path.exists() else BENCHMARKS_INTRO
+def insert_section(
+    path: Path, heading: str, section: str, *, intro: str = BENCHMARKS_INTRO
+) -> None:
+    """Put ``section`` (starting with ``heading``) first under the intro, or where it was;
+    ``intro`` opens a file that does not exist yet."""
+    text = path.read_text() if path.exists() else intro
     section = section.rstrip("\n") + "\n\n"
     start = text.find(heading + "\n")
     if start != -1:

@@ -56,13 +56,7 @@ from devstack.cdn_stack import (
     tier_url,
 )
 from devstack.processes import REPO
-from loadtest.benchkit import (
-    Bench,
-    command_line,
-    git_revision,
-    insert_section,
-    split_edge_args,
-)
+from loadtest.benchkit import Bench, publish, split_edge_args
 from loadtest.cdn_report import GIVE_UP_SECONDS, quantile, render
 from loadtest.cdn_sse import sse_figures
 
@@ -332,7 +326,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     # Not pinned: the caches, the edge and the clients share every core.
     bench = Bench.begin("edge-cdn-", pin=False)
-    started, load_before = bench.started, bench.load_before
     origin = bench.origin("cdn-origin")
     edge_args = [
         "--long-poll-timeout",
@@ -349,7 +342,6 @@ def main(argv: list[str] | None = None) -> int:
             stack.stop()
     finally:
         origin.stop()
-    load_after = os.getloadavg()
     rendered = render(
         figures,
         readers=args.readers,
@@ -359,20 +351,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(rendered)
     if not args.no_write:
-        heading = f"## CDN tier: offload and correctness through Varnish and nginx ({started})"
-        command = command_line("loadtest.cdn")
+        heading = (
+            f"## CDN tier: offload and correctness through Varnish and nginx ({bench.started})"
+        )
         section = (
-            f"{heading}\n\n`{command}` at {started}, edge at `{git_revision()}`, edge args "
+            f"{heading}\n\n{bench.provenance('loadtest.cdn')}, edge args "
             f"`{' '.join(edge_args)} --cdn-purge varnish=<the Varnish>`. Debian's Varnish 7.1 "
             "(`deploy/varnish/edge.vcl`) and nginx 1.22 (`deploy/nginx/edge.conf`), as shipped "
             'but for their ports, in front of the edge; "edge" rows are the clients straight '
-            "at the edge. One client process (aiohttp), one connection per request. Load "
-            f"average (1/5/15 min) {'/'.join(f'{x:.2f}' for x in load_before)} before, "
-            f"{'/'.join(f'{x:.2f}' for x in load_after)} after (a machine shared with other "
+            "at the edge. One client process (aiohttp), one connection per request. "
+            f"{bench.load_average()} (a machine shared with other "
             f"engineers' tests).\n\n{rendered}\n\n{READING}\n"
         )
-        insert_section(args.output, heading, section)
-        print(f"wrote {args.output}", file=sys.stderr)
+        publish(args.output, heading, section)
     return 0
 
 

@@ -28,20 +28,20 @@ from typing import Any
 
 import aiohttp
 
-from devstack.processes import REPO, new_logs_dir, start_edge, start_origin
+from devstack.processes import REPO
 from edge.protocol.sse import SseDecoder
 from loadtest.benchkit import (
-    Cores,
+    Bench,
+    EdgeDidNotStart,
     command_line,
     now_utc,
     pinned,
-    plan_cores,
     proc_cpu_seconds,
     proc_peak_rss_mb,
     proc_rss_mb,
-    raise_nofile,
-    write_section,
+    publish,
 )
+from loadtest.rawhttp import run_client
 
 SAMPLED_PER_WORKER = 100
 CONNECT_BATCH = 250
@@ -176,11 +176,7 @@ async def _worker_main(
 
 
 def _worker(args: tuple[str, int, str, int, float, int], ready: Any, stop: Any, queue: Any) -> None:
-    raise_nofile()
-    import uvloop
-
-    report = uvloop.run(_worker_main(ready, stop, *args))
-    queue.put(report)
+    queue.put(run_client(_worker_main(ready, stop, *args)))
 
 
 async def agent(base: str, path: str, rate: float, seconds: float) -> int:
@@ -204,37 +200,21 @@ async def create(base: str, path: str) -> None:
 
 
 def run_case(
-    target: str,
-    viewers: int,
-    seconds: float,
-    rate: float,
-    workers: int,
-    logs: Path,
-    edge_workers: int = 1,
-    max_connections: int = 0,
-    cores: Cores | None = None,
+    bench: Bench, target: str, viewers: int, args: argparse.Namespace, edge_workers: int
 ) -> dict[str, Any]:
-    cores = cores or plan_cores(pin=False)
-    with pinned(cores.server):
-        origin = start_origin(logs, name=f"origin-{target}-{viewers}")
+    seconds, rate, workers, cores = args.seconds, args.rate, args.workers, bench.cores
+    origin = bench.origin(f"origin-{target}-{viewers}")
     # 0: the edge's own default, derived from its open-file limit (edge.web.descriptors).
-    cap = ["--max-connections", str(max_connections)] if max_connections else []
-    # One worker is pinned beside the origin (which does almost nothing here: one tail); more
-    # workers take every core.
-    with pinned(cores.server if edge_workers == 1 else cores.every):
-        edge = (
-            start_edge(
-                origin.url,
-                logs,
-                *cap,
-                "--workers",
-                str(edge_workers),
-                name=f"edge-{target}-{viewers}",
-            )
-            if target == "edge"
-            else None
-        )
+    cap = ["--max-connections", str(args.max_connections)] if args.max_connections else []
+    edge = None
     try:
+        if target == "edge":
+            # One worker is pinned beside the origin (which does almost nothing here: one
+            # tail); more workers take every core.
+            edge = bench.edge(
+                origin, *cap, "--workers", str(edge_workers), name=f"edge-{target}-{viewers}",
+                cores=cores.server if edge_workers == 1 else cores.every,
+            )  # fmt: skip
         base = edge.url if edge else origin.url
         host, port = base.removeprefix("http://").split(":")
         path = f"/v1/stream/fanout-{viewers}-{int(time.time())}"
@@ -362,27 +342,26 @@ def main() -> int:
     )
     parser.add_argument("--output", type=Path, default=REPO / "docs" / "benchmarks.md")
     args = parser.parse_args()
-    cores = plan_cores(args.pin)
+    bench = Bench.begin("edge-fanout-", pin=args.pin)
+    cores = bench.cores
     if args.pin:
         os.sched_setaffinity(0, cores.load)  # the agent, in this process
-    raise_nofile()
-    logs = new_logs_dir("edge-fanout-")
     rows = []
-    for viewers in args.viewers:
-        for target in args.targets:
-            for edge_workers in args.edge_workers if target == "edge" else [0]:
-                row = run_case(
-                    target, viewers, args.seconds, args.rate, args.workers, logs, edge_workers,
-                    args.max_connections, cores,
-                )  # fmt: skip
-                row["edge_workers"] = edge_workers
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+    try:
+        for viewers in args.viewers:
+            for target in args.targets:
+                for edge_workers in args.edge_workers if target == "edge" else [0]:
+                    row = run_case(bench, target, viewers, args, edge_workers)
+                    row["edge_workers"] = edge_workers
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+    except EdgeDidNotStart:
+        return 2
     rendered = table(rows)
     print(rendered)
     # A pinned run is its own section: the per-core figures the capacity plan reads.
     heading = "## Fan-out on one pinned core" if args.pin else "## Fan-out ("
-    pinning = f"Pinned: {cores.describe(cores.server, 'the origin')}.\n\n" if args.pin else ""
+    pinning = f"Pinned: {bench.pinning('the origin')}.\n\n" if args.pin else ""
     section = (
         f"{heading.rstrip(' (')} ({now_utc()})\n\n"
         f"`{command_line('loadtest.fanout')}` — an agent appends "
@@ -393,7 +372,7 @@ def main() -> int:
         f"{pinning}"
         f"{rendered}\n\n"
     )
-    write_section(args.output, heading, section)
+    publish(args.output, heading, section, any_date=True)
     return 0
 
 

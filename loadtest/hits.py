@@ -62,7 +62,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import os
 import statistics
 import sys
 import time
@@ -81,10 +80,8 @@ from loadtest.benchkit import (
     affinity_of,
     append,
     close_stream,
-    command_line,
     create_stream,
     edge_workers,
-    git_revision,
     now_utc,
     pinned,
     publish,
@@ -700,9 +697,6 @@ def write_doc(args: argparse.Namespace, body: str, bench: Bench) -> None:
     edge_args = f"`{args.edge_args}`" if args.edge_args else "none"
     # The time in the heading: every run is a section of its own, earlier ones are kept.
     heading = f"## Cached hits: origin, edge, nginx ({date}, edge args {edge_args})"
-    command = command_line("loadtest.hits")
-    pinning, started, load_before = bench.pinning(), bench.started, bench.load_before
-    load_after = os.getloadavg()
     chosen = {CELLS[name].edge for name in args.cells} | {
         name for name in args.cells if name in ("tail2KB", "cookie", "head")
     }
@@ -759,7 +753,7 @@ def write_doc(args: argparse.Namespace, body: str, bench: Bench) -> None:
         )
     section = (
         f"{heading}\n\n"
-        f"`{command}` at {started}, edge at `{git_revision()}`. `text/plain` streams made at "
+        f"{bench.provenance('loadtest.hits')}. `text/plain` streams made at "
         f"the origin (closed unless said); each cell reads `GET <stream>?offset=-1` (the "
         f"mid-stream cell: `?offset=` the offset after a {PREFIX_BYTES}-byte prefix, a closed "
         f"range that starts inside the stream) with `wrk -t1 -c{args.connections} "
@@ -782,9 +776,7 @@ def write_doc(args: argparse.Namespace, body: str, bench: Bench) -> None:
         f"serve the origin's gzip answer, compressed once on the miss and cached: nginx's own "
         f"`gzip on` would compress every hit, as the origin does, so this is the compress-once "
         f"comparison.\n\n"
-        f"Pinning: {pinning}. Load average (1/5/15 min) {load_before[0]:.2f}/"
-        f"{load_before[1]:.2f}/{load_before[2]:.2f} before, {load_after[0]:.2f}/"
-        f"{load_after[1]:.2f}/{load_after[2]:.2f} after: the machine is shared with other "
+        f"Pinning: {bench.pinning()}. {bench.load_average()}: the machine is shared with other "
         f"engineers' builds and tests, so the figures are noisy; compare ratios from one run.\n\n"
         f"{body}\n"
     )

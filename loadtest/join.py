@@ -50,15 +50,12 @@ import hashlib
 import http.client
 import json
 import math
-import multiprocessing
 import os
 import signal
 import statistics
-import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -68,18 +65,17 @@ from loadtest import pyspy
 from loadtest.benchkit import (
     Bench,
     EdgeDidNotStart,
+    Target,
     append,
     close_stream,
-    command_line,
     create_stream,
-    git_revision,
-    pinned,
     process_tree,
     publish,
     request,
+    run_and_wait,
     text_body,
 )
-from loadtest.join_clients import Record, Slot, client, run_and_wait, step_costs
+from loadtest.join_clients import Record, Slot, client, step_costs
 from loadtest.rawhttp import ClientProcesses
 
 CONTENT_TYPE = "text/plain"
@@ -174,11 +170,6 @@ def warm_up(origin: Origin, base: str) -> None:
     request(base, "GET", f"{path}?offset={tail}&live=sse")
 
 
-def server_cpu(pid: int) -> tuple[float, float]:
-    """Seconds ``pid`` and its children have run on a CPU, and waited runnable for one."""
-    return run_and_wait(process_tree(pid))
-
-
 def percentile(values: list[float], share: float) -> float:
     if not values:
         return float("nan")
@@ -192,34 +183,11 @@ def mode_of(index: int, mode: str) -> str:
     return mode
 
 
-@dataclass
-class Profiler:
-    """py-spy on the edge from just before the first join until every viewer is live."""
-
-    proc: subprocess.Popen[bytes]
-    output: Path
-
-    @classmethod
-    def start(cls, pid: int, output: Path, seconds: float, load: frozenset[int]) -> Profiler:
-        return cls(pyspy.start(pid, math.ceil(seconds), output, load), output)
-
-    def stop(self) -> Path:
-        self.proc.send_signal(signal.SIGINT)  # py-spy writes what it has and exits
-        self.proc.communicate(timeout=120)
-        if not self.output.exists():
-            raise pyspy.ProfileFailed(f"py-spy exited {self.proc.returncode} without output")
-        return self.output
-
-
-def run_target(
-    target: str, origin: Origin, edge: Edge | None, args: argparse.Namespace, load: frozenset[int]
-) -> dict[str, Any]:
-    base = edge.url if edge is not None else origin.url
-    parts = urlsplit(base)
-    host, port = parts.hostname or "127.0.0.1", int(parts.port or 80)
-    server_pid = edge.process.pid if edge is not None else origin.process.pid
+def run_target(target: Target, args: argparse.Namespace, load: frozenset[int]) -> dict[str, Any]:
+    origin, edge, base, server_pid = target.origin, target.edge, target.url, target.pid
+    host, port = target.address
     warm_up(origin, base)
-    path = f"/v1/stream/join-{target}-{int(time.time() * 1000)}"
+    path = f"/v1/stream/join-{target.name}-{int(time.time() * 1000)}"
     create_stream(origin.url, path, CONTENT_TYPE)
     append(origin.url, path, history(args.history_bytes, args.append_bytes), CONTENT_TYPE)
     window = args.seconds_to_join
@@ -244,9 +212,9 @@ def run_target(
             pipe.send(("go", t0))
         if args.profile and edge is not None:
             time.sleep(max(0.0, t0 - 0.3 - time.monotonic()))
-            profiler = Profiler.start(server_pid, Path(args.profile), args.max_seconds, load)
+            profiler = pyspy.Recorder.start(server_pid, Path(args.profile), args.max_seconds, load)
         time.sleep(max(0.0, t0 - time.monotonic()))
-        cpu_t0 = server_cpu(server_pid)
+        cpu_t0 = run_and_wait(process_tree(server_pid))
         viewers_t0 = run_and_wait(clients.pids)
         if watched:
             os.kill(server_pid, signal.SIGUSR1)  # loadtest.gcwatch: from here on
@@ -255,7 +223,7 @@ def run_target(
             remaining = t0 + args.max_seconds - time.monotonic()
             when = pipe.recv()[1] if pipe.poll(max(0.0, remaining)) else None
             all_live = max(all_live, when) if all_live is not None and when else None
-        cpu_live = server_cpu(server_pid)
+        cpu_live = run_and_wait(process_tree(server_pid))
         viewers_live = run_and_wait(clients.pids)
         live_at = time.monotonic()
         if profiler is not None:
@@ -278,8 +246,7 @@ def run_target(
     finally:
         agent.close_when(0.0)
         if profiler is not None:
-            profiler.proc.kill()
-            profiler.proc.wait()
+            profiler.kill()
         clients.reap()
     counts = origin.counts(path)
     content = final_content(origin.url, path)
@@ -299,7 +266,7 @@ def run_target(
         return [math.inf if value is None else 1000 * value for value in values]
 
     row: dict[str, Any] = {
-        "target": target,
+        "target": target.name,
         "mode": args.mode,
         "viewers": args.viewers,
         "exact": len(records) - len(wrong) - len(unfinished),
@@ -345,11 +312,11 @@ def run_target(
         assert edge is not None
         row["gc_pauses"] = gc_pauses(edge)
     if args.step_costs:
-        row["step_costs_us"] = measure_steps(origin, base, server_pid, args, load)
+        row["step_costs_us"] = measure_steps(target, args, load)
         row["step_count"] = args.step_costs
     print(json.dumps(row), flush=True)
     if args.records:
-        dump = Path(f"{args.records}.{target}.json")
+        dump = Path(f"{args.records}.{target.name}.json")
         at = {slot.index: slot.at for slot in slots}
         dump.write_text(json.dumps([{**r.__dict__, "at": at[r.index]} for r in records]) + "\n")
     return row
@@ -371,27 +338,21 @@ GC_PAUSES_FILE = "gc-pauses.jsonl"
 
 
 def measure_steps(
-    origin: Origin, base: str, server_pid: int, args: argparse.Namespace, load: frozenset[int]
+    target: Target, args: argparse.Namespace, load: frozenset[int]
 ) -> dict[str, float]:
     """The server's CPU per connection for each step of a join, on a quiet open stream."""
+    origin = target.origin.url
     path = f"/v1/stream/join-steps-{int(time.time() * 1000)}"
-    create_stream(origin.url, path, CONTENT_TYPE)
-    tail = append(origin.url, path, history(args.history_bytes, args.append_bytes), CONTENT_TYPE)
-    parts = urlsplit(base)
-    context = multiprocessing.get_context("fork")
-    mine, theirs = context.Pipe()
-    given = (theirs, parts.hostname, parts.port, path, tail, args.step_costs)
-    with pinned(load):
-        proc = context.Process(target=step_costs, args=(*given, process_tree(server_pid)))
-        proc.start()
+    create_stream(origin, path, CONTENT_TYPE)
+    tail = append(origin, path, history(args.history_bytes, args.append_bytes), CONTENT_TYPE)
+    given = (*target.address, path, tail, args.step_costs, process_tree(target.pid))
+    steps = ClientProcesses.start(step_costs, [given], load)
     try:
-        if not mine.poll(120):
+        if not steps.pipes[0].poll(120):
             raise RuntimeError("the step costs did not come back")
-        costs: dict[str, float] = mine.recv()
+        costs: dict[str, float] = steps.pipes[0].recv()
     finally:
-        proc.join(timeout=30)
-        if proc.is_alive():
-            proc.kill()
+        steps.reap()
     return costs
 
 
@@ -544,16 +505,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.gc_pauses:
         launcher = ("-m", "loadtest.gcwatch", str(bench.logs / GC_PAUSES_FILE))
     try:
-        with bench.servers("join", with_edge="edge" in args.targets, launcher=launcher) as (
-            origin,
-            edge,
-        ):
-            rows = [
-                run_target(
-                    target, origin, edge if target == "edge" else None, args, bench.cores.load
-                )
-                for target in args.targets
-            ]
+        rows = bench.run_targets(
+            "join",
+            args.targets,
+            lambda target: run_target(target, args, bench.cores.load),
+            launcher=launcher,
+        )
     except EdgeDidNotStart:
         return 2
     rendered = render(rows)
@@ -586,14 +543,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def write_doc(args: argparse.Namespace, body: str, bench: Bench) -> None:
     date = time.strftime("%Y-%m-%d")
-    pinning, started, load_before = bench.pinning("the origin"), bench.started, bench.load_before
     shown = f"`{args.edge_args}`" if args.edge_args else "none"
     heading = f"## Join storm ({date}, {args.viewers} viewers, {args.mode}, edge args {shown})"
-    load_after = os.getloadavg()
     section = (
         f"{heading}\n\n"
-        f"`{command_line('loadtest.join')}` at {started}, edge at "
-        f"`{git_revision()}`. One open `text/plain` stream per server with "
+        f"{bench.provenance('loadtest.join')}. One open `text/plain` stream per server with "
         f"{args.history_bytes:,} B in it; an agent appends a {args.append_bytes} B line "
         f"{args.rate:g} times a second straight to the origin, from {args.lead_in:g} s before "
         f"the first viewer joins until every viewer is live and at least {args.follow:g} s "
@@ -606,8 +560,8 @@ def write_doc(args: argparse.Namespace, body: str, bench: Bench) -> None:
         f"frame, a long-poll answer with bytes; at {args.rate:g} appends/s the next append is "
         f"up to {1000 / args.rate:.0f} ms away). Exact: the viewer's bytes (catch-up, then "
         f"live) are the stream's final content, read from the origin. Origin reads: the "
-        f"stream's GETs the origin counted (the agent's appends aside). Pinning: {pinning}. "
-        f"Load average {load_before[0]:.2f} before, {load_after[0]:.2f} after: the machine is "
+        f"stream's GETs the origin counted (the agent's appends aside). Pinning: "
+        f"{bench.pinning('the origin')}. {bench.load_average(minutes='1')}: the machine is "
         f"shared with other engineers' work, so the figures are noisy (the server's wait for "
         f"a core is in the second table).\n\n{body}\n"
     )

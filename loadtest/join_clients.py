@@ -8,7 +8,7 @@ Rules this module owns:
 * One keep-alive connection per viewer, opened at its join time, carries its catch-up and its
   live reads (what a client library's pool does); a connection the server ends before the
   stream is closed is opened again and the read resumed from the last offset (counted).
-* Answers are parsed by ``loadtest.rawhttp`` on uvloop: no client library's per-request work
+* A viewer is a ``loadtest.rawhttp`` answer reader, on uvloop: no client library's per-request work
   between a byte's arrival and its stamp. An SSE body is kept
   raw while it streams (only the first ``event: data`` frame and the final chunk are looked
   for) and decoded, chunks then events, once it ends; once a viewer has its first live event,
@@ -31,14 +31,14 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from edge.protocol.sse import SseDecoder
-from loadtest.rawhttp import dechunk, dechunk_partial, parse_head, run_client, take_body
+from loadtest.benchkit import run_and_wait
+from loadtest.rawhttp import AnswerReader, dechunk, dechunk_partial, receive, run_client
 
 MAX_RECONNECTS = 5
 
@@ -91,14 +91,11 @@ class Pacer:
 READ_INTERVAL_S = 0.2
 
 
-class Viewer(asyncio.Protocol):
+class Viewer(AnswerReader):
     def __init__(self, slot: Slot, host: str, port: int, path: str) -> None:
+        super().__init__(f"{host}:{port}")
         self.slot = slot
         self.host, self.port, self.path = host, port, path
-        self.authority = f"{host}:{port}"
-        self.transport: asyncio.Transport | None = None
-        self.buffer = bytearray()
-        self.head: tuple[int, dict[str, str]] | None = None
         self.streaming = False  # inside an SSE body
         self.raw = bytearray()  # that body, as it came (chunked framing and all)
         self.raw_chunked = False
@@ -132,10 +129,7 @@ class Viewer(asyncio.Protocol):
             if self.cursor:
                 query += f"&cursor={self.cursor}"
             self.live_requests += 1
-        assert self.transport is not None
-        self.transport.write(
-            f"GET {self.path}?{query} HTTP/1.1\r\nHost: {self.authority}\r\n\r\n".encode()
-        )
+        self.get(self.path, query)
 
     def _live(self) -> None:
         if self.on_live is not None:
@@ -157,7 +151,7 @@ class Viewer(asyncio.Protocol):
     # --- the connection ---
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
+        super().connection_made(transport)
         if self.connect is None:
             self.connect = time.monotonic() - self.started
         self.buffer.clear()
@@ -191,18 +185,14 @@ class Viewer(asyncio.Protocol):
         if self.streaming:
             self._sse_bytes(data)
             return
-        self.buffer += data
-        while self.phase != "done" and not self.streaming and self._parse_one():
-            pass
+        super().data_received(data)
 
     # --- answers ---
 
-    def _parse_one(self) -> bool:
-        if self.head is None:
-            self.head = parse_head(self.buffer)
-            if self.head is None:
-                return False
-        status, headers = self.head
+    def reading(self) -> bool:
+        return self.phase != "done" and not self.streaming
+
+    def on_head(self, status: int, headers: dict[str, str]) -> bool:
         if self.phase == "live" and self.live_head is None:
             self.live_head = time.monotonic() - self.started
             self._live()
@@ -216,10 +206,9 @@ class Viewer(asyncio.Protocol):
             if rest:
                 self._sse_bytes(rest)
             return False
-        body = take_body(self.buffer, status, headers)
-        if body is None:
-            return False
-        self.head = None
+        return True
+
+    def on_answer(self, status: int, headers: dict[str, str], body: bytes) -> bool:
         self._answer(status, headers, body)
         if headers.get("connection", "").lower() == "close" and self.transport is not None:
             self.transport.close()  # connection_lost sends the next request on a new one
@@ -379,9 +368,8 @@ def _record(viewer: Viewer) -> Record:
 async def _client_main(
     conn: Any, host: str, port: int, path: str, slots: list[Slot], deadline_s: float
 ) -> None:
-    loop = asyncio.get_running_loop()
     conn.send(("ready",))
-    command = await loop.run_in_executor(None, conn.recv)
+    command = await receive(conn)
     if command[0] != "go":
         return
     t0 = command[1]
@@ -469,22 +457,6 @@ class _Stepper(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self.done is not None and not self.done.done():
             self.done.set_exception(ConnectionError(f"lost: {exc}"))
-
-
-def run_and_wait(pids: list[int]) -> tuple[float, float]:
-    """Seconds the threads of ``pids`` have run on a CPU, and waited runnable for one
-    (``/proc/<pid>/task/<tid>/schedstat``)."""
-    ran = waited = 0
-    for pid in pids:
-        for task in os.listdir(f"/proc/{pid}/task"):
-            try:
-                with open(f"/proc/{pid}/task/{task}/schedstat") as stat:
-                    fields = stat.read().split()
-            except FileNotFoundError:
-                continue  # a thread that ended meanwhile
-            ran += int(fields[0])
-            waited += int(fields[1])
-    return ran / 1e9, waited / 1e9
 
 
 def _ran_seconds(pids: list[int]) -> float:

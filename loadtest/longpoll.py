@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import os
 import statistics
 import sys
 import time
@@ -30,14 +29,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from devstack.processes import REPO, Edge, Origin
+from devstack.processes import REPO
 from loadtest.benchkit import (
     Bench,
     EdgeDidNotStart,
+    Target,
     append,
-    command_line,
     create_stream,
-    git_revision,
     publish,
     text_body,
 )
@@ -48,12 +46,11 @@ CONTENT_TYPE = "text/plain"
 WAITING_TIMEOUT_S = 20.0
 
 
-def waiting_now(target: str, origin: Origin, edge: Edge | None, path: str) -> int:
-    if target == "origin":
-        return int(origin.counts(path)["open"]["long-poll"])
-    assert edge is not None
+def waiting_now(target: Target, path: str) -> int:
+    if target.edge is None:
+        return int(target.origin.counts(path)["open"]["long-poll"])
     total = 0.0
-    for line in edge.metrics_text().splitlines():
+    for line in target.edge.metrics_text().splitlines():
         if line.startswith("edge_long_polls_waiting"):
             total += float(line.rsplit(" ", 1)[1])
     return int(total)
@@ -63,13 +60,10 @@ def percentile(sorted_values: list[float], share: float) -> float:
     return sorted_values[min(len(sorted_values) - 1, max(0, int(len(sorted_values) * share) - 1))]
 
 
-def run_target(
-    target: str, origin: Origin, edge: Edge | None, args: argparse.Namespace, load: frozenset[int]
-) -> dict[str, Any]:
-    base = edge.url if edge is not None else origin.url
-    parts = urlsplit(base)
-    host, port = parts.hostname or "127.0.0.1", int(parts.port or 80)
-    path = f"/v1/stream/longpoll-{target}-{int(time.time() * 1000)}"
+def run_target(target: Target, args: argparse.Namespace, load: frozenset[int]) -> dict[str, Any]:
+    origin = target.origin
+    host, port = target.address
+    path = f"/v1/stream/longpoll-{target.name}-{int(time.time() * 1000)}"
     create_stream(origin.url, path, CONTENT_TYPE)
     tail = append(origin.url, path, b"start\n", CONTENT_TYPE)
     shares = [
@@ -88,7 +82,7 @@ def run_target(
             deadline = time.monotonic() + WAITING_TIMEOUT_S
             waiting = 0
             while time.monotonic() < deadline:
-                waiting = waiting_now(target, origin, edge, path)
+                waiting = waiting_now(target, path)
                 if waiting >= sent:
                     break
                 time.sleep(0.05)
@@ -118,7 +112,7 @@ def run_target(
                 repolls += polls
             latencies.sort()
             result = {
-                "target": target,
+                "target": target.name,
                 "round": number,
                 "waiters": sent,
                 "seen_waiting": waiting,
@@ -138,7 +132,7 @@ def run_target(
             pipe.send(("stop",))
         clients.reap()
     return {
-        "target": target,
+        "target": target.name,
         "waiters": args.waiters,
         "exact": f"{min(r['exact'] for r in rounds)}/{args.waiters}",
         "failed": sum(r["failed"] for r in rounds),
@@ -193,13 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     bench = Bench.begin("edge-longpoll-", pin=not args.no_pin, edge_args=args.edge_args)
     try:
-        with bench.servers("longpoll", with_edge="edge" in args.targets) as (origin, edge):
-            rows = [
-                run_target(
-                    target, origin, edge if target == "edge" else None, args, bench.cores.load
-                )
-                for target in args.targets
-            ]
+        rows = bench.run_targets(
+            "longpoll", args.targets, lambda target: run_target(target, args, bench.cores.load)
+        )
     except EdgeDidNotStart:
         return 2
     rendered = render(rows)
@@ -208,19 +198,18 @@ def main(argv: list[str] | None = None) -> int:
         date = time.strftime("%Y-%m-%d")
         shown = f"`{args.edge_args}`" if args.edge_args else "none"
         heading = f"## Long-poll release ({date}, edge args {shown})"
-        load_before, load_after = bench.load_before, os.getloadavg()
         section = (
             f"{heading}\n\n"
-            f"`{command_line('loadtest.longpoll')}` at {bench.started}, edge at "
-            f"`{git_revision()}`. {args.waiters} long-polls (HTTP/1.1, one connection each, from "
+            f"{bench.provenance('loadtest.longpoll')}. {args.waiters} long-polls (HTTP/1.1, "
+            f"one connection each, from "
             f"{args.processes} client processes on raw sockets) wait at the tail of one open "
             f"`text/plain` stream, straight at the origin, then through the edge; one "
             f"{args.append_bytes + 1}-byte append, sent straight to the origin, releases them. "
             f"Latency: from the append's send to each waiter's complete answer; every answer "
             f"checked (200, exactly the appended bytes, the append's `Stream-Next-Offset`). "
             f"p50/p99/max are medians of {args.rounds} rounds after a warm-up round. Pinning: "
-            f"{bench.pinning('the origin')}. Load average "
-            f"{load_before[0]:.2f} before, {load_after[0]:.2f} after: the machine is shared "
+            f"{bench.pinning('the origin')}. {bench.load_average(minutes='1')}: "
+            f"the machine is shared "
             f"with other engineers' work, so the figures are noisy.\n\n{rendered}\n"
         )
         publish(args.output, heading, section)

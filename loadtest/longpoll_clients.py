@@ -1,8 +1,8 @@
 """The waiting side of ``loadtest.longpoll``: processes of raw long-poll connections.
 
 Rules this module owns:
-* One keep-alive HTTP/1.1 connection per waiter, on uvloop, its answers parsed by
-  ``loadtest.rawhttp``: no client library's per-request work stands between an answer's last
+* One keep-alive HTTP/1.1 connection per waiter, on uvloop, a ``loadtest.rawhttp``
+  answer reader: no client library's per-request work stands between an answer's last
   byte and the time it is stamped with.
 * An answer is stamped with ``time.monotonic()`` when its last byte is parsed; the parent's
   append is stamped with the same clock (one clock for every process of the machine).
@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from loadtest.rawhttp import parse_head, run_client, take_body
+from loadtest.rawhttp import AnswerReader, receive, run_client
 
 CONNECT_BATCH = 250
 ROUND_TIMEOUT_S = 60.0
@@ -35,23 +35,17 @@ class Answer:
     body: bytes
 
 
-class Waiter(asyncio.Protocol):
-    """One keep-alive connection that long-polls; parses one HTTP/1.1 answer at a time."""
+class Waiter(AnswerReader):
+    """One keep-alive connection that long-polls."""
 
     def __init__(self, host: str, path: str) -> None:
-        self.host = host
+        super().__init__(host)
         self.path = path
-        self.transport: asyncio.Transport | None = None
         self.cursor: str | None = None
         self.offset = ""
-        self.buffer = bytearray()
-        self.head: tuple[int, dict[str, str]] | None = None
         self.answer: asyncio.Future[Answer | str] | None = None
         self.repolls = 0
         self.lost = False
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
 
     def poll(self, offset: str) -> None:
         self.offset = offset
@@ -62,26 +56,9 @@ class Waiter(asyncio.Protocol):
         query = f"offset={self.offset}&live=long-poll"
         if self.cursor:
             query += f"&cursor={self.cursor}"
-        assert self.transport is not None
-        self.transport.write(
-            f"GET {self.path}?{query} HTTP/1.1\r\nHost: {self.host}\r\n\r\n".encode()
-        )
+        self.get(self.path, query)
 
-    def data_received(self, data: bytes) -> None:
-        self.buffer += data
-        while self._parse_one():
-            pass
-
-    def _parse_one(self) -> bool:
-        if self.head is None:
-            self.head = parse_head(self.buffer)
-            if self.head is None:
-                return False
-        status, headers = self.head
-        body = take_body(self.buffer, status, headers)
-        if body is None:
-            return False
-        self.head = None
+    def on_answer(self, status: int, headers: dict[str, str], body: bytes) -> bool:
         self.cursor = headers.get("stream-cursor", self.cursor)
         if status == 204 and "stream-closed" not in headers:
             self.repolls += 1  # the long-poll timed out before the append: poll again
@@ -112,7 +89,7 @@ async def _client_main(conn: Any, host: str, port: int, path: str, count: int) -
     loop = asyncio.get_running_loop()
     waiters: list[Waiter] = []
     while True:
-        command = await loop.run_in_executor(None, conn.recv)
+        command = await receive(conn)
         if command[0] == "stop":
             break
         if command[0] == "poll":

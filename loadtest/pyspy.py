@@ -1,4 +1,5 @@
-"""Profile a running edge with py-spy while wrk loads it, for ``loadtest.hits --profile``.
+"""Profile a running edge with py-spy while wrk loads it, for ``loadtest.hits --profile``, or
+until told to stop, for ``loadtest.join --profile`` (``Recorder``).
 
 Rules this module owns:
 * ``py-spy record --format raw`` (folded stacks: ``frame;frame;... count``), sampling the edge
@@ -15,7 +16,9 @@ Rules this module owns:
 
 from __future__ import annotations
 
+import math
 import shutil
+import signal
 import subprocess
 import sys
 from collections import Counter
@@ -54,6 +57,31 @@ def start(pid: int, seconds: int, output: Path, cores: frozenset[int]) -> subpro
     output.parent.mkdir(parents=True, exist_ok=True)
     with pinned(cores):
         return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+@dataclass
+class Recorder:
+    """py-spy on a process for as long as the caller needs (``stop``), for a window whose
+    length is not known in advance (``loadtest.join``: until every viewer is live)."""
+
+    proc: subprocess.Popen[bytes]
+    output: Path
+
+    @classmethod
+    def start(cls, pid: int, output: Path, seconds: float, cores: frozenset[int]) -> Recorder:
+        """Recording ``pid`` for ``seconds`` at most."""
+        return cls(start(pid, math.ceil(seconds), output, cores), output)
+
+    def stop(self) -> Path:
+        self.proc.send_signal(signal.SIGINT)  # py-spy writes what it has and exits
+        self.proc.communicate(timeout=120)
+        if not self.output.exists():
+            raise ProfileFailed(f"py-spy exited {self.proc.returncode} without output")
+        return self.output
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
 
 
 def finish(proc: subprocess.Popen[bytes], output: Path) -> None:

@@ -1,8 +1,12 @@
 """The client side every raw-socket load generator shares (``loadtest.join_clients``,
-``loadtest.longpoll_clients``): HTTP/1.1 answers parsed out of a connection's buffer, and the
-client processes, each driven by its parent over a pipe.
+``loadtest.longpoll_clients``): the connection that sends GETs and reads their answers one at a
+time (``AnswerReader``), HTTP/1.1 answers parsed out of a connection's buffer, and the client
+processes, each driven by its parent over a pipe.
 
 Rules this module owns:
+* A reader's connection carries one request at a time, ``GET <path>?<query> HTTP/1.1`` with a
+  ``Host`` and nothing else; its answers are read in order: ``on_head`` when the head is in
+  (it may take the rest of the connection over, an SSE body), ``on_answer`` when the body is.
 * An answer is parsed here, not by a client library: status line and headers (names
   lower-cased), then a body by ``Content-Length`` or chunked framing (trailers not expected);
   204, 304 and 1xx have none. No library's per-request work stands between an answer's last
@@ -16,6 +20,7 @@ Rules this module owns:
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
@@ -100,6 +105,63 @@ def dechunk_partial(buffer: bytes) -> bytes:
             return bytes(body)
         body += buffer[start : start + size]
         at = start + size + 2
+
+
+class AnswerReader(asyncio.Protocol):
+    """One keep-alive connection: a GET at a time, its answers parsed as they arrive."""
+
+    def __init__(self, authority: str) -> None:
+        self.authority = authority  # host:port, the Host header
+        self.transport: asyncio.Transport | None = None
+        self.buffer = bytearray()
+        self.head: Head | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
+
+    def get(self, path: str, query: str) -> None:
+        assert self.transport is not None
+        self.transport.write(
+            f"GET {path}?{query} HTTP/1.1\r\nHost: {self.authority}\r\n\r\n".encode()
+        )
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        while self.reading() and self.parse_one():
+            pass
+
+    def reading(self) -> bool:
+        """Whether answers are still parsed out of the buffer (not after the end, not while
+        ``on_head`` has the connection)."""
+        return True
+
+    def parse_one(self) -> bool:
+        """The next answer out of the buffer, if it is all there; False once it is not."""
+        if self.head is None:
+            self.head = parse_head(self.buffer)
+            if self.head is None:
+                return False
+            if not self.on_head(*self.head):
+                return False
+        status, headers = self.head
+        body = take_body(self.buffer, status, headers)
+        if body is None:
+            return False
+        self.head = None
+        return self.on_answer(status, headers, body)
+
+    def on_head(self, status: int, headers: dict[str, str]) -> bool:
+        """An answer's head is in; False: this reader took the connection over (and the head)."""
+        return True
+
+    def on_answer(self, status: int, headers: dict[str, str], body: bytes) -> bool:
+        """A whole answer; False: read no further answers now."""
+        raise NotImplementedError
+
+
+async def receive(conn: Connection) -> Any:
+    """The parent's next command, awaited without blocking the client's loop."""
+    return await asyncio.get_running_loop().run_in_executor(None, conn.recv)
 
 
 def run_client(main: Coroutine[Any, Any, T]) -> T:
