@@ -29,11 +29,10 @@ composition root (``edge.web.wiring``); nothing reaches them through this servic
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import assert_never
 from urllib.parse import quote
 
@@ -44,6 +43,7 @@ from edge.coalesce import Joined, Led, Overdue, SingleFlight
 from edge.compress import Compressor
 from edge.config import Settings
 from edge.fill_budget import FillBudget, Hold, fill_deadline_seconds, read_body
+from edge.fills import Abandoned, Chained, Fill, Reach, Resolution, Unchained
 from edge.log.freshness import Reuse, Tiers, never_stored, reuse, tail_age_seconds
 from edge.log.intake import Arrival, Decision, header_template
 from edge.log.policy import (
@@ -98,85 +98,6 @@ def tiers_of(settings: Settings) -> Tiers:
         browser_max_age_seconds=settings.browser_max_age_seconds,
         cdn_purged=bool(settings.cdn_purge),
     )
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Abandoned:
-    """A fill that outlived ``--fill-deadline``: its upstream is closed, its share of the fill
-    budget given back, and nothing of it was stored."""
-
-    deadline_seconds: float
-
-
-class Reach(enum.Enum):
-    """Where a fill's answer ends, as the origin said."""
-
-    BEHIND = "behind"  # more of the stream follows
-    TAIL = "tail"  # at the tail (``Stream-Up-To-Date``)
-    CLOSED = "closed"  # at the tail, and the stream is closed
-
-    @staticmethod
-    def of(*, up_to_date: bool, closed: bool) -> Reach:
-        if not up_to_date:
-            return Reach.BEHIND
-        return Reach.CLOSED if closed else Reach.TAIL
-
-    @property
-    def up_to_date(self) -> bool:
-        return self is not Reach.BEHIND
-
-    @property
-    def closed(self) -> bool:
-        return self is Reach.CLOSED
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Chained:
-    """A fill's answer that is a forward segment of the current instance: it joins the chain."""
-
-    segment: Segment | None
-    next_offset: str
-    reach: Reach
-    kept: bool  # the segment is in the local tier (not refused for room)
-
-
-class Unchained(enum.Enum):
-    """A fill's answer that joins no chain."""
-
-    FOR_THIS_REQUEST = "for this request"  # a refusal, past the tail, no-store: relayed verbatim
-    STALE = "stale"  # fetched under a stream instance that was forgotten meanwhile: read again
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Fill:
-    """What one origin fetch at ``offset`` returned, shared by every collapsed waiter, and what
-    it is to the stream's chain (``joins``)."""
-
-    status: int
-    headers: tuple[tuple[str, str], ...]
-    body: bytes
-    joins: Chained | Unchained
-    hold: Hold | None = None
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Resolution:
-    plan: Hit | Fetch
-    shared_hit: bool
-    fill: Fill | None  # the origin's answer, when the plan was a Fetch
-    collapsed: bool
-
-    def release(self) -> None:
-        """This reader is done with the fill's bytes (its answer is written, or not needed)."""
-        if self.fill is not None and self.fill.hold is not None:
-            self.fill.hold.release()
-
-    @property
-    def error(self) -> Fill | None:
-        """The origin's refusal (404, 400, ...), if that is how the read ended."""
-        if self.fill is not None and self.fill.status != 200:
-            return self.fill
-        return None
 
 
 class CatchupCache:
@@ -668,12 +589,4 @@ class CatchupCache:
         return Fill(status=status, headers=headers, body=body, joins=joins)
 
 
-__all__ = [
-    "Abandoned",
-    "CatchupCache",
-    "Chained",
-    "Fill",
-    "Reach",
-    "Resolution",
-    "Unchained",
-]
+__all__ = ["CatchupCache"]

@@ -35,8 +35,9 @@ from collections.abc import Callable, Sequence
 from typing import assert_never
 
 from edge.answer import Answer, Bypass, Why
-from edge.catchup import CatchupCache, Chained
+from edge.catchup import CatchupCache
 from edge.config import Settings
+from edge.fills import Chained
 from edge.live.answers import (
     Pending,
     long_poll_data,

@@ -46,9 +46,15 @@ async def relay_bypass(
 
 def front_request(request: web.Request, asked: Asked, read: Read, *, head: bool) -> CatchupRequest:
     return catchup_request(
-        asked.target, read, asked.headers, version=asked.version, credentials=asked.credentials,
-        reader_only=asked.reader_only, cors=request.app[CORS], head=head,
-    )  # fmt: skip
+        asked.target,
+        read,
+        asked.headers,
+        version=asked.version,
+        credentials=asked.credentials,
+        reader_only=asked.reader_only,
+        cors=request.app[CORS],
+        head=head,
+    )
 
 
 async def serve_catchup(

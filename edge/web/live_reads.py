@@ -63,9 +63,13 @@ async def serve_long_poll(
         start = await start_offset(request, asked, key, offset, None)
         if isinstance(start, str):
             outcome = await request.app[HUB].long_poll(
-                key, start, read.cursor, asked.credentials,
-                max_seconds=seconds_left(request), socket=socket_of(request, asked),
-            )  # fmt: skip
+                key,
+                start,
+                read.cursor,
+                asked.credentials,
+                max_seconds=seconds_left(request),
+                socket=socket_of(request, asked),
+            )
         else:
             outcome = start
     except OriginError as error:
@@ -89,9 +93,11 @@ def socket_of(request: web.Request, asked: Asked) -> Socket | None:
     if transport is None:
         return None
     framing = Framing(
-        version=asked.version, keep_alive=request.keep_alive,
-        reader_only=asked.reader_only, origin=asked.origin,
-    )  # fmt: skip
+        version=asked.version,
+        keep_alive=request.keep_alive,
+        reader_only=asked.reader_only,
+        origin=asked.origin,
+    )
     return Socket(transport=transport, framing=framing)
 
 
@@ -166,12 +172,16 @@ def viewer_of(
     if credential_left is not None:
         ends.append(now + credential_left)  # ended cleanly when its token expires
     return Viewer(
-        key=key, offset=offset, transport=transport,
+        key=key,
+        offset=offset,
+        transport=transport,
         # aiohttp frames HTTP/1.1 bodies without a length as chunks; direct writes must too.
         chunked=request.version >= HttpVersion11,
-        client_cursor=read.cursor, fixed_cursor=hub.fixed_cursor(read.cursor),
-        rotate_at=min(ends) if ends else None, last_write=now,
-    )  # fmt: skip
+        client_cursor=read.cursor,
+        fixed_cursor=hub.fixed_cursor(read.cursor),
+        rotate_at=min(ends) if ends else None,
+        last_write=now,
+    )
 
 
 async def feed(

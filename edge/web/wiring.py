@@ -71,14 +71,25 @@ def build_catchup(
     fill_budget = FillBudget(settings.fill_buffer_bytes)
     compressor = Compressor(local)
     catchup = CatchupCache(
-        settings, origin, metrics, local=local, streams=streams, fill_budget=fill_budget,
-        compressor=compressor, shared=shared, clock=clock,
-    )  # fmt: skip
+        settings,
+        origin,
+        metrics,
+        local=local,
+        streams=streams,
+        fill_budget=fill_budget,
+        compressor=compressor,
+        shared=shared,
+        clock=clock,
+    )
     metrics.track_budget(local.usage, lambda: fill_budget.used)
     return CatchupParts(
-        local=local, streams=streams, fill_budget=fill_budget, compressor=compressor,
-        catchup=catchup, lifecycle=StreamLifecycle(streams=streams, shared=shared),
-    )  # fmt: skip
+        local=local,
+        streams=streams,
+        fill_budget=fill_budget,
+        compressor=compressor,
+        catchup=catchup,
+        lifecycle=StreamLifecycle(streams=streams, shared=shared),
+    )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -96,7 +107,7 @@ class Wired:
     catchup: CatchupCache
     lifecycle: StreamLifecycle
     hub: LiveHub
-    relay: Relay
+    relay: Relay  # as built: a worker's application relays through its own (``edge.workers``)
     gate: Gate | None
     fast: FastPath
     front: CatchupFront
@@ -134,9 +145,14 @@ def wire(
     parts = build_catchup(settings, origin, metrics, shared=shared)
     # Long-polls released together are written directly, framed as aiohttp would frame them.
     hub = LiveHub(
-        settings, metrics, origin, catchup=parts.catchup, local=parts.local,
-        streams=parts.streams, encode=functools.partial(encode, cors=cors),
-    )  # fmt: skip
+        settings,
+        metrics,
+        origin,
+        catchup=parts.catchup,
+        local=parts.local,
+        streams=parts.streams,
+        encode=functools.partial(encode, cors=cors),
+    )
     relay = Relay(
         origin=origin,
         metrics=metrics,
@@ -151,13 +167,23 @@ def wire(
     if purger is not None:
         parts.streams.on_forget.append(purger.forgot)
     return Wired(
-        settings=settings, metrics=metrics, origin=origin,
+        settings=settings,
+        metrics=metrics,
+        origin=origin,
         connections=connections if connections is not None else default_connections(settings),
-        cors=cors, shared=shared, local=parts.local, streams=parts.streams,
-        catchup=parts.catchup, lifecycle=parts.lifecycle, hub=hub, relay=relay, gate=gate,
-        fast=fast, front=CatchupFront(catchup=parts.catchup, fast=fast, cors=cors),
+        cors=cors,
+        shared=shared,
+        local=parts.local,
+        streams=parts.streams,
+        catchup=parts.catchup,
+        lifecycle=parts.lifecycle,
+        hub=hub,
+        relay=relay,
+        gate=gate,
+        fast=fast,
+        front=CatchupFront(catchup=parts.catchup, fast=fast, cors=cors),
         purger=purger,
-    )  # fmt: skip
+    )
 
 
 async def lifetime(wired: Wired) -> AsyncIterator[None]:
