@@ -1,5 +1,7 @@
 """What the edge answers a read with, and what that answer was derived from.
 
+A read the cache does not answer is a ``Bypass`` naming why: the web layer relays it.
+
 An answer the edge builds from its logs carries its ``Derivation``: whatever is kept of it (a
 stored response, a compressed body, an encoded long-poll) is kept under that, and reused only
 while it still holds (the instance is current, the scope and representation are the
@@ -9,6 +11,7 @@ reuse.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -46,13 +49,44 @@ class Derivation:
     closed: bool = False
 
 
+class Result(enum.StrEnum):
+    """What an answer was, as ``edge_cache_requests_total`` counts it (its ``result`` label)."""
+
+    HIT = "hit"
+    DELTA = "delta"  # the edge held the start, the origin was asked for the rest
+    MISS = "miss"
+    BYPASS = "bypass"  # the origin's answer, relayed (nothing of it is the edge's)
+    LIVE = "live"  # a live answer (long-poll), counted with the live readers
+
+
+class Why(enum.Enum):
+    """Why a read the cache was asked is relayed instead (``Cache-Status``'s ``detail``)."""
+
+    NOT_CACHEABLE = "not-cacheable"  # past the tail, no-store, a malformed offset
+    TOO_LARGE = "too-large"  # a body past what the edge keeps in one piece
+    FILL_OVERDUE = "fill-overdue"  # the fill it waited on did not end within --fill-wait
+    CORS = "cors"  # the origin's CORS varies by Origin and this one was never answered
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Bypass:
+    """This read is not the cache's to answer: the web layer relays the client's own request to
+    the origin, and nothing of that relay is stored. ``reason`` is what the log says."""
+
+    why: Why
+    reason: str
+
+    def __str__(self) -> str:
+        return self.reason
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Answer:
     status: int
     headers: list[tuple[str, str]]
     body: bytes
     cache_status: str
-    result: str  # hit | delta | miss | bypass for edge_cache_requests_total; live for live answers
+    result: Result
     # The fill budget share of the origin bytes in ``body``: release once the body is written.
     hold: Releasable | None = None
     # None for an answer relayed from the origin: nothing of it is the edge's to reuse.

@@ -16,7 +16,14 @@ upstreams, other replicas) is ``edge.streams``'s to keep; this module asks it.
 Every wait has an end: a fill that outlives ``--fill-deadline`` is ``Abandoned`` (its upstream
 closed, its buffer given back, nothing stored) and its reader is answered 504; a reader that
 finds another reader's fill in flight waits at most ``--fill-wait`` for it, then its own read is
-relayed (``FillOverdue``), never queued behind a trickle.
+relayed (``Bypass(FILL_OVERDUE)``), never queued behind a trickle.
+
+A read ends in one of named states: an ``Answer``, a ``Bypass`` naming why the web layer relays
+the client's own request instead, or an ``OriginError`` (the origin boundary: the origin
+failed). ``BodyTooLarge`` from a fill is translated into ``Bypass(TOO_LARGE)`` here.
+
+The local tier, the stream instances, the fill budget and the compressor are handed in by the
+composition root (``edge.web.wiring``); nothing reaches them through this service.
 """
 
 from __future__ import annotations
@@ -25,17 +32,18 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import assert_never
 from urllib.parse import quote
 
 import aiohttp
 
-from edge.answer import Answer, Derivation, relayable
+from edge.answer import Answer, Bypass, Derivation, Result, Why, relayable
 from edge.coalesce import Joined, Led, Overdue, SingleFlight
 from edge.compress import Compressor
 from edge.config import Settings
 from edge.fill_budget import FillBudget, Hold, fill_deadline_seconds, read_body
+from edge.fills import Abandoned, Chained, Fill, Reach, Resolution, Unchained
 from edge.log.freshness import Reuse, Tiers, never_stored, reuse, tail_age_seconds
 from edge.log.intake import Arrival, Decision, header_template
 from edge.log.policy import (
@@ -92,124 +100,42 @@ def tiers_of(settings: Settings) -> Tiers:
     )
 
 
-class RelayInstead(BodyTooLarge):
-    """This read is not the cache's to answer (past the tail, no-store, a malformed offset): the
-    web layer relays the client's own request to the origin."""
-
-
-class FillOverdue(RelayInstead):
-    """Another reader's fill of this range did not end within ``--fill-wait`` (or was abandoned):
-    this reader's own request is relayed, and nothing of that relay is stored."""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Abandoned:
-    """A fill that outlived ``--fill-deadline``: its upstream is closed, its share of the fill
-    budget given back, and nothing of it was stored."""
-
-    deadline_seconds: float
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Fill:
-    """What one origin fetch at ``offset`` returned, shared by every collapsed waiter. ``relay``:
-    the origin's answer is true for this request only, and goes back to the client verbatim."""
-
-    status: int
-    headers: tuple[tuple[str, str], ...]
-    body: bytes
-    segment: Segment | None
-    next_offset: str | None
-    up_to_date: bool
-    closed: bool
-    stored: bool
-    relay: bool
-    stale: bool = False  # fetched under a stream instance that was forgotten meanwhile
-    hold: Hold | None = None
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Resolution:
-    plan: Hit | Fetch
-    shared_hit: bool
-    fill: Fill | None  # the origin's answer, when the plan was a Fetch
-    collapsed: bool
-
-    def release(self) -> None:
-        """This reader is done with the fill's bytes (its answer is written, or not needed)."""
-        if self.fill is not None and self.fill.hold is not None:
-            self.fill.hold.release()
-
-    @property
-    def error(self) -> Fill | None:
-        """The origin's refusal (404, 400, ...), if that is how the read ended."""
-        if self.fill is not None and self.fill.status != 200:
-            return self.fill
-        return None
-
-
 class CatchupCache:
+    """The catch-up service: a read answered from the logs, the origin asked for what is missing."""
+
     def __init__(
         self,
         settings: Settings,
         origin: OriginClient,
         metrics: Metrics,
         *,
+        local: LocalTier,
+        streams: Streams,
+        fill_budget: FillBudget,
+        compressor: Compressor,
         shared: SharedTier | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._settings = settings
         self._origin = origin
         self._metrics = metrics
+        self._local = local
+        self._streams = streams
+        self._fill_budget = fill_budget
+        self._compressor = compressor
         self._shared = shared
         self._clock = clock
         self.tiers = tiers_of(settings)
-        self.local = LocalTier(settings.cache_bytes, on_evict=metrics.cache_evictions.inc)
-        self.streams = Streams(settings, self.local, origin, metrics, shared=shared, clock=clock)
-        self.fill_budget = FillBudget(settings.fill_buffer_bytes)
-        self.compressor = Compressor(self.local)
         self._flights: SingleFlight[tuple[LogKey, str, StreamInstance], Fill | Abandoned] = (
             SingleFlight()
         )
-        metrics.track_budget(self.local.usage, lambda: self.fill_budget.used)
-
-    @property
-    def shared_state(self) -> str:
-        if self._shared is None:
-            return "disabled"
-        return "up" if self._shared.up else "down"
-
-    # The stream lifecycle, for the web layer and the admin listener.
-
-    async def observe(
-        self,
-        method: str,
-        stream: str,
-        status: int,
-        request_headers: Sequence[tuple[str, str]],
-        response_headers: Sequence[tuple[str, str]],
-        started: int,
-    ) -> None:
-        """What a relayed answer tells; a DELETE or a creating PUT is answered once its purge is
-        durable (or after ``PURGE_WAIT_SECONDS``: the purge keeps being retried)."""
-        if self.streams.observe(
-            method, stream, status, request_headers, response_headers, started=started
-        ):
-            await self.streams.purged(stream)
-
-    def purge(self, stream: str) -> int:
-        """An operator's purge (the admin listener's ``POST /purge``)."""
-        return self.streams.purge(stream, reason="admin_purge")
-
-    async def purged(self, stream: str) -> bool:
-        return await self.streams.purged(stream)
 
     # --- reads ---
 
     def _plan(self, key: LogKey, offset: str) -> Hit | Fetch:
         return plan_catchup(
-            self.local.log(key),
-            self.local.get,
+            self._local.log(key),
+            self._local.get,
             key,
             offset,
             now=self._clock(),
@@ -220,35 +146,50 @@ class CatchupCache:
 
     async def resolve(
         self, key: LogKey, offset: str, credentials: Sequence[tuple[str, str]]
-    ) -> Resolution:
+    ) -> Resolution | Bypass:
         """Find the answer for a read at ``offset``: from the local tier, the shared tier, or
         (single-flight) the origin, which is asked only from where the edge's chain ends."""
         if not is_client_offset(offset) or offset == "now":
-            raise RelayInstead(f"offset {offset!r} is the origin's to judge")
+            return Bypass(
+                why=Why.NOT_CACHEABLE, reason=f"offset {offset!r} is the origin's to judge"
+            )
+        try:
+            return await self._resolve(key, offset, credentials)
+        except BodyTooLarge as uncacheable:
+            # The origin boundary's word for a body past what the edge keeps in one piece.
+            return Bypass(why=Why.TOO_LARGE, reason=str(uncacheable))
+
+    async def _resolve(
+        self, key: LogKey, offset: str, credentials: Sequence[tuple[str, str]]
+    ) -> Resolution | Bypass:
         resolved = await self._resolve_once(key, offset, credentials)
+        if isinstance(resolved, Bypass):
+            return resolved
         fill = resolved.fill
-        if fill is not None and fill.stale:
+        if fill is not None and fill.joins is Unchained.STALE:
             # The stream was forgotten while the fetch was out (deleted, recreated, purged):
             # its answer belongs to no instance the edge knows; read the current one instead.
             resolved.release()
             resolved = await self._resolve_once(key, offset, credentials)
+            if isinstance(resolved, Bypass):
+                return resolved
         if fill is not None:
             # What a fill revealed (a 404, a new instance) is told before its answer goes out.
-            await self.streams.settled(key.stream)
+            await self._streams.settled(key.stream)
         return resolved
 
     async def _resolve_once(
         self, key: LogKey, offset: str, credentials: Sequence[tuple[str, str]]
-    ) -> Resolution:
-        await self.streams.check_generation(key.stream)
-        planned = self.local.instance_for(key.stream)
+    ) -> Resolution | Bypass:
+        await self._streams.check_generation(key.stream)
+        planned = self._local.instance_for(key.stream)
         plan = self._plan(key, offset)
         shared_hit = False
         pulls = 0
         while isinstance(plan, Fetch) and self._shared is not None and pulls < MAX_SHARED_PULLS:
             pulled_at = plan.offset
-            if not await self.streams.pull_shared(key, pulled_at):
-                if await self.streams.pull_shared_closure(key, pulled_at):
+            if not await self._streams.pull_shared(key, pulled_at):
+                if await self._streams.pull_shared_closure(key, pulled_at):
                     plan = self._plan(key, offset)
                 break
             shared_hit = True
@@ -256,13 +197,13 @@ class CatchupCache:
             plan = self._plan(key, offset)
             if isinstance(plan, Fetch) and plan.offset == pulled_at:
                 break  # the plan does not use what was pulled (expired, bypassed): go to origin
-        if shared_hit and not planned.lifetime_known and self.local.current(planned):
+        if shared_hit and not planned.lifetime_known and self._local.current(planned):
             # Bytes another replica filled: whether the stream still lives is the origin's to
             # say (a sliding TTL counts from the last read that reached it, not from theirs).
-            await self.streams.confirm_lifetime(key, planned, credentials)
-            await self.streams.settled(key.stream)
+            await self._streams.confirm_lifetime(key, planned, credentials)
+            await self._streams.settled(key.stream)
             plan = self._plan(key, offset)
-        if not self.local.current(planned):
+        if not self._local.current(planned):
             # Forgotten while the shared tier answered (another replica's purge, another
             # instance's segment): a plan made of the old instance's segments would join them
             # to what the origin says of the new one. Plan again, from what is held now.
@@ -270,20 +211,23 @@ class CatchupCache:
         if isinstance(plan, Hit):
             return Resolution(plan=plan, shared_hit=shared_hit, fill=None, collapsed=False)
         fetch = plan
-        instance = self.local.instance_for(key.stream)
+        instance = self._local.instance_for(key.stream)
         flight = await self._flights.join(
             (key, fetch.offset, instance),
             lambda: self._fill(key, fetch, credentials, instance),
             wait_seconds=self._settings.fill_wait_seconds,
         )
-        fill, collapsed = self._outcome(key, flight)
+        outcome = self._outcome(key, flight)
+        if isinstance(outcome, Bypass):
+            return outcome
+        fill, collapsed = outcome
         if fill.hold is not None:
             fill.hold.acquire()  # this reader's share, released by whoever writes its answer
         return Resolution(plan=fetch, shared_hit=shared_hit, fill=fill, collapsed=collapsed)
 
     def _outcome(
         self, key: LogKey, flight: Led[Fill | Abandoned] | Joined[Fill | Abandoned] | Overdue
-    ) -> tuple[Fill, bool]:
+    ) -> tuple[Fill, bool] | Bypass:
         """The fill this reader answers from, and whether it shared another reader's; a fill
         that did not end in time ends this read here (504 to its own reader, a relay to one
         that waited on it)."""
@@ -293,7 +237,10 @@ class CatchupCache:
             case Joined():
                 shared = True
             case Overdue(waited_seconds=waited):
-                raise FillOverdue(f"the fill this read waited on took over {waited:g} s")
+                return Bypass(
+                    why=Why.FILL_OVERDUE,
+                    reason=f"the fill this read waited on took over {waited:g} s",
+                )
             case _:
                 assert_never(flight)
         outcome = flight.value
@@ -303,7 +250,9 @@ class CatchupCache:
                     self._metrics.collapsed_requests.labels(kind="catchup").inc()
                 return fill, shared
             case Abandoned() if shared:
-                raise FillOverdue("the fill this read waited on was abandoned")
+                return Bypass(
+                    why=Why.FILL_OVERDUE, reason="the fill this read waited on was abandoned"
+                )
             case Abandoned() as abandoned:
                 raise OriginTimeout(
                     f"{key.stream}: the fill passed --fill-deadline "
@@ -318,9 +267,9 @@ class CatchupCache:
         tail, never a cap), and a lifetime known to have no end (else the origin's answer
         would name it). None: the origin answers (and the edge learns from it)."""
         key = LogKey(stream=read.stream, scope=read.scope)
-        await self.streams.check_generation(key.stream)
+        await self._streams.check_generation(key.stream)
         plan = self._plan(key, START)
-        log = self.local.log(key)
+        log = self._local.log(key)
         if not isinstance(plan, Hit) or not plan.up_to_date or log is None:
             return None
         instance = log.instance
@@ -341,7 +290,7 @@ class CatchupCache:
             encoding=None, reuse=verdict, kept=True, up_to_date=True, closed=closed,
         )  # fmt: skip
         return Answer(
-            status=200, headers=headers, body=b"", cache_status="edge; hit", result="hit",
+            status=200, headers=headers, body=b"", cache_status="edge; hit", result=Result.HIT,
             derivation=derivation,
         )  # fmt: skip
 
@@ -352,21 +301,23 @@ class CatchupCache:
         credentials: Sequence[tuple[str, str]],
         if_none_match: str | None,
         accept_encoding: str | None,
-    ) -> Answer:
+    ) -> Answer | Bypass:
         key = LogKey(stream=read.stream, scope=read.scope)
         # An absent offset means the start (§5.6); an empty one is the origin's to refuse.
         offset = START if read.offset is None else read.offset
         resolved = await self.resolve(key, offset, credentials)
+        if isinstance(resolved, Bypass):
+            return resolved
         plan, fill = resolved.plan, resolved.fill
         if isinstance(plan, Hit):
-            log = self.local.log(key)
+            log = self._local.log(key)
             assert log is not None
             status = "edge; hit; detail=shared" if resolved.shared_hit else "edge; hit"
             return await self._answer(
                 read, log, offset, plan.coverage.segments, plan.coverage.end,
                 up_to_date=plan.up_to_date, closed=plan.closed,
                 if_none_match=if_none_match, accept_encoding=accept_encoding,
-                cache_status=status, result="hit", kept=True, observed=log.tail,
+                cache_status=status, result=Result.HIT, kept=True, observed=log.tail,
             )  # fmt: skip
         assert fill is not None
         try:
@@ -376,6 +327,9 @@ class CatchupCache:
         except BaseException:
             resolved.release()
             raise
+        if isinstance(answer, Bypass):
+            resolved.release()
+            return answer
         # The answer's bytes keep the fill's budget share until the web layer has written them.
         return replace(answer, hold=fill.hold) if fill.hold is not None else answer
 
@@ -389,15 +343,27 @@ class CatchupCache:
         plan: Fetch,
         if_none_match: str | None,
         accept_encoding: str | None,
-    ) -> Answer:
-        result = "delta" if plan.is_delta else "miss"
+    ) -> Answer | Bypass:
+        result = Result.DELTA if plan.is_delta else Result.MISS
         forward = "partial" if plan.is_delta else "uri-miss"
-        detail = "; collapsed" if resolved.collapsed else ("; stored" if fill.stored else "")
+        chained: Chained | None
+        match fill.joins:
+            case Chained():
+                chained = fill.joins
+            case Unchained.FOR_THIS_REQUEST | Unchained.STALE:
+                chained = None
+            case _:
+                assert_never(fill.joins)
+        stored = chained is not None and chained.kept
+        detail = "; collapsed" if resolved.collapsed else ("; stored" if stored else "")
         cache_status = f"edge; fwd={forward}; fwd-status={fill.status}{detail}"
-        if fill.relay or fill.next_offset is None:
+        if chained is None:
             if fill.status == 200 and plan.is_delta:
                 # True for the delta's request only; the client's own read goes to the origin.
-                raise RelayInstead("the origin's answer to the delta cannot be joined")
+                return Bypass(
+                    why=Why.NOT_CACHEABLE,
+                    reason="the origin's answer to the delta cannot be joined",
+                )
             headers = relayable(fill.headers)
             if fill.status == 200:
                 # The origin's validator does not tell stream instances apart; the edge will
@@ -408,19 +374,19 @@ class CatchupCache:
             headers = not_to_be_kept(headers, private=key.scope != PUBLIC_SCOPE)
             return Answer(
                 status=fill.status, headers=headers, body=fill.body,
-                cache_status=cache_status, result=result if fill.status != 200 else "bypass",
+                cache_status=cache_status, result=result if fill.status != 200 else Result.BYPASS,
             )  # fmt: skip
-        log = self.local.log_for(key)
+        log = self._local.log_for(key)
         if log.content_type is None:  # evicted or purged while the fetch was in flight
             log.content_type = first_value(fill.headers, "content-type")
-            log.header_template = self.local.template(header_template(fill.headers))
-        segments = self._joined(plan.prefix, fill.segment)
+            log.header_template = self._local.template(header_template(fill.headers))
+        segments = self._joined(plan.prefix, chained.segment)
         return await self._answer(
-            read, log, offset, segments, fill.next_offset,
-            up_to_date=fill.up_to_date, closed=fill.closed,
+            read, log, offset, segments, chained.next_offset,
+            up_to_date=chained.reach.up_to_date, closed=chained.reach.closed,
             if_none_match=if_none_match, accept_encoding=accept_encoding,
             cache_status=cache_status, result=result,
-            kept=fill.stored,
+            kept=chained.kept,
         )  # fmt: skip
 
     @staticmethod
@@ -458,7 +424,7 @@ class CatchupCache:
         if_none_match: str | None,
         accept_encoding: str | None,
         cache_status: str,
-        result: str,
+        result: Result,
         kept: bool,
         observed: TailFact | None = None,
     ) -> Answer:
@@ -494,7 +460,7 @@ class CatchupCache:
                 derivation=derivation, age_seconds=age,
             )  # fmt: skip
         if compress:
-            body = await self.compressor.gzip(log.key, instance, (start, end, digest), body)
+            body = await self._compressor.gzip(log.key, instance, (start, end, digest), body)
             headers.append(("Content-Encoding", "gzip"))
         return Answer(
             status=200, headers=headers, body=body, cache_status=cache_status, result=result,
@@ -509,35 +475,35 @@ class CatchupCache:
         """The origin's answer to ``offset=now`` (never cached; it touches the origin)."""
         headers = own_request_headers(credentials)
         asked_at = self._clock()  # the origin renews a sliding TTL after this (``Arrival``)
-        instance = self.local.instance_for(key.stream)
-        started = self.streams.ticket()
+        instance = self._local.instance_for(key.stream)
+        started = self._streams.ticket()
         upstream = await self._origin.open("GET", f"{key.stream}?offset=now", headers, live=False)
         try:
             self._metrics.origin_requests.labels(kind="catchup", code=str(upstream.status)).inc()
             body, hold = await read_body(
-                upstream, self._settings.max_segment_bytes, self.fill_budget
+                upstream, self._settings.max_segment_bytes, self._fill_budget
             )
             hold.release()  # a few bytes, read now and done with
         finally:
             upstream.close()
         response_headers = list(upstream.headers.items())
         next_offset = first_value(response_headers, "stream-next-offset")
-        decision = self.streams.evidence(
+        decision = self._streams.evidence(
             key, upstream.status, response_headers, started=started, instance=instance
         )
         if decision is Decision.GONE:
-            await self.streams.settled(key.stream)
+            await self._streams.settled(key.stream)
         elif upstream.status == 200 and is_offset_token(next_offset):
-            instance = self.local.instance_for(key.stream)
+            instance = self._local.instance_for(key.stream)
             instance.touched_origin(asked_at)
-            log = self.local.log_for(key)
+            log = self._local.log_for(key)
             if log.content_type is None:
                 log.content_type = first_value(response_headers, "content-type")
-                log.header_template = self.local.template(header_template(response_headers))
+                log.header_template = self._local.template(header_template(response_headers))
         return upstream.status, response_headers, body
 
     async def _read_body(self, upstream: aiohttp.ClientResponse) -> tuple[bytes, Hold]:
-        return await read_body(upstream, self._settings.max_segment_bytes, self.fill_budget)
+        return await read_body(upstream, self._settings.max_segment_bytes, self._fill_budget)
 
     async def _fill(
         self,
@@ -547,7 +513,7 @@ class CatchupCache:
         instance: StreamInstance,
     ) -> Fill | Abandoned:
         headers = own_request_headers(credentials)
-        started = self.streams.ticket()
+        started = self._streams.ticket()
         asked_at = self._clock()
         limit = self._settings.fill_deadline_seconds
         begun = asyncio.get_running_loop().time()
@@ -566,7 +532,7 @@ class CatchupCache:
                     code = str(upstream.status)
                     self._metrics.origin_requests.labels(kind="catchup", code=code).inc()
                     body, hold = await read_body(
-                        upstream, self._settings.max_segment_bytes, self.fill_budget, earned
+                        upstream, self._settings.max_segment_bytes, self._fill_budget, earned
                     )
                 finally:
                     # Closing (not releasing) drops a connection whose body was cut short.
@@ -606,26 +572,21 @@ class CatchupCache:
         left at ``asked_at``."""
         arrival = Arrival.of_fill(
             fetch.offset, status, headers, body,
-            started=started, received=self.streams.ticket(), now=self._clock(), asked_at=asked_at,
+            started=started, received=self._streams.ticket(), now=self._clock(), asked_at=asked_at,
         )  # fmt: skip
-        taken = self.streams.take_in(key, instance, arrival, credentials)
+        taken = self._streams.take_in(key, instance, arrival, credentials)
         if taken.decision is Decision.STORE:
             assert arrival.end is not None
-            return Fill(
-                status=status, headers=headers, body=body, segment=taken.segment,
-                next_offset=arrival.end, up_to_date=arrival.up_to_date,
-                closed=arrival.up_to_date and arrival.closed, stored=taken.stored, relay=False,
-            )  # fmt: skip
+            reach = Reach.of(up_to_date=arrival.up_to_date, closed=arrival.closed)
+            chained = Chained(
+                segment=taken.segment, next_offset=arrival.end, reach=reach, kept=taken.stored
+            )
+            return Fill(status=status, headers=headers, body=body, joins=chained)
         # Fetched under an instance that is gone, or revealing that the one it was fetched
         # under is: the answer is not of the instance it was asked for; the read starts again.
         stale = taken.decision in (Decision.STALE, Decision.NEW_INSTANCE)
-        return Fill(
-            status=status, headers=headers, body=body, segment=None, next_offset=None,
-            up_to_date=False, closed=False, stored=False, relay=True, stale=stale,
-        )  # fmt: skip
-
-    async def close(self) -> None:
-        await self.streams.close()
+        joins = Unchained.STALE if stale else Unchained.FOR_THIS_REQUEST
+        return Fill(status=status, headers=headers, body=body, joins=joins)
 
 
-__all__ = ["Abandoned", "CatchupCache", "Fill", "FillOverdue", "RelayInstead", "Resolution"]
+__all__ = ["CatchupCache"]

@@ -33,11 +33,12 @@ from edge.startup import (
     why,
 )
 from edge.summary import limits_summary, startup_lines
-from edge.web.app import FAST, HUB, PURGER, create_admin_app, create_app
+from edge.web.app import create_admin_app, create_app
 from edge.web.bounded_site import BoundedSite
 from edge.web.connection_tracker import ConnectionTracker
 from edge.web.descriptors import DescriptorBudget, budget_for, holds_line, limits_for
 from edge.web.gatekeeper import TokenFreeAccessLog
+from edge.web.wiring import FAST, HUB, PURGER
 
 logger = logging.getLogger(__name__)
 

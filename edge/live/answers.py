@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from enum import Enum
 from typing import Protocol
 
-from edge.answer import Answer, relayable
+from edge.answer import Answer, Result, relayable
 from edge.log.freshness import Reuse, long_poll_empty_reuse
 from edge.log.policy import Coverage, answer_headers, etag, keys_of, purge_headers
 from edge.log.segment import content_digest, media_type, stitch
@@ -119,7 +119,7 @@ def long_poll_data(
         varies_by_encoding=False,
     )
     return Answer(
-        result="live",
+        result=Result.LIVE,
         status=200,
         headers=headers,
         body=stitch(coverage.segments, json=log.json),
@@ -140,7 +140,9 @@ def long_poll_empty(log: StreamLog, offset: str, *, cursor: str, closed: bool) -
     # No browser keeps "nothing new" (PROTOCOL-NOTES trap 1); a CDN for a second (trap 13).
     headers += long_poll_empty_reuse(shared=log.key.scope == PUBLIC_SCOPE).headers()
     headers += purge_headers(keys_of(log.key.stream, log.instance.generation))
-    return Answer(status=204, headers=headers, body=b"", cache_status="edge; hit", result="live")
+    return Answer(
+        status=204, headers=headers, body=b"", cache_status="edge; hit", result=Result.LIVE
+    )
 
 
 def upstream_failing() -> Answer:
@@ -151,7 +153,7 @@ def upstream_failing() -> Answer:
         headers=[("Content-Type", "text/plain"), ("Cache-Control", "no-store")],
         body=b"origin unavailable: the live upstream is failing\n",
         cache_status="edge; fwd=request; detail=upstream-failing",
-        result="live",
+        result=Result.LIVE,
     )
 
 
@@ -168,7 +170,7 @@ def origin_refusal(
     ``private, no-store`` for a credential's, ``private``). ``forwarded`` is how the edge asked
     (``Cache-Status`` ``fwd``)."""
     return Answer(
-        result="live",
+        result=Result.LIVE,
         status=status,
         headers=not_to_be_kept(relayable(headers), private=private),
         body=body,

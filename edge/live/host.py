@@ -13,7 +13,7 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from edge.answer import Answer
+from edge.answer import Answer, Bypass
 from edge.config import Settings
 from edge.live.answers import Pending
 from edge.live.tail import Tail, TailRegistry
@@ -77,8 +77,9 @@ class ViewerHost(Protocol):
 
     async def known_from(
         self, key: LogKey, offset: str, credentials: Sequence[tuple[str, str]]
-    ) -> Answer | None:
-        """Make the log known from ``offset`` on; the origin's refusal if it refuses."""
+    ) -> Answer | Bypass | None:
+        """Make the log known from ``offset`` on; the origin's refusal if it refuses; a
+        ``Bypass`` if the origin is to answer the read itself."""
         ...
 
     def frames(

@@ -32,10 +32,12 @@ import functools
 import random
 import time
 from collections.abc import Callable, Sequence
+from typing import assert_never
 
-from edge.answer import Answer
-from edge.catchup import CatchupCache, RelayInstead
+from edge.answer import Answer, Bypass, Why
+from edge.catchup import CatchupCache
 from edge.config import Settings
+from edge.fills import Chained
 from edge.live.answers import (
     Pending,
     long_poll_data,
@@ -44,41 +46,50 @@ from edge.live.answers import (
     sse_frames,
     upstream_failing,
 )
-from edge.live.polls import LongPollFanout, Socket, Written
+from edge.live.polls import Encode, LongPollFanout, Socket, Written
 from edge.live.tail import Tail, TailRegistry
 from edge.live.viewers import SseFanout
 from edge.log.policy import Coverage, cover
 from edge.log.segment import Segment, content_digest
 from edge.log.stream_log import LogKey, StreamLog
 from edge.metrics import Metrics
-from edge.origin import OriginClient
+from edge.origin import BodyTooLarge, OriginClient
 from edge.protocol.cursor import current_interval, cursor_class, response_cursor
 from edge.protocol.offsets import is_offset_token
 from edge.protocol.reads import PUBLIC_SCOPE
+from edge.store.local import LocalTier
+from edge.streams import Streams
 
 
 class LiveHub:
+    """``encode``: how the web layer frames a released long-poll's answer for a direct write
+    (``edge.live.polls``); None: no direct writes."""
+
     def __init__(
         self,
         settings: Settings,
-        cache: CatchupCache,
-        origin: OriginClient,
         metrics: Metrics,
+        origin: OriginClient,
         *,
+        catchup: CatchupCache,
+        local: LocalTier,
+        streams: Streams,
+        encode: Encode | None = None,
         clock: Callable[[], float] = time.time,
         rng: random.Random | None = None,
     ) -> None:
         self.settings = settings
-        self.cache = cache
         self.metrics = metrics
+        self._catchup = catchup
+        self._local = local
         self.fanout = SseFanout(self)
-        self.polls = LongPollFanout(self)
-        self.tails = TailRegistry(cache, origin, settings, metrics, listener=self)
+        self.polls = LongPollFanout(self, encode=encode)
+        self.tails = TailRegistry(local, streams, origin, settings, metrics, listener=self)
         self.draining = asyncio.Event()
         self.clock = clock
         self.rng = rng or random.Random()
-        cache.streams.forgotten.append(self._stream_forgotten)
-        cache.streams.unconfirmed.append(self._stream_unconfirmed)
+        streams.forgotten.append(self._stream_forgotten)
+        streams.unconfirmed.append(self._stream_unconfirmed)
 
     async def close(self) -> None:
         await self.tails.close()
@@ -101,11 +112,11 @@ class LiveHub:
         """What was held of ``stream`` is forgotten but its followers stay (the origin went
         away: ``edge.log.trust``): its tails go on from their offsets into the instance begun
         in its place, and readers read what they record, or ask the origin for the rest."""
-        instance = self.cache.local.instance_for(stream)
+        instance = self._local.instance_for(stream)
         for tail in self.tails.all():
             if tail.key.stream == stream and not tail.finished:
                 tail.instance = instance
-                self.cache.local.log_for(tail.key).followed_from(tail.offset)
+                self._local.log_for(tail.key).followed_from(tail.offset)
 
     # --- the tails' listener: SSE viewers first, then long-polls ---
 
@@ -123,15 +134,20 @@ class LiveHub:
 
     async def known_from(
         self, key: LogKey, offset: str, credentials: Sequence[tuple[str, str]]
-    ) -> Answer | None:
-        """Make the log known from ``offset`` on; the origin's refusal if it refuses."""
-        resolved = await self.cache.resolve(key, offset, credentials)
+    ) -> Answer | Bypass | None:
+        """Make the log known from ``offset`` on; the origin's refusal if it refuses, a
+        ``Bypass`` if the origin is to answer this read itself."""
+        resolved = await self._catchup.resolve(key, offset, credentials)
+        if isinstance(resolved, Bypass):
+            return resolved
         resolved.release()  # live readers are served from the log, not from this fill's bytes
         fill = resolved.fill
-        if fill is not None and fill.relay and fill.status == 200:
+        if fill is not None and not isinstance(fill.joins, Chained) and fill.status == 200:
             # Past the tail, not storable, or from an instance just replaced: the origin answers
             # this live read itself.
-            raise RelayInstead("the origin's answer is for this request only")
+            return Bypass(
+                why=Why.NOT_CACHEABLE, reason="the origin's answer is for this request only"
+            )
         error = resolved.error
         if error is None:
             return None
@@ -140,13 +156,40 @@ class LiveHub:
             private=key.scope != PUBLIC_SCOPE,
         )  # fmt: skip
 
-    async def tail_now(self, key: LogKey, credentials: Sequence[tuple[str, str]]) -> str | Answer:
+    async def start(
+        self,
+        key: LogKey,
+        offset: str,
+        last_event_id: str | None,
+        credentials: Sequence[tuple[str, str]],
+    ) -> str | Answer | Bypass:
+        """Where a live read starts: ``now`` is the tail; a ``Last-Event-ID`` further on than the
+        URL wins, so a browser EventSource reconnecting to its original URL resumes exactly
+        (even one opened at ``offset=now``: its Last-Event-ID is where it left off, not the
+        tail now)."""
+        if offset == "now" and last_event_id and last_event_id != "now":
+            return last_event_id
+        if offset == "now":
+            resolved = await self.tail_now(key, credentials)
+            if not isinstance(resolved, str):
+                return resolved
+            offset = resolved
+        if last_event_id and last_event_id != "now" and last_event_id > offset:
+            offset = last_event_id
+        return offset
+
+    async def tail_now(
+        self, key: LogKey, credentials: Sequence[tuple[str, str]]
+    ) -> str | Answer | Bypass:
         """The tail offset for ``offset=now``: the live upstream's word if there is one, else the
         origin's (``offset=now`` answers are never cached)."""
-        log = self.cache.local.log(key)
+        log = self._local.log(key)
         if log is not None and log.tail is not None and log.tail.authoritative:
             return log.tail.offset
-        status, headers, body = await self.cache.probe_now(key, credentials)
+        try:
+            status, headers, body = await self._catchup.probe_now(key, credentials)
+        except BodyTooLarge as uncacheable:
+            return Bypass(why=Why.TOO_LARGE, reason=str(uncacheable))
         next_offset = {n.lower(): v for n, v in headers}.get("stream-next-offset")
         if status != 200 or next_offset is None or not is_offset_token(next_offset):
             return origin_refusal(
@@ -165,14 +208,18 @@ class LiveHub:
         return response_cursor(client_cursor, now=self.clock(), rng=self.rng)
 
     def tail_offset(self, key: LogKey) -> str | None:
-        log = self.cache.local.log(key)
+        log = self._local.log(key)
         return log.tail.offset if log is not None and log.tail is not None else None
 
     def stream_log(self, key: LogKey) -> StreamLog | None:
-        return self.cache.local.log(key)
+        return self._local.log(key)
+
+    def known_log(self, key: LogKey) -> StreamLog:
+        """The log a viewer joining now reads (made if the edge holds nothing of it yet)."""
+        return self._local.log_for(key)
 
     def cover(self, key: LogKey, offset: str, *, max_bytes: int) -> Coverage:
-        return cover(self.cache.local.get, key, offset, max_bytes=max_bytes)
+        return cover(self._local.get, key, offset, max_bytes=max_bytes)
 
     # --- long-poll ---
 
@@ -185,7 +232,7 @@ class LiveHub:
         *,
         max_seconds: float | None = None,
         socket: Socket | None = None,
-    ) -> Answer | Written:
+    ) -> Answer | Written | Bypass:
         """Answer a long-poll from the log, or wait at the tail with every other long-poll there
         (``edge.live.polls``); with ``socket``, a released answer may be written directly.
         ``max_seconds``: the wait ends sooner (a reader's credential expires then)."""
@@ -208,22 +255,32 @@ class LiveHub:
                     expired=loop.time() >= deadline, fetched=fetched,
                 )  # fmt: skip
                 fetched = False
-                if isinstance(outcome, Answer):
-                    return outcome
-                if outcome is Pending.GONE:
-                    # Deleted or replaced while waiting: the origin says what the stream is now.
-                    raise RelayInstead("the stream this long-poll waited on is gone")
-                if outcome is Pending.GAP:
-                    # The offset is not where the edge's chain ends: fetch the gap, collapsed.
-                    refused = await self.known_from(key, offset, credentials)
-                    if refused is not None:
-                        return refused
-                    fetched = not self.cover(key, offset, max_bytes=1).segments
-                    continue
-                released = await self.polls.wait(key, tail, offset, cursor, deadline, socket)
-                waited = True
-                if released is not None:
-                    return released
+                match outcome:
+                    case Answer():
+                        return outcome
+                    case Pending.GONE:
+                        # Deleted or replaced while waiting: the origin says what the stream is
+                        # now.
+                        return Bypass(
+                            why=Why.NOT_CACHEABLE,
+                            reason="the stream this long-poll waited on is gone",
+                        )
+                    case Pending.GAP:
+                        # The offset is not where the edge's chain ends: fetch the gap,
+                        # collapsed.
+                        refused = await self.known_from(key, offset, credentials)
+                        if refused is not None:
+                            return refused
+                        fetched = not self.cover(key, offset, max_bytes=1).segments
+                    case Pending.WAIT:
+                        released = await self.polls.wait(
+                            key, tail, offset, cursor, deadline, socket
+                        )
+                        waited = True
+                        if released is not None:
+                            return released
+                    case _:
+                        assert_never(outcome)
 
     def settle(
         self,
@@ -241,12 +298,12 @@ class LiveHub:
         then differ only by ``cursor``). ``fetched``: the gap before the tail was just fetched
         and did not reach ``offset``, so wait for the tail rather than fetch again."""
         coverage = self.cover(key, offset, max_bytes=self.settings.max_response_bytes)
-        log = self.cache.local.log(key)
+        log = self._local.log(key)
         if coverage.segments and log is not None:
             return long_poll_data(
                 log, offset, coverage, cursor=cursor, waited=waited,
-                reuse_for=functools.partial(self.cache.reuse_for, log),
-                age_of=self.cache.age_of,
+                reuse_for=functools.partial(self._catchup.reuse_for, log),
+                age_of=self._catchup.age_of,
             )  # fmt: skip
         if tail.gone or log is None:
             return Pending.GONE
@@ -281,13 +338,13 @@ class LiveHub:
         start = coverage.segments[0].start if coverage.segments else coverage.end
         digest = content_digest(coverage.segments, log.content_type)
         name = ("sse", start, coverage.end, digest, up_to_date, closed, cursor, chunked)
-        cached = self.cache.local.derived(key, name)
+        cached = self._local.derived(key, name)
         if cached is not None:
             return cached
         frame = sse_frames(
             log, coverage, up_to_date=up_to_date, closed=closed, cursor=cursor, chunked=chunked
         )
-        self.cache.local.put_derived(key, name, frame, log.instance)
+        self._local.put_derived(key, name, frame, log.instance)
         return frame
 
 

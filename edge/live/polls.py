@@ -90,11 +90,11 @@ def with_cursor(answer: Answer, cursor: str) -> Answer:
 
 
 class LongPollFanout:
-    def __init__(self, hub: PollHost) -> None:
+    def __init__(self, hub: PollHost, *, encode: Encode | None = None) -> None:
         self._hub = hub
         self._board: Board[Ticket] = Board()
         self._timer: asyncio.TimerHandle | None = None
-        self.encode: Encode | None = None  # set by the web layer; None: no direct writes
+        self._encode = encode  # the web layer's framing; None: no direct writes
 
     async def wait(
         self,
@@ -210,7 +210,7 @@ class LongPollFanout:
             if future.done():  # cancelled: its client left
                 continue
             socket = waiter.ticket.socket
-            if socket is None or self.encode is None or socket.transport.is_closing():
+            if socket is None or self._encode is None or socket.transport.is_closing():
                 future.set_result(answer)  # its handler answers it the usual way
                 continue
             framing = socket.framing
@@ -229,9 +229,9 @@ class LongPollFanout:
             self._hub.metrics.served_bytes.inc(written * len(answer.body))
 
     def _encoded(self, answer: Answer, framing: Framing) -> bytes | None:
-        assert self.encode is not None
+        assert self._encode is not None
         try:
-            return self.encode(answer, framing)
+            return self._encode(answer, framing)
         except ValueError:
             # A header value aiohttp would refuse (a control character): each handler answers
             # the usual way and aiohttp turns it into the error it always did.

@@ -36,7 +36,6 @@ from urllib.parse import quote
 
 import aiohttp
 
-from edge.catchup import CatchupCache
 from edge.config import Settings
 from edge.live.upstream_mode import SseOn, SseState, after_sse_batch, after_sse_failure, sse_current
 from edge.log.intake import Decision
@@ -48,7 +47,8 @@ from edge.origin import BodyTooLarge, OriginClient, OriginError
 from edge.protocol.headers import first_value, flag, own_request_headers
 from edge.protocol.offsets import is_offset_token
 from edge.protocol.sse import SseDecoder
-from edge.streams import InstanceChanged
+from edge.store.local import LocalTier
+from edge.streams import InstanceChanged, Streams
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +69,8 @@ class Tail:
     key: LogKey
     offset: str
     credentials: tuple[tuple[str, str], ...]
-    cache: CatchupCache
+    local: LocalTier
+    streams: Streams
     origin: OriginClient
     settings: Settings
     metrics: Metrics
@@ -96,8 +97,8 @@ class Tail:
     # --- lifecycle ---
 
     def start(self) -> None:
-        self.instance = self.cache.local.instance_for(self.key.stream)
-        log = self.cache.local.log(self.key)
+        self.instance = self.local.instance_for(self.key.stream)
+        log = self.local.log(self.key)
         content_type = log.content_type if log is not None else None
         self._use_sse = self._sse_suits(content_type)
         self._task = asyncio.ensure_future(self._run())
@@ -120,7 +121,7 @@ class Tail:
                 await self._task
             self._task = None
             self.metrics.live_tails.dec()
-        self.cache.streams.live_ended(self.key)
+        self.streams.live_ended(self.key)
 
     async def _run(self) -> None:
         backoff = BACKOFF_FIRST_SECONDS
@@ -129,7 +130,7 @@ class Tail:
                 recorded = self.batches
                 self._sse = sse_current(self._sse, now=asyncio.get_running_loop().time())
                 if not self._use_sse and isinstance(self._sse, SseOn):
-                    log = self.cache.local.log(self.key)
+                    log = self.local.log(self.key)
                     self._use_sse = self._sse_suits(log.content_type if log else None)
                 failed = False
                 try:
@@ -170,11 +171,11 @@ class Tail:
                 elif failed or (reason and self.batches == recorded):
                     # Failed, or ended without delivering anything: back off before retrying,
                     # and stop vouching for the tail meanwhile.
-                    self.cache.streams.live_ended(self.key)
+                    self.streams.live_ended(self.key)
                     await asyncio.sleep(self.rng.uniform(0, backoff))
                     backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
         finally:
-            self.cache.streams.live_ended(self.key)
+            self.streams.live_ended(self.key)
 
     def _ended(self, ending: Ending) -> None:
         """The upstream failed as ``ending``. If that says the origin went away, nothing held of
@@ -182,9 +183,9 @@ class Tail:
         the tails go on from their offsets. Told again on every failure: only what was learned
         since the last is forgotten again."""
         instance = self.instance
-        if origin_went_away(ending) and instance is not None and self.cache.local.current(instance):
+        if origin_went_away(ending) and instance is not None and self.local.current(instance):
             logger.warning("%s: the origin went away (%s)", self.key.stream, ending.value)
-            self.cache.streams.origin_lost()
+            self.streams.origin_lost()
 
     async def _open(self, live: str, kind: str, *extra: tuple[str, str]) -> aiohttp.ClientResponse:
         """One live request from the tail's offset (and cursor), counted by ``kind``."""
@@ -192,7 +193,7 @@ class Tail:
         if self.cursor:
             url += f"&cursor={quote(self.cursor, safe='')}"
         headers = [*own_request_headers(self.credentials), *extra]
-        self._started = self.cache.streams.ticket()
+        self._started = self.streams.ticket()
         response = await self.origin.open(
             "GET", url, headers, live=True, idle_timeout=UPSTREAM_IDLE_SECONDS
         )
@@ -205,7 +206,7 @@ class Tail:
             return True
         instance = self.instance
         assert instance is not None  # set by start(), before the first upstream request
-        decision = self.cache.streams.evidence(
+        decision = self.streams.evidence(
             self.key, response.status, list(response.headers.items()),
             started=self._started, instance=instance, live=True,
         )  # fmt: skip
@@ -222,7 +223,7 @@ class Tail:
         instance = self.instance
         assert instance is not None  # set by start(), before the first upstream request
         # Raises InstanceChanged once the instance this tail follows is forgotten.
-        segment = self.cache.streams.record_live(
+        segment = self.streams.record_live(
             self.key, self.offset, end, body, up_to_date=up_to_date, closed=closed,
             instance=instance, started=self._started,
         )  # fmt: skip
@@ -310,7 +311,7 @@ class Tail:
             self.cursor = cursor
 
     def _log_is_json(self) -> bool:
-        log = self.cache.local.log(self.key)
+        log = self.local.log(self.key)
         return log is not None and log.json
 
     def _join(self, parts: Sequence[bytes], json_stream: bool) -> bytes:
@@ -343,7 +344,8 @@ class TailRegistry:
 
     def __init__(
         self,
-        cache: CatchupCache,
+        local: LocalTier,
+        streams: Streams,
         origin: OriginClient,
         settings: Settings,
         metrics: Metrics,
@@ -351,7 +353,8 @@ class TailRegistry:
         listener: TailListener | None = None,
     ) -> None:
         self._listener = listener
-        self._cache = cache
+        self._local = local
+        self._streams = streams
         self._origin = origin
         self._settings = settings
         self._metrics = metrics
@@ -378,13 +381,14 @@ class TailRegistry:
                 key=key,
                 offset=start_offset,
                 credentials=tuple(credentials),
-                cache=self._cache,
+                local=self._local,
+                streams=self._streams,
                 origin=self._origin,
                 settings=self._settings,
                 metrics=self._metrics,
                 listener=self._listener,
             )
-            log = self._cache.local.log(key)
+            log = self._local.log(key)
             if log is not None and log.tail is not None and log.tail.closed:
                 tail.closed = True  # nothing will ever arrive: no upstream for a closed stream
             else:

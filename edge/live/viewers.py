@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import assert_never
 
+from edge.answer import Answer, Bypass
 from edge.live.answers import chunk
 from edge.live.host import ViewerHost
 from edge.log.policy import Coverage
@@ -36,6 +39,13 @@ TICK_SECONDS = 1.0
 HEARTBEAT = encode_comment("keep-alive")
 
 Write = Callable[[bytes], Awaitable[None]]
+
+
+class Fed(enum.Enum):
+    """How a viewer's feed ended."""
+
+    ENDED = "ended"  # closed, rotated, drained, left, or the origin refused: end the response
+    CUT = "cut"  # the origin is to answer this read itself, and the headers are gone: cut it
 
 
 @dataclass(eq=False)
@@ -167,7 +177,7 @@ class SseFanout:
 
     async def serve(
         self, viewer: Viewer, credentials: Sequence[tuple[str, str]], write: Write
-    ) -> None:
+    ) -> Fed:
         """Feed ``viewer`` until the stream closes, the connection rotates, the edge drains or
         the client leaves (``write`` raises)."""
         hub = self._hub
@@ -181,13 +191,13 @@ class SseFanout:
                 while not viewer.finished:
                     log = hub.stream_log(key)
                     if log is None or tail.gone:
-                        return
+                        return Fed.ENDED
                     coverage = hub.cover(key, viewer.offset, max_bytes=SSE_BATCH_BYTES)
                     fact = log.tail
                     at_tail = fact is not None and fact.offset == coverage.end
                     closed = at_tail and fact is not None and fact.closed
                     if viewer.rotate_at is not None and loop.time() >= viewer.rotate_at:
-                        return  # at a batch boundary; the client resumes by offset
+                        return Fed.ENDED  # at a batch boundary; the client resumes by offset
                     if coverage.segments or closed:
                         if (not at_tail or coverage.capped) and not lagging:
                             hub.metrics.viewers_lagging.inc()
@@ -202,19 +212,26 @@ class SseFanout:
                         viewer.offset = coverage.end
                         viewer.last_write = loop.time()
                         if closed:
-                            return
+                            return Fed.ENDED
                         continue
                     if lagging:
                         hub.metrics.viewers_lagging.dec()
                         lagging = False
                     if hub.draining.is_set():
-                        return
+                        return Fed.ENDED
                     if viewer.rotate_at is not None and loop.time() >= viewer.rotate_at:
-                        return
+                        return Fed.ENDED
                     if not at_tail:
                         # A gap between the viewer and the tail (evicted, or never seen here).
-                        if await hub.known_from(key, viewer.offset, credentials) is not None:
-                            return
+                        match await hub.known_from(key, viewer.offset, credentials):
+                            case None:
+                                pass
+                            case Answer():
+                                return Fed.ENDED  # the origin refused: the client asks it
+                            case Bypass():
+                                return Fed.CUT
+                            case _ as never:
+                                assert_never(never)
                         if hub.cover(key, viewer.offset, max_bytes=1).segments:
                             continue
                         await asyncio.sleep(TICK_SECONDS)  # the tail has yet to reach it
@@ -228,6 +245,7 @@ class SseFanout:
                 self._at_tail.get(key, set()).discard(viewer)
                 if lagging:
                     hub.metrics.viewers_lagging.dec()
+        return Fed.ENDED
 
     async def _wait_at_tail(self, viewer: Viewer) -> None:
         viewer.woken.clear()

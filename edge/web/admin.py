@@ -27,8 +27,8 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from edge.catchup import CatchupCache
 from edge.config import Settings
+from edge.lifecycle import StreamLifecycle
 from edge.metrics import Metrics
 from edge.protocol.paths import BadTarget, normalise_path
 from edge.web.proxy import EdgeResponse
@@ -155,7 +155,7 @@ def add_admin_routes(
     app: web.Application,
     metrics: Metrics,
     probe: ReadinessProbe,
-    cache: CatchupCache,
+    lifecycle: StreamLifecycle,
     draining: asyncio.Event,
 ) -> None:
     settings = probe.settings
@@ -172,7 +172,7 @@ def add_admin_routes(
         body = {
             "ready": ready and not draining.is_set(),
             "origin": detail,
-            "redis": cache.shared_state,
+            "redis": lifecycle.shared_state,
             "draining": draining.is_set(),
         }
         ready = bool(body["ready"])
@@ -191,10 +191,10 @@ def add_admin_routes(
         path = purge_target(request, settings)
         if isinstance(path, web.Response):
             return path
-        dropped = cache.purge(path)
+        dropped = lifecycle.purge(path)
         # Durable: every replica, including ones partitioned now, stops serving it. If the shared
         # tier has not taken it yet, say so (it keeps being retried): 202, not 200.
-        durable = await cache.purged(path)
+        durable = await lifecycle.purged(path)
         return EdgeResponse(
             text=json.dumps({"purged": path, "segments": dropped, "durable": durable}),
             content_type="application/json",

@@ -11,8 +11,10 @@ Rules this module owns:
   (``edge.web.wire.client_headers``) and offers the answer to the fast path, which keeps it only
   if the policy's verdict and its derivation allow.
 * A read whose CORS headers the edge cannot know (the origin's CORS varies by ``Origin`` and
-  this ``Origin`` was never answered) is not the cache's: ``CorsUnknown`` sends it to the
+  this ``Origin`` was never answered) is not the cache's: ``Bypass(CORS)`` sends it to the
   origin, whose answer teaches the edge.
+* A read ends ``Served`` (the answer and its finished headers) or ``Bypass`` (why the client's
+  own request goes to the origin); ``OriginError`` only when the origin failed.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ from dataclasses import dataclass
 
 from multidict import CIMultiDict
 
-from edge.answer import Answer
-from edge.catchup import CatchupCache, RelayInstead
+from edge.answer import Answer, Bypass, Why
+from edge.catchup import CatchupCache
 from edge.protocol.answer_key import AnswerKey, answer_key
 from edge.protocol.headers import first_value
 from edge.protocol.paths import Target
@@ -33,8 +35,12 @@ from edge.web.proxy import OriginCors
 from edge.web.wire import client_headers
 
 
-class CorsUnknown(RelayInstead):
-    """The origin's CORS varies by ``Origin``, and the edge has no word for this one."""
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Served:
+    """The cache's answer to a read, with its finished headers."""
+
+    answer: Answer
+    headers: CIMultiDict[str]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -84,43 +90,46 @@ def catchup_request(
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CatchupFront:
-    cache: CatchupCache
+    catchup: CatchupCache
     fast: FastPath
     cors: OriginCors
 
-    async def answer(self, request: CatchupRequest) -> tuple[Answer, CIMultiDict[str]]:
-        """The answer and its finished headers (``RelayInstead``/``BodyTooLarge``: relay it;
-        ``OriginError``: the origin failed)."""
-        self._know_cors_for(request.origin)
-        answer = await self.cache.read(
+    async def answer(self, request: CatchupRequest) -> Served | Bypass:
+        """The answer and its finished headers, or why the origin answers instead
+        (``OriginError``: the origin failed)."""
+        unknown = self._cors_unknown(request.origin)
+        if unknown is not None:
+            return unknown
+        answer = await self.catchup.read(
             request.read,
             credentials=request.credentials,
             if_none_match=request.if_none_match,
             accept_encoding=request.accept_encoding,
         )
-        try:
-            self._know_cors_for(request.origin)  # the fill itself may have shown it varies
-        except CorsUnknown:
+        if isinstance(answer, Bypass):
+            return answer
+        unknown = self._cors_unknown(request.origin)  # the fill itself may have shown it varies
+        if unknown is not None:
             if answer.hold is not None:
                 answer.hold.release()
-            raise
-        headers = client_headers(answer, self.cors, request.origin, reader_only=request.reader_only)
-        self.fast.register(
-            request.key, answer, headers, version=request.version, origin=request.origin
-        )
-        return answer, headers
+            return unknown
+        return self._served(request, answer)
 
-    async def head(self, request: CatchupRequest) -> tuple[Answer, CIMultiDict[str]] | None:
+    async def head(self, request: CatchupRequest) -> Served | None:
         """The edge's own answer to a HEAD, if it knows the whole stream; else None."""
-        answer = await self.cache.head(request.read)
+        answer = await self.catchup.head(request.read)
         if answer is None:
             return None
+        return self._served(request, answer)
+
+    def _served(self, request: CatchupRequest, answer: Answer) -> Served:
         headers = client_headers(answer, self.cors, request.origin, reader_only=request.reader_only)
         self.fast.register(
             request.key, answer, headers, version=request.version, origin=request.origin
         )
-        return answer, headers
+        return Served(answer=answer, headers=headers)
 
-    def _know_cors_for(self, origin: str | None) -> None:
+    def _cors_unknown(self, origin: str | None) -> Bypass | None:
         if self.cors.unknown_for(origin):
-            raise CorsUnknown(f"no CORS answer known for Origin {origin!r}")
+            return Bypass(why=Why.CORS, reason=f"no CORS answer known for Origin {origin!r}")
+        return None

@@ -10,8 +10,9 @@ Rules this module owns:
   by every worker before it is relayed: the worker that relayed it tells the supervisor
   (``POST /observed`` on the supervisor's private loopback listener), which replays it to every
   other reachable worker (``POST /observe`` on theirs) and answers once they all did.
-* Each sibling replays it with the same ``CatchupCache.observe`` the relaying worker ran, so the
-  effect is exactly the single-process one (forgetting, tail invalidation, purges).
+* Each sibling replays it with the same observer the relaying worker ran
+  (``StreamLifecycle.observe``), so the effect is exactly the single-process one (forgetting,
+  tail invalidation, purges).
 * A sibling that does not answer in time (``SIBLING_SECONDS``) delays the answer no further:
   the write happened at the origin and cannot be taken back; that sibling is then as far behind
   as another replica would be (``--tail-freshness``). It is logged.
@@ -55,11 +56,11 @@ import aiohttp
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from edge.catchup import CatchupCache
 from edge.log.stream_log import LogKey, says_gone
-from edge.streams import TELLS_DOWNSTREAM, Downstream, Forgetting
-from edge.web.app import CACHE, RELAY
+from edge.store.local import LocalTier
+from edge.streams import TELLS_DOWNSTREAM, Downstream, Forgetting, Streams
 from edge.web.proxy import Observer
+from edge.web.wiring import RELAY, WIRED
 from edge.workers.admin import TELLS_DOWNSTREAM_PARAM
 
 logger = logging.getLogger(__name__)
@@ -149,7 +150,7 @@ def decode_forgot(data: object) -> LogKey | None:
     return LogKey(stream=stream, scope=scope)
 
 
-async def replay(cache: CatchupCache, body: bytes) -> None:
+async def replay(streams: Streams, observe: Observer, body: bytes) -> None:
     """Run one observation or forgetting a sibling relayed; ValueError when it is neither."""
     data = json.loads(body)
     forgot = decode_forgot(data)
@@ -157,10 +158,10 @@ async def replay(cache: CatchupCache, body: bytes) -> None:
         if isinstance(data, dict) and data.get("followers_stay") is True:
             # The sibling saw the origin go away (edge.log.trust) and purged the shared tier and
             # what lies downstream: what is held here is in doubt, its followers stay.
-            cache.streams.forget_locally(forgot.stream, followers_stay=True)
+            streams.forget_locally(forgot.stream, followers_stay=True)
             return
         with _downstream_of(data):
-            cache.streams.stream_gone(forgot)
+            streams.stream_gone(forgot)
         return
     pairs = [
         [(str(name), str(value)) for name, value in data[key]]
@@ -170,7 +171,7 @@ async def replay(cache: CatchupCache, body: bytes) -> None:
     # before anything this worker knew, so it can never contradict what this worker learned
     # (the relaying worker judges that against its own knowledge).
     with _downstream_of(data):
-        await cache.observe(
+        await observe(
             str(data["method"]), str(data["stream"]), int(data["status"]), pairs[0], pairs[1], 0
         )
 
@@ -204,9 +205,12 @@ class Siblings:
     observations and its own forgettings tell (``observe``, ``forgot``), and how it applies what
     a sibling told (``apply``)."""
 
-    def __init__(self, cache: CatchupCache, local: Observer, tell: Transport) -> None:
-        self.cache = cache
-        self._local = local
+    def __init__(
+        self, *, streams: Streams, local: LocalTier, observe: Observer, tell: Transport
+    ) -> None:
+        self._streams = streams
+        self._held = local
+        self._local = observe  # this worker's own observer (``StreamLifecycle.observe``)
         self._tell = tell
 
     async def observe(
@@ -223,7 +227,7 @@ class Siblings:
         if worth_telling(method, status):
             # What this worker forgets on a 404 or 410 it purges downstream only if it held the
             # stream; a write's forgetting it purges regardless.
-            held = not says_gone(status) or self.cache.local.holds_data(stream)
+            held = not says_gone(status) or self._held.holds_data(stream)
             message = encode(method, stream, status, request_headers, response_headers, held=held)
             telling = self._tell(message)
         if telling is None:
@@ -238,7 +242,7 @@ class Siblings:
             finally:
                 _REPLAY_FORGETS.reset(covered)
         # What observing it made this worker forget beyond that (a write below the tail it knew).
-        await self.cache.streams.settled(stream)
+        await self._streams.settled(stream)
 
     def forgot(self, forgetting: Forgetting) -> asyncio.Future[None] | None:
         """A ``Streams.on_forget`` teller: a forgetting this worker decided, told to siblings."""
@@ -259,7 +263,7 @@ class Siblings:
         """What a sibling told, at the supervisor's request; ValueError (or KeyError, TypeError)
         when it is no message."""
         with at_supervisors_request():
-            await replay(self.cache, body)
+            await replay(self._streams, self._local, body)
 
 
 def share_observations(
@@ -271,7 +275,7 @@ def share_observations(
     index: int,
 ) -> None:
     """Wire a worker: its relay tells the supervisor, its admin listener replays siblings'."""
-    cache = stream_app[CACHE]
+    wired = stream_app[WIRED]
     relay = stream_app[RELAY]
     local = relay.observe
     assert local is not None
@@ -282,7 +286,7 @@ def share_observations(
     def tell(body: bytes) -> Awaitable[None] | None:
         return _tell(session[0], observed, body, authorization) if session else None
 
-    siblings = Siblings(cache, local, tell)
+    siblings = Siblings(streams=wired.streams, local=wired.local, observe=local, tell=tell)
 
     @web.middleware
     async def supervisors_request(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -306,7 +310,7 @@ def share_observations(
 
     stream_app[RELAY] = replace(relay, observe=siblings.observe)
     stream_app.cleanup_ctx.append(lifetime)
-    cache.streams.on_forget.append(siblings.forgot)
+    wired.streams.on_forget.append(siblings.forgot)
     admin_app.middlewares.append(supervisors_request)
     admin_app.router.add_post("/observe", replayed)
 

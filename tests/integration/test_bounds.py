@@ -28,8 +28,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from devstack.processes import Edge, Origin, start_edge
-from edge.catchup import CatchupCache
 from edge.config import Address, Settings
+from edge.lifecycle import StreamLifecycle
 from edge.metrics import Metrics
 from edge.web.admin import ReadinessProbe, add_admin_routes
 from edge.web.bounded_site import BoundedSite
@@ -605,7 +605,7 @@ async def test_purge_is_refused_without_a_token_when_the_admin_listener_is_not_l
     )
     app = web.Application()
     # The refused path never reaches the cache.
-    never_used = cast(CatchupCache, object())
+    never_used = cast(StreamLifecycle, object())
     add_admin_routes(app, Metrics(), ReadinessProbe(settings), never_used, asyncio.Event())
     async with TestServer(app, host="127.0.0.1") as server, aiohttp.ClientSession() as http:
         async with http.post(server.make_url("/purge?path=/v1/stream/x")) as response:

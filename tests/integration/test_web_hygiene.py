@@ -25,6 +25,7 @@ from edge.origin import (
     translate,
 )
 from edge.web import app as stream_app
+from edge.web import live_reads
 from edge.web.proxy import OriginCors, origin_error_response
 from tests.integration.test_passthrough import call, metric_value
 
@@ -400,7 +401,7 @@ async def test_a_viewer_leaving_before_its_headers_is_counted_as_gone_not_as_an_
     await closed_stream(http, origin.url + stream_path, b"gone")
     hub = app[stream_app.HUB]
     requests: list[web.Request] = []
-    real_start_offset, real_known_from = stream_app.start_offset, hub.known_from
+    real_start_offset, real_known_from = live_reads.start_offset, hub.known_from
 
     async def start_offset(request: web.Request, *args: object) -> object:
         requests.append(request)
@@ -415,7 +416,7 @@ async def test_a_viewer_leaving_before_its_headers_is_counted_as_gone_not_as_an_
         transport.close()
         return known
 
-    monkeypatch.setattr(stream_app, "start_offset", start_offset)
+    monkeypatch.setattr(live_reads, "start_offset", start_offset)
     monkeypatch.setattr(hub, "known_from", known_from)
     caplog.set_level(logging.DEBUG, logger="edge")
     reader, writer = await asyncio.open_connection("127.0.0.1", server.port)

@@ -45,6 +45,7 @@ from edge.protocol.offsets import START
 from edge.protocol.purge_keys import purge_keys
 from edge.protocol.reads import PUBLIC_SCOPE, Read
 from edge.protocol.sse import SseDecoder, SseEvent
+from edge.web.wiring import build_catchup
 
 STREAM = "/v1/stream/s"
 JSON_TYPE = "application/json"
@@ -280,18 +281,22 @@ def edge_holding(world: World) -> tuple[CatchupCache, LiveHub, Tail]:
         max_response_bytes=world.max_bytes,
     )
     origin = cast(OriginClient, Unreachable())
-    cache = CatchupCache(settings, origin, Metrics(), clock=lambda: NOW)
-    log = cache.local.log_for(world.key)
+    parts = build_catchup(settings, origin, Metrics(), clock=lambda: NOW)
+    cache = parts.catchup
+    log = parts.local.log_for(world.key)
     log.content_type = world.content_type
     log.header_template = TEMPLATE
     world.record_tail(log)
     for segment in world.segments:
-        assert cache.local.put(world.key, segment, log.instance)
+        assert parts.local.put(world.key, segment, log.instance)
     metrics = Metrics()
-    hub = LiveHub(settings, cache, origin, metrics, clock=lambda: NOW)
+    hub = LiveHub(
+        settings, metrics, origin, catchup=cache, local=parts.local, streams=parts.streams,
+        clock=lambda: NOW,
+    )  # fmt: skip
     tail = Tail(
-        key=world.key, offset=world.tail, credentials=(), cache=cache, origin=origin,
-        settings=settings, metrics=metrics, listener=hub,
+        key=world.key, offset=world.tail, credentials=(), local=parts.local,
+        streams=parts.streams, origin=origin, settings=settings, metrics=metrics, listener=hub,
     )  # fmt: skip
     return cache, hub, tail
 

@@ -83,11 +83,10 @@ from hypothesis.control import currently_in_test_context
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from edge import catchup as catchup_module
-from edge.catchup import CatchupCache
+from edge.answer import Bypass
 from edge.config import Address, Settings, per_worker
 from edge.log.stream_log import LogKey
 from edge.metrics import Metrics
-from edge.origin import BodyTooLarge
 from edge.protocol.http1 import RequestHead
 from edge.protocol.paths import parse_target
 from edge.protocol.purge_keys import purge_keys
@@ -95,6 +94,7 @@ from edge.protocol.reads import auth_scope, classify, scope_credentials
 from edge.web.fastpath import FastPath
 from edge.web.front import CatchupFront, catchup_request
 from edge.web.proxy import OriginCors, without_validators
+from edge.web.wiring import build_catchup
 from edge.workers.siblings import Siblings, Transport, at_supervisors_request, decode_forgot
 from tests.model.fake_origin import FakeOrigin, Served
 from tests.model.origin_model import (
@@ -267,19 +267,19 @@ class EdgeUnderTest:
     def __init__(self, settings: Settings, origin: FakeOrigin, clock: Callable[[], float]) -> None:
         self.origin = origin
         self.settings = settings
-        self.cache = CatchupCache(settings, origin, Metrics(), shared=None, clock=clock)  # type: ignore[arg-type]
+        self.parts = build_catchup(settings, origin, Metrics(), shared=None, clock=clock)  # type: ignore[arg-type]
         self.cors = OriginCors()
         origin.listen_to_answers(self.cors.remember)
-        self.fast = FastPath(settings, self.cache.local, self.cors, clock=clock)
-        self.front = CatchupFront(cache=self.cache, fast=self.fast, cors=self.cors)
+        self.fast = FastPath(settings, self.parts.local, self.cors, clock=clock)
+        self.front = CatchupFront(catchup=self.parts.catchup, fast=self.fast, cors=self.cors)
         # What the relay tells of the answers it relays (``Relay.observe``, as create_app wires
         # it; a worker's is its ``Siblings``').
-        self.observer: Callable[..., object] = self.cache.observe
+        self.observer: Callable[..., object] = self.parts.lifecycle.observe
         self.siblings: Siblings | None = None
         self.fast_answers = 0
         # Set while a compression is to be held (a thread still working while a stream changes).
         self.compression_gate: asyncio.Event | None = None
-        compressor = self.cache.compressor
+        compressor = self.parts.compressor
         make = compressor._make
 
         async def held(body: bytes) -> bytes:
@@ -334,9 +334,8 @@ class EdgeUnderTest:
             ),
             reader_only=False, cors=self.cors,
         )  # fmt: skip
-        try:
-            answer, finished = await self.front.answer(request)
-        except BodyTooLarge:
+        outcome = await self.front.answer(request)
+        if isinstance(outcome, Bypass):
             # What the web layer does with a read that is not the cache's: relay it, observe it.
             sent = [(n, v) for n, v in headers if n.lower() not in ("host", "accept-encoding")]
             seen, sent, received = await relay(self.origin, path, offset, sent, validators=False)
@@ -344,6 +343,7 @@ class EdgeUnderTest:
             if observing is not None:
                 await observing
             return seen
+        answer, finished = outcome.answer, outcome.headers
         return seen_from(answer.status, list(finished.items()), answer.body)
 
     # The cache's observers may be plain functions or coroutines: each returns what the caller
@@ -360,7 +360,7 @@ class EdgeUnderTest:
         """A request the edge relayed to the origin (a write, a HEAD) and the origin's answer."""
         # The machine runs one step at a time: nothing arrives between this request's start
         # and its answer, so its ticket is taken here.
-        started = self.cache.streams.ticket()
+        started = self.parts.streams.ticket()
         result = self.observer(
             method, path, status, list(request_headers), list(response_headers), started
         )
@@ -382,13 +382,13 @@ class EdgeUnderTest:
         """A purge from the admin listener; a worker's comes from its supervisor, which sends it
         to every worker (its ``/purge`` runs under ``at_supervisors_request``, then awaits the
         purge's durability, as ``add_admin_routes`` does)."""
-        purge: Callable[[str], object] = self.cache.purge
+        purge: Callable[[str], object] = self.parts.lifecycle.purge
         if self.siblings is None:
             result = purge(path)
             return result if inspect.isawaitable(result) else None
         with at_supervisors_request():
             purge(path)
-        return self.cache.purged(path)
+        return self.parts.lifecycle.purged(path)
 
     # --- --workers N: the worker's side of edge.workers.siblings, wired as share_observations ---
 
@@ -396,9 +396,12 @@ class EdgeUnderTest:
         """Make this worker ``index`` of ``supervisor``'s: its relay's observations and its own
         forgettings are told through the supervisor (``Siblings``), which has every sibling
         ``apply`` them."""
-        self.siblings = Siblings(self.cache, self.cache.observe, supervisor.transport(index))
+        self.siblings = Siblings(
+            streams=self.parts.streams, local=self.parts.local,
+            observe=self.parts.lifecycle.observe, tell=supervisor.transport(index),
+        )  # fmt: skip
         self.observer = self.siblings.observe
-        self.cache.streams.on_forget.append(self.siblings.forgot)
+        self.parts.streams.on_forget.append(self.siblings.forgot)
 
     async def apply(self, body: bytes) -> None:
         """What the worker's private admin listener does with ``POST /observe``."""
@@ -406,7 +409,7 @@ class EdgeUnderTest:
         await self.siblings.apply(body)
 
     async def close(self) -> None:
-        await self.cache.close()
+        await self.parts.streams.close()
 
 
 class InProcessSupervisor:
@@ -1849,7 +1852,7 @@ def test_a_stored_answer_is_given_only_under_the_generation_its_keys_name(
     before = edge.fast_answers
     assert machine.loop.run_until_complete(read()).surrogate_key == purge_keys(A).surrogate_key
     assert edge.fast_answers == before + 1
-    instance = edge.cache.local.instance(A)
+    instance = edge.parts.local.instance(A)
     assert instance is not None
     instance.generation = "g2"
     renamed = machine.loop.run_until_complete(read())
@@ -2081,10 +2084,10 @@ def test_the_lifetime_probe_answered_410_forgets_the_stream(machine: CatchupMach
     edge = machine.edge
     assert isinstance(edge, EdgeUnderTest)
     assert _ids(machine.do_read(A, "-1")) == [100]
-    streams = edge.cache.streams
-    instance = edge.cache.local.instance(A)
+    streams = edge.parts.streams
+    instance = edge.parts.local.instance(A)
     assert instance is not None
-    assert edge.cache.local.holds_data(A)
+    assert edge.parts.local.holds_data(A)
     machine.do_delete(A, via_edge=False)  # soft: it has a fork
 
     async def probe() -> None:
@@ -2092,5 +2095,5 @@ def test_the_lifetime_probe_answered_410_forgets_the_stream(machine: CatchupMach
         await asyncio.gather(*streams._background)
 
     machine.loop.run_until_complete(probe())
-    assert not edge.cache.local.holds_data(A)
+    assert not edge.parts.local.holds_data(A)
     assert machine.do_read(A, "-1").status == 410

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from edge.catchup import CatchupCache, FillOverdue
+from edge.answer import Answer, Bypass, Why
 from edge.coalesce import Joined, Led, Overdue, SingleFlight
 from edge.config import Address, Settings
 from edge.fill_budget import FILL_MIN_BYTES_PER_SECOND, fill_deadline_seconds
@@ -32,6 +32,7 @@ from edge.log.stream_log import LogKey
 from edge.metrics import Metrics
 from edge.origin import OriginTimeout
 from edge.protocol.reads import PUBLIC_SCOPE, Read
+from edge.web.wiring import CatchupParts, build_catchup
 from tests.model.fake_origin import FakeOrigin, FakeResponse
 from tests.model.origin_model import OriginModel
 
@@ -81,7 +82,7 @@ def stream_origin() -> TricklingOrigin:
     return TricklingOrigin(model)
 
 
-def cache_on(origin: TricklingOrigin) -> CatchupCache:
+def cache_on(origin: TricklingOrigin) -> CatchupParts:
     settings = Settings(
         origin="http://origin.invalid",
         listen=Address.parse("127.0.0.1:0"),
@@ -89,7 +90,7 @@ def cache_on(origin: TricklingOrigin) -> CatchupCache:
         fill_deadline_seconds=0.5,
         fill_wait_seconds=0.1,
     )
-    return CatchupCache(settings, origin, Metrics())  # type: ignore[arg-type]
+    return build_catchup(settings, origin, Metrics())  # type: ignore[arg-type]
 
 
 READ = Read(
@@ -97,8 +98,11 @@ READ = Read(
 )
 
 
-async def read(cache: CatchupCache) -> bytes:
-    answer = await cache.read(READ, credentials=(), if_none_match=None, accept_encoding=None)
+async def read(cache: CatchupParts) -> bytes:
+    answer = await cache.catchup.read(
+        READ, credentials=(), if_none_match=None, accept_encoding=None
+    )
+    assert isinstance(answer, Answer)
     if answer.hold is not None:
         answer.hold.release()  # written, as the web layer would
     assert answer.status == 200
@@ -127,8 +131,12 @@ async def test_a_reader_behind_another_readers_trickling_fill_is_sent_on_its_own
     cache = cache_on(origin)
     first = asyncio.ensure_future(read(cache))
     await origin.answered.wait()  # the first reader's fill is trickling
-    with pytest.raises(FillOverdue):  # the web layer relays its own request
-        await read(cache)
+    # The web layer relays its own request.
+    overdue = await cache.catchup.read(
+        READ, credentials=(), if_none_match=None, accept_encoding=None
+    )
+    assert isinstance(overdue, Bypass)
+    assert overdue.why is Why.FILL_OVERDUE
     assert not first.done()  # the fill it left goes on, for its own reader, to its deadline
     with pytest.raises(OriginTimeout):
         await first

@@ -13,7 +13,6 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
-from edge.catchup import CatchupCache
 from edge.config import Address, Settings, per_worker
 from edge.log.stream_log import LogKey
 from edge.metrics import Metrics
@@ -21,6 +20,7 @@ from edge.origin import OriginClient
 from edge.protocol.reads import PUBLIC_SCOPE
 from edge.store.local import LocalTier
 from edge.streams import Forgetting, InstanceChanged, Streams, Unsettled
+from edge.web.wiring import CatchupParts, build_catchup
 from edge.workers.bootstrap import Bootstrap, encode, read_bootstrap
 from edge.workers.mirror import Mirror
 from edge.workers.siblings import (
@@ -348,7 +348,7 @@ def test_a_worker_is_cleared_to_listen_only_after_its_reachable_report() -> None
 async def test_siblings_tell_through_their_transport_and_never_echo() -> None:
     """Two workers whose transport is an in-process supervisor: each message is told once, by
     the worker that learned it, and what a sibling applies is not told back."""
-    caches = [CatchupCache(BASE, OriginClient(BASE), Metrics()) for _ in range(2)]
+    caches = [build_catchup(BASE, OriginClient(BASE), Metrics()) for _ in range(2)]
     sent: list[tuple[int, bytes]] = []
     workers: list[Siblings] = []
 
@@ -361,7 +361,10 @@ async def test_siblings_tell_through_their_transport_and_never_echo() -> None:
         return tell
 
     for index, cache in enumerate(caches):
-        siblings = Siblings(cache, cache.observe, transport(index))
+        siblings = Siblings(
+            streams=cache.streams, local=cache.local, observe=cache.lifecycle.observe,
+            tell=transport(index),
+        )  # fmt: skip
         cache.streams.on_forget.append(siblings.forgot)
         workers.append(siblings)
     held = [cache.local.instance_for("/s") for cache in caches]
@@ -379,13 +382,16 @@ async def test_siblings_tell_through_their_transport_and_never_echo() -> None:
 
     # What the supervisor asks of every worker itself (a purge) is not told.
     with at_supervisors_request():
-        caches[0].purge("/s")
+        caches[0].lifecycle.purge("/s")
     await caches[0].streams.settled("/s")
     assert len(sent) == 2
 
     # Nothing to tell with (not serving yet, or stopped): observed here alone.
-    cache = CatchupCache(BASE, OriginClient(BASE), Metrics())
-    alone = Siblings(cache, cache.observe, lambda _: None)
+    cache = build_catchup(BASE, OriginClient(BASE), Metrics())
+    alone = Siblings(
+        streams=cache.streams, local=cache.local, observe=cache.lifecycle.observe,
+        tell=lambda _: None,
+    )  # fmt: skip
     cache.streams.on_forget.append(alone.forgot)
     before = cache.local.instance_for("/t")
     await alone.observe("PUT", "/t", 201, [], [], cache.streams.ticket())
@@ -404,10 +410,10 @@ class Recorded:
         self.forgettings.append(forgetting)
 
 
-def _two_workers() -> tuple[list[CatchupCache], list[Siblings], list[Recorded]]:
+def _two_workers() -> tuple[list[CatchupParts], list[Siblings], list[Recorded]]:
     """Two workers told of each other through an in-process supervisor, each with a teller that
     records what it forgets."""
-    caches = [CatchupCache(BASE, OriginClient(BASE), Metrics()) for _ in range(2)]
+    caches = [build_catchup(BASE, OriginClient(BASE), Metrics()) for _ in range(2)]
     workers: list[Siblings] = []
     tolds = [Recorded(), Recorded()]
 
@@ -418,7 +424,10 @@ def _two_workers() -> tuple[list[CatchupCache], list[Siblings], list[Recorded]]:
         return tell
 
     for index, cache in enumerate(caches):
-        siblings = Siblings(cache, cache.observe, transport(index))
+        siblings = Siblings(
+            streams=cache.streams, local=cache.local, observe=cache.lifecycle.observe,
+            tell=transport(index),
+        )  # fmt: skip
         cache.streams.on_forget.append(siblings.forgot)
         cache.streams.on_forget.append(tolds[index])
         workers.append(siblings)

@@ -1,0 +1,218 @@
+"""The handlers of live reads (long-polls and SSE viewers): parse, ask the live hub, answer.
+
+Rules this module owns:
+
+* A live read starts where the hub says (``LiveHub.start``: ``offset=now`` is the tail, a
+  further ``Last-Event-ID`` wins). A read the cache does not answer (``Bypass``) is relayed as
+  the client sent it; an origin failure before the answer began is answered as one.
+* A long-poll whose released answer was written straight to its socket (``Written``) is only
+  completed here.
+* An SSE response is ``text/event-stream`` that no cache keeps (``no-store``) and no proxy
+  buffers or alters (``no-transform``, ``X-Accel-Buffering: no``), with the origin's CORS
+  headers first, as the origin sends them. What one viewer holds is bounded by
+  ``--sse-buffer-bytes``, in this process and in the kernel.
+* A viewer ends at ``--sse-max-seconds`` or when its credential expires, whichever is first,
+  cleanly at a batch boundary. Once its headers are written a failure can only cut the
+  connection: the client resumes by offset.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Sequence
+from typing import assert_never
+
+from aiohttp import HttpVersion11, web
+
+from edge.answer import Answer, Bypass
+from edge.live.answers import sse_encoding
+from edge.live.polls import Framing, Socket, Written
+from edge.live.viewers import Fed, Viewer
+from edge.log.stream_log import LogKey, StreamLog
+from edge.origin import BodyTooLarge, OriginError
+from edge.protocol.reads import Classified, Read
+from edge.web.asked import Asked, origin_failed, to_response
+from edge.web.catchup_reads import relay_bypass
+from edge.web.gatekeeper import seconds_left
+from edge.web.proxy import ClientGone, EdgeStreamResponse, OriginCors
+from edge.web.wire import VIA, WrittenResponse
+from edge.web.wiring import CORS, HUB, METRICS, SETTINGS
+
+
+async def start_offset(
+    request: web.Request, asked: Asked, key: LogKey, offset: str, last_event_id: str | None
+) -> str | Answer | Bypass:
+    """Where this live read starts (``LiveHub.start``)."""
+    return await request.app[HUB].start(key, offset, last_event_id, asked.credentials)
+
+
+def live_read(classified: Classified) -> tuple[Read, str]:
+    read = classified.read
+    assert read is not None
+    assert read.offset is not None
+    return read, read.offset
+
+
+async def serve_long_poll(
+    request: web.Request, asked: Asked, classified: Classified
+) -> web.StreamResponse:
+    read, offset = live_read(classified)
+    key = LogKey(stream=read.stream, scope=read.scope)
+    try:
+        start = await start_offset(request, asked, key, offset, None)
+        if isinstance(start, str):
+            outcome = await request.app[HUB].long_poll(
+                key,
+                start,
+                read.cursor,
+                asked.credentials,
+                max_seconds=seconds_left(request),
+                socket=socket_of(request, asked),
+            )
+        else:
+            outcome = start
+    except OriginError as error:
+        return origin_failed(request, asked, error)
+    match outcome:
+        case Bypass():
+            # A backlog bigger than the edge keeps in one piece (or an answer that is not the
+            # cache's to give): the origin answers it directly.
+            return await relay_bypass(request, classified.kind, outcome)
+        case Written():
+            return WrittenResponse(outcome)  # released with its group: on the wire already
+        case Answer():
+            return to_response(request, asked, outcome)
+        case _:
+            assert_never(outcome)
+
+
+def socket_of(request: web.Request, asked: Asked) -> Socket | None:
+    """Where a released long-poll's answer may be written directly, framed as aiohttp would."""
+    transport = request.transport
+    if transport is None:
+        return None
+    framing = Framing(
+        version=asked.version,
+        keep_alive=request.keep_alive,
+        reader_only=asked.reader_only,
+        origin=asked.origin,
+    )
+    return Socket(transport=transport, framing=framing)
+
+
+async def serve_sse(
+    request: web.Request, asked: Asked, classified: Classified
+) -> web.StreamResponse:
+    read, offset = live_read(classified)
+    hub = request.app[HUB]
+    key = LogKey(stream=read.stream, scope=read.scope)
+    try:
+        joined = await start_offset(request, asked, key, offset, read.last_event_id)
+        if isinstance(joined, str):
+            refused = await hub.known_from(key, joined, asked.credentials)
+            joined = joined if refused is None else refused
+    except OriginError as error:
+        return origin_failed(request, asked, error)
+    match joined:
+        case str():
+            start = joined
+        case Bypass():
+            return await relay_bypass(request, classified.kind, joined)
+        case Answer():
+            return to_response(request, asked, joined)
+        case _:
+            assert_never(joined)
+    response = EdgeStreamResponse(status=200)
+    sse_headers(response, hub.known_log(key), request.app[CORS], asked.origin)
+    try:
+        await response.prepare(request)
+    except ConnectionResetError as gone:
+        raise ClientGone from gone
+    transport = request.transport
+    assert transport is not None
+    bound_buffers(transport, request.app[SETTINGS].sse_buffer_bytes)
+    viewer = viewer_of(request, read, key, start, transport)
+    await feed(request, response, viewer, asked.credentials)
+    return response
+
+
+def sse_headers(
+    response: web.StreamResponse, log: StreamLog, cors: OriginCors, origin: str | None
+) -> None:
+    response.headers.extend(cors.grant(origin))  # first, as the origin sends
+    response.headers.extend(log.header_template)
+    cors.mark_vary(response.headers)
+    response.headers["Content-Type"] = "text/event-stream"
+    # No cache keeps it (no-store), and no proxy buffers or alters it (PROTOCOL-NOTES trap 4).
+    response.headers["Cache-Control"] = "no-cache, no-store, no-transform"
+    response.headers["X-Accel-Buffering"] = "no"
+    if sse_encoding(log.content_type) == "base64":
+        response.headers["stream-sse-data-encoding"] = "base64"
+    response.headers["Cache-Status"] = "edge; hit; detail=live"
+    response.headers["Via"] = VIA
+
+
+def bound_buffers(transport: asyncio.Transport, limit_bytes: int) -> None:
+    """Bound what one viewer can hold, in this process and in the kernel; past it the viewer's
+    writes wait and it lags, reading the log at its own pace."""
+    transport.set_write_buffer_limits(high=limit_bytes)
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, limit_bytes)
+
+
+def viewer_of(
+    request: web.Request, read: Read, key: LogKey, offset: str, transport: asyncio.Transport
+) -> Viewer:
+    settings, hub = request.app[SETTINGS], request.app[HUB]
+    now = asyncio.get_running_loop().time()
+    ends = [now + settings.sse_max_seconds] if settings.sse_max_seconds else []
+    credential_left = seconds_left(request)
+    if credential_left is not None:
+        ends.append(now + credential_left)  # ended cleanly when its token expires
+    return Viewer(
+        key=key,
+        offset=offset,
+        transport=transport,
+        # aiohttp frames HTTP/1.1 bodies without a length as chunks; direct writes must too.
+        chunked=request.version >= HttpVersion11,
+        client_cursor=read.cursor,
+        fixed_cursor=hub.fixed_cursor(read.cursor),
+        rotate_at=min(ends) if ends else None,
+        last_write=now,
+    )
+
+
+async def feed(
+    request: web.Request,
+    response: web.StreamResponse,
+    viewer: Viewer,
+    credentials: Sequence[tuple[str, str]],
+) -> None:
+    """Feed the viewer until it ends; a feed cut short (the origin is to answer the read, or
+    failed) cuts the connection: its headers are gone, and the client resumes by offset."""
+    metrics, hub = request.app[METRICS], request.app[HUB]
+
+    async def write(frame: bytes) -> None:
+        await response.write(frame)
+        metrics.served_bytes.inc(len(frame))
+
+    metrics.sse_viewers.inc()
+    try:
+        served = await hub.fanout.serve(viewer, credentials, write)
+        match served:
+            case Fed.ENDED:
+                await response.write_eof()
+            case Fed.CUT:
+                viewer.transport.abort()
+            case _:
+                assert_never(served)
+    except ConnectionError:
+        pass  # the viewer left; it resumes by offset wherever it reconnects
+    except (OriginError, BodyTooLarge) as error:
+        if isinstance(error, OriginError):
+            metrics.origin_errors.labels(reason=error.reason).inc()
+        viewer.transport.abort()
+    finally:
+        metrics.sse_viewers.dec()

@@ -1,0 +1,221 @@
+"""The composition root: every object of the stream application, built once and handed what it
+uses through its constructor.
+
+Rules this module owns:
+
+* Only this module builds the tiers (``LocalTier``, ``SharedTier``), the stream instances
+  (``Streams``), the fill budget, the compressor, the catch-up service, the live hub, the relay,
+  the gate, the fast path, the catch-up front and the CDN purger. Each gets the parts it uses;
+  none reaches through another for them.
+* Who hears of a forgetting is decided here, in the order given: the CDN purger (with
+  ``--cdn-purge``), then whatever a worker adds (``edge.workers.siblings``).
+* The lifetime opens in dependency order and closes in reverse: the origin client first, then
+  the gate, the shared tier (before the listener opens: readiness knows Redis from the first)
+  and the purger; the purger closes first (drained within ``--drain-seconds``), the origin
+  client last.
+"""
+
+from __future__ import annotations
+
+import functools
+import resource
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from edge.auth.gate import Gate
+from edge.catchup import CatchupCache
+from edge.cdn.purger import CdnPurger
+from edge.compress import Compressor
+from edge.config import Settings
+from edge.fill_budget import FillBudget
+from edge.lifecycle import StreamLifecycle
+from edge.live.hub import LiveHub
+from edge.metrics import Metrics
+from edge.origin import OriginClient
+from edge.store.local import LocalTier
+from edge.store.shared import SharedTier
+from edge.streams import Streams
+from edge.web.connection_tracker import ConnectionTracker
+from edge.web.descriptors import budget_for, limits_for
+from edge.web.fastpath import FastPath
+from edge.web.front import CatchupFront
+from edge.web.proxy import OriginCors, Relay
+from edge.web.wire import encode
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CatchupParts:
+    """The catch-up service and the parts it shares with the rest of the edge."""
+
+    local: LocalTier
+    streams: Streams
+    fill_budget: FillBudget
+    compressor: Compressor
+    catchup: CatchupCache
+    lifecycle: StreamLifecycle
+
+
+def build_catchup(
+    settings: Settings,
+    origin: OriginClient,
+    metrics: Metrics,
+    *,
+    shared: SharedTier | None = None,
+    clock: Callable[[], float] = time.time,
+) -> CatchupParts:
+    local = LocalTier(settings.cache_bytes, on_evict=metrics.cache_evictions.inc)
+    streams = Streams(settings, local, origin, metrics, shared=shared, clock=clock)
+    fill_budget = FillBudget(settings.fill_buffer_bytes)
+    compressor = Compressor(local)
+    catchup = CatchupCache(
+        settings,
+        origin,
+        metrics,
+        local=local,
+        streams=streams,
+        fill_budget=fill_budget,
+        compressor=compressor,
+        shared=shared,
+        clock=clock,
+    )
+    metrics.track_budget(local.usage, lambda: fill_budget.used)
+    return CatchupParts(
+        local=local,
+        streams=streams,
+        fill_budget=fill_budget,
+        compressor=compressor,
+        catchup=catchup,
+        lifecycle=StreamLifecycle(streams=streams, shared=shared),
+    )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Wired:
+    """Every object of one stream application, as the root built them."""
+
+    settings: Settings
+    metrics: Metrics
+    origin: OriginClient
+    connections: ConnectionTracker
+    cors: OriginCors
+    shared: SharedTier | None
+    local: LocalTier
+    streams: Streams
+    catchup: CatchupCache
+    lifecycle: StreamLifecycle
+    hub: LiveHub
+    relay: Relay  # as built: a worker's application relays through its own (``edge.workers``)
+    gate: Gate | None
+    fast: FastPath
+    front: CatchupFront
+    purger: CdnPurger | None
+
+
+def default_connections(settings: Settings) -> ConnectionTracker:
+    """A tracker of this process's descriptor limit, whose table sees only the kinds of
+    requests (a test server has no connection hook)."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    limit = -1 if soft == resource.RLIM_INFINITY else soft
+    return ConnectionTracker(limits_for(settings, budget_for(settings, limit)))
+
+
+def wire(
+    settings: Settings,
+    metrics: Metrics,
+    origin: OriginClient,
+    *,
+    connections: ConnectionTracker | None = None,
+) -> Wired:
+    cors = OriginCors()
+    origin.listen_to_answers(cors.remember)
+    redis_target = settings.redis_target
+    shared = (
+        SharedTier(
+            redis_target,
+            metrics,
+            ttl_seconds=settings.redis_ttl_seconds,
+            timeout_seconds=settings.redis_timeout_seconds,
+        )
+        if redis_target is not None
+        else None
+    )
+    parts = build_catchup(settings, origin, metrics, shared=shared)
+    # Long-polls released together are written directly, framed as aiohttp would frame them.
+    hub = LiveHub(
+        settings,
+        metrics,
+        origin,
+        catchup=parts.catchup,
+        local=parts.local,
+        streams=parts.streams,
+        encode=functools.partial(encode, cors=cors),
+    )
+    relay = Relay(
+        origin=origin,
+        metrics=metrics,
+        cors=cors,
+        observe=parts.lifecycle.observe,
+        ticket=parts.streams.ticket,
+    )
+    gate = Gate(settings, metrics) if settings.auth_mode != "none" else None
+    fast = FastPath(settings, parts.local, cors, gate=gate)
+    metrics.fold_at_scrape(fast.fold_into)
+    purger = CdnPurger(settings, parts.streams, metrics) if settings.cdn_purge else None
+    if purger is not None:
+        parts.streams.on_forget.append(purger.forgot)
+    return Wired(
+        settings=settings,
+        metrics=metrics,
+        origin=origin,
+        connections=connections if connections is not None else default_connections(settings),
+        cors=cors,
+        shared=shared,
+        local=parts.local,
+        streams=parts.streams,
+        catchup=parts.catchup,
+        lifecycle=parts.lifecycle,
+        hub=hub,
+        relay=relay,
+        gate=gate,
+        fast=fast,
+        front=CatchupFront(catchup=parts.catchup, fast=fast, cors=cors),
+        purger=purger,
+    )
+
+
+async def lifetime(wired: Wired) -> AsyncIterator[None]:
+    """Everything that opens and closes with the stream application (see the module rules)."""
+    origin, gate, shared, purger = wired.origin, wired.gate, wired.shared, wired.purger
+    await origin.start()
+    if gate is not None:
+        await gate.start()
+    if shared is not None:
+        await shared.start()
+        shared.listen_for_purges(wired.streams.purged_elsewhere, wired.streams.resync)
+    if purger is not None:
+        await purger.start()
+    yield
+    if purger is not None:
+        await purger.close()
+    await wired.hub.close()
+    if gate is not None:
+        await gate.close()
+    await wired.streams.close()
+    if shared is not None:
+        await shared.close()
+    await origin.close()
+
+
+# Where the stream application keeps what its handlers use.
+WIRED = web.AppKey("wired", Wired)
+SETTINGS = web.AppKey("settings", Settings)
+METRICS = web.AppKey("metrics", Metrics)
+RELAY = web.AppKey("relay", Relay)
+HUB = web.AppKey("hub", LiveHub)
+CORS = web.AppKey("cors", OriginCors)
+FAST = web.AppKey("fast", FastPath)
+FRONT = web.AppKey("front", CatchupFront)
+PURGER = web.AppKey("purger", CdnPurger)  # only with --cdn-purge
