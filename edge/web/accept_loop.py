@@ -95,7 +95,8 @@ class AcceptLoop(asyncio.AbstractServer):
         self._accepted = accepted  # told how many each readable pass took
         self._loop = asyncio.get_running_loop()
         self._serving = False
-        # Hand-overs under way: the loop keeps only weak references to tasks.
+        # Hand-overs under way (the loop keeps only weak references to tasks): accepted, not
+        # yet in the connection table.
         self._handing: set[asyncio.Task[None]] = set()
         self._warned_at = float("-inf")
 
@@ -132,7 +133,7 @@ class AcceptLoop(asyncio.AbstractServer):
             self._loop.remove_reader(sock.fileno())
 
     def _readable(self, listener: socket.socket) -> None:
-        limit = accepts_this_pass(room=self._room())
+        limit = accepts_this_pass(room=self._room(), handing=len(self._handing))
         attempts = accepted = 0
         step = Next.ACCEPT
         while step is Next.ACCEPT:

@@ -8,9 +8,11 @@ Rules this module owns:
   queue is empty (``EMPTY``), up to ``ACCEPTS_PER_PASS``, so one pass does bounded work and what
   is left is taken in the next one (the listener stays readable).
 * Never more in one pass than the connection table has room for (``room``: its
-  ``max_connections`` plus ``at_cap``, less what is open), and never fewer than one: at the cap a
-  newcomer is still accepted, one a pass, for the table to admit, evict for, or refuse with its
-  503, at the pace it always was.
+  ``max_connections`` plus ``at_cap``, less the connections holding descriptors) once the connections accepted in
+  earlier passes and not yet in the table (``handing``: a hand-over takes a pass or two) have
+  theirs, and never fewer than one: at the cap a newcomer is still accepted, one a pass, for the
+  table to admit, evict for, or refuse with its 503, at the pace it always was, and the
+  process's descriptors stay within the cap (``edge.web.descriptors``).
 * After each attempt (``after_accept``): a connection accepted, or one its client abandoned while
   it was queued (``ABORTED``), counts against the pass and the next is tried; an empty queue ends
   the pass; the process out of descriptors ends it too and rests the listener for
@@ -49,10 +51,10 @@ class Next(Enum):
     REST = "rest"  # the pass is over, and the listener is not watched for ``REST_SECONDS``
 
 
-def accepts_this_pass(*, room: int, per_pass: int = ACCEPTS_PER_PASS) -> int:
+def accepts_this_pass(*, room: int, handing: int = 0, per_pass: int = ACCEPTS_PER_PASS) -> int:
     """How many connections one readable pass may accept at most, the table having ``room``
-    for that many more."""
-    return max(1, min(per_pass, room))
+    for that many more and ``handing`` accepted ones still on their way to it."""
+    return max(1, min(per_pass, room - handing))
 
 
 def after_accept(outcome: Accept, *, attempts: int, limit: int) -> Next:

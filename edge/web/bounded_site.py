@@ -5,7 +5,8 @@ Rules this module owns:
 * Its listening sockets are an ``edge.web.accept_loop.AcceptLoop``, which drains the backlog a
   readable pass at a time, given a factory wrapping ``runner.server`` (aiohttp's ``web.Server``
   protocol factory) in the connection protocol of ``edge.web.connection_protocol``, and the room
-  the tracker's table has (its cap plus the heads read at the cap, less what is open).
+  the tracker's table has (its cap plus the heads read at the cap, less the connections whose
+  descriptors are held).
 * It relies on aiohttp's public API plus the attributes ``BaseSite`` leaves to its subclasses
   (``_runner``, ``_backlog``, ``_server``): ``BaseSite.stop`` closes ``_server`` and
   ``runner.addresses`` reads its ``sockets`` (tests/integration/test_bounds.py pins them).
@@ -70,7 +71,9 @@ class BoundedSite(web.BaseSite):
 
     def _room(self) -> int:
         limits = self.tracker.table.limits
-        return limits.max_connections + limits.at_cap - self.tracker.open
+        # What is held, not what the table counts: a connection the table let go of (expired,
+        # evicted) keeps its descriptor until its close completes, a pass or two later.
+        return limits.max_connections + limits.at_cap - self.tracker.held
 
     async def stop(self) -> None:
         await self.tracker.stop()

@@ -16,9 +16,9 @@ from edge.web.backlog import (
 )
 
 
-def one_pass(queue: list[Accept], *, room: int) -> tuple[int, Next]:
+def one_pass(queue: list[Accept], *, room: int, handing: int = 0) -> tuple[int, Next]:
     """What one readable pass takes of ``queue`` (EMPTY once it runs out): attempts, last step."""
-    limit = accepts_this_pass(room=room)
+    limit = accepts_this_pass(room=room, handing=handing)
     attempts, step = 0, Next.ACCEPT
     while step is Next.ACCEPT:
         outcome = queue[attempts] if attempts < len(queue) else Accept.EMPTY
@@ -43,6 +43,14 @@ def test_never_more_than_the_table_has_room_for_and_always_one() -> None:
     assert one_pass([Accept.ACCEPTED] * 10, room=0) == (1, Next.WAIT)
 
 
+def test_connections_still_being_handed_over_take_their_room() -> None:
+    """Accepted in an earlier pass, not yet in the table: without them, passes in a row would
+    each take the whole room, and the process more descriptors than the cap."""
+    assert accepts_this_pass(room=200, handing=128) == 72
+    assert accepts_this_pass(room=200, handing=200) == 1
+    assert accepts_this_pass(room=10**6, handing=128) == ACCEPTS_PER_PASS
+
+
 def test_an_abandoned_connection_counts_and_the_pass_goes_on() -> None:
     queue = [Accept.ACCEPTED, Accept.ABORTED, Accept.ACCEPTED]
     assert one_pass(queue, room=100) == (4, Next.WAIT)
@@ -58,11 +66,14 @@ def test_out_of_descriptors_rests_the_listener() -> None:
 @given(
     queue=st.lists(st.sampled_from(list(Accept)), max_size=300),
     room=st.integers(min_value=-10, max_value=500),
+    handing=st.integers(min_value=0, max_value=300),
 )
-def test_every_pass_is_bounded_and_ends_for_a_reason(queue: list[Accept], room: int) -> None:
-    attempts, step = one_pass(queue, room=room)
-    limit = accepts_this_pass(room=room)
-    assert 1 <= attempts <= limit <= ACCEPTS_PER_PASS
+def test_every_pass_is_bounded_and_ends_for_a_reason(
+    queue: list[Accept], room: int, handing: int
+) -> None:
+    attempts, step = one_pass(queue, room=room, handing=handing)
+    limit = accepts_this_pass(room=room, handing=handing)
+    assert 1 <= attempts <= limit <= max(1, min(ACCEPTS_PER_PASS, room - handing))
     taken = queue[:attempts]
     if step is Next.REST:
         assert taken[-1] is Accept.NO_DESCRIPTORS
