@@ -8,11 +8,11 @@ Rules this module owns:
   queue is empty (``EMPTY``), up to ``ACCEPTS_PER_PASS``, so one pass does bounded work and what
   is left is taken in the next one (the listener stays readable).
 * Never more in one pass than the connection table has room for (``room``: its
-  ``max_connections`` plus ``at_cap``, less the connections holding descriptors) once the connections accepted in
-  earlier passes and not yet in the table (``handing``: a hand-over takes a pass or two) have
-  theirs, and never fewer than one: at the cap a newcomer is still accepted, one a pass, for the
-  table to admit, evict for, or refuse with its 503, at the pace it always was, and the
-  process's descriptors stay within the cap (``edge.web.descriptors``).
+  ``max_connections`` plus ``at_cap``, less the connections holding descriptors) once the
+  connections accepted in earlier passes and not yet in the table (``handing``: a hand-over
+  takes a pass or two) have theirs, and never fewer than one: at the cap a newcomer is still
+  accepted, one a pass, for the table to admit, evict for, or refuse with its 503, at the pace
+  it always was, and the process's descriptors stay within the cap (``edge.web.descriptors``).
 * After each attempt (``after_accept``): a connection accepted, or one its client abandoned while
   it was queued (``ABORTED``), counts against the pass and the next is tried; an empty queue ends
   the pass; the process out of descriptors ends it too and rests the listener for
