@@ -30,6 +30,8 @@ CACHE_RESULTS = ("hit", "delta", "miss", "bypass")
 # What became of a stream's purge at a CDN target (edge.cdn.purger).
 CDN_PURGE_RESULTS = ("ok", "error", "dropped", "gave_up", "abandoned")
 
+# A readable pass of the stream listener accepts at most edge.web.backlog.ACCEPTS_PER_PASS.
+ACCEPTS_PER_PASS_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128)
 # Long-polls last up to ~30 s and SSE connections minutes, so the buckets reach far.
 DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 
@@ -317,6 +319,14 @@ class Metrics:
             "Streams owed a purge at the CDN targets of --cdn-purge, by kind (waiting for the "
             "forgetting to be in effect, due, in flight, retried, or owed the double purge).",
             ["kind"],
+            registry=self.registry,
+        )
+        self.accepts_per_pass = Histogram(
+            "edge_accepts_per_pass",
+            "Connections the stream listener accepted in each pass of the event loop that found "
+            "it readable (it takes what the kernel has queued, a bounded number a pass; 0: "
+            "another took it first).",
+            buckets=ACCEPTS_PER_PASS_BUCKETS,
             registry=self.registry,
         )
         # Label children bound once: a labels() lookup per request costs more than the count.

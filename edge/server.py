@@ -94,9 +94,10 @@ async def _start(
     *,
     flag: str,
     tracker: ConnectionTracker | None = None,
+    metrics: Metrics | None = None,
 ) -> web.AppRunner:
     runner = await _set_up(app, settings, tracker=tracker)
-    await _listen(runner, address, flag=flag, tracker=tracker)
+    await _listen(runner, address, flag=flag, tracker=tracker, metrics=metrics)
     return runner
 
 
@@ -129,9 +130,12 @@ async def _listen(
     *,
     flag: str,
     tracker: ConnectionTracker | None = None,
+    metrics: Metrics | None = None,
     reuse_port: bool = False,
 ) -> None:
-    """Start accepting on ``address``; StartupError (the runner cleaned up) when it cannot."""
+    """Start accepting on ``address``; StartupError (the runner cleaned up) when it cannot.
+    With a ``tracker`` (the stream listener), every readable pass takes what is queued
+    (``edge.web.accept_loop``); the admin listener is aiohttp's own site."""
     site: web.BaseSite
     if tracker is None:
         site = web.TCPSite(runner, address.host, address.port, backlog=LISTEN_BACKLOG)
@@ -143,6 +147,7 @@ async def _listen(
             tracker,
             backlog=LISTEN_BACKLOG,
             reuse_port=reuse_port,
+            accepted=(lambda _: None) if metrics is None else metrics.accepts_per_pass.observe,
         )
     try:
         await site.start()
@@ -167,6 +172,7 @@ async def _start_worker(
     admin_app: web.Application,
     settings: Settings,
     tracker: ConnectionTracker,
+    metrics: Metrics,
     cleared: threading.Event,
 ) -> tuple[web.AppRunner, web.AppRunner]:
     """A worker takes stream connections only once its siblings can reach it: its admin
@@ -179,7 +185,12 @@ async def _start_worker(
     await asyncio.to_thread(cleared.wait)
     try:
         await _listen(
-            stream_runner, settings.listen, flag="--listen", tracker=tracker, reuse_port=True
+            stream_runner,
+            settings.listen,
+            flag="--listen",
+            tracker=tracker,
+            metrics=metrics,
+            reuse_port=True,
         )
     except StartupError:
         await admin_runner.cleanup()
@@ -203,12 +214,12 @@ async def serve(settings: Settings, *, worker: AsWorker | None = None) -> None:
         worker.join(stream_app, admin_app)
     if worker is None:
         stream_runner = await _start(
-            stream_app, settings.listen, settings, flag="--listen", tracker=tracker
+            stream_app, settings.listen, settings, flag="--listen", tracker=tracker, metrics=metrics
         )
         admin_runner = await _start_admin(admin_app, settings, beside=stream_runner)
     else:
         stream_runner, admin_runner = await _start_worker(
-            stream_app, admin_app, settings, tracker, worker.cleared
+            stream_app, admin_app, settings, tracker, metrics, worker.cleared
         )
     redis_target = settings.redis_target
     if redis_target is not None and worker is None:

@@ -114,6 +114,12 @@ class ConnectionTracker:
     def open(self) -> int:
         return len(self.table)
 
+    @property
+    def held(self) -> int:
+        """Admitted connections whose descriptors are not yet released: those the table has
+        let go of (expired, evicted) count until their close completes."""
+        return len(self._connections)
+
     def stats(self) -> ListenerStats:
         limits = self.table.limits
         return ListenerStats(

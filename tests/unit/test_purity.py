@@ -16,6 +16,7 @@ import edge.log.policy
 import edge.protocol
 import edge.protocol.paths
 import edge.summary
+import edge.web.backlog
 import edge.web.connection_table
 
 FORBIDDEN = ("aiohttp", "redis", "asyncio", "prometheus_client", "socket", "uvloop")
@@ -30,6 +31,7 @@ PURE_MODULES += [
     Path(edge.live.answers.__file__),
     Path(edge.live.upstream_mode.__file__),
     Path(edge.web.connection_table.__file__),
+    Path(edge.web.backlog.__file__),
     Path(edge.cdn.api.__file__),
     Path(edge.cdn.book.__file__),
     Path(edge.summary.__file__),
