@@ -116,7 +116,8 @@ from edge.protocol.lifetimes import parse_expires_at, parse_ttl_seconds
 from edge.protocol.offsets import is_offset_token
 from edge.protocol.reads import PUBLIC_SCOPE, auth_scope, speaks_for_the_stream
 from edge.store.local import LocalTier
-from edge.store.shared import SharedClosure, SharedTier
+from edge.store.shared import SharedTier
+from edge.store.shared_codec import SharedClosure
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,5 @@
 """The shared tier: immutable segments in Redis, so one replica can serve what another fetched.
+This module is its I/O; what is stored and under which names is ``edge.store.shared_codec``.
 
 Rules this module owns:
 
@@ -27,7 +28,7 @@ Rules this module owns:
   A closure read with no generation key is no closure (``get_closed``): it names none. While
   Redis cannot be asked nothing is minted: what a replica holds alone is served only within the
   bound of ``edge.log.trust`` after its last confirmation.
-* Every value read is validated (shape, types, offsets, stamp); a bad one is a miss, deleted.
+* Every value read is validated (``edge.store.shared_codec``); a bad one is a miss, deleted.
 * Writes happen in the background and never delay a response; when too many are pending (Redis
   slow) new ones are dropped and counted, since the origin still has every byte.
 * Every operation is bounded by ``timeout_seconds`` and guarded by a circuit breaker: Redis down
@@ -40,10 +41,9 @@ Rules this module owns:
   traffic) and while the breaker is closed; until then readiness and ``edge_redis_up`` say down
   and nothing waits on it. While it is not up, a ping every ``PROBE_SECONDS`` (as the breaker
   allows) finds it, so it comes up without waiting for traffic.
-* Keys carry the scope: a credential's segments are never visible to another scope. All keys of
-  a stream share a hash tag (``{<digest of the path>}``), so a stream's keys live in one slot of
-  a cluster, and every command that names several keys (``MGET``, ``EXISTS``, ``DEL``, the
-  write pipeline) names one stream's: one node, one round trip, in every ``--redis-mode``.
+* Every command that names several keys (``MGET``, ``EXISTS``, ``DEL``, the write pipeline)
+  names one stream's, whose keys share one slot (``edge.store.shared_codec``): one node, one
+  round trip, in every ``--redis-mode``.
 * The same commands serve every mode; ``edge.store.redis_modes`` owns how Redis is reached.
   In a cluster, one breaker guards all shards: a shard that fails (its primary died, its
   replica not yet promoted) degrades the whole tier to local + origin until the probe, which
@@ -53,27 +53,37 @@ Rules this module owns:
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import logging
-import math
-import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from edge.config import RedisTarget
-from edge.log.segment import InvalidSegment, Segment
+from edge.log.segment import Segment
 from edge.log.stream_log import LogKey
 from edge.metrics import Metrics
-from edge.protocol.offsets import is_offset_token
 from edge.store.breaker import BreakerState, CircuitBreaker
 from edge.store.redis_modes import REDIS_ERRORS, Durability, connect
+from edge.store.shared_codec import (
+    PURGE_CHANNEL,
+    BadValue,
+    Lookup,
+    SharedClosure,
+    closed_key,
+    decode,
+    decode_closed,
+    decode_generation,
+    encode,
+    encode_closed,
+    encode_purge,
+    generation_key,
+    index_key,
+    new_generation,
+    parse_purge,
+    segment_key,
+)
 
 logger = logging.getLogger(__name__)
 
-KEY_PREFIX = "edge:v2"
-PURGE_CHANNEL = f"{KEY_PREFIX}:purge"
 MAX_PENDING_WRITES = 256
 # Commands (or one purge's or write's sequence of them) in flight at once, each on a connection
 # of its own: redis-py's pool never closes one, so without this bound it would keep as many as
@@ -88,180 +98,9 @@ PURGE_RETRY_MAX_SECONDS = 2.0
 # A purge that Redis has not taken after this long is given up (and logged): by then every value
 # it guards has expired (its TTL) or the operator has been told.
 PURGE_RETRY_GIVE_UP_SECONDS = 3600.0
-MAX_CONTENT_TYPE_CHARS = 256
 PROBE_SECONDS = 1.0
 
 Errors = REDIS_ERRORS
-
-
-class BadValue(ValueError):
-    """A shared-tier value that is not one this edge wrote for this key."""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class SharedSegment:
-    segment: Segment
-    content_type: str | None
-    # When (wall clock, seconds) the replica that shared it had it from the origin: the stream
-    # had gone past its start then (``edge.log.stream_log.judge_shared``).
-    seen_at: float
-    # The origin's answer said the stream open with its tail at the segment's end.
-    open_tail: bool = False
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class SharedClosure:
-    """A replica saw the stream closed at ``end``: the content type of the instance it saw
-    closed, and when (wall clock, seconds) the closing answer reached it. A generation names
-    no instance recreated behind every replica's back, so the closure names its own: what a
-    replica holds of another instance (another type, or heard open there since) is not closed
-    by it (``edge.log.stream_log.judge_shared``)."""
-
-    end: str
-    content_type: str | None
-    seen_at: float
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Lookup:
-    """One round trip's answer: the stream's generation now, and the value if it is current."""
-
-    generation: str
-    value: SharedSegment | None
-
-
-def _stream_tag(stream: str) -> str:
-    return "{" + hashlib.sha256(stream.encode()).hexdigest()[:24] + "}"
-
-
-def segment_key(key: LogKey, start: str) -> str:
-    return f"{KEY_PREFIX}:{_stream_tag(key.stream)}:seg:{key.scope}:{start}"
-
-
-def closed_key(key: LogKey) -> str:
-    return f"{KEY_PREFIX}:{_stream_tag(key.stream)}:closed:{key.scope}"
-
-
-def generation_key(stream: str) -> str:
-    return f"{KEY_PREFIX}:{_stream_tag(stream)}:gen"
-
-
-def index_key(stream: str) -> str:
-    return f"{KEY_PREFIX}:{_stream_tag(stream)}:keys"
-
-
-def encode(
-    segment: Segment,
-    content_type: str | None,
-    generation: str,
-    *,
-    seen_at: float,
-    open_tail: bool = False,
-) -> bytes:
-    header = json.dumps(
-        {
-            "start": segment.start, "end": segment.end, "ct": content_type, "gen": generation,
-            "at": seen_at, "tail": open_tail,
-        }
-    )  # fmt: skip
-    return header.encode() + b"\n" + segment.body
-
-
-def decode(blob: object, *, start: str) -> tuple[SharedSegment, str]:
-    """The segment at ``start`` and its generation stamp; raises BadValue for anything else."""
-    if not isinstance(blob, bytes):
-        raise BadValue("not bytes")
-    header, newline, body = blob.partition(b"\n")
-    if not newline:
-        raise BadValue("no header line")
-    try:
-        meta = json.loads(header)
-    except ValueError as error:
-        raise BadValue("header is not JSON") from error
-    if not isinstance(meta, dict) or set(meta) != {"start", "end", "ct", "gen", "at", "tail"}:
-        raise BadValue("header is not ours")  # the older format (no "at") too: a miss
-    content_type, generation = meta["ct"], meta["gen"]
-    if meta["start"] != start or not isinstance(generation, str):
-        raise BadValue("stored under another key")
-    if not _content_type_ok(content_type):
-        raise BadValue("bad content type")
-    if not isinstance(meta["end"], str):
-        raise BadValue("bad end")
-    seen_at, open_tail = _seen_at(meta["at"]), meta["tail"]
-    if not isinstance(open_tail, bool):
-        raise BadValue("bad tail")
-    try:
-        segment = Segment(start=start, end=meta["end"], body=body)
-    except InvalidSegment as error:
-        raise BadValue(str(error)) from error
-    found = SharedSegment(
-        segment=segment, content_type=content_type, seen_at=seen_at, open_tail=open_tail
-    )
-    return found, generation
-
-
-def encode_closed(closure: SharedClosure, generation: str) -> bytes:
-    return json.dumps(
-        {"end": closure.end, "gen": generation, "ct": closure.content_type, "at": closure.seen_at}
-    ).encode()
-
-
-def decode_closed(blob: object) -> tuple[SharedClosure, str]:
-    """A shared closure and its generation stamp; raises BadValue for anything else (a value
-    of the older format, which named no instance, too: a miss, never a wrong closure)."""
-    if not isinstance(blob, bytes):
-        raise BadValue("not bytes")
-    try:
-        meta = json.loads(blob)
-    except ValueError as error:
-        raise BadValue("not JSON") from error
-    if not isinstance(meta, dict) or set(meta) != {"end", "gen", "ct", "at"}:
-        raise BadValue("not ours")
-    end, generation, content_type, seen_at = meta["end"], meta["gen"], meta["ct"], meta["at"]
-    if not isinstance(end, str) or not is_offset_token(end) or not isinstance(generation, str):
-        raise BadValue("bad closure")
-    if not _content_type_ok(content_type):
-        raise BadValue("bad content type")
-    closure = SharedClosure(end=end, content_type=content_type, seen_at=_seen_at(seen_at))
-    return closure, generation
-
-
-def _seen_at(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise BadValue("bad time")
-    return float(value)
-
-
-def _content_type_ok(content_type: object) -> bool:
-    return content_type is None or (
-        isinstance(content_type, str)
-        and len(content_type) <= MAX_CONTENT_TYPE_CHARS
-        and content_type.isprintable()
-    )
-
-
-def _generation(blob: object) -> str | None:
-    """The generation a generation key's value names; None for an absent key, which names
-    none: it was lost (or never written), so it confirms nothing (the caller mints one)."""
-    if blob is None:
-        return None
-    if isinstance(blob, bytes) and blob.isascii() and 0 < len(blob) <= 64:
-        return blob.decode()
-    raise BadValue("bad generation")
-
-
-def parse_purge(data: object) -> tuple[str, str] | None:
-    """A purge message, ``"<generation> <stream path>"``, as (stream, generation)."""
-    if not isinstance(data, bytes):
-        return None
-    generation, _, stream = data.decode(errors="replace").partition(" ")
-    if not generation or not stream.startswith("/"):
-        return None
-    return stream, generation
-
-
-def new_generation() -> str:
-    return secrets.token_hex(8)
 
 
 class SharedTier:
@@ -417,7 +256,7 @@ class SharedTier:
         """The generation a read of the stream's key found; an absent key is lost, so a fresh
         one is minted in its place. None when the tier cannot say."""
         try:
-            found = _generation(blob)
+            found = decode_generation(blob)
         except BadValue:
             self._count(op, "error")
             return None
@@ -445,7 +284,7 @@ class SharedTier:
             return None
         self._succeeded()
         try:
-            minted = _generation(stored)
+            minted = decode_generation(stored)
         except BadValue:
             minted = None
         self._count("mint", "ok" if minted is not None else "error")
@@ -482,7 +321,7 @@ class SharedTier:
             return None
         try:
             closure, stamp = decode_closed(values[1])
-            current = _generation(values[0])
+            current = decode_generation(values[0])
         except BadValue as error:
             logger.warning("dropping a bad shared closure for %s: %s", key.stream, error)
             self._count("get", "error")
@@ -636,7 +475,7 @@ class SharedTier:
                     return False
                 names = await self._client.smembers(index_key(stream))
                 await self._client.delete(index_key(stream), *names)
-                await self._client.publish(PURGE_CHANNEL, f"{generation} {stream}".encode())
+                await self._client.publish(PURGE_CHANNEL, encode_purge(stream, generation))
         except Errors as error:
             self._failed("purge", error)
             return False

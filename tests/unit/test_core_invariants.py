@@ -29,12 +29,12 @@ from edge.log.stream_log import (
     judge_write,
 )
 from edge.protocol.offsets import START, is_offset_token
-from edge.store.shared import (
+from edge.store.shared_codec import (
     BadValue,
     SharedClosure,
-    _generation,
     decode,
     decode_closed,
+    decode_generation,
     encode,
     encode_closed,
     new_generation,
@@ -211,15 +211,15 @@ def test_bad_closures_are_refused() -> None:
 def test_an_absent_generation_key_names_no_generation(stamp: str) -> None:
     """A generation key Redis lost (restarted empty, expired, evicted) or never had confirms no
     stamp a replica holds, not even the old default "0": the tier mints one in its place."""
-    assert _generation(None) is None
-    assert _generation(None) != stamp
+    assert decode_generation(None) is None
+    assert decode_generation(None) != stamp
 
 
 @given(count=st.integers(min_value=1, max_value=20))
 def test_a_minted_generation_is_read_back_as_itself(count: int) -> None:
     for _ in range(count):
         minted = new_generation()
-        assert _generation(minted.encode()) == minted
+        assert decode_generation(minted.encode()) == minted
 
 
 def test_content_digests_tell_bytes_apart_not_offsets() -> None:
