@@ -5,13 +5,13 @@ the event loop is the lock), then do I/O (shared tier, origin) and record what c
 build the answer. Identical origin fetches in flight are single-flight.
 
 Every origin answer a fill brings back enters through the one door the live tails use too
-(``Streams.take_in``): the pure core (``edge.log.intake``) decides what it means (store it,
+(``Door.take_in``): the pure core (``edge.log.intake``) decides what it means (store it,
 relay it to its one client, a new instance, a stream gone) and the actions are carried out
 after deciding. An answer fetched under an instance that was forgotten meanwhile is read again
 under the current one.
 
 What the edge learns about a stream's existence (writes, deletes, 404s, lifetimes, live
-upstreams, other replicas) is ``edge.streams``'s to keep; this module asks it.
+upstreams, other replicas) is ``edge.instances``'s to keep; this module asks it.
 
 Every wait has an end: a fill that outlives ``--fill-deadline`` is ``Abandoned`` (its upstream
 closed, its buffer given back, nothing stored) and its reader is answered 504; a reader that
@@ -36,6 +36,7 @@ from edge.coalesce import Joined, Led, Overdue, SingleFlight
 from edge.compress import Compressor
 from edge.config import Settings
 from edge.fill_budget import FillBudget, Hold, fill_deadline_seconds, read_body
+from edge.instances import build
 from edge.log.freshness import Reuse, Tiers, never_stored, reuse, tail_age_seconds
 from edge.log.intake import Arrival, Decision, header_template
 from edge.log.policy import (
@@ -66,7 +67,6 @@ from edge.protocol.offsets import START, is_client_offset, is_offset_token
 from edge.protocol.reads import PUBLIC_SCOPE, Read
 from edge.store.local import LocalTier
 from edge.store.shared import SharedTier
-from edge.streams import Streams
 
 logger = logging.getLogger(__name__)
 
@@ -165,7 +165,7 @@ class CatchupCache:
         self._clock = clock
         self.tiers = tiers_of(settings)
         self.local = LocalTier(settings.cache_bytes, on_evict=metrics.cache_evictions.inc)
-        self.streams = Streams(settings, self.local, origin, metrics, shared=shared, clock=clock)
+        self.instances = build(settings, self.local, origin, metrics, shared=shared, clock=clock)
         self.fill_budget = FillBudget(settings.fill_buffer_bytes)
         self.compressor = Compressor(self.local)
         self._flights: SingleFlight[tuple[LogKey, str, StreamInstance], Fill | Abandoned] = (
@@ -192,17 +192,17 @@ class CatchupCache:
     ) -> None:
         """What a relayed answer tells; a DELETE or a creating PUT is answered once its purge is
         durable (or after ``PURGE_WAIT_SECONDS``: the purge keeps being retried)."""
-        if self.streams.observe(
+        if self.instances.writes.observe(
             method, stream, status, request_headers, response_headers, started=started
         ):
-            await self.streams.purged(stream)
+            await self.instances.forgetter.forgotten_everywhere(stream)
 
-    def purge(self, stream: str) -> int:
-        """An operator's purge (the admin listener's ``POST /purge``)."""
-        return self.streams.purge(stream, reason="admin_purge")
+    def forget(self, stream: str) -> int:
+        """An operator's purge (the admin listener's ``POST /purge``): forget the stream."""
+        return self.instances.forgetter.forget(stream, reason="admin_purge")
 
-    async def purged(self, stream: str) -> bool:
-        return await self.streams.purged(stream)
+    async def forgotten_everywhere(self, stream: str) -> bool:
+        return await self.instances.forgetter.forgotten_everywhere(stream)
 
     # --- reads ---
 
@@ -234,21 +234,21 @@ class CatchupCache:
             resolved = await self._resolve_once(key, offset, credentials)
         if fill is not None:
             # What a fill revealed (a 404, a new instance) is told before its answer goes out.
-            await self.streams.settled(key.stream)
+            await self.instances.forgetter.settled(key.stream)
         return resolved
 
     async def _resolve_once(
         self, key: LogKey, offset: str, credentials: Sequence[tuple[str, str]]
     ) -> Resolution:
-        await self.streams.check_generation(key.stream)
+        await self.instances.generations.check_generation(key.stream)
         planned = self.local.instance_for(key.stream)
         plan = self._plan(key, offset)
         shared_hit = False
         pulls = 0
         while isinstance(plan, Fetch) and self._shared is not None and pulls < MAX_SHARED_PULLS:
             pulled_at = plan.offset
-            if not await self.streams.pull_shared(key, pulled_at):
-                if await self.streams.pull_shared_closure(key, pulled_at):
+            if not await self.instances.generations.pull_shared(key, pulled_at):
+                if await self.instances.generations.pull_shared_closure(key, pulled_at):
                     plan = self._plan(key, offset)
                 break
             shared_hit = True
@@ -259,8 +259,8 @@ class CatchupCache:
         if shared_hit and not planned.lifetime_known and self.local.current(planned):
             # Bytes another replica filled: whether the stream still lives is the origin's to
             # say (a sliding TTL counts from the last read that reached it, not from theirs).
-            await self.streams.confirm_lifetime(key, planned, credentials)
-            await self.streams.settled(key.stream)
+            await self.instances.lifetimes.confirm_lifetime(key, planned, credentials)
+            await self.instances.forgetter.settled(key.stream)
             plan = self._plan(key, offset)
         if not self.local.current(planned):
             # Forgotten while the shared tier answered (another replica's purge, another
@@ -318,7 +318,7 @@ class CatchupCache:
         tail, never a cap), and a lifetime known to have no end (else the origin's answer
         would name it). None: the origin answers (and the edge learns from it)."""
         key = LogKey(stream=read.stream, scope=read.scope)
-        await self.streams.check_generation(key.stream)
+        await self.instances.generations.check_generation(key.stream)
         plan = self._plan(key, START)
         log = self.local.log(key)
         if not isinstance(plan, Hit) or not plan.up_to_date or log is None:
@@ -510,7 +510,7 @@ class CatchupCache:
         headers = own_request_headers(credentials)
         asked_at = self._clock()  # the origin renews a sliding TTL after this (``Arrival``)
         instance = self.local.instance_for(key.stream)
-        started = self.streams.ticket()
+        started = self.instances.tickets.ticket()
         upstream = await self._origin.open("GET", f"{key.stream}?offset=now", headers, live=False)
         try:
             self._metrics.origin_requests.labels(kind="catchup", code=str(upstream.status)).inc()
@@ -522,11 +522,11 @@ class CatchupCache:
             upstream.close()
         response_headers = list(upstream.headers.items())
         next_offset = first_value(response_headers, "stream-next-offset")
-        decision = self.streams.evidence(
+        decision = self.instances.door.evidence(
             key, upstream.status, response_headers, started=started, instance=instance
         )
         if decision is Decision.GONE:
-            await self.streams.settled(key.stream)
+            await self.instances.forgetter.settled(key.stream)
         elif upstream.status == 200 and is_offset_token(next_offset):
             instance = self.local.instance_for(key.stream)
             instance.touched_origin(asked_at)
@@ -547,7 +547,7 @@ class CatchupCache:
         instance: StreamInstance,
     ) -> Fill | Abandoned:
         headers = own_request_headers(credentials)
-        started = self.streams.ticket()
+        started = self.instances.tickets.ticket()
         asked_at = self._clock()
         limit = self._settings.fill_deadline_seconds
         begun = asyncio.get_running_loop().time()
@@ -602,13 +602,14 @@ class CatchupCache:
         credentials: Sequence[tuple[str, str]],
         asked_at: float,
     ) -> Fill:
-        """Learn from one origin answer, through the one door (``Streams.take_in``); its request
+        """Learn from one origin answer, through the one door (``Door.take_in``); its request
         left at ``asked_at``."""
         arrival = Arrival.of_fill(
             fetch.offset, status, headers, body,
-            started=started, received=self.streams.ticket(), now=self._clock(), asked_at=asked_at,
+            started=started, received=self.instances.tickets.ticket(), now=self._clock(),
+            asked_at=asked_at,
         )  # fmt: skip
-        taken = self.streams.take_in(key, instance, arrival, credentials)
+        taken = self.instances.door.take_in(key, instance, arrival, credentials)
         if taken.decision is Decision.STORE:
             assert arrival.end is not None
             return Fill(
@@ -625,7 +626,7 @@ class CatchupCache:
         )  # fmt: skip
 
     async def close(self) -> None:
-        await self.streams.close()
+        await self.instances.close()
 
 
 __all__ = ["Abandoned", "CatchupCache", "Fill", "FillOverdue", "RelayInstead", "Resolution"]

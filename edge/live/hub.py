@@ -77,8 +77,8 @@ class LiveHub:
         self.draining = asyncio.Event()
         self.clock = clock
         self.rng = rng or random.Random()
-        cache.streams.forgotten.append(self._stream_forgotten)
-        cache.streams.unconfirmed.append(self._stream_unconfirmed)
+        cache.instances.forgetter.on_forgotten_here.append(self._stream_forgotten)
+        cache.instances.forgetter.on_unconfirmed.append(self._stream_unconfirmed)
 
     async def close(self) -> None:
         await self.tails.close()

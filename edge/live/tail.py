@@ -10,7 +10,7 @@ Rules this module owns:
 * An upstream refused or broken (reset, cut short) says the origin went away, with every stream
   it held (``edge.log.trust``): what every stream of this process holds is forgotten, and its
   tails go on from their offsets (``LiveHub``), as a client reading the origin would.
-* Closure ends the tail; a 404 or 410 (gone: ``Streams.evidence``) purges the stream and ends
+* Closure ends the tail; a 404 or 410 (gone: ``Door.evidence``) purges the stream and ends
   it; so does the stream instance it follows ending (purged, or found replaced at the origin):
   a tail never carries bytes from one instance of a stream into another.
 * Upstream mode: SSE where its framing is exact (JSON and base64 binary streams); a long-poll loop
@@ -38,6 +38,7 @@ import aiohttp
 
 from edge.catchup import CatchupCache
 from edge.config import Settings
+from edge.instances.door import InstanceChanged
 from edge.live.upstream_mode import SseOn, SseState, after_sse_batch, after_sse_failure, sse_current
 from edge.log.intake import Decision
 from edge.log.segment import Segment, is_json, join_bodies
@@ -48,7 +49,6 @@ from edge.origin import BodyTooLarge, OriginClient, OriginError
 from edge.protocol.headers import first_value, flag, own_request_headers
 from edge.protocol.offsets import is_offset_token
 from edge.protocol.sse import SseDecoder
-from edge.streams import InstanceChanged
 
 logger = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ class Tail:
                 await self._task
             self._task = None
             self.metrics.live_tails.dec()
-        self.cache.streams.live_ended(self.key)
+        self.cache.instances.door.live_ended(self.key)
 
     async def _run(self) -> None:
         backoff = BACKOFF_FIRST_SECONDS
@@ -170,11 +170,11 @@ class Tail:
                 elif failed or (reason and self.batches == recorded):
                     # Failed, or ended without delivering anything: back off before retrying,
                     # and stop vouching for the tail meanwhile.
-                    self.cache.streams.live_ended(self.key)
+                    self.cache.instances.door.live_ended(self.key)
                     await asyncio.sleep(self.rng.uniform(0, backoff))
                     backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
         finally:
-            self.cache.streams.live_ended(self.key)
+            self.cache.instances.door.live_ended(self.key)
 
     def _ended(self, ending: Ending) -> None:
         """The upstream failed as ``ending``. If that says the origin went away, nothing held of
@@ -184,7 +184,7 @@ class Tail:
         instance = self.instance
         if origin_went_away(ending) and instance is not None and self.cache.local.current(instance):
             logger.warning("%s: the origin went away (%s)", self.key.stream, ending.value)
-            self.cache.streams.origin_lost()
+            self.cache.instances.forgetter.origin_lost()
 
     async def _open(self, live: str, kind: str, *extra: tuple[str, str]) -> aiohttp.ClientResponse:
         """One live request from the tail's offset (and cursor), counted by ``kind``."""
@@ -192,7 +192,7 @@ class Tail:
         if self.cursor:
             url += f"&cursor={quote(self.cursor, safe='')}"
         headers = [*own_request_headers(self.credentials), *extra]
-        self._started = self.cache.streams.ticket()
+        self._started = self.cache.instances.tickets.ticket()
         response = await self.origin.open(
             "GET", url, headers, live=True, idle_timeout=UPSTREAM_IDLE_SECONDS
         )
@@ -205,7 +205,7 @@ class Tail:
             return True
         instance = self.instance
         assert instance is not None  # set by start(), before the first upstream request
-        decision = self.cache.streams.evidence(
+        decision = self.cache.instances.door.evidence(
             self.key, response.status, list(response.headers.items()),
             started=self._started, instance=instance, live=True,
         )  # fmt: skip
@@ -222,7 +222,7 @@ class Tail:
         instance = self.instance
         assert instance is not None  # set by start(), before the first upstream request
         # Raises InstanceChanged once the instance this tail follows is forgotten.
-        segment = self.cache.streams.record_live(
+        segment = self.cache.instances.door.record_live(
             self.key, self.offset, end, body, up_to_date=up_to_date, closed=closed,
             instance=instance, started=self._started,
         )  # fmt: skip

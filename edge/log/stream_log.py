@@ -32,7 +32,7 @@ Rules this module owns:
   while it has forks (soft-deleted: 410 to every request on it, PROTOCOL.md 4.2) or one whose
   retention ended; either way "gone", never only "this range". The one judge of what a write
   says (``judge_write``) and the one intake (``edge.log.intake.decide``) both ask it; whose
-  scope forgets is ``edge.streams.Streams.stream_gone``'s rule.
+  scope forgets is ``edge.instances.forgetting.Forgetter.stream_gone``'s rule.
 * Expiry: an absolute ``Stream-Expires-At`` ends service at that instant. A sliding ``Stream-TTL``
   is counted from the last time the edge touched the origin for the stream, because reads the
   edge absorbs do not extend it there (PROTOCOL-NOTES "Cacheability").

@@ -513,7 +513,7 @@ def create_app(
         metrics=metrics,
         cors=cors,
         observe=cache.observe,
-        ticket=cache.streams.ticket,
+        ticket=cache.instances.tickets.ticket,
     )
     gate = Gate(settings, metrics) if settings.auth_mode != "none" else None
     if gate is not None:
@@ -522,10 +522,10 @@ def create_app(
     app[FAST] = fast
     app[FRONT] = CatchupFront(cache=cache, fast=fast, cors=cors)
     metrics.fold_at_scrape(fast.fold_into)
-    purger = CdnPurger(settings, cache.streams, metrics) if settings.cdn_purge else None
+    purger = CdnPurger(settings, cache.instances.forgetter, metrics) if settings.cdn_purge else None
     if purger is not None:
         app[PURGER] = purger
-        cache.streams.on_forget.append(purger.forgot)
+        cache.instances.forgetter.tellers.append(purger.forgot)
 
     async def lifetime(_: web.Application) -> AsyncIterator[None]:
         await origin.start()
@@ -533,7 +533,8 @@ def create_app(
             await gate.start()
         if shared is not None:
             await shared.start()  # before the listener opens: readiness knows Redis from the first
-            shared.listen_for_purges(cache.streams.purged_elsewhere, cache.streams.resync)
+            forgetter = cache.instances.forgetter
+            shared.listen_for_purges(forgetter.forgotten_elsewhere, forgetter.resync)
         if purger is not None:
             await purger.start()
         yield

@@ -298,7 +298,7 @@ class Relay:
     metrics: Metrics
     cors: OriginCors
     observe: Observer | None = None
-    # Orders origin exchanges (``Streams.ticket``): what the edge knew before a request started
+    # Orders origin exchanges (``Tickets.ticket``): what the edge knew before a request started
     # is what its answer can contradict.
     ticket: Callable[[], int] = lambda: 0
 

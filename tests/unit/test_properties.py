@@ -360,7 +360,7 @@ class EdgeUnderTest:
         """A request the edge relayed to the origin (a write, a HEAD) and the origin's answer."""
         # The machine runs one step at a time: nothing arrives between this request's start
         # and its answer, so its ticket is taken here.
-        started = self.cache.streams.ticket()
+        started = self.cache.instances.tickets.ticket()
         result = self.observer(
             method, path, status, list(request_headers), list(response_headers), started
         )
@@ -382,13 +382,13 @@ class EdgeUnderTest:
         """A purge from the admin listener; a worker's comes from its supervisor, which sends it
         to every worker (its ``/purge`` runs under ``at_supervisors_request``, then awaits the
         purge's durability, as ``add_admin_routes`` does)."""
-        purge: Callable[[str], object] = self.cache.purge
+        purge: Callable[[str], object] = self.cache.forget
         if self.siblings is None:
             result = purge(path)
             return result if inspect.isawaitable(result) else None
         with at_supervisors_request():
             purge(path)
-        return self.cache.purged(path)
+        return self.cache.forgotten_everywhere(path)
 
     # --- --workers N: the worker's side of edge.workers.siblings, wired as share_observations ---
 
@@ -398,7 +398,7 @@ class EdgeUnderTest:
         ``apply`` them."""
         self.siblings = Siblings(self.cache, self.cache.observe, supervisor.transport(index))
         self.observer = self.siblings.observe
-        self.cache.streams.on_forget.append(self.siblings.forgot)
+        self.cache.instances.forgetter.tellers.append(self.siblings.forgot)
 
     async def apply(self, body: bytes) -> None:
         """What the worker's private admin listener does with ``POST /observe``."""
@@ -2081,15 +2081,15 @@ def test_the_lifetime_probe_answered_410_forgets_the_stream(machine: CatchupMach
     edge = machine.edge
     assert isinstance(edge, EdgeUnderTest)
     assert _ids(machine.do_read(A, "-1")) == [100]
-    streams = edge.cache.streams
+    lifetimes = edge.cache.instances.lifetimes
     instance = edge.cache.local.instance(A)
     assert instance is not None
     assert edge.cache.local.holds_data(A)
     machine.do_delete(A, via_edge=False)  # soft: it has a fork
 
     async def probe() -> None:
-        streams.probe_lifetime(LogKey(stream=A, scope="public"), instance, ())
-        await asyncio.gather(*streams._background)
+        lifetimes.probe_lifetime(LogKey(stream=A, scope="public"), instance, ())
+        await asyncio.gather(*lifetimes._background)
 
     machine.loop.run_until_complete(probe())
     assert not edge.cache.local.holds_data(A)
