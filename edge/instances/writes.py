@@ -8,7 +8,7 @@ Rules this module owns:
   instance (``observe`` says when).
 * Any write may have moved the tail (even a failed one may have raced one that did): every log
   of the stream is marked stale; a successful one says how far (``Stream-Next-Offset``). The
-  core judges a write (``judge_write``, from ``written_as``): one that found the stream gone
+  core judges a write (``judge_write``, from ``stream_write``): one that found the stream gone
   forgets it (as ``Forgetter.stream_gone`` rules), one that names another instance (deleted and
   recreated behind the edge) forgets the one held.
 * Closed through this edge: every later read says so (read-after-write), when the close names
@@ -30,7 +30,7 @@ from edge.instances.door import Door
 from edge.instances.forgetting import Forgetter
 from edge.instances.lifetimes import Lifetimes, learn_lifetime
 from edge.log.intake import Decision
-from edge.log.stream_log import LogKey, Mark, Write, judge_write
+from edge.log.stream_log import LogKey, Mark, StreamWrite, judge_write
 from edge.protocol.headers import (
     STREAM_CLOSED,
     STREAM_FORKED_FROM,
@@ -53,14 +53,14 @@ def carries_body(headers: Sequence[tuple[str, str]]) -> bool:
     return length is not None and length.strip().isdigit() and int(length) > 0
 
 
-def written_as(
+def stream_write(
     method: str,
     status: int,
     request_headers: Sequence[tuple[str, str]],
     response_headers: Sequence[tuple[str, str]],
     floor: str | None,
     started: int,
-) -> Write:
+) -> StreamWrite:
     """A write's request and answer as the core judges them (``judge_write``)."""
     body = carries_body(request_headers)
     if method == "PUT":
@@ -70,7 +70,7 @@ def written_as(
         named = first_value(request_headers, "content-type")
     else:
         named = None
-    return Write(
+    return StreamWrite(
         floor=floor,
         started=started,
         # An append of bytes (not a producer's, whose retry of a duplicate is answered with the
@@ -155,7 +155,7 @@ class Writes:
             floor = None
         closes = ok and flag(request_headers, STREAM_CLOSED)
         instance = self._local.instance_for(stream)
-        write = written_as(method, status, request_headers, response_headers, floor, started)
+        write = stream_write(method, status, request_headers, response_headers, floor, started)
         judgement = judge_write(instance, write)
         if judgement.gone:
             self._forgetter.stream_gone(key)

@@ -44,7 +44,7 @@ from edge.live.answers import (
     sse_frames,
     upstream_failing,
 )
-from edge.live.polls import LongPollFanout, Socket, Written
+from edge.live.polls import AlreadyWritten, LongPollFanout, Socket
 from edge.live.tail import Tail, TailRegistry
 from edge.live.viewers import SseFanout
 from edge.log.policy import Coverage, cover
@@ -185,7 +185,7 @@ class LiveHub:
         *,
         max_seconds: float | None = None,
         socket: Socket | None = None,
-    ) -> Answer | Written:
+    ) -> Answer | AlreadyWritten:
         """Answer a long-poll from the log, or wait at the tail with every other long-poll there
         (``edge.live.polls``); with ``socket``, a released answer may be written directly.
         ``max_seconds``: the wait ends sooner (a reader's credential expires then)."""
@@ -291,4 +291,4 @@ class LiveHub:
         return frame
 
 
-__all__ = ["LiveHub", "OriginClient", "Pending", "Socket", "Written"]
+__all__ = ["AlreadyWritten", "LiveHub", "OriginClient", "Pending", "Socket"]

@@ -253,7 +253,7 @@ def judge_shared(
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Write:
+class StreamWrite:
     """A write through the edge and the origin's answer, as values: its answer's tail
     (``Stream-Next-Offset``; None when it gave none), the ticket when it started, whether it
     appended bytes (which always moves the tail), and the content type it names: the type the
@@ -273,7 +273,7 @@ class Write:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class WriteJudgement:
-    """What a ``Write`` means for the instance held: ``another`` says why it went to another
+    """What a ``StreamWrite`` means for the instance held: ``another`` says why it went to another
     stream at the path (forget the instance first; None: the same, as far as the edge can
     tell); ``names_instance``: its closure may be told as the tail of the bytes held."""
 
@@ -283,7 +283,7 @@ class WriteJudgement:
     gone: bool = False
 
 
-def judge_write(instance: StreamInstance, write: Write) -> WriteJudgement:
+def judge_write(instance: StreamInstance, write: StreamWrite) -> WriteJudgement:
     """The one judge of what a write through the edge says about ``instance``, whatever the
     origin answered. Pure."""
     if says_gone(write.status):

@@ -40,7 +40,7 @@ from edge.cdn.purger import CdnPurger
 from edge.config import Settings
 from edge.live.answers import sse_encoding
 from edge.live.hub import LiveHub
-from edge.live.polls import Framing, Socket, Written
+from edge.live.polls import AlreadyWritten, Framing, Socket
 from edge.live.viewers import Viewer
 from edge.log.stream_log import LogKey
 from edge.metrics import Metrics
@@ -67,7 +67,7 @@ from edge.web.proxy import (
     request_origin,
     request_target,
 )
-from edge.web.wire import VIA, WrittenResponse, client_headers, encode
+from edge.web.wire import VIA, AlreadyWrittenResponse, client_headers, encode
 
 logger = logging.getLogger(__name__)
 
@@ -238,8 +238,8 @@ async def serve_long_poll(request: web.Request, classified: Classified) -> web.S
         return await relay_uncached(request, classified, uncacheable)
     except OriginError as error:
         return origin_failed(request, error)
-    if isinstance(answer, Written):
-        return WrittenResponse(answer)  # released with its group: on the wire already
+    if isinstance(answer, AlreadyWritten):
+        return AlreadyWrittenResponse(answer)  # released with its group: on the wire already
     return to_response(request, answer)
 
 

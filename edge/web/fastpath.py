@@ -53,7 +53,7 @@ from collections.abc import Callable
 from multidict import CIMultiDict
 
 from edge.answer import Answer
-from edge.auth.gate import Admission, Client, Gate
+from edge.auth.gate import Client, Gate, RequestAdmission
 from edge.catchup import live_authority_seconds
 from edge.config import Settings
 from edge.instances.generations import GENERATION_CHECK_SECONDS
@@ -160,7 +160,7 @@ class FastPath:
             address=None,
         )  # fmt: skip
         decision = gate.decide_now(client, remember=True)
-        if not isinstance(decision, Admission) or decision.scope is None:
+        if not isinstance(decision, RequestAdmission) or decision.scope is None:
             return None
         admitted = decision.target
         return answer_key(

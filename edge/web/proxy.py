@@ -45,7 +45,7 @@ from aiohttp import hdrs, web
 from cachetools import LRUCache
 from multidict import CIMultiDict
 
-from edge.auth.gate import Admission
+from edge.auth.gate import RequestAdmission
 from edge.memory import TRIMMER
 from edge.metrics import Metrics
 from edge.origin import OriginClient, OriginError
@@ -80,7 +80,7 @@ Observer = Callable[
 
 TARGET = web.RequestKey("target", Target)
 # What the authorization gate allowed (edge.web.gatekeeper); absent with --auth none.
-ADMISSION = web.RequestKey("admission", Admission)
+ADMISSION = web.RequestKey("admission", RequestAdmission)
 
 
 def reader_only(request: web.Request) -> bool:

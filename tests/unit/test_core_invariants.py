@@ -24,8 +24,8 @@ from edge.log.stream_log import (
     Mark,
     StreamInstance,
     StreamLog,
+    StreamWrite,
     TailVerdict,
-    Write,
     judge_write,
 )
 from edge.protocol.offsets import START, is_offset_token
@@ -257,7 +257,7 @@ def test_a_write_tells_the_tail_of_the_bytes_held_only_if_it_names_their_instanc
         instance.reached(high, received=1)
         if closed:
             instance.closed_at = Mark(offset=high, received=1)
-    write = Write(
+    write = StreamWrite(
         floor=floor, started=2, appended=appended, content_type=named, answered=answered,
         status=204,
     )  # fmt: skip
@@ -296,7 +296,7 @@ def test_a_write_answered_404_or_410_says_the_stream_is_gone_and_other_refusals_
         instance.reached(high, received=1)
         if closed:
             instance.closed_at = Mark(offset=high, received=1)
-    write = Write(
+    write = StreamWrite(
         floor=None, started=2, appended=True, content_type=held, answered=answered, status=status
     )
     judgement = judge_write(instance, write)
