@@ -6,10 +6,13 @@ Rules this module owns:
 * Only this module builds the tiers (``LocalTier``, ``SharedTier``), the stream instances
   (``edge.instances.build``: their door, forgetter, generations, lifetimes, writes and
   tickets), the fill budget, the compressor, the catch-up service, the live hub, the relay,
-  the gate, the fast path, the catch-up front and the CDN purger. Each gets the parts it uses;
-  none reaches through another for them.
-* Who hears of a forgetting is decided here, in the order given: the CDN purger (with
-  ``--cdn-purge``), then whatever a worker adds (``edge.workers.siblings``).
+  the gate, the fast path, the stream listener's connection tracker (handed the fast path),
+  the catch-up front and the CDN purger. Each gets the parts it uses; none reaches through
+  another for them.
+* Who hears of a forgetting is decided here, in the order given: the live hub (its tails and
+  readers end: ``LiveHub`` subscribes to the forgetter it is handed), the CDN purger (with
+  ``--cdn-purge``), then whatever a worker adds (``edge.workers.siblings``). These are
+  appended, not handed in: each of them uses the forgetter it hears from.
 * The lifetime opens in dependency order and closes in reverse: the origin client first, then
   the gate, the shared tier (before the listener opens: readiness knows Redis from the first)
   and the purger; the purger closes first (drained within ``--drain-seconds``), the origin
@@ -45,6 +48,7 @@ from edge.metrics import Metrics
 from edge.origin import OriginClient
 from edge.store.local import LocalTier
 from edge.store.shared import SharedTier
+from edge.web.connection_table import Limits
 from edge.web.connection_tracker import ConnectionTracker
 from edge.web.descriptors import budget_for, limits_for
 from edge.web.fastpath import FastPath
@@ -139,12 +143,12 @@ class Wired:
     purger: CdnPurger | None
 
 
-def default_connections(settings: Settings) -> ConnectionTracker:
-    """A tracker of this process's descriptor limit, whose table sees only the kinds of
-    requests (a test server has no connection hook)."""
+def default_limits(settings: Settings) -> Limits:
+    """The connection limits of this process's descriptor limit, for a tracker whose table sees
+    only the kinds of requests (a test server has no connection hook)."""
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     limit = -1 if soft == resource.RLIM_INFINITY else soft
-    return ConnectionTracker(limits_for(settings, budget_for(settings, limit)))
+    return limits_for(settings, budget_for(settings, limit))
 
 
 def wire(
@@ -152,7 +156,7 @@ def wire(
     metrics: Metrics,
     origin: OriginClient,
     *,
-    connections: ConnectionTracker | None = None,
+    limits: Limits | None = None,
 ) -> Wired:
     cors = OriginCors()
     origin.listen_to_answers(cors.remember)
@@ -190,6 +194,10 @@ def wire(
     gate = Gate(settings, metrics) if settings.auth_mode != "none" else None
     fast = FastPath(settings, parts.local, cors, gate=gate)
     metrics.fold_at_scrape(fast.fold_into)
+    # The stream listener's connections answer stored hits themselves, through the fast path.
+    connections = ConnectionTracker(
+        limits if limits is not None else default_limits(settings), fast=fast
+    )
     purger = CdnPurger(settings, parts.forgetter, metrics) if settings.cdn_purge else None
     if purger is not None:
         parts.forgetter.tellers.append(purger.forgot)
@@ -197,7 +205,7 @@ def wire(
         settings=settings,
         metrics=metrics,
         origin=origin,
-        connections=connections if connections is not None else default_connections(settings),
+        connections=connections,
         cors=cors,
         shared=shared,
         local=parts.local,
