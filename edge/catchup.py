@@ -5,13 +5,13 @@ the event loop is the lock), then do I/O (shared tier, origin) and record what c
 build the answer. Identical origin fetches in flight are single-flight.
 
 Every origin answer a fill brings back enters through the one door the live tails use too
-(``Streams.take_in``): the pure core (``edge.log.intake``) decides what it means (store it,
+(``Door.take_in``): the pure core (``edge.log.intake``) decides what it means (store it,
 relay it to its one client, a new instance, a stream gone) and the actions are carried out
 after deciding. An answer fetched under an instance that was forgotten meanwhile is read again
 under the current one.
 
 What the edge learns about a stream's existence (writes, deletes, 404s, lifetimes, live
-upstreams, other replicas) is ``edge.streams``'s to keep; this module asks it.
+upstreams, other replicas) is ``edge.instances``'s to keep; this module asks it.
 
 Every wait has an end: a fill that outlives ``--fill-deadline`` is ``Abandoned`` (its upstream
 closed, its buffer given back, nothing stored) and its reader is answered 504; a reader that
@@ -22,8 +22,10 @@ A read ends in one of named states: an ``Answer``, a ``Bypass`` naming why the w
 the client's own request instead, or an ``OriginError`` (the origin boundary: the origin
 failed). ``BodyTooLarge`` from a fill is translated into ``Bypass(TOO_LARGE)`` here.
 
-The local tier, the stream instances, the fill budget and the compressor are handed in by the
-composition root (``edge.web.wiring``); nothing reaches them through this service.
+The local tier, the parts of the stream instances it uses (``edge.instances``: the door, the
+forgetter, the generations, the lifetimes and the tickets), the fill budget and the compressor
+are handed in by the composition root (``edge.web.wiring``); nothing reaches them through this
+service.
 """
 
 from __future__ import annotations
@@ -44,6 +46,10 @@ from edge.compress import Compressor
 from edge.config import Settings
 from edge.fill_budget import FillBudget, Hold, fill_deadline_seconds, read_body
 from edge.fills import Abandoned, Chained, Fill, Reach, Resolution, Unchained
+from edge.instances.door import Door
+from edge.instances.forgetting import Forgetter
+from edge.instances.generations import Generations
+from edge.instances.lifetimes import Lifetimes
 from edge.log.freshness import Reuse, Tiers, never_stored, reuse, tail_age_seconds
 from edge.log.intake import Arrival, Decision, header_template
 from edge.log.policy import (
@@ -74,7 +80,6 @@ from edge.protocol.offsets import START, is_client_offset, is_offset_token
 from edge.protocol.reads import PUBLIC_SCOPE, Read
 from edge.store.local import LocalTier
 from edge.store.shared import SharedTier
-from edge.streams import Streams
 
 logger = logging.getLogger(__name__)
 
@@ -110,7 +115,11 @@ class CatchupCache:
         metrics: Metrics,
         *,
         local: LocalTier,
-        streams: Streams,
+        door: Door,
+        forgetter: Forgetter,
+        generations: Generations,
+        lifetimes: Lifetimes,
+        ticket: Callable[[], int],
         fill_budget: FillBudget,
         compressor: Compressor,
         shared: SharedTier | None = None,
@@ -120,7 +129,11 @@ class CatchupCache:
         self._origin = origin
         self._metrics = metrics
         self._local = local
-        self._streams = streams
+        self._door = door
+        self._forgetter = forgetter
+        self._generations = generations
+        self._lifetimes = lifetimes
+        self._ticket = ticket
         self._fill_budget = fill_budget
         self._compressor = compressor
         self._shared = shared
@@ -175,21 +188,21 @@ class CatchupCache:
                 return resolved
         if fill is not None:
             # What a fill revealed (a 404, a new instance) is told before its answer goes out.
-            await self._streams.settled(key.stream)
+            await self._forgetter.settled(key.stream)
         return resolved
 
     async def _resolve_once(
         self, key: LogKey, offset: str, credentials: Sequence[tuple[str, str]]
     ) -> Resolution | Bypass:
-        await self._streams.check_generation(key.stream)
+        await self._generations.check_generation(key.stream)
         planned = self._local.instance_for(key.stream)
         plan = self._plan(key, offset)
         shared_hit = False
         pulls = 0
         while isinstance(plan, Fetch) and self._shared is not None and pulls < MAX_SHARED_PULLS:
             pulled_at = plan.offset
-            if not await self._streams.pull_shared(key, pulled_at):
-                if await self._streams.pull_shared_closure(key, pulled_at):
+            if not await self._generations.pull_shared(key, pulled_at):
+                if await self._generations.pull_shared_closure(key, pulled_at):
                     plan = self._plan(key, offset)
                 break
             shared_hit = True
@@ -200,8 +213,8 @@ class CatchupCache:
         if shared_hit and not planned.lifetime_known and self._local.current(planned):
             # Bytes another replica filled: whether the stream still lives is the origin's to
             # say (a sliding TTL counts from the last read that reached it, not from theirs).
-            await self._streams.confirm_lifetime(key, planned, credentials)
-            await self._streams.settled(key.stream)
+            await self._lifetimes.confirm_lifetime(key, planned, credentials)
+            await self._forgetter.settled(key.stream)
             plan = self._plan(key, offset)
         if not self._local.current(planned):
             # Forgotten while the shared tier answered (another replica's purge, another
@@ -267,7 +280,7 @@ class CatchupCache:
         tail, never a cap), and a lifetime known to have no end (else the origin's answer
         would name it). None: the origin answers (and the edge learns from it)."""
         key = LogKey(stream=read.stream, scope=read.scope)
-        await self._streams.check_generation(key.stream)
+        await self._generations.check_generation(key.stream)
         plan = self._plan(key, START)
         log = self._local.log(key)
         if not isinstance(plan, Hit) or not plan.up_to_date or log is None:
@@ -476,7 +489,7 @@ class CatchupCache:
         headers = own_request_headers(credentials)
         asked_at = self._clock()  # the origin renews a sliding TTL after this (``Arrival``)
         instance = self._local.instance_for(key.stream)
-        started = self._streams.ticket()
+        started = self._ticket()
         upstream = await self._origin.open("GET", f"{key.stream}?offset=now", headers, live=False)
         try:
             self._metrics.origin_requests.labels(kind="catchup", code=str(upstream.status)).inc()
@@ -488,11 +501,11 @@ class CatchupCache:
             upstream.close()
         response_headers = list(upstream.headers.items())
         next_offset = first_value(response_headers, "stream-next-offset")
-        decision = self._streams.evidence(
+        decision = self._door.evidence(
             key, upstream.status, response_headers, started=started, instance=instance
         )
         if decision is Decision.GONE:
-            await self._streams.settled(key.stream)
+            await self._forgetter.settled(key.stream)
         elif upstream.status == 200 and is_offset_token(next_offset):
             instance = self._local.instance_for(key.stream)
             instance.touched_origin(asked_at)
@@ -513,7 +526,7 @@ class CatchupCache:
         instance: StreamInstance,
     ) -> Fill | Abandoned:
         headers = own_request_headers(credentials)
-        started = self._streams.ticket()
+        started = self._ticket()
         asked_at = self._clock()
         limit = self._settings.fill_deadline_seconds
         begun = asyncio.get_running_loop().time()
@@ -568,13 +581,13 @@ class CatchupCache:
         credentials: Sequence[tuple[str, str]],
         asked_at: float,
     ) -> Fill:
-        """Learn from one origin answer, through the one door (``Streams.take_in``); its request
+        """Learn from one origin answer, through the one door (``Door.take_in``); its request
         left at ``asked_at``."""
         arrival = Arrival.of_fill(
             fetch.offset, status, headers, body,
-            started=started, received=self._streams.ticket(), now=self._clock(), asked_at=asked_at,
+            started=started, received=self._ticket(), now=self._clock(), asked_at=asked_at,
         )  # fmt: skip
-        taken = self._streams.take_in(key, instance, arrival, credentials)
+        taken = self._door.take_in(key, instance, arrival, credentials)
         if taken.decision is Decision.STORE:
             assert arrival.end is not None
             reach = Reach.of(up_to_date=arrival.up_to_date, closed=arrival.closed)

@@ -2,11 +2,12 @@
 
 Rules this module owns:
 
-* A relayed answer is observed (``Streams.observe``) before it goes out; a DELETE or a creating
-  PUT is answered once its forgetting is durable, or after ``PURGE_WAIT_SECONDS`` (the purge
-  keeps being retried).
-* An operator's purge (the admin listener's ``POST /purge``) is a forgetting with the reason
-  ``admin_purge``; whether it is durable is asked separately, so its answer can say so.
+* A relayed answer is observed (``Writes.observe``) before it goes out; a DELETE or a creating
+  PUT is answered once its forgetting is durable (``Forgetter.forgotten_everywhere``), or after
+  ``PURGE_WAIT_SECONDS`` (the purge keeps being retried).
+* An operator's purge (the admin listener's ``POST /purge``) makes the edge forget the stream
+  with the reason ``admin_purge``; whether that is durable is asked separately, so its answer
+  can say so.
 * Readiness names the shared tier's state: ``disabled`` (no ``--redis``), ``up`` or ``down``.
 """
 
@@ -15,13 +16,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from edge.instances.forgetting import Forgetter
+from edge.instances.writes import Writes
 from edge.store.shared import SharedTier
-from edge.streams import Streams
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class StreamLifecycle:
-    streams: Streams
+    writes: Writes
+    forgetter: Forgetter
     shared: SharedTier | None = None
 
     @property
@@ -40,15 +43,15 @@ class StreamLifecycle:
         started: int,
     ) -> None:
         """What a relayed answer tells (the relay's ``Observer``)."""
-        if self.streams.observe(
+        if self.writes.observe(
             method, stream, status, request_headers, response_headers, started=started
         ):
-            await self.streams.purged(stream)
+            await self.forgetter.forgotten_everywhere(stream)
 
-    def purge(self, stream: str) -> int:
-        """An operator's purge: the segments it dropped here."""
-        return self.streams.purge(stream, reason="admin_purge")
+    def forget(self, stream: str) -> int:
+        """An operator's purge: the segments the edge forgot here."""
+        return self.forgetter.forget(stream, reason="admin_purge")
 
-    async def purged(self, stream: str) -> bool:
+    async def forgotten_everywhere(self, stream: str) -> bool:
         """Whether the forgetting of ``stream`` is durable (every replica stops serving it)."""
-        return await self.streams.purged(stream)
+        return await self.forgetter.forgotten_everywhere(stream)

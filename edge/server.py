@@ -35,10 +35,10 @@ from edge.startup import (
 from edge.summary import limits_summary, startup_lines
 from edge.web.app import create_admin_app, create_app
 from edge.web.bounded_site import BoundedSite
-from edge.web.connection_tracker import ConnectionTracker
+from edge.web.connection_tracker import CONNECTIONS, ConnectionTracker
 from edge.web.descriptors import DescriptorBudget, budget_for, holds_line, limits_for
 from edge.web.gatekeeper import TokenFreeAccessLog
-from edge.web.wiring import FAST, HUB, PURGER
+from edge.web.wiring import HUB, PURGER
 
 logger = logging.getLogger(__name__)
 
@@ -203,9 +203,8 @@ async def serve(settings: Settings, *, worker: AsWorker | None = None) -> None:
     metrics = Metrics()
     each = descriptor_budget(settings)
     origin = OriginClient(settings, pool_limit=each.origin)
-    tracker = ConnectionTracker(limits_for(settings, each))
-    stream_app = create_app(settings, metrics, origin, connections=tracker)
-    tracker.fast = stream_app[FAST]
+    stream_app = create_app(settings, metrics, origin, limits=limits_for(settings, each))
+    tracker = stream_app[CONNECTIONS]
     metrics.track_connections(tracker.stats)
     # Outermost, so it sees every request the application handles.
     stream_app.middlewares.insert(0, tracker.middleware)

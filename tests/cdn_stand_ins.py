@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
+from edge.instances.forgetting import REASONS
 from edge.protocol.purge_keys import KEY_LENGTH, PREFIX
-from edge.streams import REASONS
 from tests.integration.auth_services import ThreadedServer
 
 FASTLY_KEYS_PER_CALL = 256  # the documented limits, restated here: the stand-ins enforce them

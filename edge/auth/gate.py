@@ -6,7 +6,7 @@ Rules this module owns:
 * In ``jwt`` and ``forward`` mode every request but a CORS preflight needs the edge's yes
   first; a refusal costs the origin nothing.
 * What is judged is what is served: the JWT policy and the auth service are asked about the
-  ``Target`` the request goes on with (``Admission.target``: its normalised stream, its query
+  ``Target`` the request goes on with (``RequestAdmission.target``: its normalised stream, its query
   without ``token`` parameters), never about the raw path the client sent.
 * An allowed read is the stream's, not the reader's: it is served from the one scope of this
   policy (``policy_scope``: the mode and ``--origin-header``, so replicas with another policy
@@ -51,8 +51,9 @@ Headers = Sequence[tuple[str, str]]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Admission:
-    """How an allowed request goes on."""
+class RequestAdmission:
+    """How a request the gate allowed goes on (a connection's place is
+    ``edge.web.connection_table.ConnectionAdmission``'s)."""
 
     target: Target  # without token parameters
     # An authorized read: the policy's scope (``policy_scope``), the edge's credential upstream.
@@ -140,7 +141,7 @@ class Gate:
         if self.forward is not None:
             await self.forward.close()
 
-    async def admit(self, client: Client) -> Admission | Refusal:
+    async def admit(self, client: Client) -> RequestAdmission | Refusal:
         prepared = self._prepare(client)  # once: what the decision now and the wait start from
         if isinstance(prepared, _Prepared):
             judged = self._judge_now(client, prepared)
@@ -152,11 +153,13 @@ class Gate:
         self.count(decision)
         return decision
 
-    def count(self, decision: Admission | Refusal) -> None:
+    def count(self, decision: RequestAdmission | Refusal) -> None:
         result = decision.result if isinstance(decision, Refusal) else "allowed"
         self._metrics.auth_decisions.labels(mode=self.mode, result=result).inc()
 
-    def decide_now(self, client: Client, *, remember: bool = False) -> Admission | Refusal | None:
+    def decide_now(
+        self, client: Client, *, remember: bool = False
+    ) -> RequestAdmission | Refusal | None:
         """The decision, when it needs no waiting (a token whose key the edge holds, a verdict
         the service gave and the edge still keeps); None: only ``admit`` can make it. The
         pre-serialised hit path asks this, so both paths decide by the same code.
@@ -183,7 +186,7 @@ class Gate:
         if judged is None:
             return None
         decision = judged.decision
-        if key is not None and isinstance(decision, Admission) and judged.until is not None:
+        if key is not None and isinstance(decision, RequestAdmission) and judged.until is not None:
             kept_now = _KeptAdmission(
                 admission=decision, ring=judged.ring, until=judged.until,
                 size=_bytes_of(key, decision),
@@ -221,7 +224,7 @@ class Gate:
         assert self.forward is not None
         return self.forward.now() < kept.until
 
-    async def _decide(self, client: Client, prepared: _Prepared) -> Admission | Refusal:
+    async def _decide(self, client: Client, prepared: _Prepared) -> RequestAdmission | Refusal:
         verdict: Grant | Refusal
         if self.mode == "jwt":
             verdict = await self._verify(prepared.token, prepared.target.stream, prepared.access)
@@ -230,7 +233,7 @@ class Gate:
             verdict = await self.forward.verdict(prepared.question(client))
         return self._admission(prepared, verdict)
 
-    def _prepare(self, client: Client) -> _Prepared | Admission | Refusal:
+    def _prepare(self, client: Client) -> _Prepared | RequestAdmission | Refusal:
         """What every decision starts from: the one target everything below judges and the
         request goes on with, the access asked for, and the credentials presented."""
         presented = present(client.target.query, client.headers)
@@ -242,7 +245,7 @@ class Gate:
         )
         access = access_of(client.method)
         if access is None:
-            return Admission(target=target)
+            return RequestAdmission(target=target)
         if presented.twice:
             return TWICE
         credentials: list[tuple[str, str]] = []
@@ -262,12 +265,14 @@ class Gate:
             from_query=presented.from_query, credentials=tuple(credentials),
         )  # fmt: skip
 
-    def _admission(self, prepared: _Prepared, verdict: Grant | Refusal) -> Admission | Refusal:
+    def _admission(
+        self, prepared: _Prepared, verdict: Grant | Refusal
+    ) -> RequestAdmission | Refusal:
         if isinstance(verdict, Refusal):
             return verdict
         target = prepared.target
         if prepared.access is Access.READ:
-            return Admission(
+            return RequestAdmission(
                 target=target,
                 scope=self.scope,
                 upstream=self._settings.origin_headers,
@@ -277,7 +282,7 @@ class Gate:
         upstream: tuple[tuple[str, str], ...] = ()
         if prepared.from_query and prepared.token:
             upstream = (("Authorization", f"Bearer {prepared.token}"),)
-        return Admission(target=target, upstream=upstream)
+        return RequestAdmission(target=target, upstream=upstream)
 
     def _verify_now(
         self, token: str, stream: str, access: Access
@@ -335,7 +340,7 @@ MAX_KEPT_ADMISSION_BYTES = 64 * 1024 * 1024
 KEPT_ADMISSION_OVERHEAD_BYTES = 900
 
 
-def _bytes_of(key: AdmissionKey, admission: Admission) -> int:
+def _bytes_of(key: AdmissionKey, admission: RequestAdmission) -> int:
     """What keeping ``admission`` under ``key`` costs: the strings it holds, and overhead."""
     method, upstream, stream, headers = key
     target = admission.target
@@ -349,14 +354,14 @@ def _bytes_of(key: AdmissionKey, admission: Admission) -> int:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class _JudgedNow:
-    decision: Admission | Refusal
+    decision: RequestAdmission | Refusal
     until: float | None  # what a kept admission may last: exp + leeway, or the verdict's lifetime
     ring: KeyRing | None  # jwt: the key set that checked the token
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class _KeptAdmission:
-    admission: Admission
+    admission: RequestAdmission
     ring: KeyRing | None  # jwt: the key set that checked the token
     until: float  # jwt: wall clock (exp + leeway); forward: the verdict's, on its clock
     size: int  # what keeping it costs (``_bytes_of``)

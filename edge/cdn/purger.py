@@ -4,7 +4,7 @@ asyncio adapter around ``edge.cdn.book`` (what each target is owed, and when) an
 
 Rules this module owns:
 
-* ``forgot`` is a ``Streams.on_forget`` teller that returns nothing to wait for: no answer ever
+* ``forgot`` is a ``Forgetter.tellers`` teller that returns nothing to wait for: no answer ever
   waits for a CDN, and a dead endpoint costs only background retries.
 * **What is sent.** Forgettings of a whole stream (the public scope) that this process is the
   one to tell downstream (``Forgetting.tells_downstream``: not those it carries out for a
@@ -12,7 +12,7 @@ Rules this module owns:
   alone: it holds no credentialed answer. A 404 for a stream this process held nothing of is
   sent only if the shared tier held it (some replica served it), so a scanner's 404s cost the
   CDN nothing; at most ``MAX_CHECKS`` such checks at once, past it none.
-* **When.** Once the forgetting is in effect (``Streams.in_effect``: forgotten here, siblings
+* **When.** Once the forgetting is in effect (``Forgetter.in_effect``: forgotten here, siblings
   told, the shared tier's purge durable), else the CDN would fetch the old bytes again from
   this edge; then once more ``DOUBLE_PURGE_SECONDS`` later (replicas confirm a stream's
   generation within ``GENERATION_CHECK_SECONDS``, and an answer begun before may still be on
@@ -45,9 +45,10 @@ from edge import __version__
 from edge.cdn.api import PurgeCall, Purged, Target, call_for, judge, targets
 from edge.cdn.book import Booked, Owed, PurgeBook
 from edge.config import Settings
+from edge.instances.forgetting import Forgetter, Forgetting
+from edge.instances.generations import GENERATION_CHECK_SECONDS
 from edge.metrics import CDN_PURGE_RESULTS, Metrics
 from edge.protocol.reads import PUBLIC_SCOPE
-from edge.streams import GENERATION_CHECK_SECONDS, Forgetting, Streams
 
 logger = logging.getLogger(__name__)
 
@@ -89,14 +90,14 @@ class CdnPurger:
     def __init__(
         self,
         settings: Settings,
-        streams: Streams,
+        forgetter: Forgetter,
         metrics: Metrics,
         *,
         clock: Callable[[], float] = time.monotonic,
         uniform: Callable[[], float] = random.random,
     ) -> None:
         self._lanes = [Lane(target) for target in targets(settings)]
-        self._streams = streams
+        self._forgetter = forgetter
         self._metrics = metrics
         self._clock = clock
         self._uniform = uniform
@@ -141,7 +142,7 @@ class CdnPurger:
     # --- what the edge tells ---
 
     def forgot(self, forgetting: Forgetting) -> None:
-        """A ``Streams.on_forget`` teller (see the module rules)."""
+        """A ``Forgetter.tellers`` teller (see the module rules)."""
         if forgetting.key.scope != PUBLIC_SCOPE or not forgetting.tells_downstream:
             return
         if self._closed:
@@ -159,7 +160,7 @@ class CdnPurger:
         self._progress.set()
 
     async def _check(self, forgetting: Forgetting) -> None:
-        if await self._streams.held_elsewhere(forgetting) and not self._closed:
+        if await self._forgetter.held_elsewhere(forgetting) and not self._closed:
             self._owe(forgetting.stream, forgetting.reason)
 
     def _owe(self, stream: str, reason: str) -> None:
@@ -196,7 +197,7 @@ class CdnPurger:
             while (count := self._unsettled.get(stream, 0)) > 0:
                 durable = True
                 try:
-                    durable = await self._streams.in_effect(stream)
+                    durable = await self._forgetter.in_effect(stream)
                 finally:
                     # Even when waiting failed the purge is owed: early is safe, never is not.
                     self._unsettled[stream] -= count
@@ -219,7 +220,7 @@ class CdnPurger:
     async def _confirm(self, stream: str, reason: str) -> None:
         """The shared tier was away: once it makes the purge durable, owe one more send."""
         try:
-            if not await self._streams.durable(stream, GIVE_UP_SECONDS):
+            if not await self._forgetter.durable(stream, GIVE_UP_SECONDS):
                 return
             now = self._clock()
             for lane in self._lanes:

@@ -38,6 +38,8 @@ from edge.answer import Answer, Bypass, Why
 from edge.catchup import CatchupCache
 from edge.config import Settings
 from edge.fills import Chained
+from edge.instances.door import Door
+from edge.instances.forgetting import Forgetter
 from edge.live.answers import (
     Pending,
     long_poll_data,
@@ -46,7 +48,7 @@ from edge.live.answers import (
     sse_frames,
     upstream_failing,
 )
-from edge.live.polls import Encode, LongPollFanout, Socket, Written
+from edge.live.polls import AlreadyWritten, Encode, LongPollFanout, Socket
 from edge.live.tail import Tail, TailRegistry
 from edge.live.viewers import SseFanout
 from edge.log.policy import Coverage, cover
@@ -58,7 +60,6 @@ from edge.protocol.cursor import current_interval, cursor_class, response_cursor
 from edge.protocol.offsets import is_offset_token
 from edge.protocol.reads import PUBLIC_SCOPE
 from edge.store.local import LocalTier
-from edge.streams import Streams
 
 
 class LiveHub:
@@ -73,7 +74,9 @@ class LiveHub:
         *,
         catchup: CatchupCache,
         local: LocalTier,
-        streams: Streams,
+        door: Door,
+        forgetter: Forgetter,
+        ticket: Callable[[], int],
         encode: Encode | None = None,
         clock: Callable[[], float] = time.time,
         rng: random.Random | None = None,
@@ -84,12 +87,16 @@ class LiveHub:
         self._local = local
         self.fanout = SseFanout(self)
         self.polls = LongPollFanout(self, encode=encode)
-        self.tails = TailRegistry(local, streams, origin, settings, metrics, listener=self)
+        self.tails = TailRegistry(
+            local, door, forgetter, ticket, origin, settings, metrics, listener=self
+        )
         self.draining = asyncio.Event()
         self.clock = clock
         self.rng = rng or random.Random()
-        streams.forgotten.append(self._stream_forgotten)
-        streams.unconfirmed.append(self._stream_unconfirmed)
+        # The hub hears of every forgetting from the one it is handed: a forgotten stream's
+        # tails and readers end (or, in doubt, follow the instance begun in its place).
+        forgetter.on_forgotten_here.append(self._stream_forgotten)
+        forgetter.on_unconfirmed.append(self._stream_unconfirmed)
 
     async def close(self) -> None:
         await self.tails.close()
@@ -232,7 +239,7 @@ class LiveHub:
         *,
         max_seconds: float | None = None,
         socket: Socket | None = None,
-    ) -> Answer | Written | Bypass:
+    ) -> Answer | AlreadyWritten | Bypass:
         """Answer a long-poll from the log, or wait at the tail with every other long-poll there
         (``edge.live.polls``); with ``socket``, a released answer may be written directly.
         ``max_seconds``: the wait ends sooner (a reader's credential expires then)."""
@@ -348,4 +355,4 @@ class LiveHub:
         return frame
 
 
-__all__ = ["LiveHub", "OriginClient", "Pending", "Socket", "Written"]
+__all__ = ["AlreadyWritten", "LiveHub", "OriginClient", "Pending", "Socket"]

@@ -11,8 +11,8 @@ Rules this module owns:
   is encoded once per ``Framing`` (HTTP version, keep-alive, a reader's private copy) by the
   web layer's ``encode`` and the
   same bytes are written to every such socket in one pass; its handler then only completes
-  the request (``Written``). A waiter whose socket is closing, or whose answer cannot be encoded,
-  gets the ``Answer`` itself and is answered by its handler as before.
+  the request (``AlreadyWritten``). A waiter whose socket is closing, or whose answer cannot be
+  encoded, gets the ``Answer`` itself and is answered by its handler as before.
 * When settling says the waiters cannot be answered from here (the stream is gone, or their
   offset is not at the tail any more), they are woken without an answer and each runs its own
   long-poll loop again, as before.
@@ -60,7 +60,7 @@ class Socket:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Written:
+class AlreadyWritten:
     """The answer was written to the socket already: the handler only completes the request."""
 
     status: int
@@ -69,7 +69,7 @@ class Written:
 
 # The web layer's serialisation of an answer for a framing; ValueError when it cannot be.
 Encode = Callable[[Answer, Framing], bytes]
-Outcome = Answer | Written | None
+Outcome = Answer | AlreadyWritten | None
 
 
 @dataclass(eq=False, kw_only=True, slots=True)
@@ -105,7 +105,7 @@ class LongPollFanout:
         deadline: float,
         socket: Socket | None,
     ) -> Outcome:
-        """Wait at the tail until released: an answer, ``Written``, or None (look again)."""
+        """Wait at the tail until released: an answer, ``AlreadyWritten``, or None (look again)."""
         ticket = Ticket(tail=tail, socket=socket)
         waiter = Waiter(
             key=key, source=id(tail), offset=offset, cursor=cursor, deadline=deadline,
@@ -202,7 +202,7 @@ class LongPollFanout:
 
     def _deliver(self, waiters: list[Waiter[Ticket]], answer: Answer) -> None:
         # Per framing: the bytes (None: not encodable) and what each handler is told.
-        frames: dict[Framing, tuple[bytes | None, Written]] = {}
+        frames: dict[Framing, tuple[bytes | None, AlreadyWritten]] = {}
         written = 0
         for waiter in waiters:
             self._board.leave(waiter)
@@ -216,15 +216,15 @@ class LongPollFanout:
             framing = socket.framing
             known = frames.get(framing)
             if known is None:
-                written_as = Written(status=answer.status, keep_alive=framing.keep_alive)
-                known = frames[framing] = (self._encoded(answer, framing), written_as)
-            frame, written_as = known
+                done = AlreadyWritten(status=answer.status, keep_alive=framing.keep_alive)
+                known = frames[framing] = (self._encoded(answer, framing), done)
+            frame, done = known
             if frame is None:
                 future.set_result(answer)
                 continue
             socket.transport.write(frame)
             written += 1
-            future.set_result(written_as)
+            future.set_result(done)
         if written:
             self._hub.metrics.served_bytes.inc(written * len(answer.body))
 

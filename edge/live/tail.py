@@ -10,7 +10,7 @@ Rules this module owns:
 * An upstream refused or broken (reset, cut short) says the origin went away, with every stream
   it held (``edge.log.trust``): what every stream of this process holds is forgotten, and its
   tails go on from their offsets (``LiveHub``), as a client reading the origin would.
-* Closure ends the tail; a 404 or 410 (gone: ``Streams.evidence``) purges the stream and ends
+* Closure ends the tail; a 404 or 410 (gone: ``Door.evidence``) purges the stream and ends
   it; so does the stream instance it follows ending (purged, or found replaced at the origin):
   a tail never carries bytes from one instance of a stream into another.
 * Upstream mode: SSE where its framing is exact (JSON and base64 binary streams); a long-poll loop
@@ -29,7 +29,7 @@ import contextlib
 import json
 import logging
 import random
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 from urllib.parse import quote
@@ -37,6 +37,8 @@ from urllib.parse import quote
 import aiohttp
 
 from edge.config import Settings
+from edge.instances.door import Door, InstanceChanged
+from edge.instances.forgetting import Forgetter
 from edge.live.upstream_mode import SseOn, SseState, after_sse_batch, after_sse_failure, sse_current
 from edge.log.intake import Decision
 from edge.log.segment import Segment, is_json, join_bodies
@@ -48,7 +50,6 @@ from edge.protocol.headers import first_value, flag, own_request_headers
 from edge.protocol.offsets import is_offset_token
 from edge.protocol.sse import SseDecoder
 from edge.store.local import LocalTier
-from edge.streams import InstanceChanged, Streams
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +71,9 @@ class Tail:
     offset: str
     credentials: tuple[tuple[str, str], ...]
     local: LocalTier
-    streams: Streams
+    door: Door
+    forgetter: Forgetter
+    ticket: Callable[[], int]
     origin: OriginClient
     settings: Settings
     metrics: Metrics
@@ -121,7 +124,7 @@ class Tail:
                 await self._task
             self._task = None
             self.metrics.live_tails.dec()
-        self.streams.live_ended(self.key)
+        self.door.live_ended(self.key)
 
     async def _run(self) -> None:
         backoff = BACKOFF_FIRST_SECONDS
@@ -171,11 +174,11 @@ class Tail:
                 elif failed or (reason and self.batches == recorded):
                     # Failed, or ended without delivering anything: back off before retrying,
                     # and stop vouching for the tail meanwhile.
-                    self.streams.live_ended(self.key)
+                    self.door.live_ended(self.key)
                     await asyncio.sleep(self.rng.uniform(0, backoff))
                     backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
         finally:
-            self.streams.live_ended(self.key)
+            self.door.live_ended(self.key)
 
     def _ended(self, ending: Ending) -> None:
         """The upstream failed as ``ending``. If that says the origin went away, nothing held of
@@ -185,7 +188,7 @@ class Tail:
         instance = self.instance
         if origin_went_away(ending) and instance is not None and self.local.current(instance):
             logger.warning("%s: the origin went away (%s)", self.key.stream, ending.value)
-            self.streams.origin_lost()
+            self.forgetter.origin_lost()
 
     async def _open(self, live: str, kind: str, *extra: tuple[str, str]) -> aiohttp.ClientResponse:
         """One live request from the tail's offset (and cursor), counted by ``kind``."""
@@ -193,7 +196,7 @@ class Tail:
         if self.cursor:
             url += f"&cursor={quote(self.cursor, safe='')}"
         headers = [*own_request_headers(self.credentials), *extra]
-        self._started = self.streams.ticket()
+        self._started = self.ticket()
         response = await self.origin.open(
             "GET", url, headers, live=True, idle_timeout=UPSTREAM_IDLE_SECONDS
         )
@@ -206,7 +209,7 @@ class Tail:
             return True
         instance = self.instance
         assert instance is not None  # set by start(), before the first upstream request
-        decision = self.streams.evidence(
+        decision = self.door.evidence(
             self.key, response.status, list(response.headers.items()),
             started=self._started, instance=instance, live=True,
         )  # fmt: skip
@@ -223,7 +226,7 @@ class Tail:
         instance = self.instance
         assert instance is not None  # set by start(), before the first upstream request
         # Raises InstanceChanged once the instance this tail follows is forgotten.
-        segment = self.streams.record_live(
+        segment = self.door.record_live(
             self.key, self.offset, end, body, up_to_date=up_to_date, closed=closed,
             instance=instance, started=self._started,
         )  # fmt: skip
@@ -345,7 +348,9 @@ class TailRegistry:
     def __init__(
         self,
         local: LocalTier,
-        streams: Streams,
+        door: Door,
+        forgetter: Forgetter,
+        ticket: Callable[[], int],
         origin: OriginClient,
         settings: Settings,
         metrics: Metrics,
@@ -354,7 +359,9 @@ class TailRegistry:
     ) -> None:
         self._listener = listener
         self._local = local
-        self._streams = streams
+        self._door = door
+        self._forgetter = forgetter
+        self._ticket = ticket
         self._origin = origin
         self._settings = settings
         self._metrics = metrics
@@ -382,7 +389,9 @@ class TailRegistry:
                 offset=start_offset,
                 credentials=tuple(credentials),
                 local=self._local,
-                streams=self._streams,
+                door=self._door,
+                forgetter=self._forgetter,
+                ticket=self._ticket,
                 origin=self._origin,
                 settings=self._settings,
                 metrics=self._metrics,

@@ -38,7 +38,7 @@ SSE_BATCH_BYTES = 256 * 1024
 TICK_SECONDS = 1.0
 HEARTBEAT = encode_comment("keep-alive")
 
-Write = Callable[[bytes], Awaitable[None]]
+Send = Callable[[bytes], Awaitable[None]]
 
 
 class Fed(enum.Enum):
@@ -176,7 +176,7 @@ class SseFanout:
     # --- one viewer ---
 
     async def serve(
-        self, viewer: Viewer, credentials: Sequence[tuple[str, str]], write: Write
+        self, viewer: Viewer, credentials: Sequence[tuple[str, str]], write: Send
     ) -> Fed:
         """Feed ``viewer`` until the stream closes, the connection rotates, the edge drains or
         the client leaves (``write`` raises)."""

@@ -22,7 +22,7 @@ Rules this module owns (DESIGN.md "a stream's identity"; PROTOCOL-NOTES "Cacheab
 * Otherwise the segment is stored under the instance it was fetched for and shared
   (``STORE``), with the closure when the answer ends a closed stream.
 
-``decide`` is pure: values in, an ``Intake`` out. ``edge.streams.Streams.take_in`` carries out
+``decide`` is pure: values in, an ``Intake`` out. ``edge.instances.door.Door.take_in`` carries out
 its actions, in order, after deciding; nothing else stores what the origin said.
 """
 
@@ -167,7 +167,7 @@ class Arrival:
         )  # fmt: skip
 
 
-# --- actions, carried out in order by ``Streams.take_in`` ---
+# --- actions, carried out in order by ``Door.take_in`` (edge.instances) ---
 
 
 @dataclass(frozen=True, slots=True)

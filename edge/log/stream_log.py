@@ -32,7 +32,7 @@ Rules this module owns:
   while it has forks (soft-deleted: 410 to every request on it, PROTOCOL.md 4.2) or one whose
   retention ended; either way "gone", never only "this range". The one judge of what a write
   says (``judge_write``) and the one intake (``edge.log.intake.decide``) both ask it; whose
-  scope forgets is ``edge.streams.Streams.stream_gone``'s rule.
+  scope forgets is ``edge.instances.forgetting.Forgetter.stream_gone``'s rule.
 * Expiry: an absolute ``Stream-Expires-At`` ends service at that instant. A sliding ``Stream-TTL``
   is counted from the last time the edge touched the origin for the stream, because reads the
   edge absorbs do not extend it there (PROTOCOL-NOTES "Cacheability").
@@ -253,7 +253,7 @@ def judge_shared(
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Write:
+class StreamWrite:
     """A write through the edge and the origin's answer, as values: its answer's tail
     (``Stream-Next-Offset``; None when it gave none), the ticket when it started, whether it
     appended bytes (which always moves the tail), and the content type it names: the type the
@@ -273,7 +273,7 @@ class Write:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class WriteJudgement:
-    """What a ``Write`` means for the instance held: ``another`` says why it went to another
+    """What a ``StreamWrite`` means for the instance held: ``another`` says why it went to another
     stream at the path (forget the instance first; None: the same, as far as the edge can
     tell); ``names_instance``: its closure may be told as the tail of the bytes held."""
 
@@ -283,7 +283,7 @@ class WriteJudgement:
     gone: bool = False
 
 
-def judge_write(instance: StreamInstance, write: Write) -> WriteJudgement:
+def judge_write(instance: StreamInstance, write: StreamWrite) -> WriteJudgement:
     """The one judge of what a write through the edge says about ``instance``, whatever the
     origin answered. Pure."""
     if says_gone(write.status):

@@ -5,7 +5,7 @@ What a replica holds of a stream is true only while something confirms it: the s
 naming the generation held (no other replica deleted or recreated the stream), and the origin
 still being the one that answered (its live tail connected). This module decides, from those
 facts and the clock, what becomes of what is held when the confirmation is missing. Pure: time
-is an argument; ``edge.streams`` records confirmations and carries the verdicts out.
+is an argument; ``edge.instances.generations`` records confirmations and carries the verdicts out.
 
 Rules this module owns:
 
@@ -46,7 +46,8 @@ import enum
 from typing import assert_never
 
 # How long what is held is served after its last confirmation while the shared tier cannot say
-# whether it is current: three generation checks (edge.streams.GENERATION_CHECK_SECONDS, 1 s),
+# whether it is current: three generation checks (1 s each:
+# edge.instances.generations.GENERATION_CHECK_SECONDS),
 # so a tier that misses one or two checks (a failover, a blip that opens the breaker) costs no
 # re-read of every stream, while another replica's DELETE or recreate is served over for at
 # most these few seconds, of the same order as an at-tail answer's freshness.

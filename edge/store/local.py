@@ -8,10 +8,10 @@ Rules this module owns:
   estimates against ``tracemalloc``), so nothing the edge keeps per stream, scope or request
   grows outside the budget, and ``/metrics`` reports every structure in it.
 * **One instance at a time.** A stream's entries all belong to its current ``StreamInstance``:
-  ``purge`` forgets the instance with every entry of the stream; evicting the instance does the
+  ``forget`` forgets the instance with every entry of the stream; evicting the instance does the
   same, so no entry outlives the instance it was made for. Work that began under an instance
   that is no longer current (``current(instance)`` is False) must not store what it brings.
-* Entries are indexed by stream, so a purge or a write touches only that stream.
+* Entries are indexed by stream, so a forgetting or a write touches only that stream.
 * A segment larger than the whole budget is simply not kept.
 * Stored responses (``StoredHit``: a complete serialised answer, for the pre-serialised hit
   path) are entries like any other: counted in the budget, LRU, indexed by stream and forgotten
@@ -131,7 +131,7 @@ class _BudgetLRU(LRUCache[EntryKey, Any]):
         super().__delitem__(key)
         self.bytes_by_structure[key[0]] -= entry_cost(value)
         self.entries_by_structure[key[0]] -= 1
-        evicted, self._evicting = self._evicting, False  # entries purged with it are not
+        evicted, self._evicting = self._evicting, False  # entries forgotten with it are not
         self._on_remove(key, value, evicted)
 
     def popitem(self) -> tuple[EntryKey, Any]:
@@ -166,7 +166,7 @@ class LocalTier:
             self.evictions += 1
             self._on_evict()
             if key[0] == INSTANCE:
-                self.purge(stream)  # no entry outlives its instance
+                self.forget(stream)  # no entry outlives its instance
 
     def _put(self, key: EntryKey, value: object) -> bool:
         if entry_cost(value) > self._entries.maxsize:
@@ -289,7 +289,7 @@ class LocalTier:
 
     # --- forgetting ---
 
-    def purge_scope(self, key: LogKey) -> int:
+    def forget_scope(self, key: LogKey) -> int:
         """Forget ``key.stream`` in ``key.scope`` only (segments, facts, derived values and the
         stored answers of that scope); returns the segments dropped."""
         doomed = [k for k in self._index.get(key.stream, ()) if _scope_of_entry(k) == key]
@@ -297,7 +297,7 @@ class LocalTier:
             self._entries.pop(entry, None)
         return sum(1 for k in doomed if k[0] == SEGMENT)
 
-    def purge(self, stream: str) -> int:
+    def forget(self, stream: str) -> int:
         """Forget the stream's instance and everything kept for it; returns segments dropped."""
         doomed = list(self._index.pop(stream, ()))
         for entry in doomed:

@@ -1,4 +1,5 @@
 """The shared tier: immutable segments in Redis, so one replica can serve what another fetched.
+This module is its I/O; what is stored and under which names is ``edge.store.shared_codec``.
 
 Rules this module owns:
 
@@ -27,58 +28,53 @@ Rules this module owns:
   A closure read with no generation key is no closure (``get_closed``): it names none. While
   Redis cannot be asked nothing is minted: what a replica holds alone is served only within the
   bound of ``edge.log.trust`` after its last confirmation.
-* Every value read is validated (shape, types, offsets, stamp); a bad one is a miss, deleted.
+* Every value read is validated (``edge.store.shared_codec``); a bad one is a miss, deleted.
 * Writes happen in the background and never delay a response; when too many are pending (Redis
   slow) new ones are dropped and counted, since the origin still has every byte.
-* Every operation is bounded by ``timeout_seconds`` and guarded by a circuit breaker: Redis down
-  or slow means service from the local tier and the origin, with no client error, until a probe
-  after the cooldown finds it back.
-* At most ``MAX_REDIS_COMMANDS`` operations are in flight at once; the others wait for one to
-  end, within their own bound. The connections the edge holds to Redis follow that bound, not
-  the busiest moment it ever had (redis-py's pool keeps every connection it ever opened).
-* The tier is **up** only once Redis has answered (``start`` pings it before the edge takes
-  traffic) and while the breaker is closed; until then readiness and ``edge_redis_up`` say down
-  and nothing waits on it. While it is not up, a ping every ``PROBE_SECONDS`` (as the breaker
-  allows) finds it, so it comes up without waiting for traffic.
-* Keys carry the scope: a credential's segments are never visible to another scope. All keys of
-  a stream share a hash tag (``{<digest of the path>}``), so a stream's keys live in one slot of
-  a cluster, and every command that names several keys (``MGET``, ``EXISTS``, ``DEL``, the
-  write pipeline) names one stream's: one node, one round trip, in every ``--redis-mode``.
+* Every operation goes through ``edge.store.shared_access``: bounded, counted, at most
+  ``MAX_REDIS_COMMANDS`` at once, behind one circuit breaker; the tier is **up** when it is.
+  Redis down or slow means service from the local tier and the origin, with no client error.
+* Every command that names several keys (``MGET``, ``EXISTS``, ``DEL``, the write pipeline)
+  names one stream's, whose keys share one slot (``edge.store.shared_codec``): one node, one
+  round trip, in every ``--redis-mode``.
 * The same commands serve every mode; ``edge.store.redis_modes`` owns how Redis is reached.
-  In a cluster, one breaker guards all shards: a shard that fails (its primary died, its
-  replica not yet promoted) degrades the whole tier to local + origin until the probe, which
-  pings every primary, finds them all back.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import logging
-import math
-import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from edge.config import RedisTarget
-from edge.log.segment import InvalidSegment, Segment
+from edge.log.segment import Segment
 from edge.log.stream_log import LogKey
 from edge.metrics import Metrics
-from edge.protocol.offsets import is_offset_token
-from edge.store.breaker import BreakerState, CircuitBreaker
-from edge.store.redis_modes import REDIS_ERRORS, Durability, connect
+from edge.store.redis_modes import Durability
+from edge.store.shared_access import Errors, GuardedRedis
+from edge.store.shared_codec import (
+    PURGE_CHANNEL,
+    BadValue,
+    Lookup,
+    SharedClosure,
+    closed_key,
+    decode,
+    decode_closed,
+    decode_generation,
+    encode,
+    encode_closed,
+    encode_purge,
+    generation_key,
+    index_key,
+    new_generation,
+    parse_purge,
+    segment_key,
+)
 
 logger = logging.getLogger(__name__)
 
-KEY_PREFIX = "edge:v2"
-PURGE_CHANNEL = f"{KEY_PREFIX}:purge"
 MAX_PENDING_WRITES = 256
-# Commands (or one purge's or write's sequence of them) in flight at once, each on a connection
-# of its own: redis-py's pool never closes one, so without this bound it would keep as many as
-# the busiest moment so far needed (a soak's descriptors grew step by step).
-MAX_REDIS_COMMANDS = 64
 # Purges retried at once; past it a purge stays local (and is logged): a flood of 404s must not
 # grow an unbounded set of retry tasks while Redis is away.
 MAX_PENDING_PURGES = 10_000
@@ -88,180 +84,6 @@ PURGE_RETRY_MAX_SECONDS = 2.0
 # A purge that Redis has not taken after this long is given up (and logged): by then every value
 # it guards has expired (its TTL) or the operator has been told.
 PURGE_RETRY_GIVE_UP_SECONDS = 3600.0
-MAX_CONTENT_TYPE_CHARS = 256
-PROBE_SECONDS = 1.0
-
-Errors = REDIS_ERRORS
-
-
-class BadValue(ValueError):
-    """A shared-tier value that is not one this edge wrote for this key."""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class SharedSegment:
-    segment: Segment
-    content_type: str | None
-    # When (wall clock, seconds) the replica that shared it had it from the origin: the stream
-    # had gone past its start then (``edge.log.stream_log.judge_shared``).
-    seen_at: float
-    # The origin's answer said the stream open with its tail at the segment's end.
-    open_tail: bool = False
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class SharedClosure:
-    """A replica saw the stream closed at ``end``: the content type of the instance it saw
-    closed, and when (wall clock, seconds) the closing answer reached it. A generation names
-    no instance recreated behind every replica's back, so the closure names its own: what a
-    replica holds of another instance (another type, or heard open there since) is not closed
-    by it (``edge.log.stream_log.judge_shared``)."""
-
-    end: str
-    content_type: str | None
-    seen_at: float
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Lookup:
-    """One round trip's answer: the stream's generation now, and the value if it is current."""
-
-    generation: str
-    value: SharedSegment | None
-
-
-def _stream_tag(stream: str) -> str:
-    return "{" + hashlib.sha256(stream.encode()).hexdigest()[:24] + "}"
-
-
-def segment_key(key: LogKey, start: str) -> str:
-    return f"{KEY_PREFIX}:{_stream_tag(key.stream)}:seg:{key.scope}:{start}"
-
-
-def closed_key(key: LogKey) -> str:
-    return f"{KEY_PREFIX}:{_stream_tag(key.stream)}:closed:{key.scope}"
-
-
-def generation_key(stream: str) -> str:
-    return f"{KEY_PREFIX}:{_stream_tag(stream)}:gen"
-
-
-def index_key(stream: str) -> str:
-    return f"{KEY_PREFIX}:{_stream_tag(stream)}:keys"
-
-
-def encode(
-    segment: Segment,
-    content_type: str | None,
-    generation: str,
-    *,
-    seen_at: float,
-    open_tail: bool = False,
-) -> bytes:
-    header = json.dumps(
-        {
-            "start": segment.start, "end": segment.end, "ct": content_type, "gen": generation,
-            "at": seen_at, "tail": open_tail,
-        }
-    )  # fmt: skip
-    return header.encode() + b"\n" + segment.body
-
-
-def decode(blob: object, *, start: str) -> tuple[SharedSegment, str]:
-    """The segment at ``start`` and its generation stamp; raises BadValue for anything else."""
-    if not isinstance(blob, bytes):
-        raise BadValue("not bytes")
-    header, newline, body = blob.partition(b"\n")
-    if not newline:
-        raise BadValue("no header line")
-    try:
-        meta = json.loads(header)
-    except ValueError as error:
-        raise BadValue("header is not JSON") from error
-    if not isinstance(meta, dict) or set(meta) != {"start", "end", "ct", "gen", "at", "tail"}:
-        raise BadValue("header is not ours")  # the older format (no "at") too: a miss
-    content_type, generation = meta["ct"], meta["gen"]
-    if meta["start"] != start or not isinstance(generation, str):
-        raise BadValue("stored under another key")
-    if not _content_type_ok(content_type):
-        raise BadValue("bad content type")
-    if not isinstance(meta["end"], str):
-        raise BadValue("bad end")
-    seen_at, open_tail = _seen_at(meta["at"]), meta["tail"]
-    if not isinstance(open_tail, bool):
-        raise BadValue("bad tail")
-    try:
-        segment = Segment(start=start, end=meta["end"], body=body)
-    except InvalidSegment as error:
-        raise BadValue(str(error)) from error
-    found = SharedSegment(
-        segment=segment, content_type=content_type, seen_at=seen_at, open_tail=open_tail
-    )
-    return found, generation
-
-
-def encode_closed(closure: SharedClosure, generation: str) -> bytes:
-    return json.dumps(
-        {"end": closure.end, "gen": generation, "ct": closure.content_type, "at": closure.seen_at}
-    ).encode()
-
-
-def decode_closed(blob: object) -> tuple[SharedClosure, str]:
-    """A shared closure and its generation stamp; raises BadValue for anything else (a value
-    of the older format, which named no instance, too: a miss, never a wrong closure)."""
-    if not isinstance(blob, bytes):
-        raise BadValue("not bytes")
-    try:
-        meta = json.loads(blob)
-    except ValueError as error:
-        raise BadValue("not JSON") from error
-    if not isinstance(meta, dict) or set(meta) != {"end", "gen", "ct", "at"}:
-        raise BadValue("not ours")
-    end, generation, content_type, seen_at = meta["end"], meta["gen"], meta["ct"], meta["at"]
-    if not isinstance(end, str) or not is_offset_token(end) or not isinstance(generation, str):
-        raise BadValue("bad closure")
-    if not _content_type_ok(content_type):
-        raise BadValue("bad content type")
-    closure = SharedClosure(end=end, content_type=content_type, seen_at=_seen_at(seen_at))
-    return closure, generation
-
-
-def _seen_at(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise BadValue("bad time")
-    return float(value)
-
-
-def _content_type_ok(content_type: object) -> bool:
-    return content_type is None or (
-        isinstance(content_type, str)
-        and len(content_type) <= MAX_CONTENT_TYPE_CHARS
-        and content_type.isprintable()
-    )
-
-
-def _generation(blob: object) -> str | None:
-    """The generation a generation key's value names; None for an absent key, which names
-    none: it was lost (or never written), so it confirms nothing (the caller mints one)."""
-    if blob is None:
-        return None
-    if isinstance(blob, bytes) and blob.isascii() and 0 < len(blob) <= 64:
-        return blob.decode()
-    raise BadValue("bad generation")
-
-
-def parse_purge(data: object) -> tuple[str, str] | None:
-    """A purge message, ``"<generation> <stream path>"``, as (stream, generation)."""
-    if not isinstance(data, bytes):
-        return None
-    generation, _, stream = data.decode(errors="replace").partition(" ")
-    if not generation or not stream.startswith("/"):
-        return None
-    return stream, generation
-
-
-def new_generation() -> str:
-    return secrets.token_hex(8)
 
 
 class SharedTier:
@@ -274,16 +96,12 @@ class SharedTier:
         timeout_seconds: float,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._link = connect(target, timeout_seconds=timeout_seconds)
-        self._client = self._link.commands
+        self._redis = GuardedRedis(target, metrics, timeout_seconds=timeout_seconds, clock=clock)
         self._listener: asyncio.Task[None] | None = None
         self._pending_by_stream: dict[str, set[asyncio.Task[None]]] = {}
-        self._metrics = metrics
         self._ttl = ttl_seconds
         self._timeout = timeout_seconds
         self._clock = clock
-        self._breaker = CircuitBreaker()
-        self._commands = asyncio.Semaphore(MAX_REDIS_COMMANDS)
         self._pending: set[asyncio.Task[None]] = set()
         # stream -> the generation a purge is still trying to write.
         self.pending_purges: dict[str, str] = {}
@@ -297,48 +115,28 @@ class SharedTier:
         # since its last purge), None until it knows. Only while asked: a 404 for a path never
         # held purges too, and nobody asks about most of them.
         self._asked: dict[str, bool | None] = {}
-        # Redis has answered once: a closed breaker alone says only that nothing failed yet.
-        self._reached = False
-        self._prober: asyncio.Task[None] | None = None
-        metrics.redis_up.set(0)
 
     @property
     def up(self) -> bool:
-        return self._reached and self._breaker.state is BreakerState.CLOSED
+        return self._redis.up
 
     async def start(self) -> None:
         """Ping Redis once, so reachability is known before readiness is asked, then keep
         pinging while the tier is not up."""
-        await self._ping()
-        self._prober = asyncio.ensure_future(self._probe_while_down())
-
-    async def _ping(self) -> None:
-        if not self._breaker.allow(self._clock()):
-            return
-        try:
-            async with asyncio.timeout(self._timeout), self._commands:
-                await self._link.ping()
-        except Errors as error:
-            self._failed("ping", error)
-            return
-        self._succeeded()
-        self._count("ping", "ok")
-
-    async def _probe_while_down(self) -> None:
-        while True:
-            await asyncio.sleep(PROBE_SECONDS)
-            if not self.up:
-                await self._ping()
+        await self._redis.start()
 
     async def close(self) -> None:
-        loops = [task for task in (self._listener, self._prober) if task is not None]
-        for loop in loops:
-            loop.cancel()
-        await asyncio.gather(*loops, return_exceptions=True)
+        if self._listener is not None:
+            self._listener.cancel()
+        await asyncio.gather(
+            *(t for t in (self._listener,) if t is not None),
+            self._redis.stop_probing(),
+            return_exceptions=True,
+        )
         for task in [*self._pending, *self._purges.values()]:
             task.cancel()
         await asyncio.gather(*self._pending, *self._purges.values(), return_exceptions=True)
-        await self._link.aclose()
+        await self._redis.aclose()
 
     def listen_for_purges(
         self, forget: Callable[[str, str], object], resync: Callable[[], object]
@@ -353,7 +151,7 @@ class SharedTier:
     ) -> None:
         while True:
             try:
-                async with self._link.subscriber() as pubsub:
+                async with self._redis.link.subscriber() as pubsub:
                     await pubsub.subscribe(PURGE_CHANNEL)
                     resync()
                     while True:
@@ -368,47 +166,9 @@ class SharedTier:
             except Errors:
                 await asyncio.sleep(SUBSCRIBE_RETRY_SECONDS)
 
-    def _count(self, op: str, result: str) -> None:
-        self._metrics.redis_operations.labels(op=op, result=result).inc()
-
-    def _failed(self, op: str, error: BaseException) -> None:
-        was_up = self.up
-        self._breaker.failure(self._clock())
-        self._count(op, "error")
-        self._metrics.redis_up.set(1 if self.up else 0)
-        if was_up and not self.up:
-            logger.warning("shared tier unavailable, serving from local + origin: %r", error)
-
-    def _succeeded(self) -> None:
-        if not self.up:
-            logger.info("shared tier is back" if self._reached else "shared tier reached")
-        self._reached = True
-        self._breaker.success()
-        self._metrics.redis_up.set(1)
-
-    async def _mget(self, op: str, *names: str) -> list[object] | None:
-        if not self._breaker.allow(self._clock()):
-            self._count(op, "skipped")
-            return None
-        try:
-            async with asyncio.timeout(self._timeout), self._commands:
-                values = await self._client.mget(list(names))
-        except Errors as error:
-            self._failed(op, error)
-            return None
-        self._succeeded()
-        return list(values)
-
-    async def _discard(self, name: str) -> None:
-        try:
-            async with asyncio.timeout(self._timeout), self._commands:
-                await self._client.delete(name)
-        except Errors as error:
-            self._failed("delete", error)
-
     async def generation(self, stream: str) -> str | None:
         """The stream's generation now; None when the tier cannot say."""
-        values = await self._mget("generation", generation_key(stream))
+        values = await self._redis.mget("generation", generation_key(stream))
         if values is None:
             return None
         return await self._generation_of(stream, values[0], "generation")
@@ -417,9 +177,9 @@ class SharedTier:
         """The generation a read of the stream's key found; an absent key is lost, so a fresh
         one is minted in its place. None when the tier cannot say."""
         try:
-            found = _generation(blob)
+            found = decode_generation(blob)
         except BadValue:
-            self._count(op, "error")
+            self._redis.count(op, "error")
             return None
         if found is not None:
             return found
@@ -432,8 +192,8 @@ class SharedTier:
         try:
             async with (
                 asyncio.timeout(self._timeout * 4),
-                self._commands,
-                self._client.pipeline(transaction=False) as pipe,
+                self._redis.commands,
+                self._redis.client.pipeline(transaction=False) as pipe,
             ):
                 # One key, so one slot and one round trip in every mode; the same TTL as a
                 # purge's generation, renewed by every write it guards (``_put``).
@@ -441,54 +201,54 @@ class SharedTier:
                 pipe.get(name)
                 _, stored = await pipe.execute()
         except Errors as error:
-            self._failed("mint", error)
+            self._redis.failed("mint", error)
             return None
-        self._succeeded()
+        self._redis.succeeded()
         try:
-            minted = _generation(stored)
+            minted = decode_generation(stored)
         except BadValue:
             minted = None
-        self._count("mint", "ok" if minted is not None else "error")
+        self._redis.count("mint", "ok" if minted is not None else "error")
         return minted  # None: gone again at once (expired, a flush): ask again next check
 
     async def get(self, key: LogKey, start: str) -> Lookup | None:
-        values = await self._mget("get", generation_key(key.stream), segment_key(key, start))
+        values = await self._redis.mget("get", generation_key(key.stream), segment_key(key, start))
         if values is None:
             return None
         generation = await self._generation_of(key.stream, values[0], "get")
         if generation is None:
             return None
         if values[1] is None:
-            self._count("get", "miss")
+            self._redis.count("get", "miss")
             return Lookup(generation=generation, value=None)
         try:
             found, stamp = decode(values[1], start=start)
         except BadValue as error:
             # Not ours, or corrupt: a miss, never a wrong byte; and gone, so it stays a miss.
             logger.warning("dropping a bad shared value for %s: %s", key.stream, error)
-            self._count("get", "error")
-            await self._discard(segment_key(key, start))
+            self._redis.count("get", "error")
+            await self._redis.discard(segment_key(key, start))
             return Lookup(generation=generation, value=None)
         if stamp != generation:
-            self._count("get", "stale")
+            self._redis.count("get", "stale")
             return Lookup(generation=generation, value=None)
-        self._count("get", "hit")
+        self._redis.count("get", "hit")
         return Lookup(generation=generation, value=found)
 
     async def get_closed(self, key: LogKey, generation: str) -> SharedClosure | None:
         """How a replica saw the stream closed, in this generation, if one did."""
-        values = await self._mget("get", generation_key(key.stream), closed_key(key))
+        values = await self._redis.mget("get", generation_key(key.stream), closed_key(key))
         if values is None or values[1] is None:
             return None
         try:
             closure, stamp = decode_closed(values[1])
-            current = _generation(values[0])
+            current = decode_generation(values[0])
         except BadValue as error:
             logger.warning("dropping a bad shared closure for %s: %s", key.stream, error)
-            self._count("get", "error")
-            await self._discard(closed_key(key))
+            self._redis.count("get", "error")
+            await self._redis.discard(closed_key(key))
             return None
-        self._count("get", "hit")
+        self._redis.count("get", "hit")
         # No key (current None) names no generation, so no closure is of one.
         return closure if stamp == current == generation else None
 
@@ -512,8 +272,8 @@ class SharedTier:
         self._in_background(closed_key(key), encode_closed(closure, generation), key)
 
     def _in_background(self, name: str, value: bytes, key: LogKey) -> None:
-        if len(self._pending) >= MAX_PENDING_WRITES or not self._breaker.allow(self._clock()):
-            self._count("put", "skipped")
+        if len(self._pending) >= MAX_PENDING_WRITES or not self._redis.allow():
+            self._redis.count("put", "skipped")
             return
         task = asyncio.ensure_future(self._put(name, value, key.stream))
         self._pending.add(task)
@@ -533,8 +293,8 @@ class SharedTier:
         try:
             async with (
                 asyncio.timeout(self._timeout * 4),
-                self._commands,
-                self._client.pipeline(transaction=False) as pipe,
+                self._redis.commands,
+                self._redis.client.pipeline(transaction=False) as pipe,
             ):
                 pipe.set(name, value, ex=self._ttl)
                 pipe.sadd(index_key(stream), name)
@@ -543,10 +303,10 @@ class SharedTier:
                 pipe.expire(generation_key(stream), self._ttl * 2)
                 await pipe.execute()
         except Errors as error:
-            self._failed("put", error)
+            self._redis.failed("put", error)
             return
-        self._succeeded()
-        self._count("put", "ok")
+        self._redis.succeeded()
+        self._redis.count("put", "ok")
 
     # --- purges ---
 
@@ -562,7 +322,7 @@ class SharedTier:
         self._issued[generation] = None
         if len(self._purges) >= MAX_PENDING_PURGES and stream not in self._purges:
             logger.error("too many purges pending in the shared tier; %s is local only", stream)
-            self._count("purge", "skipped")
+            self._redis.count("purge", "skipped")
             self._issued.pop(generation, None)  # never sent
             return generation
         self.pending_purges[stream] = generation
@@ -593,7 +353,7 @@ class SharedTier:
             task = self._purges.get(stream)
             if task is None:
                 return stream not in self.pending_purges
-            if not self.up:
+            if not self._redis.up:
                 return False
             # Waited on, never awaited: a newer purge of the stream cancels this one (``purge``),
             # and a cancellation must not reach the request waiting (a DELETE the origin applied
@@ -620,30 +380,30 @@ class SharedTier:
     async def _purge_once(self, stream: str, generation: str, only_if_known: bool) -> bool:
         # Not gated by the breaker: a purge must be tried even while reads are skipped.
         try:
-            async with asyncio.timeout(self._timeout * 4), self._commands:
-                if only_if_known and not await self._client.exists(
+            async with asyncio.timeout(self._timeout * 4), self._redis.commands:
+                if only_if_known and not await self._redis.client.exists(
                     index_key(stream), generation_key(stream)
                 ):
                     self._note_found(generation, False)
                     self._issued.pop(generation, None)  # never sent
                     return True  # nothing of it anywhere: nothing to forget
-                durability = await self._link.write_generation(
+                durability = await self._redis.link.write_generation(
                     generation_key(stream), generation, self._ttl * 2
                 )
                 if durability is Durability.NOT_YET:
                     # Redis answers, so the breaker is not told; a failover now could lose it.
-                    self._count("purge", "unreplicated")
+                    self._redis.count("purge", "unreplicated")
                     return False
-                names = await self._client.smembers(index_key(stream))
-                await self._client.delete(index_key(stream), *names)
-                await self._client.publish(PURGE_CHANNEL, f"{generation} {stream}".encode())
+                names = await self._redis.client.smembers(index_key(stream))
+                await self._redis.client.delete(index_key(stream), *names)
+                await self._redis.client.publish(PURGE_CHANNEL, encode_purge(stream, generation))
         except Errors as error:
-            self._failed("purge", error)
+            self._redis.failed("purge", error)
             return False
         if only_if_known:
             self._note_found(generation, bool(names))
-        self._succeeded()
-        self._count("purge", "ok")
+        self._redis.succeeded()
+        self._redis.count("purge", "ok")
         return True
 
     def _note_found(self, generation: str, found: bool) -> None:

@@ -191,10 +191,10 @@ def add_admin_routes(
         path = purge_target(request, settings)
         if isinstance(path, web.Response):
             return path
-        dropped = lifecycle.purge(path)
+        dropped = lifecycle.forget(path)
         # Durable: every replica, including ones partitioned now, stops serving it. If the shared
         # tier has not taken it yet, say so (it keeps being retried): 202, not 200.
-        durable = await lifecycle.purged(path)
+        durable = await lifecycle.forgotten_everywhere(path)
         return EdgeResponse(
             text=json.dumps({"purged": path, "segments": dropped, "durable": durable}),
             content_type="application/json",

@@ -18,7 +18,8 @@ from edge.config import Settings
 from edge.metrics import Metrics
 from edge.origin import OriginClient
 from edge.web.admin import ReadinessProbe, add_admin_routes
-from edge.web.connection_tracker import CONNECTIONS, ConnectionTracker
+from edge.web.connection_table import Limits
+from edge.web.connection_tracker import CONNECTIONS
 from edge.web.dispatch import asterisk_form, handle_stream_request
 from edge.web.gatekeeper import GATE
 from edge.web.wiring import (
@@ -41,13 +42,14 @@ def create_app(
     metrics: Metrics,
     origin: OriginClient,
     *,
-    connections: ConnectionTracker | None = None,
+    limits: Limits | None = None,
 ) -> web.Application:
     """The stream application. The origin client and the cache tiers live and die with it.
-    ``connections``: the stream listener's tracker (``edge.server`` makes it from its
-    descriptor budget); without one, a tracker of this process's limit, whose table sees only
-    the kinds of requests (a test server has no connection hook)."""
-    wired = wire(settings, metrics, origin, connections=connections)
+    ``limits``: the stream listener's connection limits (``edge.server`` makes them from its
+    descriptor budget; the root builds its tracker, ``app[CONNECTIONS]``); without them, those
+    of this process's limit, for a tracker whose table sees only the kinds of requests (a test
+    server has no connection hook)."""
+    wired = wire(settings, metrics, origin, limits=limits)
     app = web.Application(middlewares=[asterisk_form])
     app[WIRED] = wired
     app[SETTINGS] = settings

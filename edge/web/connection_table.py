@@ -92,7 +92,10 @@ class Limits:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Admission(Generic[K]):
+class ConnectionAdmission(Generic[K]):
+    """Whether a connection (or a request turning live) gets a place in the table; the
+    credential check of its requests is ``edge.auth.gate.RequestAdmission``'s."""
+
     admitted: bool
     evict: K | None = None  # close this one: it made room
     refusal: Refusal | None = None  # why, when not admitted
@@ -152,7 +155,9 @@ class ConnectionTable(Generic[K]):
         self._phase[key] = phase
         self._deadlines[phase][key] = now + self._timeout(phase)
 
-    def admit(self, key: K, now: float, *, flushing: Callable[[K], bool] = _never) -> Admission[K]:
+    def admit(
+        self, key: K, now: float, *, flushing: Callable[[K], bool] = _never
+    ) -> ConnectionAdmission[K]:
         """A new connection: admitted (maybe evicting another) or refused. Past
         ``max_connections`` it is admitted as it is, while ``at_cap`` allows: its request's
         kind decides who makes room (``request_kind``)."""
@@ -161,18 +166,18 @@ class ConnectionTable(Generic[K]):
         if len(self._phase) >= limits.max_connections + limits.at_cap:
             evict = self._longest_idle(flushing)
             if evict is None:
-                return Admission(admitted=False, refusal=Refusal.CONNECTIONS)
+                return ConnectionAdmission(admitted=False, refusal=Refusal.CONNECTIONS)
             self.forget(evict)
         self._wait(key, Phase.HEAD, now)
         self._idle_order[key] = None
-        return Admission(admitted=True, evict=evict)
+        return ConnectionAdmission(admitted=True, evict=evict)
 
     def _longest_idle(self, flushing: Callable[[K], bool]) -> K | None:
         return next((k for k in self._idle_order if not flushing(k)), None)
 
     def request_kind(
         self, key: K, *, live: bool, flushing: Callable[[K], bool] = _never
-    ) -> Admission[K]:
+    ) -> ConnectionAdmission[K]:
         """The request in progress on ``key`` is a live reader or a short request: admitted
         (evicting the keep-alive connection idle the longest while more than
         ``max_connections`` are open) or, a live reader past ``max_live``, refused. A key the
@@ -180,11 +185,11 @@ class ConnectionTable(Generic[K]):
         reader all the same."""
         if live:
             if key in self._live:
-                return Admission(admitted=True)
+                return ConnectionAdmission(admitted=True)
             if len(self._live) >= self.limits.live_cap:
-                return Admission(admitted=False, refusal=Refusal.VIEWERS)
+                return ConnectionAdmission(admitted=False, refusal=Refusal.VIEWERS)
             self._live.add(key)
-        return Admission(admitted=True, evict=self._idle_past_cap(flushing))
+        return ConnectionAdmission(admitted=True, evict=self._idle_past_cap(flushing))
 
     def live_ended(self, key: K) -> None:
         self._live.discard(key)

@@ -91,7 +91,7 @@ def _flushing(transport: asyncio.Transport) -> bool:
 class ConnectionTracker:
     """The asyncio side: one per listener. Counters are plain attributes (read at scrape time)."""
 
-    def __init__(self, limits: Limits) -> None:
+    def __init__(self, limits: Limits, *, fast: FastPath | None = None) -> None:
         self.table: ConnectionTable[asyncio.Transport] = ConnectionTable(limits)
         self.evicted = 0
         self.refused = 0
@@ -105,8 +105,8 @@ class ConnectionTracker:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self._warned_at: dict[str, float] = {}
-        # Set by edge.server: the stored hits the connections answer themselves.
-        self.fast: FastPath | None = None
+        # The stored hits the connections answer themselves (handed in by edge.web.wiring).
+        self.fast = fast
         self._connections: dict[asyncio.Transport, TrackedConnection] = {}
         self.middleware: Middleware = self._make_middleware()
 

@@ -26,7 +26,7 @@ Rules this module owns:
   still has that generation, so no hit carries another instance's or generation's keys.
 * A stored answer lives only while the log it was built from does (its stream instance and
   credential scope): whatever forgets that log (the stream, or only that scope, as a 404 to a
-  credential does) ends the answer, checked at every hit; ``LocalTier.purge_scope`` drops the
+  credential does) ends the answer, checked at every hit; ``LocalTier.forget_scope`` drops the
   scope's stored answers with it.
 * An answer is stored under the stream instance it was derived from (``Derivation.instance``),
   never the one current when it is stored: ``LocalTier.put_response`` refuses it once that
@@ -53,9 +53,10 @@ from collections.abc import Callable
 from multidict import CIMultiDict
 
 from edge.answer import Answer
-from edge.auth.gate import Admission, Client, Gate
+from edge.auth.gate import Client, Gate, RequestAdmission
 from edge.catchup import live_authority_seconds
 from edge.config import Settings
+from edge.instances.generations import GENERATION_CHECK_SECONDS
 from edge.log.freshness import tail_age_seconds
 from edge.log.policy import at_tail_holds, if_none_match_hits
 from edge.log.stream_log import LogKey, StreamLog
@@ -73,7 +74,6 @@ from edge.protocol.http1 import (
 from edge.protocol.paths import BadTarget, parse_target
 from edge.protocol.reads import PUBLIC_SCOPE, RequestKind
 from edge.store.local import LocalTier, StoredHit
-from edge.streams import GENERATION_CHECK_SECONDS
 from edge.web.proxy import OriginCors
 
 HIT = "edge; hit"
@@ -160,7 +160,7 @@ class FastPath:
             address=None,
         )  # fmt: skip
         decision = gate.decide_now(client, remember=True)
-        if not isinstance(decision, Admission) or decision.scope is None:
+        if not isinstance(decision, RequestAdmission) or decision.scope is None:
             return None
         admitted = decision.target
         return answer_key(

@@ -4,7 +4,7 @@ Rules this module owns:
 
 * ``admit`` is the one call at the top of stream request handling: a refusal response, or
   None with the request's target replaced by the one without ``token`` parameters and the
-  ``Admission`` kept on the request for the cache, the live hub and the relay.
+  ``RequestAdmission`` kept on the request for the cache, the live hub and the relay.
 * A refusal is the edge's own answer: the status, ``WWW-Authenticate`` where it applies, the
   origin's CORS headers (a browser must be able to read it), ``Cache-Control: no-store``, and a
   short reason; or, in forward mode, the auth service's body and headers.
@@ -20,7 +20,7 @@ from aiohttp.web_request import BaseRequest
 from multidict import CIMultiDict
 
 from edge.auth.credentials import strip_token
-from edge.auth.gate import Admission, Client, Gate
+from edge.auth.gate import Client, Gate, RequestAdmission
 from edge.auth.policy import Refusal
 from edge.web.proxy import (
     ADMISSION,
@@ -72,7 +72,7 @@ def refusal_response(refusal: Refusal, cors: OriginCors, origin: str | None) -> 
     return response
 
 
-def admission(request: web.Request) -> Admission | None:
+def admission(request: web.Request) -> RequestAdmission | None:
     return request.get(ADMISSION)
 
 
@@ -90,7 +90,7 @@ def shared_credentials(request: web.Request) -> list[tuple[str, str]] | None:
 
 def seconds_left(request: web.Request) -> float | None:
     """How long a live read may still run on this request's credential."""
-    admitted: Admission | None = request.get(ADMISSION)
+    admitted: RequestAdmission | None = request.get(ADMISSION)
     if admitted is None or admitted.expires_at is None:
         return None
     return max(0.0, admitted.expires_at - time.time())

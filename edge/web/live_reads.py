@@ -5,8 +5,8 @@ Rules this module owns:
 * A live read starts where the hub says (``LiveHub.start``: ``offset=now`` is the tail, a
   further ``Last-Event-ID`` wins). A read the cache does not answer (``Bypass``) is relayed as
   the client sent it; an origin failure before the answer began is answered as one.
-* A long-poll whose released answer was written straight to its socket (``Written``) is only
-  completed here.
+* A long-poll whose released answer was written straight to its socket (``AlreadyWritten``) is
+  only completed here.
 * An SSE response is ``text/event-stream`` that no cache keeps (``no-store``) and no proxy
   buffers or alters (``no-transform``, ``X-Accel-Buffering: no``), with the origin's CORS
   headers first, as the origin sends them. What one viewer holds is bounded by
@@ -27,7 +27,7 @@ from aiohttp import HttpVersion11, web
 
 from edge.answer import Answer, Bypass
 from edge.live.answers import sse_encoding
-from edge.live.polls import Framing, Socket, Written
+from edge.live.polls import AlreadyWritten, Framing, Socket
 from edge.live.viewers import Fed, Viewer
 from edge.log.stream_log import LogKey, StreamLog
 from edge.origin import BodyTooLarge, OriginError
@@ -36,7 +36,7 @@ from edge.web.asked import Asked, origin_failed, to_response
 from edge.web.catchup_reads import relay_bypass
 from edge.web.gatekeeper import seconds_left
 from edge.web.proxy import ClientGone, EdgeStreamResponse, OriginCors
-from edge.web.wire import VIA, WrittenResponse
+from edge.web.wire import VIA, AlreadyWrittenResponse
 from edge.web.wiring import CORS, HUB, METRICS, SETTINGS
 
 
@@ -79,8 +79,8 @@ async def serve_long_poll(
             # A backlog bigger than the edge keeps in one piece (or an answer that is not the
             # cache's to give): the origin answers it directly.
             return await relay_bypass(request, classified.kind, outcome)
-        case Written():
-            return WrittenResponse(outcome)  # released with its group: on the wire already
+        case AlreadyWritten():
+            return AlreadyWrittenResponse(outcome)  # released with its group: on the wire already
         case Answer():
             return to_response(request, asked, outcome)
         case _:

@@ -45,7 +45,7 @@ from aiohttp import hdrs, web
 from cachetools import LRUCache
 from multidict import CIMultiDict
 
-from edge.auth.gate import Admission
+from edge.auth.gate import RequestAdmission
 from edge.memory import TRIMMER
 from edge.metrics import Metrics
 from edge.origin import OriginClient, OriginError
@@ -80,7 +80,7 @@ Observer = Callable[
 
 TARGET = web.RequestKey("target", Target)
 # What the authorization gate allowed (edge.web.gatekeeper); absent with --auth none.
-ADMISSION = web.RequestKey("admission", Admission)
+ADMISSION = web.RequestKey("admission", RequestAdmission)
 
 
 def reader_only(request: web.Request) -> bool:
@@ -298,7 +298,7 @@ class Relay:
     metrics: Metrics
     cors: OriginCors
     observe: Observer | None = None
-    # Orders origin exchanges (``Streams.ticket``): what the edge knew before a request started
+    # Orders origin exchanges (``Tickets.ticket``): what the edge knew before a request started
     # is what its answer can contradict.
     ticket: Callable[[], int] = lambda: 0
 

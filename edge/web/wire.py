@@ -14,7 +14,7 @@ Rules this module owns:
   ``Content-Length`` (none on 204/304 and 1xx), a default ``Content-Type`` for a body without
   one, ``Date``, no ``Server``, and ``Connection`` as the request's version and keep-alive ask.
   Header values with control characters are refused (``ValueError``), as aiohttp refuses them.
-* ``WrittenResponse`` completes a request whose answer is on the wire already, through
+* ``AlreadyWrittenResponse`` completes a request whose answer is on the wire already, through
   aiohttp's public response interface (``prepare``, ``write_eof``, ``keep_alive``): it writes
   nothing, and keeps the connection open exactly when the written bytes said so.
 """
@@ -28,7 +28,7 @@ from aiohttp.abc import AbstractStreamWriter
 from multidict import CIMultiDict
 
 from edge.answer import Answer
-from edge.live.polls import Framing, Written
+from edge.live.polls import AlreadyWritten, Framing
 from edge.protocol.headers import VIA_PSEUDONYM, default_cache_control
 from edge.protocol.http1 import bodiless, date_line, serialise, trailer
 from edge.web.proxy import OriginCors, make_private, without_cors
@@ -71,10 +71,10 @@ def encode(answer: Answer, framing: Framing, *, cors: OriginCors) -> bytes:
     )
 
 
-class WrittenResponse(web.StreamResponse):
+class AlreadyWrittenResponse(web.StreamResponse):
     """The response of a request whose answer was written to its socket directly."""
 
-    def __init__(self, written: Written) -> None:
+    def __init__(self, written: AlreadyWritten) -> None:
         super().__init__(status=written.status)
         self._written_keep_alive = written.keep_alive
 

@@ -4,11 +4,15 @@ uses through its constructor.
 Rules this module owns:
 
 * Only this module builds the tiers (``LocalTier``, ``SharedTier``), the stream instances
-  (``Streams``), the fill budget, the compressor, the catch-up service, the live hub, the relay,
-  the gate, the fast path, the catch-up front and the CDN purger. Each gets the parts it uses;
-  none reaches through another for them.
-* Who hears of a forgetting is decided here, in the order given: the CDN purger (with
-  ``--cdn-purge``), then whatever a worker adds (``edge.workers.siblings``).
+  (``edge.instances.build``: their door, forgetter, generations, lifetimes, writes and
+  tickets), the fill budget, the compressor, the catch-up service, the live hub, the relay,
+  the gate, the fast path, the stream listener's connection tracker (handed the fast path),
+  the catch-up front and the CDN purger. Each gets the parts it uses; none reaches through
+  another for them.
+* Who hears of a forgetting is decided here, in the order given: the live hub (its tails and
+  readers end: ``LiveHub`` subscribes to the forgetter it is handed), the CDN purger (with
+  ``--cdn-purge``), then whatever a worker adds (``edge.workers.siblings``). These are
+  appended, not handed in: each of them uses the forgetter it hears from.
 * The lifetime opens in dependency order and closes in reverse: the origin client first, then
   the gate, the shared tier (before the listener opens: readiness knows Redis from the first)
   and the purger; the purger closes first (drained within ``--drain-seconds``), the origin
@@ -31,13 +35,20 @@ from edge.cdn.purger import CdnPurger
 from edge.compress import Compressor
 from edge.config import Settings
 from edge.fill_budget import FillBudget
+from edge.instances import build
+from edge.instances.door import Door
+from edge.instances.forgetting import Forgetter
+from edge.instances.generations import Generations
+from edge.instances.lifetimes import Lifetimes
+from edge.instances.tickets import Tickets
+from edge.instances.writes import Writes
 from edge.lifecycle import StreamLifecycle
 from edge.live.hub import LiveHub
 from edge.metrics import Metrics
 from edge.origin import OriginClient
 from edge.store.local import LocalTier
 from edge.store.shared import SharedTier
-from edge.streams import Streams
+from edge.web.connection_table import Limits
 from edge.web.connection_tracker import ConnectionTracker
 from edge.web.descriptors import budget_for, limits_for
 from edge.web.fastpath import FastPath
@@ -48,10 +59,16 @@ from edge.web.wire import encode
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CatchupParts:
-    """The catch-up service and the parts it shares with the rest of the edge."""
+    """The catch-up service and the parts it shares with the rest of the edge (the stream
+    instances' parts one by one: each consumer is handed the ones it uses)."""
 
     local: LocalTier
-    streams: Streams
+    tickets: Tickets
+    forgetter: Forgetter
+    generations: Generations
+    lifetimes: Lifetimes
+    door: Door
+    writes: Writes
     fill_budget: FillBudget
     compressor: Compressor
     catchup: CatchupCache
@@ -67,7 +84,7 @@ def build_catchup(
     clock: Callable[[], float] = time.time,
 ) -> CatchupParts:
     local = LocalTier(settings.cache_bytes, on_evict=metrics.cache_evictions.inc)
-    streams = Streams(settings, local, origin, metrics, shared=shared, clock=clock)
+    instances = build(settings, local, origin, metrics, shared=shared, clock=clock)
     fill_budget = FillBudget(settings.fill_buffer_bytes)
     compressor = Compressor(local)
     catchup = CatchupCache(
@@ -75,7 +92,11 @@ def build_catchup(
         origin,
         metrics,
         local=local,
-        streams=streams,
+        door=instances.door,
+        forgetter=instances.forgetter,
+        generations=instances.generations,
+        lifetimes=instances.lifetimes,
+        ticket=instances.tickets.ticket,
         fill_budget=fill_budget,
         compressor=compressor,
         shared=shared,
@@ -84,11 +105,18 @@ def build_catchup(
     metrics.track_budget(local.usage, lambda: fill_budget.used)
     return CatchupParts(
         local=local,
-        streams=streams,
+        tickets=instances.tickets,
+        forgetter=instances.forgetter,
+        generations=instances.generations,
+        lifetimes=instances.lifetimes,
+        door=instances.door,
+        writes=instances.writes,
         fill_budget=fill_budget,
         compressor=compressor,
         catchup=catchup,
-        lifecycle=StreamLifecycle(streams=streams, shared=shared),
+        lifecycle=StreamLifecycle(
+            writes=instances.writes, forgetter=instances.forgetter, shared=shared
+        ),
     )
 
 
@@ -103,7 +131,8 @@ class Wired:
     cors: OriginCors
     shared: SharedTier | None
     local: LocalTier
-    streams: Streams
+    forgetter: Forgetter
+    lifetimes: Lifetimes
     catchup: CatchupCache
     lifecycle: StreamLifecycle
     hub: LiveHub
@@ -114,12 +143,12 @@ class Wired:
     purger: CdnPurger | None
 
 
-def default_connections(settings: Settings) -> ConnectionTracker:
-    """A tracker of this process's descriptor limit, whose table sees only the kinds of
-    requests (a test server has no connection hook)."""
+def default_limits(settings: Settings) -> Limits:
+    """The connection limits of this process's descriptor limit, for a tracker whose table sees
+    only the kinds of requests (a test server has no connection hook)."""
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     limit = -1 if soft == resource.RLIM_INFINITY else soft
-    return ConnectionTracker(limits_for(settings, budget_for(settings, limit)))
+    return limits_for(settings, budget_for(settings, limit))
 
 
 def wire(
@@ -127,7 +156,7 @@ def wire(
     metrics: Metrics,
     origin: OriginClient,
     *,
-    connections: ConnectionTracker | None = None,
+    limits: Limits | None = None,
 ) -> Wired:
     cors = OriginCors()
     origin.listen_to_answers(cors.remember)
@@ -150,7 +179,9 @@ def wire(
         origin,
         catchup=parts.catchup,
         local=parts.local,
-        streams=parts.streams,
+        door=parts.door,
+        forgetter=parts.forgetter,
+        ticket=parts.tickets.ticket,
         encode=functools.partial(encode, cors=cors),
     )
     relay = Relay(
@@ -158,23 +189,28 @@ def wire(
         metrics=metrics,
         cors=cors,
         observe=parts.lifecycle.observe,
-        ticket=parts.streams.ticket,
+        ticket=parts.tickets.ticket,
     )
     gate = Gate(settings, metrics) if settings.auth_mode != "none" else None
     fast = FastPath(settings, parts.local, cors, gate=gate)
     metrics.fold_at_scrape(fast.fold_into)
-    purger = CdnPurger(settings, parts.streams, metrics) if settings.cdn_purge else None
+    # The stream listener's connections answer stored hits themselves, through the fast path.
+    connections = ConnectionTracker(
+        limits if limits is not None else default_limits(settings), fast=fast
+    )
+    purger = CdnPurger(settings, parts.forgetter, metrics) if settings.cdn_purge else None
     if purger is not None:
-        parts.streams.on_forget.append(purger.forgot)
+        parts.forgetter.tellers.append(purger.forgot)
     return Wired(
         settings=settings,
         metrics=metrics,
         origin=origin,
-        connections=connections if connections is not None else default_connections(settings),
+        connections=connections,
         cors=cors,
         shared=shared,
         local=parts.local,
-        streams=parts.streams,
+        forgetter=parts.forgetter,
+        lifetimes=parts.lifetimes,
         catchup=parts.catchup,
         lifecycle=parts.lifecycle,
         hub=hub,
@@ -194,7 +230,7 @@ async def lifetime(wired: Wired) -> AsyncIterator[None]:
         await gate.start()
     if shared is not None:
         await shared.start()
-        shared.listen_for_purges(wired.streams.purged_elsewhere, wired.streams.resync)
+        shared.listen_for_purges(wired.forgetter.forgotten_elsewhere, wired.forgetter.resync)
     if purger is not None:
         await purger.start()
     yield
@@ -203,7 +239,7 @@ async def lifetime(wired: Wired) -> AsyncIterator[None]:
     await wired.hub.close()
     if gate is not None:
         await gate.close()
-    await wired.streams.close()
+    await wired.lifetimes.close()  # the stream instances' one open part: lifetime probes
     if shared is not None:
         await shared.close()
     await origin.close()

@@ -17,17 +17,17 @@ Rules this module owns:
   the write happened at the origin and cannot be taken back; that sibling is then as far behind
   as another replica would be (``--tail-freshness``). It is logged.
 * Forgetting a worker decides inside its own work (a fill's 404, a content type that is not the
-  stream's, a tail the core finds impossible, a live tail's 404: ``Streams.on_forget``) is told
+  stream's, a tail the core finds impossible, a live tail's 404: ``Forgetter.tellers``) is told
   the same way, as a ``forgot`` message, and each sibling forgets the same (``stream_gone`` for
   that scope, which for the public scope forgets the instance). The answer that revealed it
-  waits for the telling (``Streams.settled``), bounded as above. A forgetting of what is only in
+  waits for the telling (``Forgetter.settled``), bounded as above. A forgetting of what is only in
   doubt (the origin went away: ``edge.log.trust``) says so (``followers_stay``): each sibling
   forgets what it holds and keeps its live followers, as its decider did.
 * Nothing is told twice, and nothing loops: what a worker does at its supervisor's request (on
   its private admin listener: a replayed observation or forgetting, a purge the supervisor sends
   to every worker) the supervisor already tells every worker, so it is not told again, nor
-  downstream (``edge.streams.TELLS_DOWNSTREAM``: the worker that decided purges the CDN; of a
-  purge the supervisor sends to every worker, the one worker it names with
+  downstream (``edge.instances.forgetting.TELLS_DOWNSTREAM``: the worker that decided purges the
+  CDN; of a purge the supervisor sends to every worker, the one worker it names with
   ``TELLS_DOWNSTREAM_PARAM`` does). A message says whether its sender ``held`` anything of the
   stream: a 404 seen by a worker that never served the stream is purged downstream by each
   sibling that held something of it (``Downstream.DECIDER_HELD_NOTHING``), since the kernel
@@ -56,9 +56,9 @@ import aiohttp
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from edge.instances.forgetting import TELLS_DOWNSTREAM, Downstream, Forgetter, Forgetting
 from edge.log.stream_log import LogKey, says_gone
 from edge.store.local import LocalTier
-from edge.streams import TELLS_DOWNSTREAM, Downstream, Forgetting, Streams
 from edge.web.proxy import Observer
 from edge.web.wiring import RELAY, WIRED
 from edge.workers.admin import TELLS_DOWNSTREAM_PARAM
@@ -81,7 +81,7 @@ def worth_telling(method: str, status: int) -> bool:
 
 def replay_forgets(method: str, status: int) -> bool:
     """Does replaying this observation forget the stream on a sibling, as it did here?
-    (``Streams.observe``: a DELETE that succeeded, a creating PUT, a 404 or 410 to any request;
+    (``Writes.observe``: a DELETE that succeeded, a creating PUT, a 404 or 410 to any request;
     one to a credentialed request forgets that scope on the sibling as here.)"""
     method = method.upper()
     return (
@@ -150,7 +150,7 @@ def decode_forgot(data: object) -> LogKey | None:
     return LogKey(stream=stream, scope=scope)
 
 
-async def replay(streams: Streams, observe: Observer, body: bytes) -> None:
+async def replay(forgetter: Forgetter, observe: Observer, body: bytes) -> None:
     """Run one observation or forgetting a sibling relayed; ValueError when it is neither."""
     data = json.loads(body)
     forgot = decode_forgot(data)
@@ -158,10 +158,10 @@ async def replay(streams: Streams, observe: Observer, body: bytes) -> None:
         if isinstance(data, dict) and data.get("followers_stay") is True:
             # The sibling saw the origin go away (edge.log.trust) and purged the shared tier and
             # what lies downstream: what is held here is in doubt, its followers stay.
-            streams.forget_locally(forgot.stream, followers_stay=True)
+            forgetter.forget_here(forgot.stream, followers_stay=True)
             return
         with _downstream_of(data):
-            streams.stream_gone(forgot)
+            forgetter.stream_gone(forgot)
         return
     pairs = [
         [(str(name), str(value)) for name, value in data[key]]
@@ -206,9 +206,9 @@ class Siblings:
     a sibling told (``apply``)."""
 
     def __init__(
-        self, *, streams: Streams, local: LocalTier, observe: Observer, tell: Transport
+        self, *, forgetter: Forgetter, local: LocalTier, observe: Observer, tell: Transport
     ) -> None:
-        self._streams = streams
+        self._forgetter = forgetter
         self._held = local
         self._local = observe  # this worker's own observer (``StreamLifecycle.observe``)
         self._tell = tell
@@ -242,10 +242,10 @@ class Siblings:
             finally:
                 _REPLAY_FORGETS.reset(covered)
         # What observing it made this worker forget beyond that (a write below the tail it knew).
-        await self._streams.settled(stream)
+        await self._forgetter.settled(stream)
 
     def forgot(self, forgetting: Forgetting) -> asyncio.Future[None] | None:
-        """A ``Streams.on_forget`` teller: a forgetting this worker decided, told to siblings."""
+        """A ``Forgetter.tellers`` teller: a forgetting this worker decided, told to siblings."""
         key = forgetting.key
         if not should_tell(
             key,
@@ -263,7 +263,7 @@ class Siblings:
         """What a sibling told, at the supervisor's request; ValueError (or KeyError, TypeError)
         when it is no message."""
         with at_supervisors_request():
-            await replay(self._streams, self._local, body)
+            await replay(self._forgetter, self._local, body)
 
 
 def share_observations(
@@ -286,7 +286,7 @@ def share_observations(
     def tell(body: bytes) -> Awaitable[None] | None:
         return _tell(session[0], observed, body, authorization) if session else None
 
-    siblings = Siblings(streams=wired.streams, local=wired.local, observe=local, tell=tell)
+    siblings = Siblings(forgetter=wired.forgetter, local=wired.local, observe=local, tell=tell)
 
     @web.middleware
     async def supervisors_request(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -310,7 +310,7 @@ def share_observations(
 
     stream_app[RELAY] = replace(relay, observe=siblings.observe)
     stream_app.cleanup_ctx.append(lifetime)
-    wired.streams.on_forget.append(siblings.forgot)
+    wired.forgetter.tellers.append(siblings.forgot)
     admin_app.middlewares.append(supervisors_request)
     admin_app.router.add_post("/observe", replayed)
 

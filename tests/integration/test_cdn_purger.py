@@ -21,13 +21,12 @@ import edge.cdn.purger as purger_module
 from devstack.processes import start_redis
 from edge.cdn.purger import CdnPurger
 from edge.config import Address, Settings
+from edge.instances.forgetting import Forgetter
 from edge.log.stream_log import LogKey
 from edge.metrics import Metrics
-from edge.origin import OriginClient
 from edge.protocol.purge_keys import stream_key
 from edge.store.local import LocalTier
 from edge.store.shared import SharedTier
-from edge.streams import Streams
 from edge.workers.siblings import at_supervisors_request
 from tests.cdn_stand_ins import (
     CloudflareStandIn,
@@ -48,7 +47,8 @@ CLOUDFLARE_TOKEN = "cloudflare-token-never-logged"
 @dataclass
 class Rig:
     purger: CdnPurger
-    streams: Streams
+    local: LocalTier
+    forgetter: Forgetter
     metrics: Metrics
 
     def count(self, kind: str, result: str) -> float:
@@ -100,15 +100,15 @@ def settings_for(
 @contextlib.asynccontextmanager
 async def rig(settings: Settings) -> AsyncIterator[Rig]:
     metrics = Metrics()
-    streams = Streams(settings, LocalTier(1 << 20), OriginClient(settings), metrics)
-    purger = CdnPurger(settings, streams, metrics)
-    streams.on_forget.append(purger.forgot)
+    local = LocalTier(1 << 20)
+    forgetter = Forgetter(local)
+    purger = CdnPurger(settings, forgetter, metrics)
+    forgetter.tellers.append(purger.forgot)
     await purger.start()
     try:
-        yield Rig(purger=purger, streams=streams, metrics=metrics)
+        yield Rig(purger=purger, local=local, forgetter=forgetter, metrics=metrics)
     finally:
         await purger.close()
-        await streams.close()
 
 
 @pytest.fixture(autouse=True)
@@ -116,9 +116,9 @@ def short_window(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(purger_module, "DOUBLE_PURGE_SECONDS", WINDOW)
 
 
-def hold(streams: Streams, stream: str) -> None:
+def hold(local: LocalTier, stream: str) -> None:
     """Make this process hold something of ``stream`` (a log), as after serving it."""
-    streams.local.log_for(LogKey(stream=stream, scope="public"))
+    local.log_for(LogKey(stream=stream, scope="public"))
 
 
 @contextlib.contextmanager
@@ -143,7 +143,7 @@ async def test_a_forgetting_is_purged_at_every_target_at_once_and_again_after_th
     key = stream_key(stream)
     async with rig(settings_for(stand_ins)) as r:
         forgot_at = time.monotonic()
-        r.streams.purge(stream, reason="deleted")
+        r.forgetter.forget(stream, reason="deleted")
         assert await eventually(lambda: all(len(s.calls_for(key)) == 2 for s in stand_ins.values()))
         # A stand-in records a call before it answers; the purger counts the answer after it.
         assert await eventually(lambda: all(r.count(kind, "ok") == 2 for kind in stand_ins))
@@ -169,9 +169,9 @@ async def test_purges_are_coalesced_batched_and_retried_after_a_rate_limit(
     async with rig(settings_for(stand_ins)) as r:
         forgot_at = time.monotonic()
         for stream in streams:
-            r.streams.purge(stream, reason="deleted")
+            r.forgetter.forget(stream, reason="deleted")
         for _ in range(20):  # one stream forgotten again and again: one entry
-            r.streams.purge(streams[0], reason="deleted")
+            r.forgetter.forget(streams[0], reason="deleted")
         assert await eventually(lambda: r.pending("cloudflare") == 0, 15)
         assert cloudflare.answers[:2] == [429, 502]
         assert r.count("cloudflare", "error") >= 2
@@ -199,7 +199,7 @@ async def test_a_wrong_token_is_retried_with_backoff_and_never_shown(
         settings = settings_for(stand_ins, fastly_api=fastly.url)
         with caplog.at_level(logging.DEBUG):
             async with rig(settings) as r:
-                r.streams.purge("/v1/stream/x", reason="deleted")
+                r.forgetter.forget("/v1/stream/x", reason="deleted")
                 assert await eventually(lambda: len(fastly.answers) >= 3, 10)
                 # The stand-in records its answer before the purger counts it.
                 assert await eventually(lambda: r.count("fastly", "error") >= 3)
@@ -226,7 +226,7 @@ async def test_a_dead_or_hanging_target_never_delays_a_forgetting(
         async with rig(settings) as r:
             started = time.perf_counter()
             for i in range(200):
-                r.streams.purge(f"/v1/stream/s{i}", reason="deleted")
+                r.forgetter.forget(f"/v1/stream/s{i}", reason="deleted")
             spent = time.perf_counter() - started
             assert spent < 0.5, f"200 forgettings took {spent:.3f} s"
             # The live targets are served meanwhile.
@@ -246,7 +246,7 @@ async def test_at_shutdown_what_is_owed_goes_at_once_the_double_purge_included(
     key = stream_key("/v1/stream/stop")
     webhook = stand_ins["webhook"]
     async with rig(settings_for(stand_ins)) as r:
-        r.streams.purge("/v1/stream/stop", reason="deleted")
+        r.forgetter.forget("/v1/stream/stop", reason="deleted")
         assert await eventually(lambda: len(webhook.calls_for(key)) == 1)
         stopping = time.monotonic()
         r.purger.start_draining()
@@ -266,8 +266,8 @@ async def test_past_the_cap_new_purges_are_dropped_counted_and_logged(
     settings = settings_for(stand_ins, drain_seconds=0.0, webhook=closed_port() + "/x")
     async with rig(settings) as r:
         for i in range(8):
-            r.streams.purge(f"/v1/stream/s{i}", reason="deleted")
-        r.streams.purge("/v1/stream/s0", reason="deleted")  # coalesces: never dropped
+            r.forgetter.forget(f"/v1/stream/s{i}", reason="deleted")
+        r.forgetter.forget("/v1/stream/s0", reason="deleted")  # coalesces: never dropped
         assert r.count("webhook", "dropped") == 3
         assert r.pending("webhook") == 5
         assert r.count("fastly", "dropped") == 3  # every target has its own cap
@@ -282,16 +282,16 @@ async def test_only_whole_stream_forgettings_this_process_decided_are_sent(
     webhook = stand_ins["webhook"]
     async with rig(settings_for(stand_ins)) as r:
         held = "/v1/stream/held"
-        hold(r.streams, held)
+        hold(r.local, held)
         # A credential's 404 forgets its scope only: the CDN holds no credentialed answer.
-        r.streams.stream_gone(LogKey(stream=held, scope="token-1"))
+        r.forgetter.stream_gone(LogKey(stream=held, scope="token-1"))
         # Carried out for the supervisor or a sibling: their decider sends.
         with at_supervisors_request():
-            r.streams.purge(held, reason="admin_purge")
+            r.forgetter.forget(held, reason="admin_purge")
         # A 404 for a path this process never held, without a shared tier: nobody served it.
-        r.streams.stream_gone(LogKey(stream="/v1/stream/scanned", scope="public"))
-        hold(r.streams, held)
-        r.streams.stream_gone(LogKey(stream=held, scope="public"))  # this one is sent
+        r.forgetter.stream_gone(LogKey(stream="/v1/stream/scanned", scope="public"))
+        hold(r.local, held)
+        r.forgetter.stream_gone(LogKey(stream=held, scope="public"))  # this one is sent
         assert await eventually(lambda: len(webhook.received) == 2)
         await asyncio.sleep(WINDOW)
     assert [(c.stream, c.reason) for c in webhook.received] == [(held, "gone")] * 2
@@ -303,8 +303,7 @@ def test_pending_gauge_and_counters_are_exported_for_each_configured_kind(
 ) -> None:
     settings = settings_for(stand_ins)
     metrics = Metrics()
-    streams = Streams(settings, LocalTier(1 << 20), OriginClient(settings), metrics)
-    CdnPurger(settings, streams, metrics)
+    CdnPurger(settings, Forgetter(LocalTier(1 << 20)), metrics)
     text = metrics.render().decode()
     for kind in ("varnish", "webhook", "fastly", "cloudflare"):
         assert f'edge_cdn_purges_pending{{kind="{kind}"}} 0.0' in text
@@ -330,16 +329,16 @@ async def test_a_purge_durable_only_after_redis_came_back_is_sent_once_more_afte
     except BaseException:
         redis_server.stop()  # never leave a server running behind a failed set-up
         raise
-    streams = Streams(settings, LocalTier(1 << 20), OriginClient(settings), metrics, shared=shared)
-    purger = CdnPurger(settings, streams, metrics)
-    streams.on_forget.append(purger.forgot)
+    forgetter = Forgetter(LocalTier(1 << 20), shared=shared)
+    purger = CdnPurger(settings, forgetter, metrics)
+    forgetter.tellers.append(purger.forgot)
     await purger.start()
     webhook = stand_ins["webhook"]
     key = stream_key("/v1/stream/while-redis-away")
     try:
         port = redis_server.port
         redis_server.stop()
-        streams.purge("/v1/stream/while-redis-away", reason="deleted")
+        forgetter.forget("/v1/stream/while-redis-away", reason="deleted")
         assert await eventually(lambda: len(webhook.calls_for(key)) == 2, 10)
         await asyncio.sleep(WINDOW * 2)
         assert len(webhook.calls_for(key)) == 2  # nothing more while Redis is away
@@ -348,9 +347,8 @@ async def test_a_purge_durable_only_after_redis_came_back_is_sent_once_more_afte
         assert await eventually(lambda: len(webhook.calls_for(key)) == 3, 15)
         assert webhook.calls_for(key)[2].at - back >= WINDOW
         assert [c.reason for c in webhook.calls_for(key)] == ["deleted"] * 3
-        assert await streams.purged("/v1/stream/while-redis-away")
+        assert await forgetter.forgotten_everywhere("/v1/stream/while-redis-away")
     finally:
         await purger.close()
-        await streams.close()
         await shared.close()
         redis_server.stop()

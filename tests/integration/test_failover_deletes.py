@@ -19,7 +19,7 @@ import pytest
 
 from devstack.processes import Origin
 from devstack.redis_sets import RedisClusterSet, SentinelSet
-from edge.store.shared import generation_key
+from edge.store.shared_codec import generation_key
 from tests.conftest import SharedRedis, shared_redis_in
 from tests.integration.replicas import fetch, start_replicas
 from tests.integration.test_never_wrong import until_status, write

@@ -16,7 +16,8 @@ import redis.asyncio as aredis
 from devstack.processes import Edge, Origin, Redis, start_edge, start_redis
 from edge.config import RedisTarget
 from edge.metrics import Metrics
-from edge.store.shared import MAX_REDIS_COMMANDS, SharedTier
+from edge.store.shared import SharedTier
+from edge.store.shared_access import MAX_REDIS_COMMANDS
 
 # Streams read at once: each first read asks the shared tier for the stream's generation.
 BURST = 400

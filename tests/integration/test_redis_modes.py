@@ -23,8 +23,8 @@ import redis.asyncio as aredis
 from devstack.processes import Edge, Origin, start_edge
 from devstack.redis_sets import RedisClusterSet, SentinelSet
 from devstack.sse_viewer import view_sse
-from edge.store.shared import generation_key
-from edge.streams import PURGE_WAIT_SECONDS
+from edge.instances.forgetting import PURGE_WAIT_SECONDS
+from edge.store.shared_codec import generation_key
 from tests.conftest import SharedRedis, shared_redis_in
 from tests.integration.live_support import append_all
 from tests.integration.replicas import Answer, fetch, start_replicas

@@ -99,7 +99,7 @@ def test_usage_reports_every_structure_and_purge_empties_it() -> None:
     assert usage["log"][1] == 1
     assert usage["instance"][1] == 1
     assert local.bytes_used == sum(size for size, _ in usage.values())
-    local.purge(KEY.stream)
+    local.forget(KEY.stream)
     assert all(usage == (0, 0) for usage in local.usage().values())
     assert local.bytes_used == 0
 
@@ -129,7 +129,7 @@ def test_stored_responses_live_and_die_with_their_stream_instance() -> None:
         cors_varies=False,
     ) is None  # fmt: skip
     assert not local.put_response(key(KEY.stream + "/x", "offset=-1", gzip=True), hit)
-    local.purge(KEY.stream)
+    local.forget(KEY.stream)
     assert local.response(key(KEY.stream, "offset=-1", gzip=True)) is None
     assert local.usage()["response"] == (0, 0)
     # Made under the purged instance: refused, so nothing of it is answered again.
@@ -157,7 +157,7 @@ def test_forgetting_a_scope_forgets_the_answers_stored_for_it() -> None:
             answer_key_,
             replace(hit, log=local.log_for(LogKey(stream=KEY.stream, scope=answer_key_.scope))),
         )
-    local.purge_scope(LogKey(stream=KEY.stream, scope="cred-a"))
+    local.forget_scope(LogKey(stream=KEY.stream, scope="cred-a"))
     assert local.response(mine) is None
     assert local.response(theirs) is not None
 

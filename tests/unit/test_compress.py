@@ -34,7 +34,7 @@ async def test_each_representation_is_compressed_once_and_reused() -> None:
     assert len(set(others)) == 1
     assert compressor.made == 2
     # Forgotten with the stream, and made again afterwards.
-    local.purge(KEY.stream)
+    local.forget(KEY.stream)
     await compressor.gzip(KEY, local.instance_for(KEY.stream), ("-1", "e1", "digest"), body)
     assert compressor.made == 3
 
@@ -73,7 +73,7 @@ async def test_a_body_compressed_while_its_stream_was_forgotten_is_not_kept_for_
     body = bytes(rng.getrandbits(8) for _ in range(OFF_LOOP_BYTES)) * 2  # made in a thread
     making = asyncio.create_task(compressor.gzip(KEY, old, ("-1", "e1", "digest"), body))
     await asyncio.sleep(0)
-    local.purge(KEY.stream)  # deleted and recreated while the thread works
+    local.forget(KEY.stream)  # deleted and recreated while the thread works
     new = local.instance_for(KEY.stream)
     assert gzip.decompress(await making) == body  # its own reader still gets it
     assert local.derived(KEY, ("gzip", ("-1", "e1", "digest"))) is None

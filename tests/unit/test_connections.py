@@ -11,7 +11,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from edge.web.connection_table import (
     BODY_MIN_BYTES_PER_SECOND,
-    Admission,
+    ConnectionAdmission,
     ConnectionTable,
     Expiry,
     Limits,
@@ -42,7 +42,7 @@ def table(cap: int = 100) -> ConnectionTable[str]:
 
 def test_a_new_connection_must_send_a_head_within_the_header_timeout() -> None:
     t = table()
-    assert t.admit("a", 0.0) == Admission(admitted=True)
+    assert t.admit("a", 0.0) == ConnectionAdmission(admitted=True)
     assert (t.phase("a"), t.deadline("a")) == (Phase.HEAD, HEADER)
     assert t.expire(HEADER - 0.01) == []
     assert t.expire(HEADER) == [Expiry(key="a", phase=Phase.HEAD)]
@@ -218,7 +218,7 @@ def test_at_the_cap_the_longest_idle_connection_is_evicted() -> None:
     t.admit("old", 0.0)
     t.admit("mid", 1.0)
     t.admit("new", 2.0)
-    assert t.admit("next", 3.0) == Admission(admitted=True, evict="old")
+    assert t.admit("next", 3.0) == ConnectionAdmission(admitted=True, evict="old")
     assert len(t) == 3
     assert t.phase("old") is None
     assert t.phase("next") is Phase.HEAD
@@ -243,7 +243,7 @@ def test_busy_and_flushing_connections_are_never_evicted() -> None:
         t.admit(key, 0.0)
     t.request_started("busy")
     admission = t.admit("new", 1.0, flushing=lambda key: key == "flushing")
-    assert admission == Admission(admitted=True, evict="idle")
+    assert admission == ConnectionAdmission(admitted=True, evict="idle")
 
 
 def test_when_every_connection_is_busy_a_newcomer_is_refused() -> None:
@@ -251,11 +251,11 @@ def test_when_every_connection_is_busy_a_newcomer_is_refused() -> None:
     for key in ("a", "b"):
         t.admit(key, 0.0)
         t.request_started(key)
-    assert t.admit("c", 1.0) == Admission(admitted=False, refusal=Refusal.CONNECTIONS)
+    assert t.admit("c", 1.0) == ConnectionAdmission(admitted=False, refusal=Refusal.CONNECTIONS)
     assert len(t) == 2
     assert t.phase("c") is None
     t.request_finished("a", 2.0)
-    assert t.admit("c", 3.0) == Admission(admitted=True, evict="a")
+    assert t.admit("c", 3.0) == ConnectionAdmission(admitted=True, evict="a")
 
 
 def test_unknown_and_closed_connections_are_ignored() -> None:
@@ -285,7 +285,7 @@ def admission_table(cap: int = 4, at_cap: int = 2, live: int = 2) -> ConnectionT
     )
 
 
-def busy(t: ConnectionTable[str], key: str, now: float, *, live: bool) -> Admission[str]:
+def busy(t: ConnectionTable[str], key: str, now: float, *, live: bool) -> ConnectionAdmission[str]:
     t.admit(key, now)
     t.request_started(key)
     return t.request_kind(key, live=live)
@@ -293,13 +293,15 @@ def busy(t: ConnectionTable[str], key: str, now: float, *, live: bool) -> Admiss
 
 def test_live_readers_past_their_cap_are_refused_and_short_requests_are_not() -> None:
     t = admission_table(cap=4, live=2)
-    assert busy(t, "v1", 0.0, live=True) == Admission(admitted=True)
-    assert busy(t, "v2", 0.0, live=True) == Admission(admitted=True)
-    assert busy(t, "v3", 0.0, live=True) == Admission(admitted=False, refusal=Refusal.VIEWERS)
+    assert busy(t, "v1", 0.0, live=True) == ConnectionAdmission(admitted=True)
+    assert busy(t, "v2", 0.0, live=True) == ConnectionAdmission(admitted=True)
+    assert busy(t, "v3", 0.0, live=True) == ConnectionAdmission(
+        admitted=False, refusal=Refusal.VIEWERS
+    )
     assert t.live == 2
-    assert busy(t, "write", 0.0, live=False) == Admission(admitted=True)
+    assert busy(t, "write", 0.0, live=False) == ConnectionAdmission(admitted=True)
     t.live_ended("v1")  # a viewer leaves: the next one is in
-    assert t.request_kind("v3", live=True) == Admission(admitted=True)
+    assert t.request_kind("v3", live=True) == ConnectionAdmission(admitted=True)
     assert t.live == 2
 
 
@@ -312,11 +314,11 @@ def test_past_the_cap_the_head_decides_and_idle_connections_go_first() -> None:
     t.request_finished("idle", 2.0)
     t.admit("head", 3.0)  # connected, nothing sent yet
     # At the cap: the newcomer is let in without evicting anyone, to read its head.
-    assert t.admit("writer", 4.0) == Admission(admitted=True)
+    assert t.admit("writer", 4.0) == ConnectionAdmission(admitted=True)
     assert len(t) == 5
     t.request_started("writer")
     # A short request: the longest idle makes room, never a viewer.
-    assert t.request_kind("writer", live=False) == Admission(admitted=True, evict="idle")
+    assert t.request_kind("writer", live=False) == ConnectionAdmission(admitted=True, evict="idle")
     assert len(t) == 4
     assert t.phase("v1") is Phase.BUSY
     assert t.phase("v2") is Phase.BUSY
@@ -327,7 +329,9 @@ def test_a_viewer_past_its_cap_evicts_nobody() -> None:
     busy(t, "v1", 0.0, live=True)
     t.admit("idle1", 0.0)
     t.admit("idle2", 0.0)
-    assert busy(t, "v2", 1.0, live=True) == Admission(admitted=False, refusal=Refusal.VIEWERS)
+    assert busy(t, "v2", 1.0, live=True) == ConnectionAdmission(
+        admitted=False, refusal=Refusal.VIEWERS
+    )
     assert {t.phase(k) for k in ("idle1", "idle2")} == {Phase.HEAD}
 
 
@@ -337,13 +341,13 @@ def test_when_every_connection_is_busy_short_requests_are_held_past_the_cap() ->
     busy(t, "v2", 0.0, live=True)
     busy(t, "slow-upload", 0.0, live=False)
     # Every connection under the cap busy: two more are held to read their heads ...
-    assert busy(t, "agent", 1.0, live=False) == Admission(admitted=True)
-    assert busy(t, "stop", 1.0, live=False) == Admission(admitted=True)
+    assert busy(t, "agent", 1.0, live=False) == ConnectionAdmission(admitted=True)
+    assert busy(t, "stop", 1.0, live=False) == ConnectionAdmission(admitted=True)
     # ... and past them nothing can be read: refused at once (the tracker's plain 503).
-    assert t.admit("late", 2.0) == Admission(admitted=False, refusal=Refusal.CONNECTIONS)
+    assert t.admit("late", 2.0) == ConnectionAdmission(admitted=False, refusal=Refusal.CONNECTIONS)
     assert t.live == 2
     t.request_finished("agent", 3.0)
-    assert t.admit("late", 4.0) == Admission(admitted=True, evict="agent")
+    assert t.admit("late", 4.0) == ConnectionAdmission(admitted=True, evict="agent")
 
 
 def test_a_live_request_ends_with_its_connections_busy_period() -> None:
@@ -355,7 +359,7 @@ def test_a_live_request_ends_with_its_connections_busy_period() -> None:
     assert t.forget("b")
     assert t.live == 0
     # A key the table does not hold (a server without the connection hook) still counts.
-    assert t.request_kind("untracked", live=True) == Admission(admitted=True)
+    assert t.request_kind("untracked", live=True) == ConnectionAdmission(admitted=True)
     assert t.request_kind("other", live=True).refusal is Refusal.VIEWERS
     t.live_ended("untracked")
     assert t.live == 0
@@ -520,10 +524,10 @@ class ConnectionMachine(RuleBasedStateMachine):
         already = key in self.live
         admission = self.table.request_kind(key, live=live, flushing=self.flushing.__contains__)
         if live and already:
-            assert admission == Admission(admitted=True)  # told twice: nothing changes
+            assert admission == ConnectionAdmission(admitted=True)  # told twice: nothing changes
             return
         if live and len(self.live) >= LIVE_CAP:
-            assert admission == Admission(admitted=False, refusal=Refusal.VIEWERS)
+            assert admission == ConnectionAdmission(admitted=False, refusal=Refusal.VIEWERS)
             return
         assert admission.admitted
         if live:

@@ -24,17 +24,17 @@ from edge.log.stream_log import (
     Mark,
     StreamInstance,
     StreamLog,
+    StreamWrite,
     TailVerdict,
-    Write,
     judge_write,
 )
 from edge.protocol.offsets import START, is_offset_token
-from edge.store.shared import (
+from edge.store.shared_codec import (
     BadValue,
     SharedClosure,
-    _generation,
     decode,
     decode_closed,
+    decode_generation,
     encode,
     encode_closed,
     new_generation,
@@ -211,15 +211,15 @@ def test_bad_closures_are_refused() -> None:
 def test_an_absent_generation_key_names_no_generation(stamp: str) -> None:
     """A generation key Redis lost (restarted empty, expired, evicted) or never had confirms no
     stamp a replica holds, not even the old default "0": the tier mints one in its place."""
-    assert _generation(None) is None
-    assert _generation(None) != stamp
+    assert decode_generation(None) is None
+    assert decode_generation(None) != stamp
 
 
 @given(count=st.integers(min_value=1, max_value=20))
 def test_a_minted_generation_is_read_back_as_itself(count: int) -> None:
     for _ in range(count):
         minted = new_generation()
-        assert _generation(minted.encode()) == minted
+        assert decode_generation(minted.encode()) == minted
 
 
 def test_content_digests_tell_bytes_apart_not_offsets() -> None:
@@ -257,7 +257,7 @@ def test_a_write_tells_the_tail_of_the_bytes_held_only_if_it_names_their_instanc
         instance.reached(high, received=1)
         if closed:
             instance.closed_at = Mark(offset=high, received=1)
-    write = Write(
+    write = StreamWrite(
         floor=floor, started=2, appended=appended, content_type=named, answered=answered,
         status=204,
     )  # fmt: skip
@@ -296,7 +296,7 @@ def test_a_write_answered_404_or_410_says_the_stream_is_gone_and_other_refusals_
         instance.reached(high, received=1)
         if closed:
             instance.closed_at = Mark(offset=high, received=1)
-    write = Write(
+    write = StreamWrite(
         floor=None, started=2, appended=True, content_type=held, answered=answered, status=status
     )
     judgement = judge_write(instance, write)

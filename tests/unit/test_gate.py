@@ -15,7 +15,7 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from edge.auth.credentials import strip_token
-from edge.auth.gate import Admission, Client, Gate
+from edge.auth.gate import Client, Gate, RequestAdmission
 from edge.auth.policy import Refusal
 from edge.config import Address, Settings
 from edge.metrics import Metrics
@@ -58,7 +58,7 @@ async def test_an_allowed_read_is_shared_and_carries_the_edges_credential(tmp_pa
             f"{STREAM}?offset=-1&token={grant}&live=sse",
             [("Cookie", "s=1"), ("X-Tenant", "t"), ("Accept", "*/*")],
         )
-        assert isinstance(admitted, Admission)
+        assert isinstance(admitted, RequestAdmission)
         assert admitted.shared
         assert admitted.target.upstream == f"{STREAM}?offset=-1&live=sse"
         assert admitted.target.query == "offset=-1&live=sse"
@@ -71,7 +71,7 @@ async def test_an_allowed_read_is_shared_and_carries_the_edges_credential(tmp_pa
 
         write = sign(KEY, claims_for(STREAM, scope="write"))
         admitted = await decide(gate, "POST", f"{STREAM}?token={write}", [])
-        assert isinstance(admitted, Admission)
+        assert isinstance(admitted, RequestAdmission)
         assert not admitted.shared
         assert admitted.target.upstream == STREAM
         assert admitted.relay_headers([("Content-Type", "text/plain")]) == [
@@ -83,7 +83,7 @@ async def test_an_allowed_read_is_shared_and_carries_the_edges_credential(tmp_pa
         assert isinstance(refused, Refusal)
         assert refused.status == 401
         preflight = await decide(gate, "OPTIONS", STREAM, [])
-        assert isinstance(preflight, Admission)
+        assert isinstance(preflight, RequestAdmission)
         assert not preflight.shared
         text = metrics.render().decode()
         assert 'edge_auth_decisions_total{mode="jwt",result="allowed"} 3.0' in text
@@ -187,7 +187,7 @@ def test_the_jwt_policy_judges_the_stream_that_is_served(tmp_path: Path) -> None
     loop = Loop()
     loop.run(gate.start())
 
-    def admit(method: str, raw: str, grant: str) -> Admission | Refusal:
+    def admit(method: str, raw: str, grant: str) -> RequestAdmission | Refusal:
         if "TOKEN" in raw:
             return loop.run(gate.admit(client(method, raw.replace("TOKEN", grant), [])))
         return loop.run(gate.admit(client(method, raw, [("Authorization", f"Bearer {grant}")])))
@@ -205,12 +205,15 @@ def test_the_jwt_policy_judges_the_stream_that_is_served(tmp_path: Path) -> None
         under_prefix = admit(method, raw, token_for([PREFIX]))
         exact = admit(method, raw, token_for([stream]))
         if method == "OPTIONS":  # a preflight carries no credential and is not judged
-            assert isinstance(under_prefix, Admission)
+            assert isinstance(under_prefix, RequestAdmission)
             assert not under_prefix.shared
             return
-        assert isinstance(exact, Admission), (raw, stream, exact)
+        assert isinstance(exact, RequestAdmission), (raw, stream, exact)
         assert exact.target.stream == stream
-        assert isinstance(under_prefix, Admission) == stream.startswith(PREFIX), (raw, stream)
+        assert isinstance(under_prefix, RequestAdmission) == stream.startswith(PREFIX), (
+            raw,
+            stream,
+        )
         raw_path = raw.partition("?")[0]
         if raw_path != stream and not stream.startswith(raw_path):
             # A token for the path as the client spelt it does not cover the stream served.
@@ -261,13 +264,13 @@ def test_the_auth_service_judges_the_stream_that_is_served() -> None:
         decision = loop.run(gate.admit(client(method, raw, [("Cookie", f"session={who}")])))
         questions = auth.asked[asked:]
         if method == "OPTIONS":  # a preflight carries no credential and is not judged
-            assert isinstance(decision, Admission)
+            assert isinstance(decision, RequestAdmission)
             assert not questions
             return
         reading = method in ("GET", "HEAD")
         allowed = target.stream.startswith(PREFIX) and (reading or who == "alice")
-        assert isinstance(decision, Admission) == allowed, (raw, target.stream, decision)
-        if isinstance(decision, Admission):
+        assert isinstance(decision, RequestAdmission) == allowed, (raw, target.stream, decision)
+        if isinstance(decision, RequestAdmission):
             assert decision.target.stream == target.stream
             assert decision.shared == reading
         # The service was asked about the stream served, its query without the token, and the
@@ -313,7 +316,7 @@ async def test_a_kept_admission_holds_only_while_what_it_was_derived_from_does(
         grant = sign(KEY, claims_for(STREAM, now=NOW, lifetime=10))
         head = client("GET", f"{STREAM}?offset=-1", [("Authorization", f"Bearer {grant}")])
         kept = gate.decide_now(head, remember=True)
-        assert isinstance(kept, Admission)
+        assert isinstance(kept, RequestAdmission)
         assert kept == await gate.admit(head)
         assert gate.decide_now(head, remember=True) is kept  # kept, not judged again
         # Another stream's read with the same token is its own decision: refused, not kept.
@@ -324,7 +327,7 @@ async def test_a_kept_admission_holds_only_while_what_it_was_derived_from_does(
         assert gate.jwks is not None
         await gate.jwks._load()
         again = gate.decide_now(head, remember=True)
-        assert isinstance(again, Admission)
+        assert isinstance(again, RequestAdmission)
         assert again is not kept
         # Past exp (leeway 0): refused, by the hit path as by the full path.
         now[0] = NOW + 10.5
@@ -362,7 +365,7 @@ async def test_kept_admissions_are_bounded_in_bytes_whatever_the_targets(
         try:
             before = tracemalloc.get_traced_memory()[0]
             for head in heads:
-                assert isinstance(gate.decide_now(head, remember=True), Admission)
+                assert isinstance(gate.decide_now(head, remember=True), RequestAdmission)
             kept = tracemalloc.get_traced_memory()[0] - before
         finally:
             tracemalloc.stop()

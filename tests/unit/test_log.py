@@ -344,7 +344,7 @@ def test_purge_drops_every_scope_of_one_stream_only() -> None:
         local.put(key, seg("-1", "0_1", b"x"))
         local.log_for(key)
     instance = local.instance_for("/s")
-    assert local.purge("/s") == 2
+    assert local.forget("/s") == 2
     assert not local.current(instance)  # the instance is forgotten with its entries
     assert local.get(KEY, "-1") is None
     assert local.get(other_scope, "-1") is None
@@ -376,7 +376,7 @@ def test_purging_one_scope_keeps_the_others() -> None:
     for key in (KEY, private):
         local.put(key, seg("-1", "0_1", b"x"))
         local.log_for(key)
-    assert local.purge_scope(private) == 1
+    assert local.forget_scope(private) == 1
     assert local.get(private, "-1") is None
     assert local.log(private) is None
     assert local.get(KEY, "-1") is not None

@@ -360,7 +360,7 @@ class EdgeUnderTest:
         """A request the edge relayed to the origin (a write, a HEAD) and the origin's answer."""
         # The machine runs one step at a time: nothing arrives between this request's start
         # and its answer, so its ticket is taken here.
-        started = self.parts.streams.ticket()
+        started = self.parts.tickets.ticket()
         result = self.observer(
             method, path, status, list(request_headers), list(response_headers), started
         )
@@ -382,13 +382,13 @@ class EdgeUnderTest:
         """A purge from the admin listener; a worker's comes from its supervisor, which sends it
         to every worker (its ``/purge`` runs under ``at_supervisors_request``, then awaits the
         purge's durability, as ``add_admin_routes`` does)."""
-        purge: Callable[[str], object] = self.parts.lifecycle.purge
+        purge: Callable[[str], object] = self.parts.lifecycle.forget
         if self.siblings is None:
             result = purge(path)
             return result if inspect.isawaitable(result) else None
         with at_supervisors_request():
             purge(path)
-        return self.parts.lifecycle.purged(path)
+        return self.parts.lifecycle.forgotten_everywhere(path)
 
     # --- --workers N: the worker's side of edge.workers.siblings, wired as share_observations ---
 
@@ -397,11 +397,11 @@ class EdgeUnderTest:
         forgettings are told through the supervisor (``Siblings``), which has every sibling
         ``apply`` them."""
         self.siblings = Siblings(
-            streams=self.parts.streams, local=self.parts.local,
+            forgetter=self.parts.forgetter, local=self.parts.local,
             observe=self.parts.lifecycle.observe, tell=supervisor.transport(index),
         )  # fmt: skip
         self.observer = self.siblings.observe
-        self.parts.streams.on_forget.append(self.siblings.forgot)
+        self.parts.forgetter.tellers.append(self.siblings.forgot)
 
     async def apply(self, body: bytes) -> None:
         """What the worker's private admin listener does with ``POST /observe``."""
@@ -409,7 +409,7 @@ class EdgeUnderTest:
         await self.siblings.apply(body)
 
     async def close(self) -> None:
-        await self.parts.streams.close()
+        await self.parts.lifetimes.close()
 
 
 class InProcessSupervisor:
@@ -2084,15 +2084,15 @@ def test_the_lifetime_probe_answered_410_forgets_the_stream(machine: CatchupMach
     edge = machine.edge
     assert isinstance(edge, EdgeUnderTest)
     assert _ids(machine.do_read(A, "-1")) == [100]
-    streams = edge.parts.streams
+    lifetimes = edge.parts.lifetimes
     instance = edge.parts.local.instance(A)
     assert instance is not None
     assert edge.parts.local.holds_data(A)
     machine.do_delete(A, via_edge=False)  # soft: it has a fork
 
     async def probe() -> None:
-        streams.probe_lifetime(LogKey(stream=A, scope="public"), instance, ())
-        await asyncio.gather(*streams._background)
+        lifetimes.probe_lifetime(LogKey(stream=A, scope="public"), instance, ())
+        await asyncio.gather(*lifetimes._background)
 
     machine.loop.run_until_complete(probe())
     assert not edge.parts.local.holds_data(A)

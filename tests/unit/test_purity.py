@@ -15,6 +15,7 @@ import edge.log
 import edge.log.policy
 import edge.protocol
 import edge.protocol.paths
+import edge.store.shared_codec
 import edge.summary
 import edge.web.backlog
 import edge.web.connection_table
@@ -35,6 +36,7 @@ PURE_MODULES += [
     Path(edge.cdn.api.__file__),
     Path(edge.cdn.book.__file__),
     Path(edge.summary.__file__),
+    Path(edge.store.shared_codec.__file__),
 ]
 
 

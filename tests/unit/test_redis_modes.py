@@ -19,7 +19,7 @@ from edge.store.redis_modes import (
     connect,
     promotable_replicas,
 )
-from edge.store.shared import closed_key, generation_key, index_key, segment_key
+from edge.store.shared_codec import closed_key, generation_key, index_key, segment_key
 
 
 @given(stream=st.text(min_size=1), scope=st.text(), starts=st.lists(st.text(), max_size=5))

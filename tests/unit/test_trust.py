@@ -1,5 +1,6 @@
 """Knowledge that cannot be confirmed is trusted for a bounded time (``edge.log.trust``), driven
-through the real ``Streams`` with a shared tier that cannot say and a clock of the test's own."""
+through the real ``Generations`` and ``Forgetter`` with a shared tier that cannot say and a clock
+of the test's own."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from edge.config import Address, Settings
+from edge.instances.forgetting import Forgetter
+from edge.instances.generations import GENERATION_CHECK_SECONDS, Generations
+from edge.instances.tickets import Tickets
 from edge.log.segment import Segment
 from edge.log.stream_log import LogKey
 from edge.log.trust import (
@@ -18,11 +22,9 @@ from edge.log.trust import (
     origin_went_away,
     when_unconfirmed,
 )
-from edge.metrics import Metrics
-from edge.origin import OriginBroken, OriginClient, OriginError, OriginTimeout, OriginUnreachable
+from edge.origin import OriginBroken, OriginError, OriginTimeout, OriginUnreachable
 from edge.protocol.reads import PUBLIC_SCOPE
 from edge.store.local import LocalTier
-from edge.streams import GENERATION_CHECK_SECONDS, Streams
 
 SETTINGS = Settings(
     origin="http://o",
@@ -101,11 +103,12 @@ def test_while_the_tier_cannot_say_nothing_held_outlives_the_bound(
     async def run() -> None:
         clock = Clock()
         tier = SilentTier()
-        streams = Streams(
-            SETTINGS, LocalTier(1 << 20), OriginClient(SETTINGS), Metrics(),
-            shared=tier, clock=clock,  # type: ignore[arg-type]
+        local = LocalTier(1 << 20)
+        forgetter = Forgetter(local, shared=tier, clock=clock)  # type: ignore[arg-type]
+        generations = Generations(
+            local, forgetter, Tickets().ticket, shared=tier, clock=clock,  # type: ignore[arg-type]
         )  # fmt: skip
-        instance = streams.local.instance_for(KEY.stream)
+        instance = local.instance_for(KEY.stream)
         confirmed_at = float("-inf")
         if confirmed:  # the tier named the generation once, before it went away
             instance.generation, instance.verified_at = "g1", clock.now
@@ -113,10 +116,10 @@ def test_while_the_tier_cannot_say_nothing_held_outlives_the_bound(
         learned: dict[str, float] = {}  # start of each segment held -> when it was learned
         for elapsed, learn in steps:
             clock.now += elapsed
-            before = streams.local.instance_for(KEY.stream)
+            before = local.instance_for(KEY.stream)
             asked = tier.asked
-            await streams.check_generation(KEY.stream)
-            after = streams.local.instance_for(KEY.stream)
+            await generations.check_generation(KEY.stream)
+            after = local.instance_for(KEY.stream)
             if after is not before:
                 assert learned
                 assert clock.now - confirmed_at >= UNCONFIRMED_TRUST_SECONDS
@@ -124,12 +127,12 @@ def test_while_the_tier_cannot_say_nothing_held_outlives_the_bound(
             elif tier.asked > asked and not learned:
                 confirmed_at = clock.now  # began holding it now
             for start, at in learned.items():
-                assert streams.local.get(KEY, start) is not None  # kept whole
+                assert local.get(KEY, start) is not None  # kept whole
                 assert clock.now - at < UNCONFIRMED_TRUST_SECONDS
             if learn:
                 start = _offset(len(learned)) if learned else "-1"
                 segment = Segment(start=start, end=_offset(len(learned) + 1), body=b"x")
-                assert streams.local.put(KEY, segment, after)
+                assert local.put(KEY, segment, after)
                 learned[start] = clock.now
 
     asyncio.run(run())
@@ -139,38 +142,37 @@ def test_an_origin_seen_going_away_forgets_what_is_held_but_keeps_how_it_is_read
     """What every stream holds is forgotten and told (a purge), its live followers are told to
     stay (not ended), how it is read (type, the origin's headers) carries over; told again,
     only what was learned since is forgotten again."""
-    streams = Streams(
-        SETTINGS, LocalTier(1 << 20), OriginClient(SETTINGS), Metrics(), clock=Clock()
-    )
+    local = LocalTier(1 << 20)
+    forgetter = Forgetter(local, clock=Clock())
     ended: list[str] = []
     stayed: list[str] = []
     told: list[tuple[str, str]] = []
-    streams.forgotten.append(ended.append)
-    streams.unconfirmed.append(stayed.append)
-    streams.on_forget.append(lambda forgetting: told.append((forgetting.stream, forgetting.reason)))
-    held = streams.local.instance_for(KEY.stream)
-    log = streams.local.log_for(KEY)
+    forgetter.on_forgotten_here.append(ended.append)
+    forgetter.on_unconfirmed.append(stayed.append)
+    forgetter.tellers.append(lambda forgetting: told.append((forgetting.stream, forgetting.reason)))
+    held = local.instance_for(KEY.stream)
+    log = local.log_for(KEY)
     log.content_type = "application/json"
     log.header_template = (("Access-Control-Allow-Origin", "*"),)
-    assert streams.local.put(KEY, Segment(start="-1", end=_offset(1), body=b"[1]"), held)
-    known_only = streams.local.instance_for("/other")  # an instance, nothing learned
+    assert local.put(KEY, Segment(start="-1", end=_offset(1), body=b"[1]"), held)
+    known_only = local.instance_for("/other")  # an instance, nothing learned
 
-    assert streams.origin_lost() == 1
+    assert forgetter.origin_lost() == 1
     assert (ended, stayed, told) == ([], [KEY.stream], [(KEY.stream, "gone")])
-    assert not streams.local.current(held)
-    assert streams.local.get(KEY, "-1") is None
-    begun = streams.local.log(KEY)
+    assert not local.current(held)
+    assert local.get(KEY, "-1") is None
+    begun = local.log(KEY)
     assert begun is not None
     assert begun.tail is None
     assert begun.content_type == "application/json"
     assert begun.header_template == (("Access-Control-Allow-Origin", "*"),)
-    assert streams.local.current(known_only)
+    assert local.current(known_only)
 
     # A follower stands at its offset: not something learned, nothing to forget again.
     begun.followed_from(_offset(1))
-    assert streams.origin_lost() == 0
+    assert forgetter.origin_lost() == 0
     # What the follower records afterwards was learned since: forgotten at the next loss.
-    assert streams.local.put(KEY, Segment(start=_offset(1), end=_offset(2), body=b"[2]"))
-    assert streams.origin_lost() == 1
-    assert streams.local.get(KEY, _offset(1)) is None
+    assert local.put(KEY, Segment(start=_offset(1), end=_offset(2), body=b"[2]"))
+    assert forgetter.origin_lost() == 1
+    assert local.get(KEY, _offset(1)) is None
     assert ended == []

@@ -17,9 +17,9 @@ import pytest
 from aiohttp import web
 
 from edge.answer import Answer
-from edge.live.polls import Framing, Written
+from edge.live.polls import AlreadyWritten, Framing
 from edge.web.proxy import EdgeResponse, OriginCors
-from edge.web.wire import WrittenResponse, client_headers, encode
+from edge.web.wire import AlreadyWrittenResponse, client_headers, encode
 
 CORS = OriginCors()
 CORS.remember(None, [("Access-Control-Allow-Origin", "*"), ("Access-Control-Expose-Headers", "*")])
@@ -217,14 +217,14 @@ def test_header_injection_is_refused() -> None:
 async def test_a_written_response_writes_nothing_and_keeps_the_connection_as_written(
     server: tuple[str, int],
 ) -> None:
-    """A handler returning WrittenResponse after writing the answer itself: the client sees
+    """A handler returning AlreadyWrittenResponse after writing the answer itself: the client sees
     exactly those bytes, then the next pipelined request's answer (keep-alive), or the end."""
     frame = encode(ANSWERS["data"], KEEP_ALIVE, cors=CORS)
 
     async def direct(request: web.Request) -> web.StreamResponse:
         assert request.transport is not None
         request.transport.write(frame)
-        return WrittenResponse(Written(status=200, keep_alive=request.keep_alive))
+        return AlreadyWrittenResponse(AlreadyWritten(status=200, keep_alive=request.keep_alive))
 
     app = web.Application()
     app.router.add_get("/direct", direct)

@@ -14,12 +14,14 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
 from edge.config import Address, Settings, per_worker
+from edge.instances import Instances, build
+from edge.instances.door import InstanceChanged
+from edge.instances.forgetting import Forgetting, Unsettled
 from edge.log.stream_log import LogKey
 from edge.metrics import Metrics
 from edge.origin import OriginClient
 from edge.protocol.reads import PUBLIC_SCOPE
 from edge.store.local import LocalTier
-from edge.streams import Forgetting, InstanceChanged, Streams, Unsettled
 from edge.web.wiring import CatchupParts, build_catchup
 from edge.workers.bootstrap import Bootstrap, encode, read_bootstrap
 from edge.workers.mirror import Mirror
@@ -200,32 +202,31 @@ class Told:
         return telling
 
 
-def _streams() -> tuple[Streams, Told]:
+def _instances() -> tuple[Instances, LocalTier, Told]:
     settings = BASE
-    streams = Streams(
-        settings, LocalTier(1 << 20), OriginClient(settings), Metrics(), clock=lambda: 1000.0
-    )
+    local = LocalTier(1 << 20)
+    instances = build(settings, local, OriginClient(settings), Metrics(), clock=lambda: 1000.0)
     told = Told()
-    streams.on_forget.append(told)
-    return streams, told
+    instances.forgetter.tellers.append(told)
+    return instances, local, told
 
 
 async def test_every_cause_of_forgetting_is_told_once_through_one_place() -> None:
-    streams, told = _streams()
+    instances, local, told = _instances()
     public = LogKey(stream="/s", scope=PUBLIC_SCOPE)
     scoped = LogKey(stream="/s", scope="token-1")
-    streams.purge("/s", reason="admin_purge")
-    streams.stream_gone(public)
-    streams.stream_gone(scoped)
-    streams.observe("DELETE", "/s", 204, [], [], started=streams.ticket())
-    streams.observe("PUT", "/s", 201, [], [], started=streams.ticket())
-    streams.observe("GET", "/s", 404, [], [], started=streams.ticket())
+    instances.forgetter.forget("/s", reason="admin_purge")
+    instances.forgetter.stream_gone(public)
+    instances.forgetter.stream_gone(scoped)
+    instances.writes.observe("DELETE", "/s", 204, [], [], started=instances.tickets.ticket())
+    instances.writes.observe("PUT", "/s", 201, [], [], started=instances.tickets.ticket())
+    instances.writes.observe("GET", "/s", 404, [], [], started=instances.tickets.ticket())
     # A live upstream whose tail went back: another stream at the path.
-    instance = streams.local.instance_for("/s")
+    instance = local.instance_for("/s")
     with pytest.raises(InstanceChanged):
-        streams.record_live(
+        instances.door.record_live(
             public, OFFSET_9, OFFSET_5, b"", up_to_date=True, closed=False,
-            instance=instance, started=streams.ticket(),
+            instance=instance, started=instances.tickets.ticket(),
         )  # fmt: skip
     assert told.keys == [public, public, scoped, public, public, public, public]
     # Each says why (a webhook's reason), and that this process is the one to tell downstream.
@@ -236,8 +237,8 @@ async def test_every_cause_of_forgetting_is_told_once_through_one_place() -> Non
     # A 404 for a stream this process held nothing of says so (only the shared tier may know).
     assert not told.forgettings[1].held_here
     # What every process hears from the shared tier itself is not told.
-    streams.purged_elsewhere("/s", "another-generation")
-    streams.resync()
+    instances.forgetter.forgotten_elsewhere("/s", "another-generation")
+    instances.forgetter.resync()
     assert len(told.keys) == 7
 
 
@@ -255,31 +256,31 @@ async def test_a_head_answered_as_another_content_type_is_another_instance(
 ) -> None:
     """A HEAD answer names the stream's content type and states its whole lifetime: of another
     type, it is another stream's lifetime, not to be learned for the instance held."""
-    streams, told = _streams()
-    held = streams.local.instance_for("/s")
+    instances, local, told = _instances()
+    held = local.instance_for("/s")
     held.content_type = held_type
-    streams.observe(
+    instances.writes.observe(
         "HEAD", "/s", 200, [], [("Content-Type", same_type), ("Stream-TTL", "60")],
-        started=streams.ticket(),
+        started=instances.tickets.ticket(),
     )  # fmt: skip
-    assert streams.local.current(held)
+    assert local.current(held)
     assert held.ttl_seconds == 60.0
     assert told.keys == []
-    streams.observe(
+    instances.writes.observe(
         "HEAD", "/s", 200, [], [("Content-Type", other_type), ("Stream-TTL", "5")],
-        started=streams.ticket(),
+        started=instances.tickets.ticket(),
     )  # fmt: skip
-    assert not streams.local.current(held)
+    assert not local.current(held)
     assert held.ttl_seconds == 60.0  # the other stream's lifetime was not learned for it
     assert [f.reason for f in told.forgettings] == ["new_instance"]
 
 
 async def test_settled_waits_for_the_tellings_of_its_stream_only() -> None:
-    streams, told = _streams()
-    await streams.settled("/s")  # nothing under way: at once
-    streams.purge("/s", reason="admin_purge")
-    streams.purge("/other", reason="admin_purge")
-    waiting = asyncio.ensure_future(streams.settled("/s"))
+    instances, _local, told = _instances()
+    await instances.forgetter.settled("/s")  # nothing under way: at once
+    instances.forgetter.forget("/s", reason="admin_purge")
+    instances.forgetter.forget("/other", reason="admin_purge")
+    waiting = asyncio.ensure_future(instances.forgetter.settled("/s"))
     await asyncio.sleep(0)
     assert not waiting.done()
     told.tellings[1].set_result(None)  # /other's
@@ -287,17 +288,17 @@ async def test_settled_waits_for_the_tellings_of_its_stream_only() -> None:
     assert not waiting.done()
     told.tellings[0].set_result(None)
     await asyncio.wait_for(waiting, 1)
-    await asyncio.wait_for(streams.settled("/s"), 1)  # done tellings are not kept
+    await asyncio.wait_for(instances.forgetter.settled("/s"), 1)  # done tellings are not kept
 
 
 async def test_what_is_done_at_the_supervisors_request_is_told_downstream_only_if_named() -> None:
-    streams, told = _streams()
+    instances, _local, told = _instances()
     with at_supervisors_request():
-        streams.purge("/s", reason="admin_purge")
-        streams.observe("DELETE", "/s", 204, [], [], started=streams.ticket())
+        instances.forgetter.forget("/s", reason="admin_purge")
+        instances.writes.observe("DELETE", "/s", 204, [], [], started=instances.tickets.ticket())
     with at_supervisors_request(tells_downstream=True):  # the one worker the supervisor names
-        streams.purge("/s", reason="admin_purge")
-    streams.purge("/s", reason="admin_purge")
+        instances.forgetter.forget("/s", reason="admin_purge")
+    instances.forgetter.forget("/s", reason="admin_purge")
     assert [f.tells_downstream for f in told.forgettings] == [False, False, True, True]
 
 
@@ -362,39 +363,39 @@ async def test_siblings_tell_through_their_transport_and_never_echo() -> None:
 
     for index, cache in enumerate(caches):
         siblings = Siblings(
-            streams=cache.streams, local=cache.local, observe=cache.lifecycle.observe,
+            forgetter=cache.forgetter, local=cache.local, observe=cache.lifecycle.observe,
             tell=transport(index),
         )  # fmt: skip
-        cache.streams.on_forget.append(siblings.forgot)
+        cache.forgetter.tellers.append(siblings.forgot)
         workers.append(siblings)
     held = [cache.local.instance_for("/s") for cache in caches]
 
     # A DELETE relayed by worker 0: its own purge is covered by the replay, told once.
-    await workers[0].observe("DELETE", "/s", 204, [], [], caches[0].streams.ticket())
+    await workers[0].observe("DELETE", "/s", 204, [], [], caches[0].tickets.ticket())
     assert sent == [(0, encode_observation("DELETE", "/s", 204, [], [], held=True))]
     assert all(not cache.local.current(old) for cache, old in zip(caches, held, strict=True))
 
     # A forgetting worker 1 decides (a 404 to a credentialed fill) is told as such.
     scoped = LogKey(stream="/s", scope="token-1")
-    caches[1].streams.stream_gone(scoped)
-    await caches[1].streams.settled("/s")
+    caches[1].forgetter.stream_gone(scoped)
+    await caches[1].forgetter.settled("/s")
     assert sent[1:] == [(1, encode_forgot(scoped, held=True))]
 
     # What the supervisor asks of every worker itself (a purge) is not told.
     with at_supervisors_request():
-        caches[0].lifecycle.purge("/s")
-    await caches[0].streams.settled("/s")
+        caches[0].lifecycle.forget("/s")
+    await caches[0].forgetter.settled("/s")
     assert len(sent) == 2
 
     # Nothing to tell with (not serving yet, or stopped): observed here alone.
     cache = build_catchup(BASE, OriginClient(BASE), Metrics())
     alone = Siblings(
-        streams=cache.streams, local=cache.local, observe=cache.lifecycle.observe,
+        forgetter=cache.forgetter, local=cache.local, observe=cache.lifecycle.observe,
         tell=lambda _: None,
     )  # fmt: skip
-    cache.streams.on_forget.append(alone.forgot)
+    cache.forgetter.tellers.append(alone.forgot)
     before = cache.local.instance_for("/t")
-    await alone.observe("PUT", "/t", 201, [], [], cache.streams.ticket())
+    await alone.observe("PUT", "/t", 201, [], [], cache.tickets.ticket())
     assert not cache.local.current(before)
     assert alone.forgot(Forgetting(key=LogKey(stream="/t", scope="token-1"), reason="gone")) is None
     assert len(sent) == 2
@@ -425,11 +426,11 @@ def _two_workers() -> tuple[list[CatchupParts], list[Siblings], list[Recorded]]:
 
     for index, cache in enumerate(caches):
         siblings = Siblings(
-            streams=cache.streams, local=cache.local, observe=cache.lifecycle.observe,
+            forgetter=cache.forgetter, local=cache.local, observe=cache.lifecycle.observe,
             tell=transport(index),
         )  # fmt: skip
-        cache.streams.on_forget.append(siblings.forgot)
-        cache.streams.on_forget.append(tolds[index])
+        cache.forgetter.tellers.append(siblings.forgot)
+        cache.forgetter.tellers.append(tolds[index])
         workers.append(siblings)
     return caches, workers, tolds
 
@@ -438,20 +439,20 @@ async def test_a_404_on_a_worker_that_held_nothing_is_told_downstream_by_those_t
     caches, workers, tolds = _two_workers()
     public = LogKey(stream="/s", scope=PUBLIC_SCOPE)
     caches[1].local.log_for(public)  # worker 1 served the stream; worker 0 never did
-    caches[0].streams.stream_gone(public)
-    await caches[0].streams.settled("/s")
+    caches[0].forgetter.stream_gone(public)
+    await caches[0].forgetter.settled("/s")
     (decided,) = tolds[0].forgettings
     (replayed,) = tolds[1].forgettings
     assert (decided.held_here, replayed.held_here) == (False, True)
     assert replayed.tells_downstream  # the one that may have served it downstream purges it
     # Neither held it (a scanner's path): the sibling does not tell; the decider alone may,
     # only if the shared tier says some replica held it (edge.cdn.purger).
-    caches[0].streams.stream_gone(LogKey(stream="/scanned", scope=PUBLIC_SCOPE))
-    await caches[0].streams.settled("/scanned")
+    caches[0].forgetter.stream_gone(LogKey(stream="/scanned", scope=PUBLIC_SCOPE))
+    await caches[0].forgetter.settled("/scanned")
     assert not tolds[1].forgettings[-1].tells_downstream
     assert tolds[0].forgettings[-1].tells_downstream
     # A write's forgetting is its relaying worker's to tell, whoever held the stream.
-    await workers[0].observe("DELETE", "/s", 204, [], [], caches[0].streams.ticket())
+    await workers[0].observe("DELETE", "/s", 204, [], [], caches[0].tickets.ticket())
     assert tolds[0].forgettings[-1].reason == "deleted"
     assert tolds[0].forgettings[-1].tells_downstream
     assert tolds[1].forgettings[-1].reason == "deleted"
@@ -459,9 +460,9 @@ async def test_a_404_on_a_worker_that_held_nothing_is_told_downstream_by_those_t
 
 
 async def test_a_404_after_a_known_lifetime_ended_is_an_expiry() -> None:
-    streams, told = _streams()  # its clock says 1000
-    instance = streams.local.instance_for("/s")
+    instances, local, told = _instances()  # its clock says 1000
+    instance = local.instance_for("/s")
     instance.learn_lifetime(10.0, None)
     instance.touched_origin(900.0)
-    streams.stream_gone(LogKey(stream="/s", scope=PUBLIC_SCOPE))
+    instances.forgetter.stream_gone(LogKey(stream="/s", scope=PUBLIC_SCOPE))
     assert told.forgettings[-1].reason == "expired"
