@@ -3,8 +3,12 @@ how long after its send, and whether the viewer got every byte once, in order. N
 
 Rules this module owns:
 * An append is known by its send time and the stream position just past its last byte
-  (``Append.end``: bytes from the viewers' starting offset); a viewer's answer with bytes by its
-  receipt time and the viewer's byte count once it was in (``Receipt.total``).
+  (``Append.end``: bytes from the viewers' starting offset), found in the stream's final content
+  as the origin holds it (``appends_in``): appends sent before the previous one was answered
+  may land in another order, and the stream's order is the one viewers must see. Every
+  append's bytes are distinct (they carry a sequence number), so each is found once or missing.
+  A viewer's answer with bytes is known by its receipt time and the viewer's byte count once it
+  was in (``Receipt.total``).
 * An append is delivered to a viewer by the first answer whose total reaches the append's end:
   its delivery time is that answer's receipt minus the append's send. An append no answer
   reached is never delivered (``math.inf``), and counts as such in the percentiles.
@@ -51,17 +55,25 @@ class Expected:
         return cls(length=length, sha256=digest.hexdigest())
 
 
-def appends_of(sent_at: Sequence[float], sizes: Sequence[int]) -> list[Append]:
-    """The appends in order, from their send times and byte sizes."""
-    ends, total = [], 0
-    for size in sizes:
-        total += size
-        ends.append(total)
-    return [Append(sent_at=t, end=end) for t, end in zip(sent_at, ends, strict=True)]
+class AppendMissing(ValueError):
+    """An append the origin answered is not in the stream's final content."""
+
+
+def appends_in(content: bytes, sent: Sequence[tuple[float, bytes]]) -> list[Append]:
+    """The appends ``sent`` (send time, bytes), by where they ended up in ``content``, in stream
+    order."""
+    appends = []
+    for sent_at, data in sent:
+        at = content.find(data)
+        if at == -1:
+            raise AppendMissing(f"{data[:20]!r}... is not in the stream")
+        appends.append(Append(sent_at=sent_at, end=at + len(data)))
+    return sorted(appends, key=lambda a: a.end)
 
 
 def deliveries(appends: Sequence[Append], receipts: Sequence[Receipt]) -> list[float]:
-    """Each append's delivery time to one viewer (seconds; ``math.inf``: never delivered)."""
+    """Each append's delivery time to one viewer (seconds; ``math.inf``: never delivered);
+    ``appends`` in stream order, ``receipts`` as the viewer got them."""
     times: list[float] = []
     index = 0
     for append in appends:

@@ -107,7 +107,6 @@ class Agent(threading.Thread):
         self.release = threading.Event()
         self.appends = 0
         self.latencies: list[float] = []
-        self.sent_at: list[float] = []  # each answered append's send (loadtest.audience)
         self.error: str | None = None
         self.closed_at: float | None = None  # when the close was answered
 
@@ -136,7 +135,6 @@ class Agent(threading.Thread):
                 if reply.status not in (200, 204):
                     self.error = f"append {self.appends}: HTTP {reply.status}"
                     return
-                self.sent_at.append(sent)
                 self.appends += 1
                 time.sleep(max(0.0, started + self.appends / self.rate - time.monotonic()))
             close_stream(self.origin_url, self.path, CONTENT_TYPE)

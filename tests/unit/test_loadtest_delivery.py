@@ -12,9 +12,10 @@ from hypothesis import strategies as st
 
 from loadtest.delivery import (
     Append,
+    AppendMissing,
     Expected,
     Receipt,
-    appends_of,
+    appends_in,
     deliveries,
     is_exact,
     percentile,
@@ -23,10 +24,24 @@ from loadtest.delivery import (
 LINES = [b"0000000 alpha\n", b"0000001 beta\n", b"0000002 gamma\n", b"0000003 delta\n"]
 
 
+def appends_of(sent_at: list[float], sizes: list[int]) -> list[Append]:
+    """Appends that landed in the order they were sent."""
+    chunks = [bytes([65 + i]) * size for i, size in enumerate(sizes)]
+    return appends_in(b"".join(chunks), list(zip(sent_at, chunks, strict=True)))
+
+
 def test_appends_end_where_the_stream_has_taken_their_bytes() -> None:
     appends = appends_of([1.0, 1.05, 1.10], [14, 13, 14])
     assert [a.end for a in appends] == [14, 27, 41]
     assert [a.sent_at for a in appends] == [1.0, 1.05, 1.10]
+
+
+def test_appends_that_landed_out_of_order_are_placed_in_stream_order() -> None:
+    content = LINES[0] + LINES[2] + LINES[1]  # the third append overtook the second
+    appends = appends_in(content, [(1.0, LINES[0]), (1.05, LINES[1]), (1.10, LINES[2])])
+    assert [(a.sent_at, a.end) for a in appends] == [(1.0, 14), (1.10, 28), (1.05, 41)]
+    with pytest.raises(AppendMissing):
+        appends_in(content, [(1.15, LINES[3])])
 
 
 def test_each_append_is_delivered_by_the_first_answer_that_reaches_its_end() -> None:
