@@ -14,7 +14,7 @@ as the TypeScript client's ``live: true`` does: at once again from each answer's
 ``Stream-Next-Offset`` with its ``Stream-Cursor``, a 204 polled again with its cursor. Once every
 viewer is long-polling at the tail, an agent appends a ``--append-bytes`` line ``--rate`` times a
 second straight to the origin (the same writer for every target; each append sent when it is
-due, whether or not the previous one was answered: ``Writer``) for ``--seconds``, then closes
+due, whether or not the previous one was answered: ``writer.Writer``) for ``--seconds``, then closes
 the stream; the run ends when every viewer has seen the close (or 30 s after it).
 
 Reported per run: delivery p50/p99/max (from each append's send to each viewer's receipt of the
@@ -47,13 +47,10 @@ from __future__ import annotations
 import argparse
 import array
 import contextlib
-import http.client
 import json
 import sys
-import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,7 +62,6 @@ from loadtest.audience_clients import Report, client
 from loadtest.benchkit import (
     Bench,
     EdgeDidNotStart,
-    close_stream,
     create_stream,
     edge_workers,
     now_utc,
@@ -74,75 +70,15 @@ from loadtest.benchkit import (
     publish,
 )
 from loadtest.delivery import AppendMissing, Expected, appends_in, percentile
-from loadtest.join import final_content, line, warm_up
+from loadtest.join import final_content, warm_up
 from loadtest.nginx import NginxFailed, start_nginx
 from loadtest.rawhttp import ClientProcesses
+from loadtest.writer import CONTENT_TYPE, WRITER_CONNECTIONS, Writer
 
-CONTENT_TYPE = "text/plain"
 TARGETS = ("origin", "edge-w1", "edge-w2", "nginx")
 READY_TIMEOUT_S = 120.0
 SETTLE_S = 1.0  # after every viewer has sent its first long-poll, for the last ones to park
 GRACE_S = 30.0  # after the close, how long viewers may take to see it
-WRITER_CONNECTIONS = 64  # appends in flight at once, at most: 3 s of a 20/s writer
-IDLE_REUSE_S = 2.0  # node closes a keep-alive connection idle 5 s: never send on one that old
-
-
-class Writer(threading.Thread):
-    """Appends one line every 1/rate s straight to the origin for ``seconds``, each sent when it
-    is due whether or not the ones before were answered, then, every append answered, closes
-    the stream. An open loop: an origin busy with thousands of long-polls gets the same appends
-    as an idle one (a writer waiting for each answer made 28 of 400 at 3,000 viewers), and the
-    time an append waits there counts in its delivery. Appends in flight together may land in
-    another order: ``delivery.appends_in`` places them where the stream has them."""
-
-    def __init__(self, origin_url: str, path: str, rate: float, seconds: float, size: int):
-        super().__init__(daemon=True)
-        self.origin_url, self.path, self.rate, self.size = origin_url, path, rate, size
-        self.due = int(seconds * rate)
-        self.sent: list[tuple[float, bytes]] = []  # (due and sent at, bytes), answered ones
-        self.latencies: list[float] = []  # each answered append's send to its answer
-        self.error: str | None = None
-        self.local = threading.local()
-        self.lock = threading.Lock()
-
-    def connection(self) -> http.client.HTTPConnection:
-        held = getattr(self.local, "held", None)
-        if held is not None and time.monotonic() - held[1] < IDLE_REUSE_S:
-            return held[0]  # type: ignore[no-any-return]
-        if held is not None:
-            held[0].close()
-        parts = urlsplit(self.origin_url)
-        return http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=60)
-
-    def post(self, sent_at: float, data: bytes) -> None:
-        try:
-            connection = self.connection()
-            connection.request("POST", self.path, body=data, headers={"Content-Type": CONTENT_TYPE})
-            reply = connection.getresponse()
-            reply.read()
-            self.local.held = (connection, time.monotonic())
-        except (OSError, http.client.HTTPException) as failure:
-            self.local.held = None
-            with self.lock:
-                self.error = self.error or f"append {data[:7]!r}: {failure}"
-            return
-        with self.lock:
-            if reply.status not in (200, 204):
-                self.error = self.error or f"append {data[:7]!r}: HTTP {reply.status}"
-                return
-            self.sent.append((sent_at, data))
-            self.latencies.append(time.monotonic() - sent_at)
-
-    def run(self) -> None:
-        with ThreadPoolExecutor(max_workers=WRITER_CONNECTIONS) as pool:
-            started = time.monotonic()
-            for seq in range(self.due):
-                time.sleep(max(0.0, started + seq / self.rate - time.monotonic()))
-                pool.submit(self.post, time.monotonic(), line(seq, self.size))
-        try:
-            close_stream(self.origin_url, self.path, CONTENT_TYPE)
-        except (OSError, http.client.HTTPException, RuntimeError) as failure:
-            self.error = self.error or f"close: {failure}"
 
 
 @dataclass(frozen=True, kw_only=True)
