@@ -1,4 +1,5 @@
-"""Debian's nginx as a caching reverse proxy in front of the origin, for ``loadtest.hits``.
+"""Debian's nginx in front of the origin: a caching reverse proxy for ``loadtest.hits``, a plain
+proxy for ``loadtest.audience``.
 
 Rules this module owns:
 * Caching is forced whatever the origin says (the reference origin sends no Cache-Control on
@@ -19,6 +20,10 @@ Rules this module owns:
   keep-alive connections never closed by a request count (nginx's default closes every 1,000).
   ``tcp_nopush`` stays off: with it (Debian's stock nginx.conf has it on) each 64 KB hit stalled
   ~45 ms on loopback (1,600 req/s at 64 connections, 21 at one), against ~8,000 without it.
+* ``cache=False`` (``loadtest.audience``'s long-polls) is a plain proxy: no cache,
+  ``proxy_buffering off`` (each answer relayed as it comes), a read timeout past the origin's
+  30 s long-poll, and as many idle upstream keep-alive connections as there are parked
+  long-polls, so a release does not turn into thousands of new connections to the origin.
 * Everything lives in its own temporary prefix (config, pid file, cache, temp dirs, error log):
   started as ``nginx -p PREFIX -c CONF -e LOG -g 'daemon off;'`` and stopped by its own pid.
 """
@@ -58,19 +63,14 @@ http {{
     scgi_temp_path {prefix}/scgi;
     proxy_cache_path {prefix}/cache levels=1:2 keys_zone=hits:16m max_size=1g inactive=1h
                      use_temp_path=off;
-    upstream origin {{ server {upstream}; keepalive 16; }}
+    upstream origin {{ server {upstream}; keepalive {keepalive}; }}
     server {{
         listen 127.0.0.1:{port};
         location / {{
             proxy_pass http://origin;
             proxy_http_version 1.1;
             proxy_set_header Connection "";
-            proxy_cache hits;
-            proxy_cache_key "$request_uri|$http_accept_encoding|$http_authorization|$http_cookie";
-            {validity}
-            proxy_ignore_headers Cache-Control Expires Set-Cookie Vary X-Accel-Expires;
-            proxy_cache_lock on;
-            add_header X-Cache-Status $upstream_cache_status;
+            {location}
         }}
     }}
 }}
@@ -122,11 +122,28 @@ class Nginx:
         shutil.rmtree(self.prefix, ignore_errors=True)
 
 
+CACHED = """proxy_cache hits;
+            proxy_cache_key "$request_uri|$http_accept_encoding|$http_authorization|$http_cookie";
+            {validity}
+            proxy_ignore_headers Cache-Control Expires Set-Cookie Vary X-Accel-Expires;
+            proxy_cache_lock on;
+            add_header X-Cache-Status $upstream_cache_status;"""
 FORCED = "proxy_cache_valid 200 304 1h;"
 MICRO = "proxy_cache_valid 200 1s;\n            proxy_cache_use_stale updating;"
+# Long-polls pass through: each answer goes out as it arrives, nothing is stored, and a wait may
+# last the origin's whole long-poll timeout (30 s) and more.
+PASS = """proxy_buffering off;
+            proxy_cache off;
+            proxy_read_timeout 120s;"""
+CACHE_KEEPALIVE = 16
+# Every parked long-poll holds an upstream connection: keep them all for the re-polls, or each
+# release would close thousands and the next re-polls open them again.
+PASS_KEEPALIVE = 8192
 
 
-def start_nginx(origin_url: str, *, micro: bool = False) -> Nginx:
+def start_nginx(origin_url: str, *, micro: bool = False, cache: bool = True) -> Nginx:
+    """nginx in front of ``origin_url``: a forced cache (``micro``: the 1 s micro-cache), or,
+    ``cache=False``, a plain unbuffered proxy (``PASS``) for live reads."""
     binary = nginx_binary()
     if binary is None:
         raise NginxFailed("nginx not found (make bootstrap installs Debian's nginx)")
@@ -138,9 +155,17 @@ def start_nginx(origin_url: str, *, micro: bool = False) -> Nginx:
         prefix = Path(tempfile.mkdtemp(prefix="edge-bench-nginx-"))
         port = free_port()
         conf = prefix / "nginx.conf"
-        validity = MICRO if micro else FORCED
+        location = CACHED.format(validity=MICRO if micro else FORCED) if cache else PASS
+        keepalive = CACHE_KEEPALIVE if cache else PASS_KEEPALIVE
         conf.write_text(
-            CONF.format(user=user, prefix=prefix, upstream=upstream, port=port, validity=validity)
+            CONF.format(
+                user=user,
+                prefix=prefix,
+                upstream=upstream,
+                port=port,
+                location=location,
+                keepalive=keepalive,
+            )
         )
         log = prefix / "error.log"
         argv = [binary, "-p", str(prefix), "-c", str(conf), "-e", str(log), "-g", "daemon off;"]

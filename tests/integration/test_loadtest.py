@@ -179,3 +179,27 @@ def test_the_join_storm_benchmark_checks_every_viewer() -> None:
         assert int(cells[8]) > 0, cells  # origin reads
     assert "edge / origin, p99: TTFB" in result.stdout
     assert "| server | connect + catch-up | SSE open | close | a whole join |" in result.stdout
+
+
+def test_the_long_poll_audience_benchmark_checks_every_viewer(tmp_path: Path) -> None:
+    """A smoke test of the script, not of speed: 30 viewers follow a stream through the origin,
+    a one-worker edge and nginx while 40 appends go in; every viewer's bytes checked."""
+    _need_wrk_and_nginx()
+    output = tmp_path / "benchmarks.md"
+    command = [sys.executable, "-m", "loadtest.audience", "--viewers", "30", "--seconds", "2"]
+    command += ["--targets", "origin", "edge-w1", "nginx", "--output", str(output)]
+    result = subprocess.run(
+        command, cwd=REPO, capture_output=True, text=True, timeout=180, check=False
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    gets = {}
+    for target in ("origin", "edge-w1", "nginx"):
+        cells = _row(result.stdout, f"30 | {target}")
+        assert [cells[2], cells[12]] == ["30/30", "40/40"], cells
+        p50, p99, peak = (float(x.replace(",", "")) for x in cells[3:6])
+        assert 0 < p50 <= p99 <= peak, cells
+        assert float(cells[6].replace(",", "")) > 0, cells  # answers/s
+        gets[target] = int(cells[10].replace(",", ""))
+    # Each viewer's re-polls reach the origin through nginx, not through the edge.
+    assert gets["edge-w1"] < gets["nginx"], gets
+    assert "## Long-poll audience (" in output.read_text()
