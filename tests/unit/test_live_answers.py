@@ -291,12 +291,12 @@ def edge_holding(world: World) -> tuple[CatchupCache, LiveHub, Tail]:
         assert parts.local.put(world.key, segment, log.instance)
     metrics = Metrics()
     hub = LiveHub(
-        settings, metrics, origin, catchup=cache, local=parts.local, door=parts.door,
-        forgetter=parts.forgetter, ticket=parts.tickets.ticket, clock=lambda: NOW,
+        settings, metrics, origin, catchup=cache, fills=parts.fills, local=parts.local,
+        door=parts.door, forgetter=parts.forgetter, ticket=parts.ticket, clock=lambda: NOW,
     )  # fmt: skip
     tail = Tail(
         key=world.key, offset=world.tail, credentials=(), local=parts.local, door=parts.door,
-        forgetter=parts.forgetter, ticket=parts.tickets.ticket, origin=origin, settings=settings,
+        forgetter=parts.forgetter, ticket=parts.ticket, origin=origin, settings=settings,
         metrics=metrics, listener=hub,
     )  # fmt: skip
     return cache, hub, tail
