@@ -34,7 +34,6 @@ from dataclasses import replace
 from typing import assert_never
 
 from edge.answer import Answer, Bypass, Derivation, Result, Why, relayable
-from edge.compress import Compressor
 from edge.config import Settings
 from edge.fills import Chained, Fill, Fills, Resolution, Unchained
 from edge.instances.forgetting import Forgetter
@@ -64,9 +63,8 @@ from edge.protocol.headers import (
     first_value,
     not_to_be_kept,
 )
-from edge.protocol.offsets import START, is_client_offset
-from edge.protocol.reads import PUBLIC_SCOPE, Read
-from edge.store.local import LocalTier
+from edge.protocol.reads import PUBLIC_SCOPE, START, Read, is_client_offset
+from edge.store.local import Compressor, LocalTier
 
 logger = logging.getLogger(__name__)
 

@@ -53,7 +53,7 @@ from edge.log.stream_log import LogKey, StreamInstance
 from edge.metrics import Metrics
 from edge.origin import OriginClient, OriginTimeout
 from edge.protocol.headers import first_value, own_request_headers
-from edge.protocol.offsets import is_offset_token
+from edge.protocol.reads import is_offset_token
 from edge.store.local import LocalTier
 
 logger = logging.getLogger(__name__)

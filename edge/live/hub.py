@@ -57,8 +57,7 @@ from edge.log.stream_log import LogKey, StreamLog
 from edge.metrics import Metrics
 from edge.origin import BodyTooLarge, OriginClient
 from edge.protocol.cursor import current_interval, cursor_class, response_cursor
-from edge.protocol.offsets import is_offset_token
-from edge.protocol.reads import PUBLIC_SCOPE
+from edge.protocol.reads import PUBLIC_SCOPE, is_offset_token
 from edge.store.local import LocalTier
 
 

@@ -32,7 +32,6 @@ from aiohttp import web
 from edge.auth.gate import Gate
 from edge.catchup import CatchupCache
 from edge.cdn.purger import CdnPurger
-from edge.compress import Compressor
 from edge.config import Settings
 from edge.fill_budget import FillBudget
 from edge.fills import Fills
@@ -46,7 +45,7 @@ from edge.lifecycle import StreamLifecycle
 from edge.live.hub import LiveHub
 from edge.metrics import Metrics
 from edge.origin import OriginClient
-from edge.store.local import LocalTier
+from edge.store.local import Compressor, LocalTier
 from edge.store.shared import SharedTier
 from edge.web.connection_table import Limits
 from edge.web.connection_tracker import ConnectionTracker

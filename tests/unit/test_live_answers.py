@@ -41,9 +41,8 @@ from edge.log.segment import Segment, content_digest
 from edge.log.stream_log import LogKey, StreamInstance, StreamLog, TailFact
 from edge.metrics import Metrics
 from edge.origin import OriginClient
-from edge.protocol.offsets import START
 from edge.protocol.purge_keys import purge_keys
-from edge.protocol.reads import PUBLIC_SCOPE, Read
+from edge.protocol.reads import PUBLIC_SCOPE, START, Read
 from edge.protocol.sse import SseDecoder, SseEvent
 from edge.web.wiring import build_catchup
 
