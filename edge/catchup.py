@@ -1,57 +1,46 @@
 """Catch-up reads answered from the stream logs, asking the origin only for what is missing.
 
 The async pump around ``edge.log.policy``: plan (synchronously, so no other task can interleave:
-the event loop is the lock), then do I/O (shared tier, origin) and record what came back, then
-build the answer. Identical origin fetches in flight are single-flight.
+the event loop is the lock), then do I/O (shared tier, the fills) and build the answer. What
+the origin is asked, single-flight, and how its answer is taken in through the door, is
+``edge.fills``'s (``Fills``).
 
-Every origin answer a fill brings back enters through the one door the live tails use too
-(``Door.take_in``): the pure core (``edge.log.intake``) decides what it means (store it,
-relay it to its one client, a new instance, a stream gone) and the actions are carried out
-after deciding. An answer fetched under an instance that was forgotten meanwhile is read again
-under the current one.
+Rules this module owns:
+
+* A read is planned from what the local tier holds, then from what the shared tier adds (at most
+  ``MAX_SHARED_PULLS`` pulls), and only then does a fill ask the origin, from where the edge's
+  chain ends.
+* An answer fetched under an instance that was forgotten meanwhile is read again, under the
+  current one; what a fill revealed (a 404, a new instance) is settled before its answer goes.
+* Bytes another replica filled are served once this process knows their instance's lifetime.
+* A read ends in one of named states: an ``Answer``, a ``Bypass`` naming why the web layer
+  relays the client's own request instead, or an ``OriginError`` (the origin boundary: the
+  origin failed; a fill past ``--fill-deadline`` is a 504). ``BodyTooLarge`` from a fill is
+  translated into ``Bypass(TOO_LARGE)`` here.
 
 What the edge learns about a stream's existence (writes, deletes, 404s, lifetimes, live
-upstreams, other replicas) is ``edge.instances``'s to keep; this module asks it.
-
-Every wait has an end: a fill that outlives ``--fill-deadline`` is ``Abandoned`` (its upstream
-closed, its buffer given back, nothing stored) and its reader is answered 504; a reader that
-finds another reader's fill in flight waits at most ``--fill-wait`` for it, then its own read is
-relayed (``Bypass(FILL_OVERDUE)``), never queued behind a trickle.
-
-A read ends in one of named states: an ``Answer``, a ``Bypass`` naming why the web layer relays
-the client's own request instead, or an ``OriginError`` (the origin boundary: the origin
-failed). ``BodyTooLarge`` from a fill is translated into ``Bypass(TOO_LARGE)`` here.
-
-The local tier, the parts of the stream instances it uses (``edge.instances``: the door, the
-forgetter, the generations, the lifetimes and the tickets), the fill budget and the compressor
-are handed in by the composition root (``edge.web.wiring``); nothing reaches them through this
-service.
+upstreams, other replicas) is ``edge.instances``'s to keep; this module asks it. The fills, the
+local tier, the parts of the stream instances it uses (the forgetter, the generations and the
+lifetimes) and the compressor are handed in by the composition root (``edge.web.wiring``);
+nothing reaches them through this service.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import assert_never
-from urllib.parse import quote
-
-import aiohttp
 
 from edge.answer import Answer, Bypass, Derivation, Result, Why, relayable
-from edge.coalesce import Joined, Led, Overdue, SingleFlight
-from edge.compress import Compressor
 from edge.config import Settings
-from edge.fill_budget import FillBudget, Hold, fill_deadline_seconds, read_body
-from edge.fills import Abandoned, Chained, Fill, Reach, Resolution, Unchained
-from edge.instances.door import Door
+from edge.fills import Chained, Fill, Fills, Resolution, Unchained
 from edge.instances.forgetting import Forgetter
 from edge.instances.generations import Generations
 from edge.instances.lifetimes import Lifetimes
 from edge.log.freshness import Reuse, Tiers, never_stored, reuse, tail_age_seconds
-from edge.log.intake import Arrival, Decision, header_template
+from edge.log.intake import header_template
 from edge.log.policy import (
     Coverage,
     Fetch,
@@ -67,19 +56,15 @@ from edge.log.segment import (
     content_digest,
     stitch,
 )
-from edge.log.stream_log import LogKey, StreamInstance, StreamLog, TailFact
-from edge.metrics import Metrics
-from edge.origin import BodyTooLarge, OriginClient, OriginTimeout
-from edge.protocol.codings import accepts_gzip
+from edge.log.stream_log import LogKey, StreamLog, TailFact
+from edge.origin import BodyTooLarge
+from edge.protocol.answer_key import accepts_gzip
 from edge.protocol.headers import (
     first_value,
     not_to_be_kept,
-    own_request_headers,
 )
-from edge.protocol.offsets import START, is_client_offset, is_offset_token
-from edge.protocol.reads import PUBLIC_SCOPE, Read
-from edge.store.local import LocalTier
-from edge.store.shared import SharedTier
+from edge.protocol.reads import PUBLIC_SCOPE, START, Read, is_client_offset
+from edge.store.local import Compressor, LocalTier
 
 logger = logging.getLogger(__name__)
 
@@ -111,37 +96,24 @@ class CatchupCache:
     def __init__(
         self,
         settings: Settings,
-        origin: OriginClient,
-        metrics: Metrics,
         *,
+        fills: Fills,
         local: LocalTier,
-        door: Door,
         forgetter: Forgetter,
-        generations: Generations,
+        generations: Generations | None,
         lifetimes: Lifetimes,
-        ticket: Callable[[], int],
-        fill_budget: FillBudget,
         compressor: Compressor,
-        shared: SharedTier | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._settings = settings
-        self._origin = origin
-        self._metrics = metrics
+        self._fills = fills
         self._local = local
-        self._door = door
         self._forgetter = forgetter
         self._generations = generations
         self._lifetimes = lifetimes
-        self._ticket = ticket
-        self._fill_budget = fill_budget
         self._compressor = compressor
-        self._shared = shared
         self._clock = clock
         self.tiers = tiers_of(settings)
-        self._flights: SingleFlight[tuple[LogKey, str, StreamInstance], Fill | Abandoned] = (
-            SingleFlight()
-        )
 
     # --- reads ---
 
@@ -194,15 +166,17 @@ class CatchupCache:
     async def _resolve_once(
         self, key: LogKey, offset: str, credentials: Sequence[tuple[str, str]]
     ) -> Resolution | Bypass:
-        await self._generations.check_generation(key.stream)
+        generations = self._generations
+        if generations is not None:
+            await generations.check_generation(key.stream)
         planned = self._local.instance_for(key.stream)
         plan = self._plan(key, offset)
         shared_hit = False
         pulls = 0
-        while isinstance(plan, Fetch) and self._shared is not None and pulls < MAX_SHARED_PULLS:
+        while isinstance(plan, Fetch) and generations is not None and pulls < MAX_SHARED_PULLS:
             pulled_at = plan.offset
-            if not await self._generations.pull_shared(key, pulled_at):
-                if await self._generations.pull_shared_closure(key, pulled_at):
+            if not await generations.pull_shared(key, pulled_at):
+                if await generations.pull_shared_closure(key, pulled_at):
                     plan = self._plan(key, offset)
                 break
             shared_hit = True
@@ -216,63 +190,21 @@ class CatchupCache:
             await self._lifetimes.confirm_lifetime(key, planned, credentials)
             await self._forgetter.settled(key.stream)
             plan = self._plan(key, offset)
+        instance = planned
         if not self._local.current(planned):
             # Forgotten while the shared tier answered (another replica's purge, another
             # instance's segment): a plan made of the old instance's segments would join them
             # to what the origin says of the new one. Plan again, from what is held now.
+            instance = self._local.instance_for(key.stream)
             plan = self._plan(key, offset)
         if isinstance(plan, Hit):
             return Resolution(plan=plan, shared_hit=shared_hit, fill=None, collapsed=False)
         fetch = plan
-        instance = self._local.instance_for(key.stream)
-        flight = await self._flights.join(
-            (key, fetch.offset, instance),
-            lambda: self._fill(key, fetch, credentials, instance),
-            wait_seconds=self._settings.fill_wait_seconds,
-        )
-        outcome = self._outcome(key, flight)
+        outcome = await self._fills.fetch(key, fetch, credentials, instance)
         if isinstance(outcome, Bypass):
             return outcome
         fill, collapsed = outcome
-        if fill.hold is not None:
-            fill.hold.acquire()  # this reader's share, released by whoever writes its answer
         return Resolution(plan=fetch, shared_hit=shared_hit, fill=fill, collapsed=collapsed)
-
-    def _outcome(
-        self, key: LogKey, flight: Led[Fill | Abandoned] | Joined[Fill | Abandoned] | Overdue
-    ) -> tuple[Fill, bool] | Bypass:
-        """The fill this reader answers from, and whether it shared another reader's; a fill
-        that did not end in time ends this read here (504 to its own reader, a relay to one
-        that waited on it)."""
-        match flight:
-            case Led():
-                shared = False
-            case Joined():
-                shared = True
-            case Overdue(waited_seconds=waited):
-                return Bypass(
-                    why=Why.FILL_OVERDUE,
-                    reason=f"the fill this read waited on took over {waited:g} s",
-                )
-            case _:
-                assert_never(flight)
-        outcome = flight.value
-        match outcome:
-            case Fill() as fill:
-                if shared:
-                    self._metrics.collapsed_requests.labels(kind="catchup").inc()
-                return fill, shared
-            case Abandoned() if shared:
-                return Bypass(
-                    why=Why.FILL_OVERDUE, reason="the fill this read waited on was abandoned"
-                )
-            case Abandoned() as abandoned:
-                raise OriginTimeout(
-                    f"{key.stream}: the fill passed --fill-deadline "
-                    f"({abandoned.deadline_seconds:g} s) and was abandoned"
-                )
-            case _:
-                assert_never(outcome)
 
     async def head(self, read: Read) -> Answer | None:
         """The edge's own answer to a ``HEAD`` of ``read``'s stream, when it knows all of it: a
@@ -280,7 +212,8 @@ class CatchupCache:
         tail, never a cap), and a lifetime known to have no end (else the origin's answer
         would name it). None: the origin answers (and the edge learns from it)."""
         key = LogKey(stream=read.stream, scope=read.scope)
-        await self._generations.check_generation(key.stream)
+        if self._generations is not None:
+            await self._generations.check_generation(key.stream)
         plan = self._plan(key, START)
         log = self._local.log(key)
         if not isinstance(plan, Hit) or not plan.up_to_date or log is None:
@@ -479,127 +412,6 @@ class CatchupCache:
             status=200, headers=headers, body=body, cache_status=cache_status, result=result,
             derivation=derivation, age_seconds=age,
         )  # fmt: skip
-
-    # --- the origin ---
-
-    async def probe_now(
-        self, key: LogKey, credentials: Sequence[tuple[str, str]]
-    ) -> tuple[int, list[tuple[str, str]], bytes]:
-        """The origin's answer to ``offset=now`` (never cached; it touches the origin)."""
-        headers = own_request_headers(credentials)
-        asked_at = self._clock()  # the origin renews a sliding TTL after this (``Arrival``)
-        instance = self._local.instance_for(key.stream)
-        started = self._ticket()
-        upstream = await self._origin.open("GET", f"{key.stream}?offset=now", headers, live=False)
-        try:
-            self._metrics.origin_requests.labels(kind="catchup", code=str(upstream.status)).inc()
-            body, hold = await read_body(
-                upstream, self._settings.max_segment_bytes, self._fill_budget
-            )
-            hold.release()  # a few bytes, read now and done with
-        finally:
-            upstream.close()
-        response_headers = list(upstream.headers.items())
-        next_offset = first_value(response_headers, "stream-next-offset")
-        decision = self._door.evidence(
-            key, upstream.status, response_headers, started=started, instance=instance
-        )
-        if decision is Decision.GONE:
-            await self._forgetter.settled(key.stream)
-        elif upstream.status == 200 and is_offset_token(next_offset):
-            instance = self._local.instance_for(key.stream)
-            instance.touched_origin(asked_at)
-            log = self._local.log_for(key)
-            if log.content_type is None:
-                log.content_type = first_value(response_headers, "content-type")
-                log.header_template = self._local.template(header_template(response_headers))
-        return upstream.status, response_headers, body
-
-    async def _read_body(self, upstream: aiohttp.ClientResponse) -> tuple[bytes, Hold]:
-        return await read_body(upstream, self._settings.max_segment_bytes, self._fill_budget)
-
-    async def _fill(
-        self,
-        key: LogKey,
-        fetch: Fetch,
-        credentials: Sequence[tuple[str, str]],
-        instance: StreamInstance,
-    ) -> Fill | Abandoned:
-        headers = own_request_headers(credentials)
-        started = self._ticket()
-        asked_at = self._clock()
-        limit = self._settings.fill_deadline_seconds
-        begun = asyncio.get_running_loop().time()
-        deadline = asyncio.timeout_at(begun + limit)
-
-        def earned(received_bytes: int) -> None:
-            deadline.reschedule(begun + fill_deadline_seconds(limit, received_bytes))
-
-        try:
-            async with deadline:
-                upstream = await self._origin.open(
-                    "GET", f"{key.stream}?offset={quote(fetch.offset, safe='')}", headers,
-                    live=False,
-                )  # fmt: skip
-                try:
-                    code = str(upstream.status)
-                    self._metrics.origin_requests.labels(kind="catchup", code=code).inc()
-                    body, hold = await read_body(
-                        upstream, self._settings.max_segment_bytes, self._fill_budget, earned
-                    )
-                finally:
-                    # Closing (not releasing) drops a connection whose body was cut short.
-                    upstream.close()
-        except TimeoutError:
-            if not deadline.expired():
-                raise
-            # read_body gave back what it held; nothing reached the log.
-            waited = asyncio.get_running_loop().time() - begun
-            logger.warning(
-                "fill of %s at %s abandoned after %g s", key.stream, fetch.offset, waited
-            )
-            return Abandoned(deadline_seconds=waited)
-        self._metrics.origin_bytes.inc(len(body))
-        response_headers = tuple(upstream.headers.items())
-        hold.release_flight()  # the readers sharing this fetch take their own shares
-        fill = self._record(
-            key, fetch, upstream.status, response_headers, body,
-            instance=instance, started=started, credentials=credentials, asked_at=asked_at,
-        )  # fmt: skip
-        return replace(fill, hold=hold)
-
-    def _record(
-        self,
-        key: LogKey,
-        fetch: Fetch,
-        status: int,
-        headers: tuple[tuple[str, str], ...],
-        body: bytes,
-        *,
-        instance: StreamInstance,
-        started: int,
-        credentials: Sequence[tuple[str, str]],
-        asked_at: float,
-    ) -> Fill:
-        """Learn from one origin answer, through the one door (``Door.take_in``); its request
-        left at ``asked_at``."""
-        arrival = Arrival.of_fill(
-            fetch.offset, status, headers, body,
-            started=started, received=self._ticket(), now=self._clock(), asked_at=asked_at,
-        )  # fmt: skip
-        taken = self._door.take_in(key, instance, arrival, credentials)
-        if taken.decision is Decision.STORE:
-            assert arrival.end is not None
-            reach = Reach.of(up_to_date=arrival.up_to_date, closed=arrival.closed)
-            chained = Chained(
-                segment=taken.segment, next_offset=arrival.end, reach=reach, kept=taken.stored
-            )
-            return Fill(status=status, headers=headers, body=body, joins=chained)
-        # Fetched under an instance that is gone, or revealing that the one it was fetched
-        # under is: the answer is not of the instance it was asked for; the read starts again.
-        stale = taken.decision in (Decision.STALE, Decision.NEW_INSTANCE)
-        joins = Unchained.STALE if stale else Unchained.FOR_THIS_REQUEST
-        return Fill(status=status, headers=headers, body=body, joins=joins)
 
 
 __all__ = ["CatchupCache"]

@@ -16,7 +16,6 @@ Rules this module owns:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
 import aiohttp
 
@@ -32,6 +31,21 @@ FILL_MIN_BYTES_PER_SECOND = 64 * 1024
 def fill_deadline_seconds(base_seconds: float, received_bytes: int) -> float:
     """Seconds a fill may take in all, from its start, having received ``received_bytes``."""
     return base_seconds + received_bytes / FILL_MIN_BYTES_PER_SECOND
+
+
+class FillDeadline:
+    """One fill's ``--fill-deadline`` (``base_seconds``), begun at ``begun`` on the event loop's
+    clock and stretched by ``read_body`` as the fill's bytes arrive."""
+
+    def __init__(self, base_seconds: float) -> None:
+        self.base_seconds = base_seconds
+        self.begun = asyncio.get_running_loop().time()
+        self.timeout = asyncio.timeout_at(self.begun + base_seconds)
+
+    def earned(self, received_bytes: int) -> None:
+        self.timeout.reschedule(
+            self.begun + fill_deadline_seconds(self.base_seconds, received_bytes)
+        )
 
 
 class FillBudget:
@@ -83,12 +97,12 @@ async def read_body(
     upstream: aiohttp.ClientResponse,
     limit: int,
     budget: FillBudget,
-    received: Callable[[int], None] | None = None,
+    deadline: FillDeadline | None = None,
 ) -> tuple[bytes, Hold]:
     """The whole body, within ``limit`` (``--max-segment-bytes``) and ``budget``; past
     either, BodyTooLarge (the web layer relays instead of buffering). The body's share of
     the budget is the returned ``Hold``'s until every answer made of it is written.
-    ``received`` is told the bytes taken so far after each chunk (a fill's deadline)."""
+    ``deadline`` earns its time from the bytes taken so far, after each chunk."""
     declared = upstream.content_length
     if declared is not None and (declared > limit or declared > budget.limit - budget.used):
         raise BodyTooLarge(f"{upstream.url.path}: {declared} bytes is over the fill budget")
@@ -102,8 +116,8 @@ async def read_body(
                 raise BodyTooLarge(f"{upstream.url.path}: over the fill budget")
             taken += len(chunk)
             buffer += chunk
-            if received is not None:
-                received(taken)
+            if deadline is not None:
+                deadline.earned(taken)
         return bytes(buffer), Hold(budget, taken)
     except BaseException:
         budget.give_back(taken)

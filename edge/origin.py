@@ -115,6 +115,7 @@ class OriginClient:
         ``--upstream-max-connections``. A serving edge passes its descriptor budget's share
         (``edge.web.descriptors``), what that flag's 0 means there."""
         self._settings = settings
+        self._base = settings.origin_base  # computed by the settings; asked once, not per request
         self._pool_limit = settings.upstream_max_connections if pool_limit is None else pool_limit
         self._session: aiohttp.ClientSession | None = None
         self._writes: aiohttp.ClientSession | None = None
@@ -162,10 +163,10 @@ class OriginClient:
 
     @property
     def base_url(self) -> str:
-        return self._settings.origin_base
+        return self._base
 
     def url_for(self, path_qs: str) -> str:
-        return self._settings.origin_base + path_qs
+        return self._base + path_qs
 
     async def open(
         self,

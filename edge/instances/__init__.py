@@ -5,7 +5,8 @@ as five small objects around the pure core (``edge.log.stream_log``, ``edge.log.
   ``record_live``);
 * ``Forgetter`` (``forgetting``): forgetting a stream here, purging the shared tier, telling
   siblings and the CDN, and waiting until that is in effect;
-* ``Generations`` (``generations``): agreeing with other replicas through the shared tier;
+* ``Generations`` (``generations``): agreeing with other replicas through the shared tier (made
+  only with one: without it there is no one to agree with);
 * ``Lifetimes`` (``lifetimes``): learning or asking an instance's lifetime;
 * ``Writes`` (``writes``): what pass-through traffic (writes, DELETE, HEAD) tells.
 
@@ -14,14 +15,20 @@ Rules this module owns:
 * ``build`` is the one place these objects are made and wired; each is handed only what it
   uses, and a caller takes the one it needs from ``Instances``.
 * The one cycle, an answer that asks the origin for a lifetime whose answer is an answer
-  (``Door`` → ``Lifetimes`` → ``Door.evidence``), is closed here, by ``Lifetimes``'s
-  ``heard``, not by reaching back.
+  (``Door`` → ``Lifetimes`` → ``Door.evidence``), is closed here: ``Lifetimes.heard`` is the
+  door's ``evidence``, set once the door is built (the door uses the lifetimes), not reached
+  back for.
+* A ticket (``Instances.ticket``) is taken when a request to the origin starts and when its
+  answer arrives; tickets only grow, so an answer that started before another's arrival is
+  known to be older (``edge.log.stream_log``'s marks compare them). The counter is the
+  replica's one order of origin exchanges, shared by every part that talks to the origin.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from edge.config import Settings
@@ -29,9 +36,7 @@ from edge.instances.door import Door
 from edge.instances.forgetting import Forgetter
 from edge.instances.generations import Generations
 from edge.instances.lifetimes import Lifetimes
-from edge.instances.tickets import Tickets
 from edge.instances.writes import Writes
-from edge.log.stream_log import LogKey, StreamInstance
 from edge.metrics import Metrics
 from edge.origin import OriginClient
 from edge.store.local import LocalTier
@@ -40,9 +45,9 @@ from edge.store.shared import SharedTier
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Instances:
-    tickets: Tickets
+    ticket: Callable[[], int]  # the next ticket (see the rules)
     forgetter: Forgetter
-    generations: Generations
+    generations: Generations | None  # only with a shared tier: whose generations to agree on
     lifetimes: Lifetimes
     door: Door
     writes: Writes
@@ -60,25 +65,20 @@ def build(
     shared: SharedTier | None = None,
     clock: Callable[[], float] = time.time,
 ) -> Instances:
-    tickets = Tickets()
-    ticket = tickets.ticket
+    ticket = itertools.count().__next__
     forgetter = Forgetter(local, shared=shared, clock=clock)
-    generations = Generations(local, forgetter, ticket, shared=shared, clock=clock)
+    generations = (
+        Generations(local, forgetter, ticket, shared=shared, clock=clock)
+        if shared is not None
+        else None
+    )
 
-    def heard(
-        key: LogKey,
-        instance: StreamInstance,
-        status: int,
-        headers: Sequence[tuple[str, str]],
-        started: int,
-    ) -> object:
-        return door.evidence(key, status, headers, started=started, instance=instance)
-
-    lifetimes = Lifetimes(settings, local, origin, metrics, forgetter, ticket, heard)
+    lifetimes = Lifetimes(settings, local, origin, metrics, forgetter, ticket)
     door = Door(local, forgetter, generations, lifetimes, ticket, clock=clock)
+    lifetimes.heard = door.evidence
     writes = Writes(settings, local, forgetter, door, lifetimes, ticket, clock=clock)
     return Instances(
-        tickets=tickets,
+        ticket=ticket,
         forgetter=forgetter,
         generations=generations,
         lifetimes=lifetimes,

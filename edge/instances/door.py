@@ -76,7 +76,7 @@ class Door:
         self,
         local: LocalTier,
         forgetter: Forgetter,
-        generations: Generations,
+        generations: Generations | None,
         lifetimes: Lifetimes,
         ticket: Callable[[], int],
         *,
@@ -139,7 +139,8 @@ class Door:
                 instance.reached(offset, received)
             case Keep(segment=segment, closed_at=closed_at, open_tail=open_tail):
                 stored = segment is not None and self._local.put(key, segment, instance)
-                self._generations.share(key, segment if stored else None, closed_at, open_tail)
+                if self._generations is not None:
+                    self._generations.share(key, segment if stored else None, closed_at, open_tail)
                 return stored
             case ProbeLifetime():
                 if not instance.lifetime_known:

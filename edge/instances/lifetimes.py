@@ -23,21 +23,42 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from edge.config import Settings
 from edge.instances.forgetting import Forgetter
 from edge.log.stream_log import LogKey, StreamInstance, names_another_instance
 from edge.metrics import Metrics
 from edge.origin import OriginClient, OriginError
-from edge.protocol.headers import first_value, own_request_headers
-from edge.protocol.lifetimes import parse_expires_at, parse_ttl_seconds
+from edge.protocol.headers import first_value, own_request_headers, stated_lifetime
 from edge.store.local import LocalTier
 
 logger = logging.getLogger(__name__)
 
-# What an answer to the lifetime probe says of the stream (``Door.evidence``):
-# (key, instance asked about, status, headers, ticket taken as it started).
-Heard = Callable[[LogKey, StreamInstance, int, Sequence[tuple[str, str]], int], object]
+
+class Heard(Protocol):
+    """What an answer to the lifetime probe says of the stream (``Door.evidence``)."""
+
+    def __call__(
+        self,
+        key: LogKey,
+        status: int,
+        headers: Sequence[tuple[str, str]],
+        *,
+        started: int,
+        instance: StreamInstance | None = None,
+    ) -> object: ...
+
+
+def _unheard(
+    key: LogKey,
+    status: int,
+    headers: Sequence[tuple[str, str]],
+    *,
+    started: int,
+    instance: StreamInstance | None = None,
+) -> object:
+    raise RuntimeError("Lifetimes.heard is set by edge.instances.build")
 
 
 def learn_lifetime(
@@ -48,8 +69,7 @@ def learn_lifetime(
 ) -> None:
     """Learn the lifetime ``headers`` state. ``complete``: they state all of it (a HEAD
     answer, a creating PUT), so stating none means the stream does not expire."""
-    ttl = parse_ttl_seconds(first_value(headers, "stream-ttl"))
-    expires_at = parse_expires_at(first_value(headers, "stream-expires-at"))
+    ttl, expires_at = stated_lifetime(headers)
     if complete or ttl is not None or expires_at is not None:
         instance.learn_lifetime(ttl, expires_at)
 
@@ -63,7 +83,6 @@ class Lifetimes:
         metrics: Metrics,
         forgetter: Forgetter,
         ticket: Callable[[], int],
-        heard: Heard,
     ) -> None:
         self._settings = settings
         self._local = local
@@ -71,7 +90,7 @@ class Lifetimes:
         self._metrics = metrics
         self._forgetter = forgetter
         self._ticket = ticket
-        self._heard = heard
+        self.heard: Heard = _unheard  # the door's ``evidence``, set by ``edge.instances.build``
         self._background: set[asyncio.Task[None]] = set()
         # The lifetime asked of the origin (HEAD), one question per instance at a time.
         self._probing: dict[StreamInstance, asyncio.Task[None]] = {}
@@ -134,7 +153,7 @@ class Lifetimes:
             self._probing.pop(instance, None)
         self._metrics.origin_requests.labels(kind="head", code=str(upstream.status)).inc()
         headers = list(upstream.headers.items())
-        self._heard(key, instance, upstream.status, headers, started)
+        self.heard(key, upstream.status, headers, started=started, instance=instance)
         if upstream.status == 200 and self._local.current(instance):
             self.headed(instance, headers)
 

@@ -38,8 +38,7 @@ from edge.protocol.headers import (
     first_value,
     flag,
 )
-from edge.protocol.offsets import is_offset_token
-from edge.protocol.reads import auth_scope, speaks_for_the_stream
+from edge.protocol.reads import auth_scope, is_offset_token, speaks_for_the_stream
 from edge.store.local import LocalTier
 
 logger = logging.getLogger(__name__)

@@ -37,7 +37,7 @@ from typing import assert_never
 from edge.answer import Answer, Bypass, Why
 from edge.catchup import CatchupCache
 from edge.config import Settings
-from edge.fills import Chained
+from edge.fills import Chained, Fills
 from edge.instances.door import Door
 from edge.instances.forgetting import Forgetter
 from edge.live.answers import (
@@ -57,8 +57,7 @@ from edge.log.stream_log import LogKey, StreamLog
 from edge.metrics import Metrics
 from edge.origin import BodyTooLarge, OriginClient
 from edge.protocol.cursor import current_interval, cursor_class, response_cursor
-from edge.protocol.offsets import is_offset_token
-from edge.protocol.reads import PUBLIC_SCOPE
+from edge.protocol.reads import PUBLIC_SCOPE, is_offset_token
 from edge.store.local import LocalTier
 
 
@@ -73,6 +72,7 @@ class LiveHub:
         origin: OriginClient,
         *,
         catchup: CatchupCache,
+        fills: Fills,
         local: LocalTier,
         door: Door,
         forgetter: Forgetter,
@@ -84,6 +84,7 @@ class LiveHub:
         self.settings = settings
         self.metrics = metrics
         self._catchup = catchup
+        self._fills = fills
         self._local = local
         self.fanout = SseFanout(self)
         self.polls = LongPollFanout(self, encode=encode)
@@ -147,9 +148,11 @@ class LiveHub:
         resolved = await self._catchup.resolve(key, offset, credentials)
         if isinstance(resolved, Bypass):
             return resolved
-        resolved.release()  # live readers are served from the log, not from this fill's bytes
         fill = resolved.fill
-        if fill is not None and not isinstance(fill.joins, Chained) and fill.status == 200:
+        if fill is None:
+            return None  # answered from the logs: known from ``offset`` on
+        resolved.release()  # live readers are served from the log, not from this fill's bytes
+        if not isinstance(fill.joins, Chained) and fill.status == 200:
             # Past the tail, not storable, or from an instance just replaced: the origin answers
             # this live read itself.
             return Bypass(
@@ -194,7 +197,7 @@ class LiveHub:
         if log is not None and log.tail is not None and log.tail.authoritative:
             return log.tail.offset
         try:
-            status, headers, body = await self._catchup.probe_now(key, credentials)
+            status, headers, body = await self._fills.probe_now(key, credentials)
         except BodyTooLarge as uncacheable:
             return Bypass(why=Why.TOO_LARGE, reason=str(uncacheable))
         next_offset = {n.lower(): v for n, v in headers}.get("stream-next-offset")

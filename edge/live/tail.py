@@ -47,7 +47,7 @@ from edge.log.trust import Ending, origin_went_away
 from edge.metrics import Metrics
 from edge.origin import BodyTooLarge, OriginClient, OriginError
 from edge.protocol.headers import first_value, flag, own_request_headers
-from edge.protocol.offsets import is_offset_token
+from edge.protocol.reads import is_offset_token
 from edge.protocol.sse import SseDecoder
 from edge.store.local import LocalTier
 

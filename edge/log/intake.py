@@ -48,7 +48,7 @@ from edge.log.stream_log import (
     says_gone,
 )
 from edge.protocol.headers import HOP_BY_HOP, cors_headers, first_value, flag
-from edge.protocol.offsets import is_offset_token
+from edge.protocol.reads import is_offset_token
 
 # A stream whose origin answers said no-store/private is relayed this long before trying again.
 BYPASS_SECONDS = 60.0

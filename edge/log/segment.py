@@ -25,7 +25,7 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from edge.protocol.offsets import START, is_offset_token
+from edge.protocol.reads import START, is_offset_token
 
 DIGEST_BYTES = 8
 

@@ -16,6 +16,10 @@ Rules this module owns:
   backslash) or that is not ASCII has no key: it is answered by the full path every time. So has
   one of the origin's control API (``names_control``): the full path classifies it ``control``
   and only relays it, so no answer to it is ever stored or found.
+* The representation is chosen by ``accepts_gzip`` alone (RFC 9110 §12.5.3), on both paths, so
+  both choose the same one for the same head: gzip is acceptable when ``Accept-Encoding`` names
+  it, or ``*`` when it does not, with a non-zero ``q``; an unreadable ``q`` is 0; no header
+  accepts nothing but identity.
 """
 
 from __future__ import annotations
@@ -24,7 +28,6 @@ import functools
 from collections.abc import Collection, Sequence
 from typing import NamedTuple
 
-from edge.protocol.codings import accepts_gzip
 from edge.protocol.paths import MEMO_ENTRIES, BadTarget, names_control, normalise_path
 from edge.protocol.reads import (
     DEFAULT_SCOPE_COOKIES,
@@ -47,6 +50,26 @@ class AnswerKey(NamedTuple):
     cors_varies: bool = False
     origin: str | None = None
     head: bool = False  # the answer to a HEAD: the stream's metadata, no body
+
+
+def accepts_gzip(accept_encoding: str | None) -> bool:
+    """Does ``Accept-Encoding`` allow gzip (explicitly, or by ``*``) with a non-zero q?"""
+    if not accept_encoding:
+        return False
+    allowed: dict[str, float] = {}
+    for part in accept_encoding.split(","):
+        name, _, params = part.strip().partition(";")
+        q = 1.0
+        params = params.strip()
+        if params.startswith("q="):
+            try:
+                q = float(params[2:])
+            except ValueError:
+                q = 0.0
+        allowed[name.strip().lower()] = q
+    if "gzip" in allowed:
+        return allowed["gzip"] > 0
+    return allowed.get("*", 0.0) > 0
 
 
 # A pure function of a few header values, asked on every fast-path hit (which passes them by

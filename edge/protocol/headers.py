@@ -13,6 +13,9 @@ Rules this module owns:
   lifetime of a read's answer the edge relays: ``no-store`` in place of any the origin gave, a
   CDN's own (``CDN-Cache-Control``, ``Surrogate-Control``) included
   (``relayed_read_cache_control``, ``with_cache_control``), as no purge would reach a copy.
+* A stream's lifetime is read from ``Stream-TTL`` (a non-negative whole number of seconds) and
+  ``Stream-Expires-At`` (RFC 3339 with a zone) as the origin states them (PROTOCOL.md §5.1,
+  §5.5, ``stated_lifetime``); a value of any other form states nothing.
 
 Headers are handled as ordered lists of ``(name, value)`` pairs so repeats survive.
 """
@@ -20,6 +23,7 @@ Headers are handled as ordered lists of ``(name, value)`` pairs so repeats survi
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
+from datetime import datetime
 
 HeaderList = list[tuple[str, str]]
 
@@ -262,3 +266,32 @@ def filter_cookies(cookie_header: str, names: Collection[str]) -> str | None:
         if equals and name.strip(" \t") in names:
             kept.append(pair)
     return "; ".join(kept) if kept else None
+
+
+def stated_lifetime(headers: Sequence[tuple[str, str]]) -> tuple[float | None, float | None]:
+    """The ``Stream-TTL`` seconds and ``Stream-Expires-At`` POSIX timestamp ``headers`` state
+    (each None when absent or malformed)."""
+    return (
+        parse_ttl_seconds(first_value(headers, "stream-ttl")),
+        parse_expires_at(first_value(headers, "stream-expires-at")),
+    )
+
+
+def parse_ttl_seconds(value: str | None) -> float | None:
+    """``Stream-TTL``: a non-negative whole number of seconds, else None."""
+    if value is None or not value.strip().isdigit():
+        return None
+    return float(int(value.strip()))
+
+
+def parse_expires_at(value: str | None) -> float | None:
+    """``Stream-Expires-At`` (RFC 3339) as a POSIX timestamp, else None."""
+    if not value:
+        return None
+    try:
+        moment = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if moment.tzinfo is None:
+        return None
+    return moment.timestamp()

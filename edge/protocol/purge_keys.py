@@ -43,26 +43,23 @@ def instance_key(stream: str, generation: str) -> str:
     return stream_key(stream) + "-" + _digest(generation)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class PurgeKeys:
-    """The keys one answer carries, the stream's first."""
+    """The keys one answer carries, the stream's first, and their header values (joined once,
+    when the keys are made: every answer of the instance carries the same)."""
 
     keys: tuple[str, ...]
+    surrogate_key: str  # the ``Surrogate-Key`` value: space-separated (Fastly, Varnish xkey)
+    cache_tag: str  # the ``Cache-Tag`` value: comma-separated (Cloudflare)
 
-    @property
-    def surrogate_key(self) -> str:
-        """The ``Surrogate-Key`` value: space-separated (Fastly, Varnish xkey)."""
-        return " ".join(self.keys)
-
-    @property
-    def cache_tag(self) -> str:
-        """The ``Cache-Tag`` value: comma-separated (Cloudflare)."""
-        return ",".join(self.keys)
+    @staticmethod
+    def of(keys: tuple[str, ...]) -> PurgeKeys:
+        return PurgeKeys(keys=keys, surrogate_key=" ".join(keys), cache_tag=",".join(keys))
 
 
 def purge_keys(stream: str, generation: str = "") -> PurgeKeys:
     """The keys of an answer of ``stream``'s instance ``generation`` ("" where the shared tier
     has named none: the stream's key alone)."""
     if generation:
-        return PurgeKeys((stream_key(stream), instance_key(stream, generation)))
-    return PurgeKeys((stream_key(stream),))
+        return PurgeKeys.of((stream_key(stream), instance_key(stream, generation)))
+    return PurgeKeys.of((stream_key(stream),))

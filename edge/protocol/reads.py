@@ -26,6 +26,14 @@ Rules this module owns:
   scope is ``private`` to downstream caches; like the public scope, no client's credential
   reached the origin for it (``speaks_for_the_stream``).
 * Query parameters are parsed once, in order-independent form (PROTOCOL-NOTES trap 3).
+* Offsets are values (PROTOCOL.md §8): opaque to the edge but lexicographically sortable, so
+  the edge compares them as strings and never parses them. An offset from the origin
+  (``Stream-Next-Offset``, an SSE ``streamNextOffset``) or from a client (``offset=``,
+  ``Last-Event-ID``) is checked here (``is_offset_token``, ``is_client_offset``) before it
+  reaches a cache key, an ETag, an SSE ``id:`` line or a log line: 1 to ``MAX_OFFSET_CHARS``
+  visible ASCII characters, none of which can end a header, a frame or a quoted tag (no
+  whitespace, controls, ``"``, ``,`` or ``\\``). ``-1`` (the start) and ``now`` (the tail) are
+  sentinels a client may send; the origin never issues them as a position.
 * A bare request line (all a connection refused at the cap sends before it is gone) has the
   kind its method and query give (``kind_of_request_line``), so refusals are counted by kind.
 """
@@ -34,12 +42,30 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import re
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from urllib.parse import parse_qsl
 
 from edge.protocol.headers import AUTHORIZATION, COOKIE, LAST_EVENT_ID, filter_cookies
 from edge.protocol.paths import names_control
+
+START = "-1"
+NOW = "now"
+MAX_OFFSET_CHARS = 256
+
+_TOKEN = re.compile(r"[!#-+\--\[\]-~]{1,%d}" % MAX_OFFSET_CHARS)  # noqa: UP031
+
+
+def is_offset_token(value: str | None) -> bool:
+    """Could ``value`` be a position the origin issued?"""
+    return value is not None and value not in (START, NOW) and _TOKEN.fullmatch(value) is not None
+
+
+def is_client_offset(value: str | None) -> bool:
+    """May a client start a read here (a position, ``-1`` or ``now``)?"""
+    return value is not None and (value in (START, NOW) or _TOKEN.fullmatch(value) is not None)
+
 
 PUBLIC_SCOPE = "public"
 CREDENTIAL_SCOPE_PREFIX = "cred-"

@@ -19,10 +19,20 @@ Rules this module owns:
   whose stream is the normalised path; each carries the instance it was derived from and is
   refused once that instance is not current (or names another generation of it than the one it
   was built under). Derived entries (gzip bodies, SSE frames) too.
+* **Compress once** (``Compressor``): each gzip representation of an answer is made once, kept
+  as a derived entry of the instance it was made from, and reused. It is named by what it is
+  made of (the stream scope's key, the answer's range and the content digest of its segments),
+  so a stored one can only ever be the same bytes compressed; it is refused once its instance
+  is no longer current (a compression in a thread can outlive a delete). Identical
+  compressions in flight are done once (single-flight); bodies of ``OFF_LOOP_BYTES`` or more
+  are compressed in a worker thread (zlib releases the GIL), so one large body never stalls
+  every viewer on the event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
+import gzip
 import sys
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
@@ -30,6 +40,7 @@ from typing import Any
 
 from cachetools import LRUCache
 
+from edge.coalesce import SingleFlight
 from edge.log.segment import Segment
 from edge.log.stream_log import NEVER, LogKey, StreamInstance, StreamLog
 from edge.protocol.answer_key import AnswerKey
@@ -42,6 +53,8 @@ INSTANCE_OVERHEAD_BYTES = 760
 DERIVED_OVERHEAD_BYTES = 700
 RESPONSE_OVERHEAD_BYTES = 900
 MAX_TEMPLATES = 1024
+COMPRESS_LEVEL = 5
+OFF_LOOP_BYTES = 128 * 1024
 
 SEGMENT, LOG, INSTANCE, DERIVED, RESPONSE = "segment", "log", "instance", "derived", "response"
 STRUCTURES = (SEGMENT, LOG, INSTANCE, DERIVED, RESPONSE)
@@ -340,3 +353,33 @@ class LocalTier:
         """structure -> (bytes, entries) within the budget."""
         lru = self._entries
         return {s: (lru.bytes_by_structure[s], lru.entries_by_structure[s]) for s in STRUCTURES}
+
+
+class Compressor:
+    """Gzip representations of answers, made once and kept in the local tier (see the rules)."""
+
+    def __init__(self, local: LocalTier) -> None:
+        self._local = local
+        self._flights: SingleFlight[tuple[LogKey, StreamInstance, Hashable], bytes] = SingleFlight()
+        self.made = 0  # compressions actually run (the rest were reused)
+
+    async def gzip(
+        self, key: LogKey, instance: StreamInstance, name: Hashable, body: bytes
+    ) -> bytes:
+        """``body`` (of ``instance``, in ``key``'s scope) compressed; kept only while
+        ``instance`` is current, which a compression in a thread may outlive."""
+        derived = ("gzip", name)
+        stored = self._local.derived(key, derived)
+        if stored is not None:
+            return stored
+        compressed, _ = await self._flights.run((key, instance, derived), lambda: self._make(body))
+        self._local.put_derived(key, derived, compressed, instance)
+        return compressed
+
+    async def _make(self, body: bytes) -> bytes:
+        self.made += 1
+        if len(body) < OFF_LOOP_BYTES:
+            return gzip.compress(body, compresslevel=COMPRESS_LEVEL, mtime=0)
+        return await asyncio.get_running_loop().run_in_executor(
+            None, lambda: gzip.compress(body, compresslevel=COMPRESS_LEVEL, mtime=0)
+        )

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from edge.log.segment import InvalidSegment, Segment
 from edge.log.stream_log import LogKey
-from edge.protocol.offsets import is_offset_token
+from edge.protocol.reads import is_offset_token
 
 KEY_PREFIX = "edge:v2"
 PURGE_CHANNEL = f"{KEY_PREFIX}:purge"

@@ -7,7 +7,7 @@ Rules this module owns:
   decided (the gate takes its token parameters out of the target and may put the edge's own
   credential in the reader's place), into one ``Asked`` handed to every handler.
 * The cache's own origin requests carry exactly the credentials the configured
-  ``--scope-headers``/``--scope-cookies`` give (``credentials_of``); for a read the edge
+  ``--scope-headers``/``--scope-cookies`` give (``asked_of``); for a read the edge
   authorized, the edge's own ``--origin-header`` instead.
 * Every answer the edge builds counts its body in ``edge_served_bytes_total``; an origin
   failure is counted by its reason and logged with the target.
@@ -22,17 +22,14 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from edge.answer import Answer
+from edge.auth.gate import RequestAdmission
 from edge.config import Settings
 from edge.origin import OriginError
 from edge.protocol.paths import Target
 from edge.protocol.reads import scope_credentials
-from edge.web.gatekeeper import shared_credentials
 from edge.web.proxy import (
     EdgeResponse,
     origin_error_response,
-    reader_only,
-    request_origin,
-    request_target,
 )
 from edge.web.wire import client_headers
 from edge.web.wiring import CORS, METRICS
@@ -48,31 +45,43 @@ class Asked:
     credentials: tuple[tuple[str, str], ...]  # what the cache's origin requests send upstream
     headers: tuple[tuple[str, str], ...]
     version: tuple[int, int]
+    expires_at: float | None  # wall clock: a live read on the gate's credential ends by then
 
 
-def credentials_of(request: web.Request, settings: Settings) -> list[tuple[str, str]]:
-    """The client's headers a cache fill or a live tail sends upstream for this request's scope:
-    the configured credential headers, the Cookie cut down to the configured cookies; for a
-    read the edge authorized, the edge's own ``--origin-header`` instead."""
-    shared = shared_credentials(request)
-    if shared is not None:
-        return shared
-    return scope_credentials(
-        request.headers.items(),
-        scope_headers=settings.scope_headers,
-        scope_cookies=settings.scope_cookies,
-    )
+def asked_of(
+    request: web.Request,
+    settings: Settings,
+    *,
+    target: Target,
+    origin: str | None,
+    admitted: RequestAdmission | None,
+) -> Asked:
+    """``request``'s values, once the gate (if any) ``admitted`` it, from what the caller has
+    already read of it: its ``target`` (without token parameters) and its ``Origin``.
 
-
-def asked_of(request: web.Request, settings: Settings) -> Asked:
-    """``request``'s values, once the gate has admitted it."""
+    Its credentials are what a cache fill or a live tail sends upstream for its scope: the
+    configured credential headers, the Cookie cut down to the configured cookies; for a shared
+    read the edge authorized, the edge's own ``--origin-header`` instead, and its answer is
+    made private (``edge.web.proxy.for_the_reader_only``)."""
+    shared = admitted is not None and admitted.shared
+    if admitted is not None and shared:
+        credentials = admitted.upstream
+    else:
+        credentials = tuple(
+            scope_credentials(
+                request.headers.items(),
+                scope_headers=settings.scope_headers,
+                scope_cookies=settings.scope_cookies,
+            )
+        )
     return Asked(
-        target=request_target(request),
-        origin=request_origin(request),
-        reader_only=reader_only(request),
-        credentials=tuple(credentials_of(request, settings)),
+        target=target,
+        origin=origin,
+        reader_only=shared,
+        credentials=credentials,
         headers=tuple(request.headers.items()),
         version=(request.version.major, request.version.minor),
+        expires_at=admitted.expires_at if admitted is not None else None,
     )
 
 

@@ -33,13 +33,14 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from edge.answer import Result
+from edge.auth.gate import RequestAdmission
 from edge.protocol.headers import names_this_proxy
 from edge.protocol.paths import BadTarget
 from edge.protocol.reads import Classified, RequestKind, classify
 from edge.web.asked import Asked, asked_of
 from edge.web.catchup_reads import serve_catchup, serve_head
 from edge.web.connection_tracker import CONNECTIONS
-from edge.web.gatekeeper import admit, reader_scope
+from edge.web.gatekeeper import GATE, admit
 from edge.web.live_reads import serve_long_poll, serve_sse
 from edge.web.proxy import ClientGone, EdgeResponse, edge_answer, request_origin, request_target
 from edge.web.wiring import CORS, METRICS, RELAY, SETTINGS
@@ -124,12 +125,16 @@ async def handle_stream_request(request: web.Request) -> web.StreamResponse:
         server_options = EdgeResponse(status=204)
         cors.add_missing(server_options.headers, origin)
         return server_options
-    refused = await admit(request, cors)
-    if refused is not None:
-        kind = classify(request.method, target.stream, target.query, ()).kind
-        metrics.request_count(kind, refused.status).inc()
-        return refused
-    asked = asked_of(request, settings)  # once admitted: its target without token parameters
+    admitted: RequestAdmission | None = None
+    gate = request.app.get(GATE)
+    if gate is not None:
+        decision = await admit(request, gate, cors)
+        if isinstance(decision, web.StreamResponse):
+            kind = classify(request.method, target.stream, target.query, ()).kind
+            metrics.request_count(kind, decision.status).inc()
+            return decision
+        admitted, target = decision, decision.target  # its target without token parameters
+    asked = asked_of(request, settings, target=target, origin=origin, admitted=admitted)
     classified = classify(
         request.method,
         asked.target.stream,
@@ -137,7 +142,7 @@ async def handle_stream_request(request: web.Request) -> web.StreamResponse:
         asked.headers,
         scope_headers=settings.scope_headers,
         scope_cookies=settings.scope_cookies,
-        scope=reader_scope(request),
+        scope=admitted.scope if admitted is not None else None,
     )
     kind = classified.kind
     connections, transport = request.app[CONNECTIONS], request.transport

@@ -2,17 +2,16 @@
 
 Rules this module owns:
 
-* ``admit`` is the one call at the top of stream request handling: a refusal response, or
-  None with the request's target replaced by the one without ``token`` parameters and the
-  ``RequestAdmission`` kept on the request for the cache, the live hub and the relay.
+* ``admit`` is the one call at the top of stream request handling, made when there is a gate
+  (``--auth jwt|forward``): a refusal response, or the ``RequestAdmission`` (whose target is
+  the one without ``token`` parameters), also kept on the request for the live hub and the
+  relay.
 * A refusal is the edge's own answer: the status, ``WWW-Authenticate`` where it applies, the
   origin's CORS headers (a browser must be able to read it), ``Cache-Control: no-store``, and a
   short reason; or, in forward mode, the auth service's body and headers.
 """
 
 from __future__ import annotations
-
-import time
 
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
@@ -35,10 +34,9 @@ from edge.web.proxy import (
 GATE = web.AppKey("gate", Gate)
 
 
-async def admit(request: web.Request, cors: OriginCors) -> web.StreamResponse | None:
-    gate = request.app.get(GATE)
-    if gate is None:
-        return None
+async def admit(
+    request: web.Request, gate: Gate, cors: OriginCors
+) -> web.StreamResponse | RequestAdmission:
     decision = await gate.admit(
         Client(
             method=request.method,
@@ -53,7 +51,7 @@ async def admit(request: web.Request, cors: OriginCors) -> web.StreamResponse | 
         return refusal_response(decision, cors, request_origin(request))
     request[TARGET] = decision.target
     request[ADMISSION] = decision
-    return None
+    return decision
 
 
 def refusal_response(refusal: Refusal, cors: OriginCors, origin: str | None) -> web.Response:
@@ -74,26 +72,6 @@ def refusal_response(refusal: Refusal, cors: OriginCors, origin: str | None) -> 
 
 def admission(request: web.Request) -> RequestAdmission | None:
     return request.get(ADMISSION)
-
-
-def reader_scope(request: web.Request) -> str | None:
-    """The scope an authorized read is served from (its policy's); None: as classified."""
-    admitted = request.get(ADMISSION)
-    return admitted.scope if admitted is not None else None
-
-
-def shared_credentials(request: web.Request) -> list[tuple[str, str]] | None:
-    """What the edge's own origin requests carry for an authorized read (``--origin-header``)."""
-    admitted = request.get(ADMISSION)
-    return list(admitted.upstream) if admitted is not None and admitted.shared else None
-
-
-def seconds_left(request: web.Request) -> float | None:
-    """How long a live read may still run on this request's credential."""
-    admitted: RequestAdmission | None = request.get(ADMISSION)
-    if admitted is None or admitted.expires_at is None:
-        return None
-    return max(0.0, admitted.expires_at - time.time())
 
 
 class TokenFreeAccessLog(AbstractAccessLogger):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from collections.abc import Sequence
 from typing import assert_never
 
@@ -34,10 +35,16 @@ from edge.origin import BodyTooLarge, OriginError
 from edge.protocol.reads import Classified, Read
 from edge.web.asked import Asked, origin_failed, to_response
 from edge.web.catchup_reads import relay_bypass
-from edge.web.gatekeeper import seconds_left
 from edge.web.proxy import ClientGone, EdgeStreamResponse, OriginCors
 from edge.web.wire import VIA, AlreadyWrittenResponse
 from edge.web.wiring import CORS, HUB, METRICS, SETTINGS
+
+
+def credential_left(asked: Asked) -> float | None:
+    """How long a live read may still run on the credential the gate admitted it with."""
+    if asked.expires_at is None:
+        return None
+    return max(0.0, asked.expires_at - time.time())
 
 
 async def start_offset(
@@ -67,7 +74,7 @@ async def serve_long_poll(
                 start,
                 read.cursor,
                 asked.credentials,
-                max_seconds=seconds_left(request),
+                max_seconds=credential_left(asked),
                 socket=socket_of(request, asked),
             )
         else:
@@ -132,7 +139,7 @@ async def serve_sse(
     transport = request.transport
     assert transport is not None
     bound_buffers(transport, request.app[SETTINGS].sse_buffer_bytes)
-    viewer = viewer_of(request, read, key, start, transport)
+    viewer = viewer_of(request, asked, read, key, start, transport)
     await feed(request, response, viewer, asked.credentials)
     return response
 
@@ -163,14 +170,19 @@ def bound_buffers(transport: asyncio.Transport, limit_bytes: int) -> None:
 
 
 def viewer_of(
-    request: web.Request, read: Read, key: LogKey, offset: str, transport: asyncio.Transport
+    request: web.Request,
+    asked: Asked,
+    read: Read,
+    key: LogKey,
+    offset: str,
+    transport: asyncio.Transport,
 ) -> Viewer:
     settings, hub = request.app[SETTINGS], request.app[HUB]
     now = asyncio.get_running_loop().time()
     ends = [now + settings.sse_max_seconds] if settings.sse_max_seconds else []
-    credential_left = seconds_left(request)
-    if credential_left is not None:
-        ends.append(now + credential_left)  # ended cleanly when its token expires
+    left = credential_left(asked)
+    if left is not None:
+        ends.append(now + left)  # ended cleanly when its token expires
     return Viewer(
         key=key,
         offset=offset,

@@ -5,10 +5,10 @@ Rules this module owns:
 
 * Only this module builds the tiers (``LocalTier``, ``SharedTier``), the stream instances
   (``edge.instances.build``: their door, forgetter, generations, lifetimes, writes and
-  tickets), the fill budget, the compressor, the catch-up service, the live hub, the relay,
-  the gate, the fast path, the stream listener's connection tracker (handed the fast path),
-  the catch-up front and the CDN purger. Each gets the parts it uses; none reaches through
-  another for them.
+  ticket), the fill budget, the compressor, the fills, the catch-up service, the live hub,
+  the relay, the gate, the fast path, the stream listener's connection tracker (handed the
+  fast path), the catch-up front and the CDN purger. Each gets the parts it uses; none reaches
+  through another for them.
 * Who hears of a forgetting is decided here, in the order given: the live hub (its tails and
   readers end: ``LiveHub`` subscribes to the forgetter it is handed), the CDN purger (with
   ``--cdn-purge``), then whatever a worker adds (``edge.workers.siblings``). These are
@@ -32,21 +32,20 @@ from aiohttp import web
 from edge.auth.gate import Gate
 from edge.catchup import CatchupCache
 from edge.cdn.purger import CdnPurger
-from edge.compress import Compressor
 from edge.config import Settings
 from edge.fill_budget import FillBudget
+from edge.fills import Fills
 from edge.instances import build
 from edge.instances.door import Door
 from edge.instances.forgetting import Forgetter
 from edge.instances.generations import Generations
 from edge.instances.lifetimes import Lifetimes
-from edge.instances.tickets import Tickets
 from edge.instances.writes import Writes
 from edge.lifecycle import StreamLifecycle
 from edge.live.hub import LiveHub
 from edge.metrics import Metrics
 from edge.origin import OriginClient
-from edge.store.local import LocalTier
+from edge.store.local import Compressor, LocalTier
 from edge.store.shared import SharedTier
 from edge.web.connection_table import Limits
 from edge.web.connection_tracker import ConnectionTracker
@@ -63,14 +62,15 @@ class CatchupParts:
     instances' parts one by one: each consumer is handed the ones it uses)."""
 
     local: LocalTier
-    tickets: Tickets
+    ticket: Callable[[], int]  # the stream instances' ticket (``edge.instances``)
     forgetter: Forgetter
-    generations: Generations
+    generations: Generations | None
     lifetimes: Lifetimes
     door: Door
     writes: Writes
     fill_budget: FillBudget
     compressor: Compressor
+    fills: Fills
     catchup: CatchupCache
     lifecycle: StreamLifecycle
 
@@ -87,25 +87,31 @@ def build_catchup(
     instances = build(settings, local, origin, metrics, shared=shared, clock=clock)
     fill_budget = FillBudget(settings.fill_buffer_bytes)
     compressor = Compressor(local)
-    catchup = CatchupCache(
+    fills = Fills(
         settings,
         origin,
         metrics,
         local=local,
         door=instances.door,
         forgetter=instances.forgetter,
+        ticket=instances.ticket,
+        fill_budget=fill_budget,
+        clock=clock,
+    )
+    catchup = CatchupCache(
+        settings,
+        fills=fills,
+        local=local,
+        forgetter=instances.forgetter,
         generations=instances.generations,
         lifetimes=instances.lifetimes,
-        ticket=instances.tickets.ticket,
-        fill_budget=fill_budget,
         compressor=compressor,
-        shared=shared,
         clock=clock,
     )
     metrics.track_budget(local.usage, lambda: fill_budget.used)
     return CatchupParts(
         local=local,
-        tickets=instances.tickets,
+        ticket=instances.ticket,
         forgetter=instances.forgetter,
         generations=instances.generations,
         lifetimes=instances.lifetimes,
@@ -113,6 +119,7 @@ def build_catchup(
         writes=instances.writes,
         fill_budget=fill_budget,
         compressor=compressor,
+        fills=fills,
         catchup=catchup,
         lifecycle=StreamLifecycle(
             writes=instances.writes, forgetter=instances.forgetter, shared=shared
@@ -178,10 +185,11 @@ def wire(
         metrics,
         origin,
         catchup=parts.catchup,
+        fills=parts.fills,
         local=parts.local,
         door=parts.door,
         forgetter=parts.forgetter,
-        ticket=parts.tickets.ticket,
+        ticket=parts.ticket,
         encode=functools.partial(encode, cors=cors),
     )
     relay = Relay(
@@ -189,7 +197,7 @@ def wire(
         metrics=metrics,
         cors=cors,
         observe=parts.lifecycle.observe,
-        ticket=parts.tickets.ticket,
+        ticket=parts.ticket,
     )
     gate = Gate(settings, metrics) if settings.auth_mode != "none" else None
     fast = FastPath(settings, parts.local, cors, gate=gate)

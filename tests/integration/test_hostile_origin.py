@@ -19,8 +19,8 @@ import pytest
 from aiohttp import web
 
 from devstack.processes import Edge, start_edge
-from edge.protocol.offsets import is_offset_token
 from edge.protocol.purge_keys import purge_keys
+from edge.protocol.reads import is_offset_token
 from edge.protocol.sse import SseDecoder
 
 START = "0000_0000"

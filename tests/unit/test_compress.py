@@ -7,9 +7,8 @@ import asyncio
 import gzip
 import random
 
-from edge.compress import OFF_LOOP_BYTES, Compressor
 from edge.log.stream_log import LogKey
-from edge.store.local import LocalTier
+from edge.store.local import OFF_LOOP_BYTES, Compressor, LocalTier
 
 KEY = LogKey(stream="/v1/stream/z", scope="public")
 

@@ -28,7 +28,7 @@ from edge.log.stream_log import (
     TailVerdict,
     judge_write,
 )
-from edge.protocol.offsets import START, is_offset_token
+from edge.protocol.reads import START, is_offset_token
 from edge.store.shared_codec import (
     BadValue,
     SharedClosure,

@@ -41,9 +41,8 @@ from edge.log.segment import Segment, content_digest
 from edge.log.stream_log import LogKey, StreamInstance, StreamLog, TailFact
 from edge.metrics import Metrics
 from edge.origin import OriginClient
-from edge.protocol.offsets import START
 from edge.protocol.purge_keys import purge_keys
-from edge.protocol.reads import PUBLIC_SCOPE, Read
+from edge.protocol.reads import PUBLIC_SCOPE, START, Read
 from edge.protocol.sse import SseDecoder, SseEvent
 from edge.web.wiring import build_catchup
 
@@ -291,12 +290,12 @@ def edge_holding(world: World) -> tuple[CatchupCache, LiveHub, Tail]:
         assert parts.local.put(world.key, segment, log.instance)
     metrics = Metrics()
     hub = LiveHub(
-        settings, metrics, origin, catchup=cache, local=parts.local, door=parts.door,
-        forgetter=parts.forgetter, ticket=parts.tickets.ticket, clock=lambda: NOW,
+        settings, metrics, origin, catchup=cache, fills=parts.fills, local=parts.local,
+        door=parts.door, forgetter=parts.forgetter, ticket=parts.ticket, clock=lambda: NOW,
     )  # fmt: skip
     tail = Tail(
         key=world.key, offset=world.tail, credentials=(), local=parts.local, door=parts.door,
-        forgetter=parts.forgetter, ticket=parts.tickets.ticket, origin=origin, settings=settings,
+        forgetter=parts.forgetter, ticket=parts.ticket, origin=origin, settings=settings,
         metrics=metrics, listener=hub,
     )  # fmt: skip
     return cache, hub, tail

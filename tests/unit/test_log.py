@@ -23,7 +23,7 @@ from edge.log.stream_log import (
     TailVerdict,
     judge_shared,
 )
-from edge.protocol.codings import accepts_gzip
+from edge.protocol.answer_key import accepts_gzip
 from edge.store.local import LocalTier, entry_cost
 
 KEY = LogKey(stream="/s", scope="public")

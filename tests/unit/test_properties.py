@@ -360,7 +360,7 @@ class EdgeUnderTest:
         """A request the edge relayed to the origin (a write, a HEAD) and the origin's answer."""
         # The machine runs one step at a time: nothing arrives between this request's start
         # and its answer, so its ticket is taken here.
-        started = self.parts.tickets.ticket()
+        started = self.parts.ticket()
         result = self.observer(
             method, path, status, list(request_headers), list(response_headers), started
         )

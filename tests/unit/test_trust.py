@@ -5,6 +5,7 @@ of the test's own."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -12,7 +13,6 @@ from hypothesis import strategies as st
 from edge.config import Address, Settings
 from edge.instances.forgetting import Forgetter
 from edge.instances.generations import GENERATION_CHECK_SECONDS, Generations
-from edge.instances.tickets import Tickets
 from edge.log.segment import Segment
 from edge.log.stream_log import LogKey
 from edge.log.trust import (
@@ -106,7 +106,7 @@ def test_while_the_tier_cannot_say_nothing_held_outlives_the_bound(
         local = LocalTier(1 << 20)
         forgetter = Forgetter(local, shared=tier, clock=clock)  # type: ignore[arg-type]
         generations = Generations(
-            local, forgetter, Tickets().ticket, shared=tier, clock=clock,  # type: ignore[arg-type]
+            local, forgetter, itertools.count().__next__, shared=tier, clock=clock,  # type: ignore[arg-type]
         )  # fmt: skip
         instance = local.instance_for(KEY.stream)
         confirmed_at = float("-inf")

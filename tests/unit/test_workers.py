@@ -218,15 +218,15 @@ async def test_every_cause_of_forgetting_is_told_once_through_one_place() -> Non
     instances.forgetter.forget("/s", reason="admin_purge")
     instances.forgetter.stream_gone(public)
     instances.forgetter.stream_gone(scoped)
-    instances.writes.observe("DELETE", "/s", 204, [], [], started=instances.tickets.ticket())
-    instances.writes.observe("PUT", "/s", 201, [], [], started=instances.tickets.ticket())
-    instances.writes.observe("GET", "/s", 404, [], [], started=instances.tickets.ticket())
+    instances.writes.observe("DELETE", "/s", 204, [], [], started=instances.ticket())
+    instances.writes.observe("PUT", "/s", 201, [], [], started=instances.ticket())
+    instances.writes.observe("GET", "/s", 404, [], [], started=instances.ticket())
     # A live upstream whose tail went back: another stream at the path.
     instance = local.instance_for("/s")
     with pytest.raises(InstanceChanged):
         instances.door.record_live(
             public, OFFSET_9, OFFSET_5, b"", up_to_date=True, closed=False,
-            instance=instance, started=instances.tickets.ticket(),
+            instance=instance, started=instances.ticket(),
         )  # fmt: skip
     assert told.keys == [public, public, scoped, public, public, public, public]
     # Each says why (a webhook's reason), and that this process is the one to tell downstream.
@@ -261,14 +261,14 @@ async def test_a_head_answered_as_another_content_type_is_another_instance(
     held.content_type = held_type
     instances.writes.observe(
         "HEAD", "/s", 200, [], [("Content-Type", same_type), ("Stream-TTL", "60")],
-        started=instances.tickets.ticket(),
+        started=instances.ticket(),
     )  # fmt: skip
     assert local.current(held)
     assert held.ttl_seconds == 60.0
     assert told.keys == []
     instances.writes.observe(
         "HEAD", "/s", 200, [], [("Content-Type", other_type), ("Stream-TTL", "5")],
-        started=instances.tickets.ticket(),
+        started=instances.ticket(),
     )  # fmt: skip
     assert not local.current(held)
     assert held.ttl_seconds == 60.0  # the other stream's lifetime was not learned for it
@@ -295,7 +295,7 @@ async def test_what_is_done_at_the_supervisors_request_is_told_downstream_only_i
     instances, _local, told = _instances()
     with at_supervisors_request():
         instances.forgetter.forget("/s", reason="admin_purge")
-        instances.writes.observe("DELETE", "/s", 204, [], [], started=instances.tickets.ticket())
+        instances.writes.observe("DELETE", "/s", 204, [], [], started=instances.ticket())
     with at_supervisors_request(tells_downstream=True):  # the one worker the supervisor names
         instances.forgetter.forget("/s", reason="admin_purge")
     instances.forgetter.forget("/s", reason="admin_purge")
@@ -371,7 +371,7 @@ async def test_siblings_tell_through_their_transport_and_never_echo() -> None:
     held = [cache.local.instance_for("/s") for cache in caches]
 
     # A DELETE relayed by worker 0: its own purge is covered by the replay, told once.
-    await workers[0].observe("DELETE", "/s", 204, [], [], caches[0].tickets.ticket())
+    await workers[0].observe("DELETE", "/s", 204, [], [], caches[0].ticket())
     assert sent == [(0, encode_observation("DELETE", "/s", 204, [], [], held=True))]
     assert all(not cache.local.current(old) for cache, old in zip(caches, held, strict=True))
 
@@ -395,7 +395,7 @@ async def test_siblings_tell_through_their_transport_and_never_echo() -> None:
     )  # fmt: skip
     cache.forgetter.tellers.append(alone.forgot)
     before = cache.local.instance_for("/t")
-    await alone.observe("PUT", "/t", 201, [], [], cache.tickets.ticket())
+    await alone.observe("PUT", "/t", 201, [], [], cache.ticket())
     assert not cache.local.current(before)
     assert alone.forgot(Forgetting(key=LogKey(stream="/t", scope="token-1"), reason="gone")) is None
     assert len(sent) == 2
@@ -452,7 +452,7 @@ async def test_a_404_on_a_worker_that_held_nothing_is_told_downstream_by_those_t
     assert not tolds[1].forgettings[-1].tells_downstream
     assert tolds[0].forgettings[-1].tells_downstream
     # A write's forgetting is its relaying worker's to tell, whoever held the stream.
-    await workers[0].observe("DELETE", "/s", 204, [], [], caches[0].tickets.ticket())
+    await workers[0].observe("DELETE", "/s", 204, [], [], caches[0].ticket())
     assert tolds[0].forgettings[-1].reason == "deleted"
     assert tolds[0].forgettings[-1].tells_downstream
     assert tolds[1].forgettings[-1].reason == "deleted"
