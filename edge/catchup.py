@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import assert_never
 
-from edge.answer import Answer, Bypass, Derivation, Result, Why, relayable
+from edge.answer import Answer, Bypass, Derivation, Result, Why
 from edge.config import Settings
 from edge.fills import Chained, Fill, Fills, Resolution, Unchained
 from edge.instances.forgetting import Forgetter
@@ -42,7 +42,6 @@ from edge.instances.lifetimes import Lifetimes
 from edge.log.freshness import Reuse, Tiers, never_stored, reuse, tail_age_seconds
 from edge.log.intake import header_template
 from edge.log.policy import (
-    Coverage,
     Fetch,
     Hit,
     answer_headers,
@@ -61,7 +60,6 @@ from edge.origin import BodyTooLarge
 from edge.protocol.answer_key import accepts_gzip
 from edge.protocol.headers import (
     first_value,
-    not_to_be_kept,
 )
 from edge.protocol.reads import PUBLIC_SCOPE, START, Read, is_client_offset
 from edge.store.local import Compressor, LocalTier
@@ -304,29 +302,16 @@ class CatchupCache:
         detail = "; collapsed" if resolved.collapsed else ("; stored" if stored else "")
         cache_status = f"edge; fwd={forward}; fwd-status={fill.status}{detail}"
         if chained is None:
-            if fill.status == 200 and plan.is_delta:
-                # True for the delta's request only; the client's own read goes to the origin.
-                return Bypass(
-                    why=Why.NOT_CACHEABLE,
-                    reason="the origin's answer to the delta cannot be joined",
-                )
-            headers = relayable(fill.headers)
-            if fill.status == 200:
-                # The origin's validator does not tell stream instances apart; the edge will
-                # not hand out a tag it cannot honour.
-                headers = [(n, v) for n, v in headers if n.lower() != "etag"]
-            # True for this request only (a refusal, a read past the tail, what the origin
-            # forbade storing): no cache downstream keeps it either.
-            headers = not_to_be_kept(headers, private=key.scope != PUBLIC_SCOPE)
-            return Answer(
-                status=fill.status, headers=headers, body=fill.body,
-                cache_status=cache_status, result=result if fill.status != 200 else Result.BYPASS,
+            return fill.relayed(
+                delta=plan.is_delta, private=key.scope != PUBLIC_SCOPE,
+                cache_status=cache_status, result=result,
             )  # fmt: skip
         log = self._local.log_for(key)
         if log.content_type is None:  # evicted or purged while the fetch was in flight
             log.content_type = first_value(fill.headers, "content-type")
             log.header_template = self._local.template(header_template(fill.headers))
-        segments = self._joined(plan.prefix, chained.segment)
+        prefix, segment = plan.prefix.segments, chained.segment
+        segments = (*prefix, segment) if segment is not None else prefix
         return await self._answer(
             read, log, offset, segments, chained.next_offset,
             up_to_date=chained.reach.up_to_date, closed=chained.reach.closed,
@@ -334,10 +319,6 @@ class CatchupCache:
             cache_status=cache_status, result=result,
             kept=chained.kept,
         )  # fmt: skip
-
-    @staticmethod
-    def _joined(prefix: Coverage, segment: Segment | None) -> tuple[Segment, ...]:
-        return (*prefix.segments, segment) if segment is not None else prefix.segments
 
     def reuse_for(self, log: StreamLog, *, immutable: bool) -> Reuse:
         """The policy's verdict on reusing an answer built from ``log`` now."""

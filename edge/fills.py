@@ -40,7 +40,7 @@ from dataclasses import dataclass, replace
 from typing import assert_never
 from urllib.parse import quote
 
-from edge.answer import Bypass, Why
+from edge.answer import Answer, Bypass, Result, Why, relayable
 from edge.coalesce import Joined, Led, Overdue, SingleFlight
 from edge.config import Settings
 from edge.fill_budget import FillBudget, FillDeadline, Hold, read_body
@@ -52,7 +52,7 @@ from edge.log.segment import Segment
 from edge.log.stream_log import LogKey, StreamInstance
 from edge.metrics import Metrics
 from edge.origin import OriginClient, OriginTimeout
-from edge.protocol.headers import first_value, own_request_headers
+from edge.protocol.headers import first_value, not_to_be_kept, own_request_headers
 from edge.protocol.reads import is_offset_token
 from edge.store.local import LocalTier
 
@@ -113,6 +113,27 @@ class Fill:
     body: bytes
     joins: Chained | Unchained
     hold: Hold | None = None
+
+    def relayed(
+        self, *, delta: bool, private: bool, cache_status: str, result: Result
+    ) -> Answer | Bypass:
+        """This fill's answer to its one reader, when it joins no chain (``Unchained``): true
+        for this request only (a refusal, a read past the tail, what the origin forbade
+        storing), so no cache downstream keeps it either. A 200 to a delta's request is not
+        the client's answer: the client's own read goes to the origin."""
+        if self.status == 200 and delta:
+            return Bypass(
+                why=Why.NOT_CACHEABLE, reason="the origin's answer to the delta cannot be joined"
+            )
+        headers = relayable(self.headers)
+        if self.status == 200:
+            # The origin's validator does not tell stream instances apart; the edge will not
+            # hand out a tag it cannot honour.
+            headers = [(n, v) for n, v in headers if n.lower() != "etag"]
+        return Answer(
+            status=self.status, headers=not_to_be_kept(headers, private=private), body=self.body,
+            cache_status=cache_status, result=result if self.status != 200 else Result.BYPASS,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
