@@ -210,7 +210,7 @@ class Siblings:
     ) -> None:
         self._forgetter = forgetter
         self._held = local
-        self._local = observe  # this worker's own observer (``StreamLifecycle.observe``)
+        self._observe_here = observe  # this worker's own observer (``StreamLifecycle.observe``)
         self._tell = tell
 
     async def observe(
@@ -231,12 +231,16 @@ class Siblings:
             message = encode(method, stream, status, request_headers, response_headers, held=held)
             telling = self._tell(message)
         if telling is None:
-            await self._local(method, stream, status, request_headers, response_headers, started)
+            await self._observe_here(
+                method, stream, status, request_headers, response_headers, started
+            )
         else:
             covered = _REPLAY_FORGETS.set(stream if replay_forgets(method, status) else None)
             try:
                 await asyncio.gather(
-                    self._local(method, stream, status, request_headers, response_headers, started),
+                    self._observe_here(
+                        method, stream, status, request_headers, response_headers, started
+                    ),
                     telling,
                 )
             finally:
@@ -263,7 +267,7 @@ class Siblings:
         """What a sibling told, at the supervisor's request; ValueError (or KeyError, TypeError)
         when it is no message."""
         with at_supervisors_request():
-            await replay(self._forgetter, self._local, body)
+            await replay(self._forgetter, self._observe_here, body)
 
 
 def share_observations(
