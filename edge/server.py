@@ -38,7 +38,7 @@ from edge.web.bounded_site import BoundedSite
 from edge.web.connection_tracker import CONNECTIONS, ConnectionTracker
 from edge.web.descriptors import DescriptorBudget, budget_for, holds_line, limits_for
 from edge.web.gatekeeper import TokenFreeAccessLog
-from edge.web.wiring import HUB, PURGER
+from edge.web.keys import HUB, PURGER
 
 logger = logging.getLogger(__name__)
 

@@ -22,19 +22,8 @@ from edge.web.connection_table import Limits
 from edge.web.connection_tracker import CONNECTIONS
 from edge.web.dispatch import asterisk_form, handle_stream_request
 from edge.web.gatekeeper import GATE
-from edge.web.wiring import (
-    CORS,
-    FAST,
-    FRONT,
-    HUB,
-    METRICS,
-    PURGER,
-    RELAY,
-    SETTINGS,
-    WIRED,
-    lifetime,
-    wire,
-)
+from edge.web.keys import CORS, FAST, FRONT, HUB, METRICS, PURGER, RELAY, SETTINGS
+from edge.web.wiring import WIRED, lifetime, wire
 
 
 def create_app(

@@ -27,12 +27,12 @@ from edge.config import Settings
 from edge.origin import OriginError
 from edge.protocol.paths import Target
 from edge.protocol.reads import scope_credentials
+from edge.web.keys import CORS, METRICS
 from edge.web.proxy import (
     EdgeResponse,
     origin_error_response,
 )
 from edge.web.wire import client_headers
-from edge.web.wiring import CORS, METRICS
 
 logger = logging.getLogger(__name__)
 

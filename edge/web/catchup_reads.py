@@ -26,8 +26,8 @@ from edge.origin import OriginError
 from edge.protocol.reads import Classified, Read, RequestKind
 from edge.web.asked import Asked, origin_failed, to_response
 from edge.web.front import CatchupRequest, Served, catchup_request
+from edge.web.keys import CORS, FRONT, METRICS, RELAY
 from edge.web.proxy import ClientGone, EdgeResponse
-from edge.web.wiring import CORS, FRONT, METRICS, RELAY
 
 logger = logging.getLogger(__name__)
 

@@ -41,9 +41,9 @@ from edge.web.asked import Asked, asked_of
 from edge.web.catchup_reads import serve_catchup, serve_head
 from edge.web.connection_tracker import CONNECTIONS
 from edge.web.gatekeeper import GATE, admit
+from edge.web.keys import CORS, METRICS, RELAY, SETTINGS
 from edge.web.live_reads import serve_long_poll, serve_sse
 from edge.web.proxy import ClientGone, EdgeResponse, edge_answer, request_origin, request_target
-from edge.web.wiring import CORS, METRICS, RELAY, SETTINGS
 
 logger = logging.getLogger(__name__)
 

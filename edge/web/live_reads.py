@@ -35,9 +35,9 @@ from edge.origin import BodyTooLarge, OriginError
 from edge.protocol.reads import Classified, Read
 from edge.web.asked import Asked, origin_failed, to_response
 from edge.web.catchup_reads import relay_bypass
+from edge.web.keys import CORS, HUB, METRICS, SETTINGS
 from edge.web.proxy import ClientGone, EdgeStreamResponse, OriginCors
 from edge.web.wire import VIA, AlreadyWrittenResponse
-from edge.web.wiring import CORS, HUB, METRICS, SETTINGS
 
 
 def credential_left(asked: Asked) -> float | None:

@@ -253,13 +253,6 @@ async def lifetime(wired: Wired) -> AsyncIterator[None]:
     await origin.close()
 
 
-# Where the stream application keeps what its handlers use.
+# The whole wiring, for the worker's sibling wiring (``edge.workers.siblings``); the parts the
+# handlers use have their keys in ``edge.web.keys``, so no handler imports the root.
 WIRED = web.AppKey("wired", Wired)
-SETTINGS = web.AppKey("settings", Settings)
-METRICS = web.AppKey("metrics", Metrics)
-RELAY = web.AppKey("relay", Relay)
-HUB = web.AppKey("hub", LiveHub)
-CORS = web.AppKey("cors", OriginCors)
-FAST = web.AppKey("fast", FastPath)
-FRONT = web.AppKey("front", CatchupFront)
-PURGER = web.AppKey("purger", CdnPurger)  # only with --cdn-purge

@@ -82,7 +82,7 @@ def join_fleet(
     bootstrap: Bootstrap, stream_app: web.Application, admin_app: web.Application
 ) -> None:
     """Wire a worker's two applications to its supervisor and siblings before they start."""
-    from edge.web.wiring import METRICS
+    from edge.web.keys import METRICS
     from edge.workers.mirror import add_refresh_route
     from edge.workers.siblings import share_observations
 

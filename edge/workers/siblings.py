@@ -59,8 +59,9 @@ from aiohttp.typedefs import Handler
 from edge.instances.forgetting import TELLS_DOWNSTREAM, Downstream, Forgetter, Forgetting
 from edge.log.stream_log import LogKey, says_gone
 from edge.store.local import LocalTier
+from edge.web.keys import RELAY
 from edge.web.proxy import Observer
-from edge.web.wiring import RELAY, WIRED
+from edge.web.wiring import WIRED
 from edge.workers.admin import TELLS_DOWNSTREAM_PARAM
 
 logger = logging.getLogger(__name__)
