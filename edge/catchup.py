@@ -115,7 +115,8 @@ class CatchupCache:
 
     # --- reads ---
 
-    def _plan(self, key: LogKey, offset: str) -> Hit | Fetch:
+    def plan(self, key: LogKey, offset: str) -> Hit | Fetch:
+        """What the cache holds for a read at ``offset`` now (``plan_catchup``), without waiting."""
         return plan_catchup(
             self._local.log(key),
             self._local.get,
@@ -168,18 +169,18 @@ class CatchupCache:
         if generations is not None:
             await generations.check_generation(key.stream)
         planned = self._local.instance_for(key.stream)
-        plan = self._plan(key, offset)
+        plan = self.plan(key, offset)
         shared_hit = False
         pulls = 0
         while isinstance(plan, Fetch) and generations is not None and pulls < MAX_SHARED_PULLS:
             pulled_at = plan.offset
             if not await generations.pull_shared(key, pulled_at):
                 if await generations.pull_shared_closure(key, pulled_at):
-                    plan = self._plan(key, offset)
+                    plan = self.plan(key, offset)
                 break
             shared_hit = True
             pulls += 1
-            plan = self._plan(key, offset)
+            plan = self.plan(key, offset)
             if isinstance(plan, Fetch) and plan.offset == pulled_at:
                 break  # the plan does not use what was pulled (expired, bypassed): go to origin
         if shared_hit and not planned.lifetime_known and self._local.current(planned):
@@ -187,14 +188,14 @@ class CatchupCache:
             # say (a sliding TTL counts from the last read that reached it, not from theirs).
             await self._lifetimes.confirm_lifetime(key, planned, credentials)
             await self._forgetter.settled(key.stream)
-            plan = self._plan(key, offset)
+            plan = self.plan(key, offset)
         instance = planned
         if not self._local.current(planned):
             # Forgotten while the shared tier answered (another replica's purge, another
             # instance's segment): a plan made of the old instance's segments would join them
             # to what the origin says of the new one. Plan again, from what is held now.
             instance = self._local.instance_for(key.stream)
-            plan = self._plan(key, offset)
+            plan = self.plan(key, offset)
         if isinstance(plan, Hit):
             return Resolution(plan=plan, shared_hit=shared_hit, fill=None, collapsed=False)
         fetch = plan
@@ -212,7 +213,7 @@ class CatchupCache:
         key = LogKey(stream=read.stream, scope=read.scope)
         if self._generations is not None:
             await self._generations.check_generation(key.stream)
-        plan = self._plan(key, START)
+        plan = self.plan(key, START)
         log = self._local.log(key)
         if not isinstance(plan, Hit) or not plan.up_to_date or log is None:
             return None

@@ -305,6 +305,15 @@ class Metrics:
             "edge_requests_total and edge_cache_requests_total; folded in at scrape time).",
             registry=self.registry,
         )
+        self.full_path_requests = Counter(
+            "edge_full_path_requests",
+            "Stream requests the listener's connections handed to aiohttp's request handler, "
+            "by kind: writes, relays and what the connection cannot answer without waiting "
+            "(a fill, a first live read of a stream, --auth); the rest is answered by the "
+            "connections themselves.",
+            ["kind"],
+            registry=self.registry,
+        )
         self.cdn_purges = Counter(
             "edge_cdn_purges",
             "Purges of forgotten streams at the CDN targets of --cdn-purge, one per stream and "
@@ -373,6 +382,12 @@ class Metrics:
         return cast(
             Histogram,
             self._child(("duration", kind), lambda: self.request_duration.labels(kind=kind.value)),
+        )
+
+    def full_path(self, kind: RequestKind) -> Counter:
+        return cast(
+            Counter,
+            self._child(("full", kind), lambda: self.full_path_requests.labels(kind=kind.value)),
         )
 
     def open_requests(self, kind: RequestKind) -> Gauge:

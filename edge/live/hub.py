@@ -211,10 +211,11 @@ class LiveHub:
         """For an SSE connection whose cursor is not behind: its one jittered answer."""
         if client_cursor is None:
             return None
-        answer = self._cursor(client_cursor)
+        answer = self.cursor_for(client_cursor)
         return answer if answer != str(current_interval(self.clock())) else None
 
-    def _cursor(self, client_cursor: str | None) -> str:
+    def cursor_for(self, client_cursor: str | None) -> str:
+        """The ``Stream-Cursor`` of an answer to a reader whose cursor was ``client_cursor``."""
         return response_cursor(client_cursor, now=self.clock(), rng=self.rng)
 
     def tail_offset(self, key: LogKey) -> str | None:
@@ -261,7 +262,7 @@ class LiveHub:
         async with self.tails.watching(key, start, credentials) as tail:
             while True:
                 outcome = self.settle(
-                    key, tail, offset, cursor=self._cursor(client_cursor), waited=waited,
+                    key, tail, offset, cursor=self.cursor_for(client_cursor), waited=waited,
                     expired=loop.time() >= deadline, fetched=fetched,
                 )  # fmt: skip
                 fetched = False

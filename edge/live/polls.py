@@ -26,7 +26,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
+from typing import Protocol
 
 from edge.answer import Answer
 from edge.live.board import Board, Waiter, by_answer_class
@@ -51,11 +52,20 @@ class Framing:
     origin: str | None = None  # the request's Origin: its CORS headers are its own
 
 
+class Sink(Protocol):
+    """The one writer of a client connection (``edge.web.connection_protocol``): what is sent
+    through it leaves in order, after everything sent before."""
+
+    def send(self, data: bytes) -> None: ...
+
+    def closing(self) -> bool: ...
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Socket:
     """Where a released long-poll's answer may be written directly, and how it is framed."""
 
-    transport: asyncio.WriteTransport
+    sink: Sink
     framing: Framing
 
 
@@ -70,15 +80,33 @@ class AlreadyWritten:
 # The web layer's serialisation of an answer for a framing; ValueError when it cannot be.
 Encode = Callable[[Answer, Framing], bytes]
 Outcome = Answer | AlreadyWritten | None
+# What a parked long-poll is told once it leaves the board (see ``LongPollFanout.park``).
+Released = Callable[[Outcome], None]
 
 
 @dataclass(eq=False, kw_only=True, slots=True)
 class Ticket:
+    """How a waiter is answered: its handler awaits ``future``, or (parked by its connection,
+    with no handler) ``released`` is called once."""
+
     tail: Tail
     socket: Socket | None
-    future: asyncio.Future[Outcome] = field(
-        default_factory=lambda: asyncio.get_running_loop().create_future()
-    )
+    released: Released | None = None
+    future: asyncio.Future[Outcome] | None = None
+
+    @property
+    def open(self) -> bool:
+        """Not answered yet, and its reader still waits."""
+        return self.future is None or not self.future.done()
+
+    def resolve(self, outcome: Outcome) -> None:
+        if self.future is not None:
+            if not self.future.done():
+                self.future.set_result(outcome)
+            return
+        released, self.released = self.released, None
+        if released is not None:
+            released(outcome)
 
 
 def with_cursor(answer: Answer, cursor: str) -> Answer:
@@ -106,20 +134,53 @@ class LongPollFanout:
         socket: Socket | None,
     ) -> Outcome:
         """Wait at the tail until released: an answer, ``AlreadyWritten``, or None (look again)."""
-        ticket = Ticket(tail=tail, socket=socket)
+        future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+        ticket = Ticket(tail=tail, socket=socket, future=future)
+        waiter = self._join(key, tail, offset, cursor, deadline, ticket)
+        try:
+            return await future
+        finally:
+            self.unpark(waiter)
+
+    def park(
+        self,
+        key: LogKey,
+        tail: Tail,
+        offset: str,
+        cursor: int | None,
+        deadline: float,
+        socket: Socket,
+        released: Released,
+    ) -> Waiter[Ticket]:
+        """Wait at the tail with no handler awaiting: ``released`` is called once, with what
+        ``wait`` would return, unless ``unpark`` takes the waiter off first (its client left)."""
+        return self._join(key, tail, offset, cursor, deadline, Ticket(
+            tail=tail, socket=socket, released=released
+        ))  # fmt: skip
+
+    def _join(
+        self,
+        key: LogKey,
+        tail: Tail,
+        offset: str,
+        cursor: int | None,
+        deadline: float,
+        ticket: Ticket,
+    ) -> Waiter[Ticket]:
         waiter = Waiter(
             key=key, source=id(tail), offset=offset, cursor=cursor, deadline=deadline,
             ticket=ticket,
         )  # fmt: skip
         self._board.join(waiter)
         self._arm()
-        metrics = self._hub.metrics
-        metrics.long_polls_waiting.inc()
-        try:
-            return await ticket.future
-        finally:
-            self._board.leave(waiter)
-            metrics.long_polls_waiting.dec()
+        self._hub.metrics.long_polls_waiting.inc()
+        return waiter
+
+    def unpark(self, waiter: Waiter[Ticket]) -> None:
+        """Take ``waiter`` off the board without answering it (idempotent)."""
+        waiter.ticket.released = None
+        if self._board.leave(waiter):
+            self._hub.metrics.long_polls_waiting.dec()
 
     # --- what releases them (the tail's listener calls, draining, the timer) ---
 
@@ -195,23 +256,24 @@ class LongPollFanout:
             self._deliver(waiters, answer)
 
     def _resolve(self, waiter: Waiter[Ticket], outcome: Outcome) -> None:
-        self._board.leave(waiter)
-        future = waiter.ticket.future
-        if not future.done():
-            future.set_result(outcome)
+        if self._board.leave(waiter):
+            self._hub.metrics.long_polls_waiting.dec()
+        waiter.ticket.resolve(outcome)
 
     def _deliver(self, waiters: list[Waiter[Ticket]], answer: Answer) -> None:
         # Per framing: the bytes (None: not encodable) and what each handler is told.
         frames: dict[Framing, tuple[bytes | None, AlreadyWritten]] = {}
         written = 0
+        left = 0
         for waiter in waiters:
-            self._board.leave(waiter)
-            future = waiter.ticket.future
-            if future.done():  # cancelled: its client left
+            if self._board.leave(waiter):
+                left += 1
+            ticket = waiter.ticket
+            if not ticket.open:  # cancelled: its client left
                 continue
-            socket = waiter.ticket.socket
-            if socket is None or self._encode is None or socket.transport.is_closing():
-                future.set_result(answer)  # its handler answers it the usual way
+            socket = ticket.socket
+            if socket is None or self._encode is None or socket.sink.closing():
+                ticket.resolve(answer)  # its handler answers it the usual way
                 continue
             framing = socket.framing
             known = frames.get(framing)
@@ -220,11 +282,13 @@ class LongPollFanout:
                 known = frames[framing] = (self._encoded(answer, framing), done)
             frame, done = known
             if frame is None:
-                future.set_result(answer)
+                ticket.resolve(answer)
                 continue
-            socket.transport.write(frame)
+            socket.sink.send(frame)
             written += 1
-            future.set_result(done)
+            ticket.resolve(done)
+        if left:
+            self._hub.metrics.long_polls_waiting.dec(left)
         if written:
             self._hub.metrics.served_bytes.inc(written * len(answer.body))
 

@@ -403,20 +403,36 @@ class TailRegistry:
             else:
                 tail.start()
             self._tails[key] = tail
+        self.watch(key)
+        try:
+            yield tail
+        finally:
+            self.unwatch(key, tail)
+
+    def running(self, key: LogKey) -> Tail | None:
+        """``key``'s tail if it runs (not finished, gone or failing): the connection protocol's
+        long-polls park only on such a tail, holding it by ``watch`` until ``unwatch``."""
+        tail = self._tails.get(key)
+        if tail is None or tail.finished or tail.gone or tail.failing:
+            return None
+        return tail
+
+    def watch(self, key: LogKey) -> None:
+        """One watcher of ``key``'s tail more: it does not linger out meanwhile."""
         self._interest[key] = self._interest.get(key, 0) + 1
         handle = self._lingering.pop(key, None)
         if handle is not None:
             handle.cancel()
-        try:
-            yield tail
-        finally:
-            self._interest[key] -= 1
-            if self._interest[key] == 0:
-                del self._interest[key]
-                loop = asyncio.get_running_loop()
-                self._lingering[key] = loop.call_later(
-                    self._settings.tail_linger_seconds, self._retire, key, tail
-                )
+
+    def unwatch(self, key: LogKey, tail: Tail) -> None:
+        """One watcher of ``key`` less; the last one leaves its tail lingering."""
+        self._interest[key] -= 1
+        if self._interest[key] == 0:
+            del self._interest[key]
+            loop = asyncio.get_running_loop()
+            self._lingering[key] = loop.call_later(
+                self._settings.tail_linger_seconds, self._retire, key, tail
+            )
 
     def _retire(self, key: LogKey, tail: Tail) -> None:
         self._lingering.pop(key, None)

@@ -41,14 +41,16 @@ Rules this module owns:
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 import re
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
 from urllib.parse import parse_qsl
 
 from edge.protocol.headers import AUTHORIZATION, COOKIE, LAST_EVENT_ID, filter_cookies
-from edge.protocol.paths import names_control
+from edge.protocol.paths import MEMO_ENTRIES, names_control
 
 START = "-1"
 NOW = "now"
@@ -186,6 +188,32 @@ def query_params(query_string: str) -> dict[str, str]:
 def only_protocol_params(query_string: str) -> bool:
     names = [name for name, _ in parse_qsl(query_string, keep_blank_values=True)]
     return len(names) == len(set(names)) and set(names) <= PROTOCOL_PARAMS
+
+
+class LiveQuery(NamedTuple):
+    """What a live read's query asks, read once per distinct query string."""
+
+    live: str
+    offset: str | None
+    cursor: str | None
+    plain: bool  # only protocol parameters, each once (``only_protocol_params``)
+
+
+@functools.lru_cache(maxsize=MEMO_ENTRIES)
+def live_query(query_string: str) -> LiveQuery | None:
+    """The live mode, offset and cursor ``classify`` reads from ``query_string``; None when it
+    asks for no live mode. Memoised: after each release every viewer of a stream asks with the
+    same query."""
+    params = query_params(query_string)
+    live = params.get("live")
+    if live is None:
+        return None
+    return LiveQuery(
+        live=live,
+        offset=params.get("offset"),
+        cursor=params.get("cursor"),
+        plain=only_protocol_params(query_string),
+    )
 
 
 def kind_of_request_line(data: bytes) -> RequestKind | None:

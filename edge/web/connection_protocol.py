@@ -38,10 +38,12 @@ from typing import assert_never, cast
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
+from edge.live.polls import AlreadyWritten, Outcome
 from edge.protocol.half_close import AfterHalfClose, Holding, after_half_close
 from edge.protocol.http1 import MAX_HEAD_BYTES, Handoff, HeadParser
 from edge.protocol.reads import RequestKind, kind_of_request_line
 from edge.web.connection_tracker import ConnectionTracker
+from edge.web.fast_polls import AnsweredNow, HandedOff, Parked
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +67,7 @@ def protocol_factory(
 class _Mode(Enum):
     FAST = "fast"  # the next head is read here; stored hits are answered here
     WAITING = "waiting"  # aiohttp answers one request; later bytes wait here until it is done
+    PARKED = "parked"  # a long-poll of its own waits on the board; later bytes wait here
     DELEGATED = "delegated"  # every byte is aiohttp's, for the rest of the connection
     CLOSED = "closed"  # answered with Connection: close; nothing more is read
     REFUSED = "refused"  # at --max-connections: what it sends is discarded
@@ -92,8 +95,11 @@ class _Connection(asyncio.Protocol):
         "_inner",
         "_linger",
         "_mode",
+        "_parked",
+        "_parked_head",
         "_parser",
         "_paused",
+        "_polls",
         "_refused_kind",
         "_sending_done",
         "_tracker",
@@ -109,6 +115,12 @@ class _Connection(asyncio.Protocol):
         fast = tracker.fast
         self._fast = fast if fast is not None and fast.enabled else None
         self._mode = _Mode.FAST if self._fast is not None else _Mode.DELEGATED
+        polls = tracker.polls
+        self._polls = polls if polls is not None and polls.enabled and self._fast else None
+        # The long-poll of its own on the board, and its head (the full path's if it must
+        # start over).
+        self._parked: Parked | None = None
+        self._parked_head = b""
         self._parser: HeadParser | None = None
         self._buffer = bytearray()
         self._paused = False
@@ -151,6 +163,12 @@ class _Connection(asyncio.Protocol):
         if mode is _Mode.WAITING:
             if len(self._buffer) > MAX_WAITING_BYTES:
                 self._delegate()
+            return
+        if mode is _Mode.PARKED:
+            if len(self._buffer) > MAX_WAITING_BYTES and not self._paused:
+                # Its answer is not written yet: what it pipelines waits in the kernel.
+                self._paused = True
+                self._transport.pause_reading()
             return
         self._serve_safely()
 
@@ -196,10 +214,21 @@ class _Connection(asyncio.Protocol):
                 return
             answer = None if isinstance(parsed, Handoff) else fast.answer(parsed)
             del buffer[: end + 4]
+            if answer is None and self._polls is not None and not isinstance(parsed, Handoff):
+                step = self._polls.serve(parsed, self, self._released)
+                match step:
+                    case AnsweredNow(data=data):
+                        answer = [data]
+                    case Parked():
+                        self._park(step, head, parsed.origin)
+                        return
+                    case HandedOff():
+                        pass
+                    case _:
+                        assert_never(step)
             if answer is None or isinstance(parsed, Handoff):
                 # This one request is aiohttp's; the next head waits for its answer.
-                self._mode = _Mode.WAITING
-                self._ensure_inner().data_received(head)
+                self._to_aiohttp(head)
                 return
             self._tracker.answered(transport)
             if len(answer) == 1:
@@ -211,6 +240,67 @@ class _Connection(asyncio.Protocol):
                 buffer.clear()
                 transport.close()
                 return
+
+    def _to_aiohttp(self, head: bytes) -> None:
+        """This one request is aiohttp's; the next head waits for its answer."""
+        self._mode = _Mode.WAITING
+        self._ensure_inner().data_received(head)
+
+    def _park(self, parked: Parked, head: bytes, origin: str | None) -> None:
+        """A long-poll of its own waits on the board (``edge.web.fast_polls``)."""
+        transport = self._transport
+        polls = self._polls
+        assert transport is not None
+        assert polls is not None
+        self._tracker.request_started(transport)
+        if self._tracker.request_kind(transport, RequestKind.LONG_POLL) is not None:
+            # Past --max-viewers: the full path's 503, and the connection closes after it.
+            refusal = polls.refuse(parked, origin)
+            self._tracker.request_finished(transport)
+            self._mode = _Mode.CLOSED
+            self._buffer.clear()
+            transport.write(refusal)
+            transport.close()
+            return
+        self._mode = _Mode.PARKED
+        self._parked, self._parked_head = parked, head
+        if self._sending_done:
+            self._close_when_answered()
+
+    def _released(self, outcome: Outcome) -> None:
+        """The long-poll of its own left the board: answered on the wire (``AlreadyWritten``),
+        or to be started over by the full path (nothing of it was written)."""
+        transport = self._transport
+        assert transport is not None
+        head, self._parked, self._parked_head = self._parked_head, None, b""
+        if self._mode is not _Mode.PARKED:
+            return
+        self._tracker.request_finished(transport)
+        if not isinstance(outcome, AlreadyWritten):
+            self._to_aiohttp(head)
+            return
+        if not outcome.keep_alive:
+            self._mode = _Mode.CLOSED  # the close flushes the answer first
+            self._buffer.clear()
+            transport.close()
+            return
+        self._mode = _Mode.FAST
+        if self._paused and not transport.is_closing():
+            self._paused = False
+            transport.resume_reading()
+        if self._buffer or self._sending_done:
+            self._tracker.loop.call_soon(self._resume)
+
+    # --- the one writer of this connection (``edge.live.polls.Sink``) ---
+
+    def send(self, data: bytes) -> None:
+        transport = self._transport
+        if transport is not None and not transport.is_closing():
+            transport.write(data)
+
+    def closing(self) -> bool:
+        transport = self._transport
+        return transport is None or transport.is_closing()
 
     def _delegate(self) -> None:
         """Everything from here on is aiohttp's, starting with what is buffered."""
@@ -301,6 +391,8 @@ class _Connection(asyncio.Protocol):
             case _Mode.FAST:
                 queued = b"\r\n\r\n" in self._buffer
                 holding = Holding(answering=False, queued=queued, cut_short=False, live=False)
+            case _Mode.PARKED:
+                holding = Holding(answering=True, queued=False, cut_short=False, live=True)
             case _Mode.WAITING:
                 # Only heads without a body wait here; request_done asks again.
                 live = self._tracker.is_live(transport)
@@ -335,6 +427,10 @@ class _Connection(asyncio.Protocol):
             self._tracker.refusal_ended(self._linger, self._refused_kind)
             return
         self._tracker.closed(self._transport)
+        parked = self._parked
+        if parked is not None and self._polls is not None:
+            self._parked = None
+            self._polls.leave(parked)
         if self._inner is not None:
             self._inner.connection_lost(exc)
 

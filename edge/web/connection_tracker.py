@@ -43,9 +43,11 @@ from typing import Protocol, assert_never, cast
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
+from edge.live.polls import Sink
 from edge.metrics import ListenerStats
 from edge.protocol.reads import RequestKind
 from edge.web.connection_table import ConnectionTable, Limits, Phase, Refusal
+from edge.web.fast_polls import FastPolls
 from edge.web.fastpath import FastPath
 
 logger = logging.getLogger(__name__)
@@ -83,6 +85,10 @@ class TrackedConnection(Protocol):
 
     def body_timed_out(self) -> None: ...
 
+    def send(self, data: bytes) -> None: ...
+
+    def closing(self) -> bool: ...
+
 
 def _flushing(transport: asyncio.Transport) -> bool:
     return transport.get_write_buffer_size() > 0
@@ -91,7 +97,9 @@ def _flushing(transport: asyncio.Transport) -> bool:
 class ConnectionTracker:
     """The asyncio side: one per listener. Counters are plain attributes (read at scrape time)."""
 
-    def __init__(self, limits: Limits, *, fast: FastPath | None = None) -> None:
+    def __init__(
+        self, limits: Limits, *, fast: FastPath | None = None, polls: FastPolls | None = None
+    ) -> None:
         self.table: ConnectionTable[asyncio.Transport] = ConnectionTable(limits)
         self.evicted = 0
         self.refused = 0
@@ -107,6 +115,8 @@ class ConnectionTracker:
         self._warned_at: dict[str, float] = {}
         # The stored hits the connections answer themselves (handed in by edge.web.wiring).
         self.fast = fast
+        # The long-polls they serve themselves (``edge.web.fast_polls``).
+        self.polls = polls
         self._connections: dict[asyncio.Transport, TrackedConnection] = {}
         self.middleware: Middleware = self._make_middleware()
 
@@ -238,6 +248,10 @@ class ConnectionTracker:
                 self.table.limits.live_cap,
             )
         return admission.refusal
+
+    def sink_of(self, transport: asyncio.BaseTransport) -> Sink | None:
+        """The one writer of ``transport``'s connection (None: not one of this listener's)."""
+        return self._connections.get(cast(asyncio.Transport, transport))
 
     def is_live(self, transport: asyncio.BaseTransport) -> bool:
         return self.table.is_live(cast(asyncio.Transport, transport))

@@ -145,6 +145,7 @@ async def handle_stream_request(request: web.Request) -> web.StreamResponse:
         scope=admitted.scope if admitted is not None else None,
     )
     kind = classified.kind
+    metrics.full_path(kind).inc()
     connections, transport = request.app[CONNECTIONS], request.transport
     # Decided before the first await for it, so concurrent arrivals cannot overshoot a cap.
     if transport is not None and connections.request_kind(transport, kind) is not None:

@@ -35,6 +35,7 @@ from edge.origin import BodyTooLarge, OriginError
 from edge.protocol.reads import Classified, Read
 from edge.web.asked import Asked, origin_failed, to_response
 from edge.web.catchup_reads import relay_bypass
+from edge.web.connection_tracker import CONNECTIONS
 from edge.web.keys import CORS, HUB, METRICS, SETTINGS
 from edge.web.proxy import ClientGone, EdgeStreamResponse, OriginCors
 from edge.web.wire import VIA, AlreadyWrittenResponse
@@ -99,13 +100,16 @@ def socket_of(request: web.Request, asked: Asked) -> Socket | None:
     transport = request.transport
     if transport is None:
         return None
+    sink = request.app[CONNECTIONS].sink_of(transport)
+    if sink is None:
+        return None  # not the stream listener's (a test server's): its handler writes it
     framing = Framing(
         version=asked.version,
         keep_alive=request.keep_alive,
         reader_only=asked.reader_only,
         origin=asked.origin,
     )
-    return Socket(transport=transport, framing=framing)
+    return Socket(sink=sink, framing=framing)
 
 
 async def serve_sse(

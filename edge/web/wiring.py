@@ -50,6 +50,7 @@ from edge.store.shared import SharedTier
 from edge.web.connection_table import Limits
 from edge.web.connection_tracker import ConnectionTracker
 from edge.web.descriptors import budget_for, limits_for
+from edge.web.fast_polls import FastPolls
 from edge.web.fastpath import FastPath
 from edge.web.front import CatchupFront
 from edge.web.proxy import OriginCors, Relay
@@ -202,9 +203,14 @@ def wire(
     gate = Gate(settings, metrics) if settings.auth_mode != "none" else None
     fast = FastPath(settings, parts.local, cors, gate=gate)
     metrics.fold_at_scrape(fast.fold_into)
-    # The stream listener's connections answer stored hits themselves, through the fast path.
+    polls = FastPolls(
+        settings, hub, parts.catchup, parts.local, cors, functools.partial(encode, cors=cors),
+        gated=gate is not None,
+    )  # fmt: skip
+    metrics.fold_at_scrape(polls.fold_into)
+    # The stream listener's connections answer stored hits and long-polls themselves.
     connections = ConnectionTracker(
-        limits if limits is not None else default_limits(settings), fast=fast
+        limits if limits is not None else default_limits(settings), fast=fast, polls=polls
     )
     purger = CdnPurger(settings, parts.forgetter, metrics) if settings.cdn_purge else None
     if purger is not None:

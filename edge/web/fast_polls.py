@@ -1,0 +1,247 @@
+"""Long-polls served by the stream listener's own connection protocol, without aiohttp.
+
+Rules this module owns:
+
+* A long-poll head is the connection's to serve when everything the full path would consult is
+  known without waiting: no ``--auth`` gate, the CORS answer for its ``Origin`` known, a plain
+  read at an offset the origin issued, of the stream's normalised path, a stream log whose
+  generation the shared tier confirmed within ``GENERATION_CHECK_SECONDS`` (with Redis) and
+  whose plan from that offset is the cache's (``CatchupCache.plan``: a ``Hit``), and an
+  upstream tail (to wait, a running one). Anything else is the full path's (``HANDED_OFF``),
+  which answers it after the waits it needs; the viewer's next re-poll is the connection's.
+* What it gets is the hub's own decision (``LiveHub.settle``, the same code the full path and a
+  group's release run): the bytes behind the tail, a closed stream's 204, at once; or a wait on
+  the board with every other long-poll there (``LongPollFanout.park``), released by the same
+  fan-out, with the same bytes for the same framing (``edge.web.wire.encode``).
+* A parked long-poll holds its tail (``TailRegistry.watch_running``) until it leaves the board,
+  answered or not; exactly once (``Parked.leave``).
+* A parked long-poll woken without an answer (its stream gone, a gap to fetch) or whose answer
+  cannot be encoded has had nothing written: the connection hands its head to the full path,
+  which starts it over.
+* A long-poll past ``--max-viewers`` is answered 503 with ``Retry-After`` and the origin's CORS
+  headers for its ``Origin``, and its connection closes, as the full path answers it.
+* Counting is plain integers, folded into the Prometheus counters at scrape time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import assert_never
+
+from multidict import CIMultiDict
+
+from edge.answer import Answer
+from edge.catchup import CatchupCache
+from edge.config import Settings
+from edge.instances.generations import GENERATION_CHECK_SECONDS
+from edge.live.answers import Pending
+from edge.live.board import Waiter
+from edge.live.hub import LiveHub
+from edge.live.polls import AlreadyWritten, Encode, Framing, Outcome, Sink, Socket, Ticket
+from edge.live.tail import Tail
+from edge.log.policy import Hit
+from edge.log.stream_log import LogKey
+from edge.metrics import Metrics
+from edge.protocol.answer_key import scope_of
+from edge.protocol.cursor import cursor_class
+from edge.protocol.http1 import CLOSE_TRAILER, RequestHead, date_line, serialise
+from edge.protocol.paths import BadTarget, names_control, normalise_path
+from edge.protocol.reads import PUBLIC_SCOPE, RequestKind, is_offset_token, live_query
+from edge.store.local import LocalTier
+from edge.web.proxy import OriginCors
+
+LONG_POLL = "long-poll"
+REFUSED_TEXT = b"edge is at --max-viewers\n"
+
+
+class HandedOff:
+    """The full path serves this head."""
+
+
+HANDED_OFF = HandedOff()
+
+
+@dataclass(frozen=True, slots=True)
+class AnsweredNow:
+    """The whole answer, to write now."""
+
+    data: bytes
+    keep_alive: bool
+
+
+@dataclass(eq=False, slots=True)
+class Parked:
+    """A long-poll on the board; ``leave`` takes it off (its client left) and gives its tail
+    back, at most once whatever calls it."""
+
+    key: LogKey
+    tail: Tail
+    waiter: Waiter[Ticket] | None = None
+    left: bool = field(default=False, init=False)
+
+
+Step = AnsweredNow | Parked | HandedOff
+Released = Callable[[Outcome], None]
+
+
+class FastPolls:
+    def __init__(
+        self,
+        settings: Settings,
+        hub: LiveHub,
+        catchup: CatchupCache,
+        local: LocalTier,
+        cors: OriginCors,
+        encode: Encode,
+        *,
+        gated: bool,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        # With --auth every read is the gate's first: the full path's, for now.
+        self.enabled = settings.fast_path and not gated
+        self._settings = settings
+        self._hub = hub
+        self._catchup = catchup
+        self._local = local
+        self._cors = cors
+        self._encode = encode
+        self._clock = clock
+        self._verify = settings.redis_url is not None
+        self._scope_headers = settings.scope_headers
+        self._scope_cookies = settings.scope_cookies
+        # Plain counters, folded into the Prometheus ones at scrape time.
+        self.answered: dict[int, int] = {}
+        self.gone = 0
+        self.served_bytes = 0
+        self._folded: dict[int, int] = {}
+        self._folded_gone = 0
+        self._folded_served = 0
+
+    def serve(self, head: RequestHead, sink: Sink, released: Released) -> Step:
+        """Serve the long-poll ``head`` (see the module rules); ``released`` hears how a parked
+        one ends, with what ``LongPollFanout.wait`` would return."""
+        if head.head or LONG_POLL not in head.query:
+            return HANDED_OFF
+        query = live_query(head.query)
+        if query is None or query.live != LONG_POLL or not query.plain:
+            return HANDED_OFF
+        offset = query.offset
+        if offset is None or not is_offset_token(offset):
+            return HANDED_OFF  # -1 and now are the full path's (a fill, a probe)
+        path = head.path
+        try:
+            if normalise_path(path) != path or names_control(path):
+                return HANDED_OFF
+        except BadTarget:
+            return HANDED_OFF
+        if self._cors.unknown_for(head.origin):
+            return HANDED_OFF
+        scope = (
+            scope_of(
+                head.credentials,
+                scope_headers=self._scope_headers,
+                scope_cookies=self._scope_cookies,
+            )
+            if head.credentials
+            else PUBLIC_SCOPE
+        )
+        key = LogKey(stream=path, scope=scope)
+        log = self._local.log(key)
+        if log is None:
+            return HANDED_OFF
+        if self._verify and self._clock() - log.instance.verified_at >= GENERATION_CHECK_SECONDS:
+            return HANDED_OFF  # the full path asks the shared tier first
+        if not isinstance(self._catchup.plan(key, offset), Hit):
+            return HANDED_OFF  # a fill first
+        hub = self._hub
+        tail = hub.tails.get(key)
+        if tail is None:
+            return HANDED_OFF  # the full path starts one
+        client_cursor = query.cursor
+        outcome = hub.settle(
+            key, tail, offset, cursor=hub.cursor_for(client_cursor), waited=False,
+            expired=False,
+        )  # fmt: skip
+        framing = Framing(version=(1, 1), keep_alive=head.keep_alive, origin=head.origin)
+        match outcome:
+            case Answer():
+                try:
+                    data = self._encode(outcome, framing)
+                except ValueError:
+                    return HANDED_OFF  # aiohttp turns it into the error it always did
+                self._count(outcome.status, len(outcome.body))
+                return AnsweredNow(data=data, keep_alive=head.keep_alive)
+            case Pending.WAIT:
+                if hub.tails.running(key) is not tail:
+                    return HANDED_OFF  # ended or failing: the full path starts another
+            case Pending.GAP | Pending.GONE:
+                return HANDED_OFF
+            case _:
+                assert_never(outcome)
+        hub.tails.watch(key)
+        parked = Parked(key=key, tail=tail)
+
+        def on_release(outcome: Outcome) -> None:
+            self._give_back(parked)
+            if isinstance(outcome, AlreadyWritten):
+                self._count(outcome.status, 0)
+            released(outcome)
+
+        deadline = asyncio.get_running_loop().time() + self._settings.long_poll_timeout_seconds
+        parked.waiter = hub.polls.park(
+            key, tail, offset, cursor_class(client_cursor), deadline,
+            Socket(sink=sink, framing=framing), on_release,
+        )  # fmt: skip
+        return parked
+
+    def leave(self, parked: Parked) -> None:
+        """Its client left before its answer: off the board, its tail given back."""
+        if parked.left:
+            return
+        if parked.waiter is not None:
+            self._hub.polls.unpark(parked.waiter)
+        self.gone += 1
+        self._give_back(parked)
+
+    def refuse(self, parked: Parked, origin: str | None) -> bytes:
+        """Past ``--max-viewers`` (the connection asked its tracker after the park): off the
+        board, and the 503 to write; the connection closes after it."""
+        if parked.waiter is not None:
+            self._hub.polls.unpark(parked.waiter)
+        self._give_back(parked)
+        return self.refusal(origin)
+
+    def _give_back(self, parked: Parked) -> None:
+        if not parked.left:
+            parked.left = True
+            self._hub.tails.unwatch(parked.key, parked.tail)
+
+    def refusal(self, origin: str | None) -> bytes:
+        """The 503 of a long-poll past ``--max-viewers``; the connection closes after it."""
+        headers = CIMultiDict([("Retry-After", "5")])
+        self._cors.add_missing(headers, origin)
+        headers["Content-Type"] = "text/plain; charset=utf-8"
+        self._count(503, 0)
+        head = serialise(503, list(headers.items()), len(REFUSED_TEXT))
+        return head + date_line(int(self._clock())) + CLOSE_TRAILER + REFUSED_TEXT
+
+    def _count(self, status: int, body_bytes: int) -> None:
+        self.answered[status] = self.answered.get(status, 0) + 1
+        self.served_bytes += body_bytes
+
+    def fold_into(self, metrics: Metrics) -> None:
+        """Add what was counted since the last scrape to the Prometheus counters."""
+        for status, count in list(self.answered.items()):
+            last = self._folded.get(status, 0)
+            if count > last:
+                metrics.request_count(RequestKind.LONG_POLL, status).inc(count - last)
+                self._folded[status] = count
+        if self.gone > self._folded_gone:
+            metrics.client_gone(RequestKind.LONG_POLL).inc(self.gone - self._folded_gone)
+            self._folded_gone = self.gone
+        if self.served_bytes > self._folded_served:
+            metrics.served_bytes.inc(self.served_bytes - self._folded_served)
+            self._folded_served = self.served_bytes

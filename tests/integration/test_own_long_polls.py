@@ -1,0 +1,258 @@
+"""Long-polls served by the connection protocol itself (``edge.web.fast_polls``) against the real
+origin: the same bytes as the full path, no aiohttp handler entered, and every way a waiter can
+end (released, timed out, closed stream, client gone, half-close, the stream deleted, the viewer
+cap) ends it.
+
+The full path is an edge started with ``--fast-path off`` in front of the same origin; answers
+are compared byte for byte but for ``Date`` and ``Age``'s value (``Raw.comparable``). Requests
+carry no cursor, so both edges answer with the current interval (not a random jump); a test
+that straddles a 20 s interval boundary would see two, so each comparison reads both edges in
+one go.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from devstack.processes import Edge, Origin
+from tests.integration.test_fast_path import (
+    Raw,
+    edge_pair,
+    exchange,
+    host_port,
+    make_stream,
+    read_answers,
+    request,
+)
+from tests.integration.test_passthrough import call, metric_value
+
+TIMEOUT_SECONDS = 2
+ARGS = ("--workers", "1", "--long-poll-timeout", str(TIMEOUT_SECONDS))
+CORS_ORIGIN = "Origin: https://app.example"
+
+
+@pytest.fixture(scope="module")
+def edges(origin: Origin, logs_dir: Path) -> Iterator[tuple[Edge, Edge]]:
+    with edge_pair(origin, logs_dir, "own-polls", *ARGS) as pair:
+        yield pair
+
+
+def full_path_long_polls(edge: Edge) -> float:
+    text = edge.metrics_text()
+    return metric_value(text, "edge_full_path_requests_total", kind="long_poll")
+
+
+def answered(edge: Edge, code: str) -> float:
+    text = edge.metrics_text()
+    return metric_value(text, "edge_requests_total", kind="long_poll", code=code)
+
+
+def long_poll(path: str, offset: str, *headers: str) -> bytes:
+    return request(f"{path}?offset={offset}&live=long-poll", *headers)
+
+
+async def poll(url: str, path: str, offset: str, *headers: str) -> Raw:
+    return (await exchange(url, long_poll(path, offset, *headers), ["GET"]))[0]
+
+
+async def tail_of(http: aiohttp.ClientSession, url: str) -> str:
+    status, headers, _ = await call(http, "GET", url + "?offset=-1")
+    assert status == 200
+    return dict(headers)["Stream-Next-Offset"]
+
+
+async def append(http: aiohttp.ClientSession, url: str, data: bytes) -> str:
+    status, headers, _ = await call(
+        http, "POST", url, headers={"Content-Type": "text/plain"}, data=data
+    )
+    assert status == 204
+    return dict(headers)["Stream-Next-Offset"]
+
+
+async def followed(edge: Edge, path: str, offset: str, *headers: str) -> None:
+    """A catch-up from the start and a first long-poll at the tail, through the full path: the
+    first fills the log, the second starts the stream's tail, which then runs (and lingers)
+    for the long-polls the connection serves itself."""
+    await exchange(edge.url, request(f"{path}?offset=-1", *headers), ["GET"])
+    answer = await poll(edge.url, path, offset, *headers)
+    assert answer.status_line.split()[1] in (b"200", b"204"), answer
+
+
+HEADER_SETS = {
+    "plain": (),
+    "cors": (CORS_ORIGIN,),
+    "credential": ("Authorization: Bearer viewer-1",),
+    "close": ("Connection: close",),
+}
+
+
+@pytest.mark.parametrize("headers", list(HEADER_SETS))
+async def test_every_answer_is_the_full_paths_and_no_handler_is_entered(
+    http: aiohttp.ClientSession,
+    origin: Origin,
+    edges: tuple[Edge, Edge],
+    stream_path: str,
+    headers: str,
+) -> None:
+    fast, full = edges
+    sent = HEADER_SETS[headers]
+    url = origin.url + stream_path
+    await make_stream(http, url, "text/plain", b"first ", close=False)
+    tail = await append(http, url, b"second")
+    for edge in (fast, full):
+        await followed(edge, stream_path, tail, *sent)
+    entered = full_path_long_polls(fast)
+
+    # At the tail: parked, then released by an append.
+    waiting = [asyncio.ensure_future(poll(e.url, stream_path, tail, *sent)) for e in edges]
+    await asyncio.sleep(0.3)
+    assert not any(w.done() for w in waiting)
+    new_tail = await append(http, url, b"third")
+    released = await asyncio.wait_for(asyncio.gather(*waiting), 10)
+    assert released[0].body == b"third"
+    assert released[0].header(b"Stream-Next-Offset") == new_tail.encode()
+    assert released[0].comparable() == released[1].comparable()
+
+    # Behind the tail, where the tail's batch begins: answered at once from the log.
+    behind = await asyncio.gather(*(poll(e.url, stream_path, tail, *sent) for e in edges))
+    assert behind[0].status_line == b"HTTP/1.1 200 OK"
+    assert behind[0].body == b"third"
+    assert behind[0].comparable() == behind[1].comparable()
+
+    # Nothing arrives: 204 at the timeout, at its own offset.
+    timed_out = await asyncio.gather(*(poll(e.url, stream_path, new_tail, *sent) for e in edges))
+    assert timed_out[0].status_line == b"HTTP/1.1 204 No Content"
+    assert timed_out[0].comparable() == timed_out[1].comparable()
+
+    # A closed stream at its tail: 204 with Stream-Closed, at once.
+    status, _, _ = await call(http, "POST", url, headers={"Stream-Closed": "true"})
+    assert status == 204
+    closed = await asyncio.gather(*(poll(e.url, stream_path, new_tail, *sent) for e in edges))
+    assert closed[0].header(b"Stream-Closed") == b"true"
+    assert closed[0].comparable() == closed[1].comparable()
+
+    # The connection served all four itself (a CORS Origin is learnt on the first).
+    assert full_path_long_polls(fast) == entered
+    assert full_path_long_polls(full) > entered
+
+
+async def test_pipelined_long_polls_and_catchups_are_answered_in_order(
+    http: aiohttp.ClientSession, origin: Origin, edges: tuple[Edge, Edge], stream_path: str
+) -> None:
+    url = origin.url + stream_path
+    await make_stream(http, url, "text/plain", b"one ", close=False)
+    middle = await tail_of(http, url)
+    tail = await append(http, url, b"two")
+    for edge in edges:
+        await followed(edge, stream_path, tail)
+    payload = (
+        long_poll(stream_path, middle)
+        + request(f"{stream_path}?offset=-1")
+        + long_poll(stream_path, tail)
+        + request(f"{stream_path}?offset={middle}")
+    )
+    methods = ["GET"] * 4
+    answers = await asyncio.gather(*(exchange(e.url, payload, methods) for e in edges))
+    bodies = [a.body for a in answers[0]]
+    assert bodies == [b"two", b"one two", b"", b"two"]
+    assert [a.status_line for a in answers[0]][2] == b"HTTP/1.1 204 No Content"
+    assert [a.comparable() for a in answers[0]][:3:2] == [a.comparable() for a in answers[1]][:3:2]
+
+
+async def wait_for_metric(edge: Edge, name: str, value: float, **labels: str) -> None:
+    for _ in range(100):
+        if metric_value(edge.metrics_text(), name, **labels) == value:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{name}{labels} never became {value}")
+
+
+async def test_a_viewer_that_leaves_or_half_closes_is_taken_off_the_board(
+    http: aiohttp.ClientSession, origin: Origin, edges: tuple[Edge, Edge], stream_path: str
+) -> None:
+    fast, _ = edges
+    url = origin.url + stream_path
+    await make_stream(http, url, "text/plain", b"x", close=False)
+    tail = await tail_of(http, url)
+    await followed(fast, stream_path, tail)
+    await wait_for_metric(fast, "edge_long_polls_waiting", 0)
+
+    # Leaves: its connection reset while it waits.
+    _, writer = await asyncio.open_connection(*host_port(fast.url))
+    writer.write(long_poll(stream_path, tail))
+    await writer.drain()
+    await wait_for_metric(fast, "edge_long_polls_waiting", 1)
+    writer.transport.abort()
+    await wait_for_metric(fast, "edge_long_polls_waiting", 0)
+
+    # Half-closes: a live reader that ends its sending is taken as gone, as the origin does.
+    sock = socket.create_connection(host_port(fast.url))
+    try:
+        sock.sendall(long_poll(stream_path, tail))
+        await wait_for_metric(fast, "edge_long_polls_waiting", 1)
+        sock.shutdown(socket.SHUT_WR)
+        await wait_for_metric(fast, "edge_long_polls_waiting", 0)
+        sock.settimeout(5)
+        assert sock.recv(1) == b""  # closed, with nothing written
+    finally:
+        sock.close()
+
+    # And the next viewer is released as ever.
+    waiting = asyncio.ensure_future(poll(fast.url, stream_path, tail))
+    await wait_for_metric(fast, "edge_long_polls_waiting", 1)
+    await append(http, url, b"y")
+    released = await asyncio.wait_for(waiting, 10)
+    assert released.body == b"y"
+
+
+async def test_a_waiter_whose_stream_is_deleted_is_answered_by_the_full_path(
+    http: aiohttp.ClientSession, origin: Origin, edges: tuple[Edge, Edge], stream_path: str
+) -> None:
+    fast, _ = edges
+    url = origin.url + stream_path
+    await make_stream(http, url, "text/plain", b"x", close=False)
+    tail = await tail_of(http, url)
+    await followed(fast, stream_path, tail)
+    entered = full_path_long_polls(fast)
+    waiting = asyncio.ensure_future(poll(fast.url, stream_path, tail))
+    await wait_for_metric(fast, "edge_long_polls_waiting", 1)
+    status, _, _ = await call(http, "DELETE", fast.url + stream_path)
+    assert status == 204
+    answer = await asyncio.wait_for(waiting, 10)
+    # Started over by the full path, which asks the origin what the stream is now.
+    assert answer.status_line.split()[1] == b"404", answer
+    assert full_path_long_polls(fast) == entered + 1
+
+
+async def test_past_the_viewer_cap_a_long_poll_is_refused_as_the_full_path_refuses_it(
+    http: aiohttp.ClientSession, origin: Origin, logs_dir: Path, stream_path: str
+) -> None:
+    url = origin.url + stream_path
+    await make_stream(http, url, "text/plain", b"x", close=False)
+    tail = await tail_of(http, url)
+    with edge_pair(origin, logs_dir, "own-polls-cap", *ARGS, "--max-viewers", "1") as pair:
+        answers: list[Raw] = []
+        for edge in pair:
+            await followed(edge, stream_path, tail)
+            reader, writer = await asyncio.open_connection(*host_port(edge.url))
+            writer.write(long_poll(stream_path, tail))
+            await writer.drain()
+            await wait_for_metric(edge, "edge_long_polls_waiting", 1)
+            refused = await exchange(edge.url, long_poll(stream_path, tail, CORS_ORIGIN), ["GET"])
+            answers.append(refused[0])
+            first = await asyncio.wait_for(read_answers(reader, ["GET"]), 10)
+            assert first[0].status_line == b"HTTP/1.1 204 No Content"
+            writer.close()
+        fast, full = answers
+        assert fast.status_line == b"HTTP/1.1 503 Service Unavailable"
+        assert fast.header(b"Retry-After") == b"5"
+        assert fast.header(b"Connection") == b"close"
+        assert sorted(fast.comparable()[1]) == sorted(full.comparable()[1])
+        assert fast.body == full.body
+        assert answered(pair[0], "503") == answered(pair[1], "503") == 1
