@@ -104,6 +104,7 @@ class CatchupCache:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._settings = settings
+        self._authority_seconds = live_authority_seconds(settings)
         self._fills = fills
         self._local = local
         self._forgetter = forgetter
@@ -125,7 +126,7 @@ class CatchupCache:
             now=self._clock(),
             freshness_seconds=self._settings.tail_freshness_seconds,
             max_bytes=self._settings.max_response_bytes,
-            authority_seconds=live_authority_seconds(self._settings),
+            authority_seconds=self._authority_seconds,
         )
 
     async def resolve(

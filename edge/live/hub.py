@@ -303,12 +303,15 @@ class LiveHub:
         waited: bool,
         expired: bool,
         fetched: bool = False,
+        coverage: Coverage | None = None,
     ) -> Answer | Pending:
         """What a long-poll at ``offset`` gets now: its answer, or what it must do first. The
         one decision for a single long-poll and for a group released together (whose members
         then differ only by ``cursor``). ``fetched``: the gap before the tail was just fetched
-        and did not reach ``offset``, so wait for the tail rather than fetch again."""
-        coverage = self.cover(key, offset, max_bytes=self.settings.max_response_bytes)
+        and did not reach ``offset``, so wait for the tail rather than fetch again.
+        ``coverage``: the log's from ``offset`` now, if the caller has it (the catch-up plan's)."""
+        if coverage is None:
+            coverage = self.cover(key, offset, max_bytes=self.settings.max_response_bytes)
         log = self._local.log(key)
         if coverage.segments and log is not None:
             return long_poll_data(

@@ -34,6 +34,7 @@ from edge.live.board import Board, Waiter, by_answer_class
 from edge.live.host import PollHost
 from edge.live.tail import Tail
 from edge.log.stream_log import LogKey
+from edge.metrics import Metrics
 from edge.protocol.cursor import current_interval, next_cursor
 
 logger = logging.getLogger(__name__)
@@ -123,6 +124,9 @@ class LongPollFanout:
         self._board: Board[Ticket] = Board()
         self._timer: asyncio.TimerHandle | None = None
         self._encode = encode  # the web layer's framing; None: no direct writes
+        # Waiters on the board (edge_long_polls_waiting, set at scrape time: no lock per wait).
+        self.waiting = 0
+        hub.metrics.fold_at_scrape(self._fold)
 
     async def wait(
         self,
@@ -173,14 +177,17 @@ class LongPollFanout:
         )  # fmt: skip
         self._board.join(waiter)
         self._arm()
-        self._hub.metrics.long_polls_waiting.inc()
+        self.waiting += 1
         return waiter
 
     def unpark(self, waiter: Waiter[Ticket]) -> None:
         """Take ``waiter`` off the board without answering it (idempotent)."""
         waiter.ticket.released = None
         if self._board.leave(waiter):
-            self._hub.metrics.long_polls_waiting.dec()
+            self.waiting -= 1
+
+    def _fold(self, metrics: Metrics) -> None:
+        metrics.long_polls_waiting.set(self.waiting)
 
     # --- what releases them (the tail's listener calls, draining, the timer) ---
 
@@ -257,7 +264,7 @@ class LongPollFanout:
 
     def _resolve(self, waiter: Waiter[Ticket], outcome: Outcome) -> None:
         if self._board.leave(waiter):
-            self._hub.metrics.long_polls_waiting.dec()
+            self.waiting -= 1
         waiter.ticket.resolve(outcome)
 
     def _deliver(self, waiters: list[Waiter[Ticket]], answer: Answer) -> None:
@@ -288,7 +295,7 @@ class LongPollFanout:
             written += 1
             ticket.resolve(done)
         if left:
-            self._hub.metrics.long_polls_waiting.dec(left)
+            self.waiting -= left
         if written:
             self._hub.metrics.served_bytes.inc(written * len(answer.body))
 

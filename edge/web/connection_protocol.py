@@ -208,7 +208,7 @@ class _Connection(asyncio.Protocol):
             head = bytes(buffer[: end + 4])
             if self._parser is None:
                 self._parser = fast.parser()
-            parsed = self._parser.parse(head)
+            parsed = fast.parse(head, self._parser)
             if isinstance(parsed, Handoff) and not parsed.once:
                 self._delegate()
                 return

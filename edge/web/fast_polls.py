@@ -26,10 +26,11 @@ Rules this module owns:
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import assert_never
+from typing import NamedTuple, assert_never
 
 from multidict import CIMultiDict
 
@@ -48,7 +49,7 @@ from edge.metrics import Metrics
 from edge.protocol.answer_key import scope_of
 from edge.protocol.cursor import cursor_class
 from edge.protocol.http1 import CLOSE_TRAILER, RequestHead, date_line, serialise
-from edge.protocol.paths import BadTarget, names_control, normalise_path
+from edge.protocol.paths import MEMO_ENTRIES, BadTarget, names_control, normalise_path
 from edge.protocol.reads import PUBLIC_SCOPE, RequestKind, is_offset_token, live_query
 from edge.store.local import LocalTier
 from edge.web.proxy import OriginCors
@@ -83,6 +84,13 @@ class Parked:
     left: bool = field(default=False, init=False)
 
 
+class PollTarget(NamedTuple):
+    key: LogKey
+    offset: str
+    cursor: str | None  # the client's, as sent
+    framing: Framing
+
+
 Step = AnsweredNow | Parked | HandedOff
 Released = Callable[[Outcome], None]
 
@@ -112,6 +120,9 @@ class FastPolls:
         self._verify = settings.redis_url is not None
         self._scope_headers = settings.scope_headers
         self._scope_cookies = settings.scope_cookies
+        # A pure function of the head (and the settings), asked on every long-poll: after each
+        # release every viewer of a stream sends the same head.
+        self._target_of = functools.lru_cache(maxsize=MEMO_ENTRIES)(self._derive_target)
         # Plain counters, folded into the Prometheus ones at scrape time.
         self.answered: dict[int, int] = {}
         self.gone = 0
@@ -123,49 +134,28 @@ class FastPolls:
     def serve(self, head: RequestHead, sink: Sink, released: Released) -> Step:
         """Serve the long-poll ``head`` (see the module rules); ``released`` hears how a parked
         one ends, with what ``LongPollFanout.wait`` would return."""
-        if head.head or LONG_POLL not in head.query:
+        target = self._target_of(head)
+        if target is None:
             return HANDED_OFF
-        query = live_query(head.query)
-        if query is None or query.live != LONG_POLL or not query.plain:
-            return HANDED_OFF
-        offset = query.offset
-        if offset is None or not is_offset_token(offset):
-            return HANDED_OFF  # -1 and now are the full path's (a fill, a probe)
-        path = head.path
-        try:
-            if normalise_path(path) != path or names_control(path):
-                return HANDED_OFF
-        except BadTarget:
-            return HANDED_OFF
-        if self._cors.unknown_for(head.origin):
-            return HANDED_OFF
-        scope = (
-            scope_of(
-                head.credentials,
-                scope_headers=self._scope_headers,
-                scope_cookies=self._scope_cookies,
-            )
-            if head.credentials
-            else PUBLIC_SCOPE
-        )
-        key = LogKey(stream=path, scope=scope)
+        key, offset, client_cursor, framing = target
+        if self._cors.unknown_for(framing.origin):
+            return HANDED_OFF  # the origin's answer teaches the edge its CORS headers
         log = self._local.log(key)
         if log is None:
             return HANDED_OFF
         if self._verify and self._clock() - log.instance.verified_at >= GENERATION_CHECK_SECONDS:
             return HANDED_OFF  # the full path asks the shared tier first
-        if not isinstance(self._catchup.plan(key, offset), Hit):
+        plan = self._catchup.plan(key, offset)
+        if not isinstance(plan, Hit):
             return HANDED_OFF  # a fill first
         hub = self._hub
         tail = hub.tails.get(key)
         if tail is None:
             return HANDED_OFF  # the full path starts one
-        client_cursor = query.cursor
         outcome = hub.settle(
             key, tail, offset, cursor=hub.cursor_for(client_cursor), waited=False,
-            expired=False,
+            expired=False, coverage=plan.coverage,
         )  # fmt: skip
-        framing = Framing(version=(1, 1), keep_alive=head.keep_alive, origin=head.origin)
         match outcome:
             case Answer():
                 try:
@@ -196,6 +186,36 @@ class FastPolls:
             Socket(sink=sink, framing=framing), on_release,
         )  # fmt: skip
         return parked
+
+    def _derive_target(self, head: RequestHead) -> PollTarget | None:
+        """What a long-poll head asks, by the full path's own functions; None: not a plain
+        long-poll of a stream's normalised path at an offset the origin issued (remembered per
+        head: see ``_target_of``)."""
+        if head.head or LONG_POLL not in head.query:
+            return None
+        query = live_query(head.query)
+        if query is None or query.live != LONG_POLL or not query.plain:
+            return None
+        offset = query.offset
+        if offset is None or not is_offset_token(offset):
+            return None  # -1 and now are the full path's (a fill, a probe)
+        path = head.path
+        try:
+            if normalise_path(path) != path or names_control(path):
+                return None
+        except BadTarget:
+            return None
+        scope = (
+            scope_of(
+                head.credentials,
+                scope_headers=self._scope_headers,
+                scope_cookies=self._scope_cookies,
+            )
+            if head.credentials
+            else PUBLIC_SCOPE
+        )
+        framing = Framing(version=(1, 1), keep_alive=head.keep_alive, origin=head.origin)
+        return PollTarget(LogKey(stream=path, scope=scope), offset, query.cursor, framing)
 
     def leave(self, parked: Parked) -> None:
         """Its client left before its answer: off the board, its tail given back."""

@@ -66,6 +66,7 @@ from edge.protocol.headers import AUTHORIZATION
 from edge.protocol.http1 import (
     CLOSE_TRAILER,
     KEEP_ALIVE_TRAILER,
+    Handoff,
     HeadParser,
     RequestHead,
     date_line,
@@ -80,6 +81,9 @@ HIT = "edge; hit"
 
 # Small bodies are joined to their head (one buffer, one send); larger ones are not copied.
 JOIN_BELOW_BYTES = 16 * 1024
+# Heads remembered parsed (``FastPath.parse``): at most this many, each at most this long.
+REMEMBERED_HEADS = 1024
+REMEMBERED_HEAD_BYTES = 1024
 # An at-tail answer's Age is below its freshness window (seconds): these lines are made once.
 AGE_LINES = tuple(b"Age: %d\r\n" % seconds for seconds in range(128))
 
@@ -109,6 +113,7 @@ class FastPath:
         self._verify = settings.redis_url is not None
         self._freshness = settings.tail_freshness_seconds
         self._authority = live_authority_seconds(settings)
+        self._heads: dict[bytes, RequestHead] = {}
         self._date_second = -1
         self._date = b""
         # Plain counters, folded into the Prometheus ones at scrape time.
@@ -123,6 +128,21 @@ class FastPath:
 
     def parser(self) -> HeadParser:
         return HeadParser(self._parsed_headers)
+
+    def parse(self, head: bytes, parser: HeadParser) -> RequestHead | Handoff:
+        """``parser.parse(head)``, remembered for heads met before: a head is parsed the same
+        way every time (the parser is at a message boundary before and after each), and an
+        audience sends the same head again and again (after each release, every viewer asks
+        for the same offset and cursor)."""
+        known = self._heads.get(head)
+        if known is not None:
+            return known
+        parsed = parser.parse(head)
+        if isinstance(parsed, RequestHead) and len(head) <= REMEMBERED_HEAD_BYTES:
+            if len(self._heads) >= REMEMBERED_HEADS:
+                self._heads.clear()  # a new audience's heads are met again at once
+            self._heads[head] = parsed
+        return parsed
 
     def key_of(self, head: RequestHead) -> AnswerKey | None:
         """The head's ``AnswerKey``, by the full path's own functions."""
