@@ -33,6 +33,7 @@ Rules this module owns:
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
@@ -240,6 +241,9 @@ def _text(value: bytes) -> str:
 _FORBIDDEN = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
 
+_SERIALISERS_OWN = frozenset({"date", "connection"})
+
+
 def bodiless(status: int) -> bool:
     """Statuses whose answers carry no body and no ``Content-Length`` (RFC 9110 §8.6)."""
     return status in (204, 304) or 100 <= status < 200
@@ -272,13 +276,15 @@ def serialise_parts(
     """``serialise`` in two parts: the status line and ``headers``, then what aiohttp adds
     after them (``Content-Length``, a default ``Content-Type``). A header added last to an
     answer's headers goes between the two: the hit path splices each hit's ``Age`` there."""
+    # One search over every name and value (the separators added below are not searched).
+    if _FORBIDDEN.search("".join([text for pair in headers for text in pair])):
+        bad = next(n for n, v in headers if _FORBIDDEN.search(n) or _FORBIDDEN.search(v))
+        raise ValueError(f"a control character in the {bad!r} header")
     lines = [f"HTTP/{version[0]}.{version[1]} {status} {HTTPStatus(status).phrase}"]
     names = set()
     for name, value in headers:
-        if _FORBIDDEN.search(name) or _FORBIDDEN.search(value):
-            raise ValueError(f"a control character in the {name!r} header")
         lowered = name.lower()
-        if lowered in ("date", "connection"):
+        if lowered in _SERIALISERS_OWN:
             raise ValueError(f"{name} is the serialiser's to write")
         if lowered == "server" or (lowered == "content-length" and bodiless(status)):
             continue  # the edge's answers name no server (``EdgeResponse``)
@@ -309,6 +315,8 @@ KEEP_ALIVE_1_0_TRAILER = b"\r\nConnection: keep-alive\r\n\r\n"
 KEEP_ALIVE_TRAILER = b"\r\n\r\n"
 
 
+@functools.lru_cache(maxsize=4)
 def date_line(epoch_seconds: int) -> bytes:
-    """``Date: <IMF-fixdate>`` without its line end, as aiohttp formats it."""
+    """``Date: <IMF-fixdate>`` without its line end, as aiohttp formats it (made once a
+    second: every answer of that second carries the same)."""
     return b"Date: " + formatdate(epoch_seconds, usegmt=True).encode("ascii")

@@ -18,6 +18,9 @@ Rules this module owns:
 * A parked long-poll woken without an answer (its stream gone, a gap to fetch) or whose answer
   cannot be encoded has had nothing written: the connection hands its head to the full path,
   which starts it over.
+* An answer given at once is made once per second for each target: after each release every
+  viewer re-polls with the same head (``Remembered`` says what else it was derived from). Its
+  cursor is then one drawn jump for all of them, as valid as one each (``edge.protocol.cursor``).
 * A long-poll past ``--max-viewers`` is answered 503 with ``Retry-After`` and the origin's CORS
   headers for its ``Origin``, and its connection closes, as the full path answers it.
 * Counting is plain integers, folded into the Prometheus counters at scrape time.
@@ -44,7 +47,7 @@ from edge.live.hub import LiveHub
 from edge.live.polls import AlreadyWritten, Encode, Framing, Outcome, Sink, Socket, Ticket
 from edge.live.tail import Tail
 from edge.log.policy import Hit
-from edge.log.stream_log import LogKey
+from edge.log.stream_log import LogKey, StreamLog, TailFact
 from edge.metrics import Metrics
 from edge.protocol.answer_key import scope_of
 from edge.protocol.cursor import cursor_class
@@ -91,6 +94,23 @@ class PollTarget(NamedTuple):
     framing: Framing
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Remembered:
+    """An answer given at once, with everything it was derived from: it is given again, as
+    is, only in the same second (its ``Date``, ``Age`` and cursor interval are the second's),
+    from the same log with the same tail (the same bytes from the offset, the same up-to-date
+    and closed), with the same CORS headers and lifetime knowledge."""
+
+    log: StreamLog
+    tail: TailFact | None
+    cors: object
+    second: int
+    lifetime_known: bool
+    data: bytes
+    status: int
+    body_bytes: int
+
+
 Step = AnsweredNow | Parked | HandedOff
 Released = Callable[[Outcome], None]
 
@@ -123,6 +143,8 @@ class FastPolls:
         # A pure function of the head (and the settings), asked on every long-poll: after each
         # release every viewer of a stream sends the same head.
         self._target_of = functools.lru_cache(maxsize=MEMO_ENTRIES)(self._derive_target)
+        # The answers given at once, by target, for the second they were made in.
+        self._answers: dict[PollTarget, Remembered] = {}
         # Plain counters, folded into the Prometheus ones at scrape time.
         self.answered: dict[int, int] = {}
         self.gone = 0
@@ -152,6 +174,21 @@ class FastPolls:
         tail = hub.tails.get(key)
         if tail is None:
             return HANDED_OFF  # the full path starts one
+        now = self._clock()
+        second = int(now)
+        instance = log.instance
+        cors = self._cors.for_request(framing.origin)
+        known = self._answers.get(target)
+        if (
+            known is not None
+            and known.second == second
+            and known.log is log
+            and known.tail is log.tail
+            and known.cors is cors
+            and known.lifetime_known == instance.lifetime_known
+        ):
+            self._count(known.status, known.body_bytes)
+            return AnsweredNow(data=known.data, keep_alive=head.keep_alive)
         outcome = hub.settle(
             key, tail, offset, cursor=hub.cursor_for(client_cursor), waited=False,
             expired=False, coverage=plan.coverage,
@@ -163,6 +200,13 @@ class FastPolls:
                 except ValueError:
                     return HANDED_OFF  # aiohttp turns it into the error it always did
                 self._count(outcome.status, len(outcome.body))
+                if instance.expires_at is None and instance.ttl_seconds is None:
+                    # Lifetimes that count down change the answer's headers by the second.
+                    self._remember(target, Remembered(
+                        log=log, tail=log.tail, cors=cors, second=second,
+                        lifetime_known=instance.lifetime_known, data=data,
+                        status=outcome.status, body_bytes=len(outcome.body),
+                    ))  # fmt: skip
                 return AnsweredNow(data=data, keep_alive=head.keep_alive)
             case Pending.WAIT:
                 if hub.tails.running(key) is not tail:
@@ -186,6 +230,12 @@ class FastPolls:
             Socket(sink=sink, framing=framing), on_release,
         )  # fmt: skip
         return parked
+
+    def _remember(self, target: PollTarget, answer: Remembered) -> None:
+        answers = self._answers
+        if len(answers) >= MEMO_ENTRIES and target not in answers:
+            answers.clear()  # the audience has moved on: what it asks now is met again at once
+        answers[target] = answer
 
     def _derive_target(self, head: RequestHead) -> PollTarget | None:
         """What a long-poll head asks, by the full path's own functions; None: not a plain

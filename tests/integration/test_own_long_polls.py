@@ -124,6 +124,20 @@ async def test_every_answer_is_the_full_paths_and_no_handler_is_entered(
     assert behind[0].status_line == b"HTTP/1.1 200 OK"
     assert behind[0].body == b"third"
     assert behind[0].comparable() == behind[1].comparable()
+    # Asked again in the same second: the same answer (made once); once the tail moves on, the
+    # same head gets the longer answer at once, never the remembered one.
+    again = await poll(fast.url, stream_path, tail, *sent)
+    assert again.body == b"third"
+    new_tail = await append(http, url, b" fourth")
+    for _ in range(50):
+        longer = await poll(fast.url, stream_path, tail, *sent)
+        if longer.body != b"third":
+            break
+        await asyncio.sleep(0.05)
+    assert longer.body == b"third fourth"
+    assert longer.header(b"Stream-Next-Offset") == new_tail.encode()
+    for edge in edges:  # both edges know the new tail before the next comparison
+        await poll(edge.url, stream_path, tail, *sent)
 
     # Nothing arrives: 204 at the timeout, at its own offset.
     timed_out = await asyncio.gather(*(poll(e.url, stream_path, new_tail, *sent) for e in edges))
