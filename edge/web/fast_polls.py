@@ -18,9 +18,9 @@ Rules this module owns:
 * A parked long-poll woken without an answer (its stream gone, a gap to fetch) or whose answer
   cannot be encoded has had nothing written: the connection hands its head to the full path,
   which starts it over.
-* An answer given at once is made once per second for each target: after each release every
-  viewer re-polls with the same head (``Remembered`` says what else it was derived from). Its
-  cursor is then one drawn jump for all of them, as valid as one each (``edge.protocol.cursor``).
+* What a target gets is decided once a second: after each release every viewer re-polls with
+  the same head (``Decided`` says what else a decision was derived from). An answer's cursor is
+  then one drawn jump for all of them, as valid as one each (``edge.protocol.cursor``).
 * A long-poll past ``--max-viewers`` is answered 503 with ``Retry-After`` and the origin's CORS
   headers for its ``Origin``, and its connection closes, as the full path answers it.
 * Counting is plain integers, folded into the Prometheus counters at scrape time.
@@ -95,18 +95,20 @@ class PollTarget(NamedTuple):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Remembered:
-    """An answer given at once, with everything it was derived from: it is given again, as
-    is, only in the same second (its ``Date``, ``Age`` and cursor interval are the second's),
-    from the same log with the same tail (the same bytes from the offset, the same up-to-date
-    and closed), with the same CORS headers and lifetime knowledge."""
+class Decided:
+    """What a long-poll target got: an answer's bytes (``data``), or a wait at the tail
+    (``upstream``) when ``data`` is None; with everything it was derived from. It is decided
+    again unless asked in the same second (an answer's ``Date``, ``Age`` and cursor interval
+    are the second's), of the same log with the same tail (the same bytes from the offset, the
+    same up-to-date and closed), with the same CORS headers and lifetime knowledge."""
 
     log: StreamLog
     tail: TailFact | None
     cors: object
     second: int
     lifetime_known: bool
-    data: bytes
+    upstream: Tail
+    data: bytes | None
     status: int
     body_bytes: int
 
@@ -143,8 +145,8 @@ class FastPolls:
         # A pure function of the head (and the settings), asked on every long-poll: after each
         # release every viewer of a stream sends the same head.
         self._target_of = functools.lru_cache(maxsize=MEMO_ENTRIES)(self._derive_target)
-        # The answers given at once, by target, for the second they were made in.
-        self._answers: dict[PollTarget, Remembered] = {}
+        # What each target got, for the second it was decided in.
+        self._decided: dict[PollTarget, Decided] = {}
         # Plain counters, folded into the Prometheus ones at scrape time.
         self.answered: dict[int, int] = {}
         self.gone = 0
@@ -165,56 +167,32 @@ class FastPolls:
         log = self._local.log(key)
         if log is None:
             return HANDED_OFF
-        if self._verify and self._clock() - log.instance.verified_at >= GENERATION_CHECK_SECONDS:
-            return HANDED_OFF  # the full path asks the shared tier first
-        plan = self._catchup.plan(key, offset)
-        if not isinstance(plan, Hit):
-            return HANDED_OFF  # a fill first
-        hub = self._hub
-        tail = hub.tails.get(key)
-        if tail is None:
-            return HANDED_OFF  # the full path starts one
         now = self._clock()
-        second = int(now)
         instance = log.instance
+        if self._verify and now - instance.verified_at >= GENERATION_CHECK_SECONDS:
+            return HANDED_OFF  # the full path asks the shared tier first
         cors = self._cors.for_request(framing.origin)
-        known = self._answers.get(target)
+        second = int(now)
+        decided = self._decided.get(target)
         if (
-            known is not None
-            and known.second == second
-            and known.log is log
-            and known.tail is log.tail
-            and known.cors is cors
-            and known.lifetime_known == instance.lifetime_known
+            decided is None
+            or decided.second != second
+            or decided.log is not log
+            or decided.tail is not log.tail
+            or decided.cors is not cors
+            or decided.lifetime_known != instance.lifetime_known
+            or self._hub.draining.is_set()  # a drain answers every wait at once
         ):
-            self._count(known.status, known.body_bytes)
-            return AnsweredNow(data=known.data, keep_alive=head.keep_alive)
-        outcome = hub.settle(
-            key, tail, offset, cursor=hub.cursor_for(client_cursor), waited=False,
-            expired=False, coverage=plan.coverage,
-        )  # fmt: skip
-        match outcome:
-            case Answer():
-                try:
-                    data = self._encode(outcome, framing)
-                except ValueError:
-                    return HANDED_OFF  # aiohttp turns it into the error it always did
-                self._count(outcome.status, len(outcome.body))
-                if instance.expires_at is None and instance.ttl_seconds is None:
-                    # Lifetimes that count down change the answer's headers by the second.
-                    self._remember(target, Remembered(
-                        log=log, tail=log.tail, cors=cors, second=second,
-                        lifetime_known=instance.lifetime_known, data=data,
-                        status=outcome.status, body_bytes=len(outcome.body),
-                    ))  # fmt: skip
-                return AnsweredNow(data=data, keep_alive=head.keep_alive)
-            case Pending.WAIT:
-                if hub.tails.running(key) is not tail:
-                    return HANDED_OFF  # ended or failing: the full path starts another
-            case Pending.GAP | Pending.GONE:
+            decided = self._decide(target, log, cors, second)
+            if decided is None:
                 return HANDED_OFF
-            case _:
-                assert_never(outcome)
+        if decided.data is not None:
+            self._count(decided.status, decided.body_bytes)
+            return AnsweredNow(data=decided.data, keep_alive=head.keep_alive)
+        hub = self._hub
+        tail = hub.tails.running(key)
+        if tail is None or tail is not decided.upstream:
+            return HANDED_OFF  # ended or failing: the full path starts another
         hub.tails.watch(key)
         parked = Parked(key=key, tail=tail)
 
@@ -231,11 +209,51 @@ class FastPolls:
         )  # fmt: skip
         return parked
 
-    def _remember(self, target: PollTarget, answer: Remembered) -> None:
-        answers = self._answers
-        if len(answers) >= MEMO_ENTRIES and target not in answers:
-            answers.clear()  # the audience has moved on: what it asks now is met again at once
-        answers[target] = answer
+    def _decide(
+        self, target: PollTarget, log: StreamLog, cors: object, second: int
+    ) -> Decided | None:
+        """What ``target`` gets now, by the catch-up plan and the hub's own ``settle``: an
+        answer's bytes, or a wait at the tail; None: the full path's."""
+        key, offset, client_cursor, framing = target
+        plan = self._catchup.plan(key, offset)
+        if not isinstance(plan, Hit):
+            return None  # a fill first
+        hub = self._hub
+        tail = hub.tails.get(key)
+        if tail is None:
+            return None  # the full path starts one
+        outcome = hub.settle(
+            key, tail, offset, cursor=hub.cursor_for(client_cursor), waited=False,
+            expired=False, coverage=plan.coverage,
+        )  # fmt: skip
+        instance = log.instance
+        data: bytes | None = None
+        status = body_bytes = 0
+        match outcome:
+            case Answer():
+                try:
+                    data = self._encode(outcome, framing)
+                except ValueError:
+                    return None  # aiohttp turns it into the error it always did
+                status, body_bytes = outcome.status, len(outcome.body)
+            case Pending.WAIT:
+                pass
+            case Pending.GAP | Pending.GONE:
+                return None
+            case _:
+                assert_never(outcome)
+        decided = Decided(
+            log=log, tail=log.tail, cors=cors, second=second,
+            lifetime_known=instance.lifetime_known, upstream=tail, data=data, status=status,
+            body_bytes=body_bytes,
+        )  # fmt: skip
+        if instance.expires_at is None and instance.ttl_seconds is None:
+            # (A lifetime that counts down changes an answer's headers within the second.)
+            decisions = self._decided
+            if len(decisions) >= MEMO_ENTRIES and target not in decisions:
+                decisions.clear()  # the audience moved on: what it asks now is met at once
+            decisions[target] = decided
+        return decided
 
     def _derive_target(self, head: RequestHead) -> PollTarget | None:
         """What a long-poll head asks, by the full path's own functions; None: not a plain
