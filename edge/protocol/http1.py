@@ -256,13 +256,16 @@ def serialise(
     *,
     version: tuple[int, int] = (1, 1),
     head: bool = False,
+    chunked: bool = False,
 ) -> bytes:
     """The head of an answer up to (not including) its ``Date`` line, as aiohttp writes an
     ``EdgeResponse``: the headers in order, then ``Content-Length`` (none on a bodiless
     status) and a default ``Content-Type`` for a body without one. ``trailer`` ends it. The
     headers are the edge's own answer headers: a ``Server`` is dropped, a ``Date`` or
     ``Connection`` refused (``ValueError``), as a header with a control character is."""
-    return b"".join(serialise_parts(status, headers, body_length, version=version, head=head))
+    return b"".join(
+        serialise_parts(status, headers, body_length, version=version, head=head, chunked=chunked)
+    )
 
 
 def serialise_parts(
@@ -272,10 +275,12 @@ def serialise_parts(
     *,
     version: tuple[int, int] = (1, 1),
     head: bool = False,
+    chunked: bool = False,
 ) -> tuple[bytes, bytes]:
     """``serialise`` in two parts: the status line and ``headers``, then what aiohttp adds
     after them (``Content-Length``, a default ``Content-Type``). A header added last to an
-    answer's headers goes between the two: the hit path splices each hit's ``Age`` there."""
+    answer's headers goes between the two: the hit path splices each hit's ``Age`` there.
+    ``chunked``: a body of unknown length follows in chunks (``chunk``), ended by ``LAST_CHUNK``."""
     # One search over every name and value (the separators added below are not searched).
     if _FORBIDDEN.search("".join([text for pair in headers for text in pair])):
         bad = next(n for n, v in headers if _FORBIDDEN.search(n) or _FORBIDDEN.search(v))
@@ -291,7 +296,10 @@ def serialise_parts(
         names.add(lowered)
         lines.append(f"{name}: {value}")
     added = []
-    if not bodiless(status) and not head:  # aiohttp writes no length for a bodiless HEAD
+    if chunked:
+        # A body of unknown length (an SSE answer): chunks, as aiohttp frames a StreamResponse.
+        added.append("Transfer-Encoding: chunked\r\n")
+    elif not bodiless(status) and not head:  # aiohttp writes no length for a bodiless HEAD
         if "content-length" not in names:
             added.append(f"Content-Length: {body_length}\r\n")
         if body_length and "content-type" not in names:
@@ -310,6 +318,12 @@ def trailer(version: tuple[int, int], keep_alive: bool) -> bytes:
     return KEEP_ALIVE_TRAILER
 
 
+def chunk(data: bytes) -> bytes:
+    """One HTTP/1.1 chunk of a chunked body."""
+    return b"%x\r\n%b\r\n" % (len(data), data)
+
+
+LAST_CHUNK = b"0\r\n\r\n"
 CLOSE_TRAILER = b"\r\nConnection: close\r\n\r\n"
 KEEP_ALIVE_1_0_TRAILER = b"\r\nConnection: keep-alive\r\n\r\n"
 KEEP_ALIVE_TRAILER = b"\r\n\r\n"

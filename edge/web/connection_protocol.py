@@ -44,6 +44,7 @@ from edge.protocol.http1 import MAX_HEAD_BYTES, Handoff, HeadParser
 from edge.protocol.reads import RequestKind, kind_of_request_line
 from edge.web.connection_tracker import ConnectionTracker
 from edge.web.fast_polls import AnsweredNow, HandedOff, Parked
+from edge.web.fast_sse import Refused, Streaming
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +69,7 @@ class _Mode(Enum):
     FAST = "fast"  # the next head is read here; stored hits are answered here
     WAITING = "waiting"  # aiohttp answers one request; later bytes wait here until it is done
     PARKED = "parked"  # a long-poll of its own waits on the board; later bytes wait here
+    STREAMING = "streaming"  # an SSE answer of its own is written; later bytes wait here
     DELEGATED = "delegated"  # every byte is aiohttp's, for the rest of the connection
     CLOSED = "closed"  # answered with Connection: close; nothing more is read
     REFUSED = "refused"  # at --max-connections: what it sends is discarded
@@ -102,8 +104,11 @@ class _Connection(asyncio.Protocol):
         "_polls",
         "_refused_kind",
         "_sending_done",
+        "_sse",
+        "_streaming",
         "_tracker",
         "_transport",
+        "_writable",
     )
 
     def __init__(self, tracker: ConnectionTracker, handler_factory: web.Server) -> None:
@@ -121,6 +126,12 @@ class _Connection(asyncio.Protocol):
         # start over).
         self._parked: Parked | None = None
         self._parked_head = b""
+        sse = tracker.sse
+        self._sse = sse if sse is not None and sse.enabled and self._fast else None
+        # The SSE answer of its own being written, and what its writes wait on while the
+        # transport is above its high-water mark (None: writable).
+        self._streaming: asyncio.Task[None] | None = None
+        self._writable: asyncio.Future[None] | None = None
         self._parser: HeadParser | None = None
         self._buffer = bytearray()
         self._paused = False
@@ -164,7 +175,7 @@ class _Connection(asyncio.Protocol):
             if len(self._buffer) > MAX_WAITING_BYTES:
                 self._delegate()
             return
-        if mode is _Mode.PARKED:
+        if mode is _Mode.PARKED or mode is _Mode.STREAMING:
             if len(self._buffer) > MAX_WAITING_BYTES and not self._paused:
                 # Its answer is not written yet: what it pipelines waits in the kernel.
                 self._paused = True
@@ -214,6 +225,20 @@ class _Connection(asyncio.Protocol):
                 return
             answer = None if isinstance(parsed, Handoff) else fast.answer(parsed)
             del buffer[: end + 4]
+            if answer is None and self._sse is not None and not isinstance(parsed, Handoff):
+                streaming = self._sse.serve(
+                    parsed, self, transport, self._stream_ended, self._admit_viewer
+                )
+                match streaming:
+                    case Streaming():
+                        self._stream(streaming)
+                        return
+                    case Refused():
+                        return
+                    case HandedOff():
+                        pass
+                    case _:
+                        assert_never(streaming)
             if answer is None and self._polls is not None and not isinstance(parsed, Handoff):
                 step = self._polls.serve(parsed, self, self._released)
                 match step:
@@ -291,12 +316,64 @@ class _Connection(asyncio.Protocol):
         if self._buffer or self._sending_done:
             self._tracker.loop.call_soon(self._resume)
 
+    def _admit_viewer(self, origin: str | None) -> bool:
+        """An SSE read of its own is about to begin: False, past --max-viewers, it is refused
+        as the full path refuses it, and the connection closes."""
+        transport, polls = self._transport, self._polls
+        assert transport is not None
+        assert polls is not None
+        self._tracker.request_started(transport)
+        if self._tracker.request_kind(transport, RequestKind.SSE) is None:
+            return True
+        self._tracker.request_finished(transport)
+        self._mode = _Mode.CLOSED
+        self._buffer.clear()
+        transport.write(polls.refusal(origin, RequestKind.SSE))
+        transport.close()
+        return False
+
+    def _stream(self, streaming: Streaming) -> None:
+        """An SSE answer of its own has begun (its head is written): the connection is the
+        feed's until it ends."""
+        self._mode = _Mode.STREAMING
+        self._streaming = streaming.task
+        if self._sending_done:
+            self._close_when_answered()
+
+    def _stream_ended(self, whole: bool) -> None:
+        """The feed ended: its body whole (the next request is read), or cut."""
+        transport = self._transport
+        assert transport is not None
+        self._streaming = None
+        if self._mode is not _Mode.STREAMING:
+            return
+        self._tracker.request_finished(transport)
+        if not whole:
+            self._mode = _Mode.CLOSED
+            self._buffer.clear()
+            transport.abort()
+            return
+        self._mode = _Mode.FAST
+        if self._paused and not transport.is_closing():
+            self._paused = False
+            transport.resume_reading()
+        if self._buffer or self._sending_done:
+            self._tracker.loop.call_soon(self._resume)
+
     # --- the one writer of this connection (``edge.live.polls.Sink``) ---
 
     def send(self, data: bytes) -> None:
         transport = self._transport
         if transport is not None and not transport.is_closing():
             transport.write(data)
+
+    async def drain(self) -> None:
+        """Wait while the transport is above its high-water mark; raise once it is lost."""
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            raise ConnectionResetError("the client left")
+        if self._writable is not None:
+            await asyncio.shield(self._writable)
 
     def closing(self) -> bool:
         transport = self._transport
@@ -391,7 +468,7 @@ class _Connection(asyncio.Protocol):
             case _Mode.FAST:
                 queued = b"\r\n\r\n" in self._buffer
                 holding = Holding(answering=False, queued=queued, cut_short=False, live=False)
-            case _Mode.PARKED:
+            case _Mode.PARKED | _Mode.STREAMING:
                 holding = Holding(answering=True, queued=False, cut_short=False, live=True)
             case _Mode.WAITING:
                 # Only heads without a body wait here; request_done asks again.
@@ -431,10 +508,19 @@ class _Connection(asyncio.Protocol):
         if parked is not None and self._polls is not None:
             self._parked = None
             self._polls.leave(parked)
+        writable, self._writable = self._writable, None
+        if writable is not None and not writable.done():
+            writable.set_exception(ConnectionResetError("the client left"))
+            writable.exception()  # retrieved: nobody need be waiting on it
+        streaming, self._streaming = self._streaming, None
+        if streaming is not None:
+            streaming.cancel()  # a feed asleep at the tail would never hear of it
         if self._inner is not None:
             self._inner.connection_lost(exc)
 
     def pause_writing(self) -> None:
+        if self._writable is None:
+            self._writable = self._tracker.loop.create_future()
         if self._mode is _Mode.FAST and self._transport is not None:
             # A client that pipelines faster than it reads waits here, not in our memory.
             self._paused = True
@@ -443,6 +529,9 @@ class _Connection(asyncio.Protocol):
             self._inner.pause_writing()
 
     def resume_writing(self) -> None:
+        writable, self._writable = self._writable, None
+        if writable is not None and not writable.done():
+            writable.set_result(None)
         if self._paused and self._transport is not None:
             self._paused = False
             self._transport.resume_reading()

@@ -48,6 +48,7 @@ from edge.metrics import ListenerStats
 from edge.protocol.reads import RequestKind
 from edge.web.connection_table import ConnectionTable, Limits, Phase, Refusal
 from edge.web.fast_polls import FastPolls
+from edge.web.fast_sse import FastSse
 from edge.web.fastpath import FastPath
 
 logger = logging.getLogger(__name__)
@@ -98,7 +99,12 @@ class ConnectionTracker:
     """The asyncio side: one per listener. Counters are plain attributes (read at scrape time)."""
 
     def __init__(
-        self, limits: Limits, *, fast: FastPath | None = None, polls: FastPolls | None = None
+        self,
+        limits: Limits,
+        *,
+        fast: FastPath | None = None,
+        polls: FastPolls | None = None,
+        sse: FastSse | None = None,
     ) -> None:
         self.table: ConnectionTable[asyncio.Transport] = ConnectionTable(limits)
         self.evicted = 0
@@ -117,6 +123,7 @@ class ConnectionTracker:
         self.fast = fast
         # The long-polls they serve themselves (``edge.web.fast_polls``).
         self.polls = polls
+        self.sse = sse  # and SSE reads (``edge.web.fast_sse``)
         self._connections: dict[asyncio.Transport, TrackedConnection] = {}
         self.middleware: Middleware = self._make_middleware()
 

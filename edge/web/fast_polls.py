@@ -53,7 +53,14 @@ from edge.protocol.answer_key import scope_of
 from edge.protocol.cursor import cursor_class
 from edge.protocol.http1 import CLOSE_TRAILER, RequestHead, date_line, serialise
 from edge.protocol.paths import MEMO_ENTRIES, BadTarget, names_control, normalise_path
-from edge.protocol.reads import PUBLIC_SCOPE, RequestKind, is_offset_token, live_query
+from edge.protocol.reads import (
+    PUBLIC_SCOPE,
+    RequestKind,
+    is_client_offset,
+    is_offset_token,
+    live_query,
+    scope_credentials,
+)
 from edge.store.local import LocalTier
 from edge.web.proxy import OriginCors
 
@@ -87,11 +94,58 @@ class Parked:
     left: bool = field(default=False, init=False)
 
 
-class PollTarget(NamedTuple):
+class LiveTarget(NamedTuple):
+    """What a live read's head asks, derived by the full path's own functions."""
+
     key: LogKey
-    offset: str
+    offset: str  # as sent: a position, ``-1`` or ``now``
     cursor: str | None  # the client's, as sent
     framing: Framing
+    credentials: tuple[tuple[str, str], ...]  # what the cache sends upstream for its scope
+
+
+class LiveTargets:
+    """``LiveTarget``s of heads, remembered: a pure function of the head and the settings,
+    asked on every live read (after each release every viewer of a stream sends the same
+    head)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._scope_headers = settings.scope_headers
+        self._scope_cookies = settings.scope_cookies
+        self.of = functools.lru_cache(maxsize=MEMO_ENTRIES)(self._derive)
+
+    def _derive(self, head: RequestHead, mode: str) -> LiveTarget | None:
+        """None: not a plain ``mode`` read of a stream's normalised path at an offset a client
+        may give."""
+        if head.head or mode not in head.query:
+            return None
+        query = live_query(head.query)
+        if query is None or query.live != mode or not query.plain:
+            return None
+        offset = query.offset
+        if offset is None or not is_client_offset(offset):
+            return None
+        path = head.path
+        try:
+            if normalise_path(path) != path or names_control(path):
+                return None
+        except BadTarget:
+            return None
+        credentials = head.credentials
+        scope = (
+            scope_of(
+                credentials, scope_headers=self._scope_headers, scope_cookies=self._scope_cookies
+            )
+            if credentials
+            else PUBLIC_SCOPE
+        )
+        upstream = tuple(
+            scope_credentials(
+                credentials, scope_headers=self._scope_headers, scope_cookies=self._scope_cookies
+            )
+        )
+        framing = Framing(version=(1, 1), keep_alive=head.keep_alive, origin=head.origin)
+        return LiveTarget(LogKey(stream=path, scope=scope), offset, query.cursor, framing, upstream)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -126,6 +180,7 @@ class FastPolls:
         local: LocalTier,
         cors: OriginCors,
         encode: Encode,
+        targets: LiveTargets,
         *,
         gated: bool,
         clock: Callable[[], float] = time.time,
@@ -140,17 +195,15 @@ class FastPolls:
         self._encode = encode
         self._clock = clock
         self._verify = settings.redis_url is not None
-        self._scope_headers = settings.scope_headers
-        self._scope_cookies = settings.scope_cookies
-        # A pure function of the head (and the settings), asked on every long-poll: after each
-        # release every viewer of a stream sends the same head.
-        self._target_of = functools.lru_cache(maxsize=MEMO_ENTRIES)(self._derive_target)
+        self._targets = targets
         # What each target got, for the second it was decided in.
-        self._decided: dict[PollTarget, Decided] = {}
+        self._decided: dict[LiveTarget, Decided] = {}
         # Plain counters, folded into the Prometheus ones at scrape time.
         self.answered: dict[int, int] = {}
         self.gone = 0
         self.served_bytes = 0
+        self.refused_sse = 0  # SSE viewers past --max-viewers, answered by the connection
+        self._folded_refused_sse = 0
         self._folded: dict[int, int] = {}
         self._folded_gone = 0
         self._folded_served = 0
@@ -158,10 +211,10 @@ class FastPolls:
     def serve(self, head: RequestHead, sink: Sink, released: Released) -> Step:
         """Serve the long-poll ``head`` (see the module rules); ``released`` hears how a parked
         one ends, with what ``LongPollFanout.wait`` would return."""
-        target = self._target_of(head)
-        if target is None:
-            return HANDED_OFF
-        key, offset, client_cursor, framing = target
+        target = self._targets.of(head, LONG_POLL)
+        if target is None or not is_offset_token(target.offset):
+            return HANDED_OFF  # -1 and now are the full path's (a fill, a probe)
+        key, offset, client_cursor, framing, _ = target
         if self._cors.unknown_for(framing.origin):
             return HANDED_OFF  # the origin's answer teaches the edge its CORS headers
         log = self._local.log(key)
@@ -210,11 +263,11 @@ class FastPolls:
         return parked
 
     def _decide(
-        self, target: PollTarget, log: StreamLog, cors: object, second: int
+        self, target: LiveTarget, log: StreamLog, cors: object, second: int
     ) -> Decided | None:
         """What ``target`` gets now, by the catch-up plan and the hub's own ``settle``: an
         answer's bytes, or a wait at the tail; None: the full path's."""
-        key, offset, client_cursor, framing = target
+        key, offset, client_cursor, framing, _ = target
         plan = self._catchup.plan(key, offset)
         if not isinstance(plan, Hit):
             return None  # a fill first
@@ -255,36 +308,6 @@ class FastPolls:
             decisions[target] = decided
         return decided
 
-    def _derive_target(self, head: RequestHead) -> PollTarget | None:
-        """What a long-poll head asks, by the full path's own functions; None: not a plain
-        long-poll of a stream's normalised path at an offset the origin issued (remembered per
-        head: see ``_target_of``)."""
-        if head.head or LONG_POLL not in head.query:
-            return None
-        query = live_query(head.query)
-        if query is None or query.live != LONG_POLL or not query.plain:
-            return None
-        offset = query.offset
-        if offset is None or not is_offset_token(offset):
-            return None  # -1 and now are the full path's (a fill, a probe)
-        path = head.path
-        try:
-            if normalise_path(path) != path or names_control(path):
-                return None
-        except BadTarget:
-            return None
-        scope = (
-            scope_of(
-                head.credentials,
-                scope_headers=self._scope_headers,
-                scope_cookies=self._scope_cookies,
-            )
-            if head.credentials
-            else PUBLIC_SCOPE
-        )
-        framing = Framing(version=(1, 1), keep_alive=head.keep_alive, origin=head.origin)
-        return PollTarget(LogKey(stream=path, scope=scope), offset, query.cursor, framing)
-
     def leave(self, parked: Parked) -> None:
         """Its client left before its answer: off the board, its tail given back."""
         if parked.left:
@@ -307,12 +330,15 @@ class FastPolls:
             parked.left = True
             self._hub.tails.unwatch(parked.key, parked.tail)
 
-    def refusal(self, origin: str | None) -> bytes:
-        """The 503 of a long-poll past ``--max-viewers``; the connection closes after it."""
+    def refusal(self, origin: str | None, kind: RequestKind = RequestKind.LONG_POLL) -> bytes:
+        """The 503 of a live read past ``--max-viewers``; the connection closes after it."""
         headers = CIMultiDict([("Retry-After", "5")])
         self._cors.add_missing(headers, origin)
         headers["Content-Type"] = "text/plain; charset=utf-8"
-        self._count(503, 0)
+        if kind is RequestKind.LONG_POLL:
+            self._count(503, 0)
+        else:
+            self.refused_sse += 1
         head = serialise(503, list(headers.items()), len(REFUSED_TEXT))
         return head + date_line(int(self._clock())) + CLOSE_TRAILER + REFUSED_TEXT
 
@@ -330,6 +356,10 @@ class FastPolls:
         if self.gone > self._folded_gone:
             metrics.client_gone(RequestKind.LONG_POLL).inc(self.gone - self._folded_gone)
             self._folded_gone = self.gone
+        if self.refused_sse > self._folded_refused_sse:
+            refused = self.refused_sse - self._folded_refused_sse
+            metrics.request_count(RequestKind.SSE, 503).inc(refused)
+            self._folded_refused_sse = self.refused_sse
         if self.served_bytes > self._folded_served:
             metrics.served_bytes.inc(self.served_bytes - self._folded_served)
             self._folded_served = self.served_bytes

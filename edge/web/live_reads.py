@@ -19,7 +19,6 @@ Rules this module owns:
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from collections.abc import Sequence
 from typing import assert_never
@@ -27,7 +26,6 @@ from typing import assert_never
 from aiohttp import HttpVersion11, web
 
 from edge.answer import Answer, Bypass
-from edge.live.answers import sse_encoding
 from edge.live.polls import AlreadyWritten, Framing, Socket
 from edge.live.viewers import Fed, Viewer
 from edge.log.stream_log import LogKey, StreamLog
@@ -36,9 +34,10 @@ from edge.protocol.reads import Classified, Read
 from edge.web.asked import Asked, origin_failed, to_response
 from edge.web.catchup_reads import relay_bypass
 from edge.web.connection_tracker import CONNECTIONS
+from edge.web.fast_sse import bound_buffers, sse_head_headers
 from edge.web.keys import CORS, HUB, METRICS, SETTINGS
 from edge.web.proxy import ClientGone, EdgeStreamResponse, OriginCors
-from edge.web.wire import VIA, AlreadyWrittenResponse
+from edge.web.wire import AlreadyWrittenResponse
 
 
 def credential_left(asked: Asked) -> float | None:
@@ -151,26 +150,7 @@ async def serve_sse(
 def sse_headers(
     response: web.StreamResponse, log: StreamLog, cors: OriginCors, origin: str | None
 ) -> None:
-    response.headers.extend(cors.grant(origin))  # first, as the origin sends
-    response.headers.extend(log.header_template)
-    cors.mark_vary(response.headers)
-    response.headers["Content-Type"] = "text/event-stream"
-    # No cache keeps it (no-store), and no proxy buffers or alters it (PROTOCOL-NOTES trap 4).
-    response.headers["Cache-Control"] = "no-cache, no-store, no-transform"
-    response.headers["X-Accel-Buffering"] = "no"
-    if sse_encoding(log.content_type) == "base64":
-        response.headers["stream-sse-data-encoding"] = "base64"
-    response.headers["Cache-Status"] = "edge; hit; detail=live"
-    response.headers["Via"] = VIA
-
-
-def bound_buffers(transport: asyncio.Transport, limit_bytes: int) -> None:
-    """Bound what one viewer can hold, in this process and in the kernel; past it the viewer's
-    writes wait and it lags, reading the log at its own pace."""
-    transport.set_write_buffer_limits(high=limit_bytes)
-    sock = transport.get_extra_info("socket")
-    if sock is not None:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, limit_bytes)
+    response.headers.extend(sse_head_headers(log, cors, origin))
 
 
 def viewer_of(

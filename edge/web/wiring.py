@@ -50,7 +50,8 @@ from edge.store.shared import SharedTier
 from edge.web.connection_table import Limits
 from edge.web.connection_tracker import ConnectionTracker
 from edge.web.descriptors import budget_for, limits_for
-from edge.web.fast_polls import FastPolls
+from edge.web.fast_polls import FastPolls, LiveTargets
+from edge.web.fast_sse import FastSse
 from edge.web.fastpath import FastPath
 from edge.web.front import CatchupFront
 from edge.web.proxy import OriginCors, Relay
@@ -203,15 +204,21 @@ def wire(
     gate = Gate(settings, metrics) if settings.auth_mode != "none" else None
     fast = FastPath(settings, parts.local, cors, gate=gate)
     metrics.fold_at_scrape(fast.fold_into)
+    targets = LiveTargets(settings)
     polls = FastPolls(
         settings, hub, parts.catchup, parts.local, cors, functools.partial(encode, cors=cors),
-        gated=gate is not None,
+        targets, gated=gate is not None,
     )  # fmt: skip
     metrics.fold_at_scrape(polls.fold_into)
-    # The stream listener's connections answer stored hits and long-polls themselves.
+    sse = FastSse(
+        settings, metrics, hub, parts.catchup, parts.local, cors, targets,
+        gated=gate is not None, clock=time.time,
+    )  # fmt: skip
+    # The stream listener's connections answer stored hits, long-polls and SSE themselves.
     connections = ConnectionTracker(
-        limits if limits is not None else default_limits(settings), fast=fast, polls=polls
-    )
+        limits if limits is not None else default_limits(settings), fast=fast, polls=polls,
+        sse=sse,
+    )  # fmt: skip
     purger = CdnPurger(settings, parts.forgetter, metrics) if settings.cdn_purge else None
     if purger is not None:
         parts.forgetter.tellers.append(purger.forgot)

@@ -270,3 +270,81 @@ async def test_past_the_viewer_cap_a_long_poll_is_refused_as_the_full_path_refus
         assert sorted(fast.comparable()[1]) == sorted(full.comparable()[1])
         assert fast.body == full.body
         assert answered(pair[0], "503") == answered(pair[1], "503") == 1
+
+
+# --- SSE reads served by the connection itself (edge.web.fast_sse) ---
+
+
+def full_path_sse(edge: Edge) -> float:
+    return metric_value(edge.metrics_text(), "edge_full_path_requests_total", kind="sse")
+
+
+def sse(path: str, offset: str, *headers: str) -> bytes:
+    return request(f"{path}?offset={offset}&live=sse", *headers)
+
+
+@pytest.mark.parametrize("headers", list(HEADER_SETS))
+async def test_an_sse_read_is_the_full_paths_byte_for_byte_and_enters_no_handler(
+    http: aiohttp.ClientSession,
+    origin: Origin,
+    edges: tuple[Edge, Edge],
+    stream_path: str,
+    headers: str,
+) -> None:
+    fast, full = edges
+    sent = HEADER_SETS[headers]
+    url = origin.url + stream_path
+    await make_stream(http, url, "text/plain", b"first ", close=False)
+    tail = await append(http, url, b"second")
+    for edge in edges:
+        await followed(edge, stream_path, tail, *sent)
+    entered = full_path_sse(fast)
+    # Live: both follow the tail, get the next append, and end with the stream's closure.
+    live = [
+        asyncio.ensure_future(exchange(e.url, sse(stream_path, "-1", *sent), ["GET"]))
+        for e in edges
+    ]
+    await asyncio.sleep(0.5)
+    await append(http, url, b" third")
+    await asyncio.sleep(0.3)
+    status, _, _ = await call(http, "POST", url, headers={"Stream-Closed": "true"})
+    assert status == 204
+    answers = [a[0] for a in await asyncio.wait_for(asyncio.gather(*live), 15)]
+    assert answers[0].status_line == b"HTTP/1.1 200 OK"
+    assert b"first second" in answers[0].body
+    assert b" third" in answers[0].body
+    assert b'"streamClosed":true' in answers[0].body
+    assert answers[0].comparable()[1] == answers[1].comparable()[1]  # headers, in order
+    # The closed stream read again, at once and whole, from the start and from the middle.
+    for offset in ("-1", tail):
+        again = await asyncio.gather(
+            *(exchange(e.url, sse(stream_path, offset, *sent), ["GET"]) for e in edges)
+        )
+        assert again[0][0].comparable() == again[1][0].comparable(), offset
+    assert full_path_sse(fast) == entered
+    assert full_path_sse(full) > entered
+
+
+async def test_an_sse_viewer_that_leaves_is_let_go_and_the_connection_goes_on_after_the_end(
+    http: aiohttp.ClientSession, origin: Origin, edges: tuple[Edge, Edge], stream_path: str
+) -> None:
+    fast, _ = edges
+    url = origin.url + stream_path
+    await make_stream(http, url, "text/plain", b"x", close=False)
+    tail = await tail_of(http, url)
+    await followed(fast, stream_path, tail)
+    await wait_for_metric(fast, "edge_sse_viewers", 0)
+    _, writer = await asyncio.open_connection(*host_port(fast.url))
+    writer.write(sse(stream_path, tail))
+    await writer.drain()
+    await wait_for_metric(fast, "edge_sse_viewers", 1)
+    writer.transport.abort()
+    await wait_for_metric(fast, "edge_sse_viewers", 0)
+    # A closed stream's SSE ends its body; a request pipelined behind it is answered after.
+    status, _, _ = await call(http, "POST", url, headers={"Stream-Closed": "true"})
+    assert status == 204
+    await exchange(fast.url, request(f"{stream_path}?offset=-1"), ["GET"])  # learns the close
+    payload = sse(stream_path, "-1") + request(f"{stream_path}?offset=-1")
+    first, second = await exchange(fast.url, payload, ["GET", "GET"])
+    assert b'"streamClosed":true' in first.body
+    assert second.body == b"x"

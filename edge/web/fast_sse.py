@@ -1,0 +1,227 @@
+"""SSE reads served by the stream listener's own connection protocol, without aiohttp.
+
+Rules this module owns:
+
+* An SSE head is the connection's to serve on the same terms as a long-poll
+  (``edge.web.fast_polls``): no ``--auth`` gate, the CORS answer for its ``Origin`` known, a plain
+  read of the stream's normalised path, a stream log whose generation was confirmed within
+  ``GENERATION_CHECK_SECONDS`` (with Redis) and whose plan from the offset is the cache's (so the
+  feed starts from the log without a fill). Its offset is one the origin issued, ``-1``, or
+  ``now`` while a live upstream vouches for the tail (``LiveHub.start``'s own rule). A head with
+  ``Last-Event-ID`` is the full path's (``edge.protocol.http1`` hands it over). Anything else is
+  the full path's, before anything is written.
+* The answer is the full path's, byte for byte: the same headers (``sse_head_headers``), framed
+  in chunks as aiohttp frames a ``StreamResponse`` to HTTP/1.1, then the same feed
+  (``SseFanout.serve``), with flow control: a write waits while the connection's transport is
+  above its high-water mark (``--sse-buffer-bytes``, as the full path bounds it).
+* The feed ends as the full path's does: ``Fed.ENDED`` ends the body (its last chunk) and the
+  connection reads its next request; ``Fed.CUT`` and an origin failure cut the connection (the
+  client resumes by offset); a client that leaves ends the feed.
+* A viewer past ``--max-viewers`` is answered 503 as a long-poll is (``FastPolls.refusal``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import Callable
+from typing import Protocol, assert_never
+
+from multidict import CIMultiDict
+
+from edge.catchup import CatchupCache
+from edge.config import Settings
+from edge.instances.generations import GENERATION_CHECK_SECONDS
+from edge.live.answers import sse_encoding
+from edge.live.hub import LiveHub
+from edge.live.viewers import Fed, Viewer
+from edge.log.policy import Hit
+from edge.log.stream_log import StreamLog
+from edge.metrics import Metrics
+from edge.origin import BodyTooLarge, OriginError
+from edge.protocol.http1 import LAST_CHUNK, RequestHead, chunk, date_line, serialise, trailer
+from edge.protocol.reads import NOW, START, is_offset_token
+from edge.store.local import LocalTier
+from edge.web.fast_polls import HANDED_OFF, HandedOff, LiveTargets
+from edge.web.proxy import OriginCors
+from edge.web.wire import VIA
+
+logger = logging.getLogger(__name__)
+
+SSE = "sse"
+
+
+def sse_head_headers(log: StreamLog, cors: OriginCors, origin: str | None) -> CIMultiDict[str]:
+    """The headers of an SSE answer (both the full path's and the connection's own)."""
+    headers: CIMultiDict[str] = CIMultiDict(cors.grant(origin))  # first, as the origin sends
+    headers.extend(log.header_template)
+    cors.mark_vary(headers)
+    headers["Content-Type"] = "text/event-stream"
+    # No cache keeps it (no-store), and no proxy buffers or alters it (PROTOCOL-NOTES trap 4).
+    headers["Cache-Control"] = "no-cache, no-store, no-transform"
+    headers["X-Accel-Buffering"] = "no"
+    if sse_encoding(log.content_type) == "base64":
+        headers["stream-sse-data-encoding"] = "base64"
+    headers["Cache-Status"] = "edge; hit; detail=live"
+    headers["Via"] = VIA
+    return headers
+
+
+def bound_buffers(transport: asyncio.Transport, limit_bytes: int) -> None:
+    """Bound what one viewer can hold, in this process and in the kernel; past it the viewer's
+    writes wait and it lags, reading the log at its own pace."""
+    transport.set_write_buffer_limits(high=limit_bytes)
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, limit_bytes)
+
+
+class SseConnection(Protocol):
+    """What the feed asks of its connection (``edge.web.connection_protocol``)."""
+
+    def send(self, data: bytes) -> None: ...
+
+    async def drain(self) -> None: ...
+
+
+class Streaming:
+    """The connection's own SSE answer runs in ``task``; ``ended`` is told how it ended."""
+
+    __slots__ = ("task",)
+
+    def __init__(self, task: asyncio.Task[None]) -> None:
+        self.task = task
+
+
+class Refused:
+    """Past --max-viewers: the connection answered 503 and closes."""
+
+
+REFUSED = Refused()
+SseStep = Streaming | Refused | HandedOff
+# How a feed ended: True, its body ended and the connection may go on; False: cut.
+Ended = Callable[[bool], None]
+
+
+class FastSse:
+    def __init__(
+        self,
+        settings: Settings,
+        metrics: Metrics,
+        hub: LiveHub,
+        catchup: CatchupCache,
+        local: LocalTier,
+        cors: OriginCors,
+        targets: LiveTargets,
+        *,
+        gated: bool,
+        clock: Callable[[], float],
+    ) -> None:
+        self.enabled = settings.fast_path and not gated
+        self._settings = settings
+        self._metrics = metrics
+        self._hub = hub
+        self._catchup = catchup
+        self._local = local
+        self._cors = cors
+        self._targets = targets
+        self._clock = clock
+        self._verify = settings.redis_url is not None
+
+    def serve(
+        self,
+        head: RequestHead,
+        connection: SseConnection,
+        transport: asyncio.Transport,
+        ended: Ended,
+        admit: Callable[[str | None], bool],
+    ) -> SseStep:
+        """Serve the SSE ``head`` (see the module rules). ``admit`` is asked, with the head's
+        ``Origin``, once the read is known to be the connection's and before anything is
+        written: False, it was refused (and answered) at --max-viewers."""
+        target = self._targets.of(head, SSE)
+        if target is None:
+            return HANDED_OFF
+        key, offset, client_cursor, framing, credentials = target
+        if self._cors.unknown_for(framing.origin):
+            return HANDED_OFF
+        log = self._local.log(key)
+        if log is None:
+            return HANDED_OFF
+        if self._verify and self._clock() - log.instance.verified_at >= GENERATION_CHECK_SECONDS:
+            return HANDED_OFF
+        if offset == NOW:
+            fact = log.tail
+            if fact is None or not fact.authoritative:
+                return HANDED_OFF  # the origin says where the tail is
+            offset = fact.offset
+        elif offset != START and not is_offset_token(offset):
+            return HANDED_OFF
+        if not isinstance(self._catchup.plan(key, offset), Hit):
+            return HANDED_OFF  # a fill first
+        hub = self._hub
+        headers = sse_head_headers(log, self._cors, framing.origin)
+        try:
+            start = serialise(200, list(headers.items()), 0, chunked=True)
+        except ValueError:
+            return HANDED_OFF  # aiohttp turns it into the error it always did
+        if not admit(framing.origin):
+            return REFUSED
+        connection.send(start + date_line(int(self._clock())) + trailer((1, 1), framing.keep_alive))
+        bound_buffers(transport, self._settings.sse_buffer_bytes)
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        settings = self._settings
+        viewer = Viewer(
+            key=key,
+            offset=offset,
+            transport=transport,
+            chunked=True,
+            client_cursor=client_cursor,
+            fixed_cursor=hub.fixed_cursor(client_cursor),
+            rotate_at=now + settings.sse_max_seconds if settings.sse_max_seconds else None,
+            last_write=now,
+        )
+        task = loop.create_task(
+            self._feed(viewer, credentials, connection, framing.keep_alive, ended)
+        )
+        return Streaming(task)
+
+    async def _feed(
+        self,
+        viewer: Viewer,
+        credentials: tuple[tuple[str, str], ...],
+        connection: SseConnection,
+        keep_alive: bool,
+        ended: Ended,
+    ) -> None:
+        metrics = self._metrics
+
+        async def write(frame: bytes) -> None:
+            connection.send(chunk(frame))
+            metrics.served_bytes.inc(len(frame))
+            await connection.drain()
+
+        metrics.sse_viewers.inc()
+        whole = False
+        try:
+            served = await self._hub.fanout.serve(viewer, credentials, write)
+            match served:
+                case Fed.ENDED:
+                    connection.send(LAST_CHUNK)
+                    whole = keep_alive
+                case Fed.CUT:
+                    pass
+                case _:
+                    assert_never(served)
+        except ConnectionError:
+            pass  # the viewer left; it resumes by offset wherever it reconnects
+        except (OriginError, BodyTooLarge) as error:
+            if isinstance(error, OriginError):
+                metrics.origin_errors.labels(reason=error.reason).inc()
+        except Exception:
+            logger.exception("an SSE feed failed; its connection is cut")
+        finally:
+            metrics.sse_viewers.dec()
+            ended(whole)
