@@ -91,6 +91,7 @@ class _Connection(asyncio.Protocol):
 
     __slots__ = (
         "_buffer",
+        "_catchup",
         "_fast",
         "_handler_factory",
         "_in_hand",
@@ -106,6 +107,7 @@ class _Connection(asyncio.Protocol):
         "_sending_done",
         "_sse",
         "_streaming",
+        "_streaming_live",
         "_tracker",
         "_transport",
         "_writable",
@@ -126,11 +128,14 @@ class _Connection(asyncio.Protocol):
         # start over).
         self._parked: Parked | None = None
         self._parked_head = b""
+        catchup = tracker.catchup
+        self._catchup = catchup if catchup is not None and catchup.enabled and self._fast else None
         sse = tracker.sse
         self._sse = sse if sse is not None and sse.enabled and self._fast else None
         # The SSE answer of its own being written, and what its writes wait on while the
         # transport is above its high-water mark (None: writable).
         self._streaming: asyncio.Task[None] | None = None
+        self._streaming_live = False
         self._writable: asyncio.Future[None] | None = None
         self._parser: HeadParser | None = None
         self._buffer = bytearray()
@@ -225,13 +230,24 @@ class _Connection(asyncio.Protocol):
                 return
             answer = None if isinstance(parsed, Handoff) else fast.answer(parsed)
             del buffer[: end + 4]
+            if answer is None and self._catchup is not None and not isinstance(parsed, Handoff):
+                own = self._catchup.serve(parsed, head, self, self._answer_ended)
+                match own:
+                    case Streaming():
+                        self._tracker.request_started(transport)
+                        self._stream(own, live=False)
+                        return
+                    case HandedOff():
+                        pass
+                    case _:
+                        assert_never(own)
             if answer is None and self._sse is not None and not isinstance(parsed, Handoff):
                 streaming = self._sse.serve(
                     parsed, self, transport, self._stream_ended, self._admit_viewer
                 )
                 match streaming:
                     case Streaming():
-                        self._stream(streaming)
+                        self._stream(streaming, live=True)
                         return
                     case Refused():
                         return
@@ -332,13 +348,31 @@ class _Connection(asyncio.Protocol):
         transport.close()
         return False
 
-    def _stream(self, streaming: Streaming) -> None:
-        """An SSE answer of its own has begun (its head is written): the connection is the
-        feed's until it ends."""
+    def _stream(self, streaming: Streaming, *, live: bool) -> None:
+        """An answer of its own is being written by a task (an SSE feed, ``live``, or a
+        catch-up answer): the connection is the task's until it ends."""
         self._mode = _Mode.STREAMING
         self._streaming = streaming.task
+        self._streaming_live = live
         if self._sending_done:
             self._close_when_answered()
+
+    def _answer_ended(self, ended: bool | bytes) -> None:
+        """A catch-up answer of its own ended: whole, cut, or (bytes: its head) not begun, and
+        the full path's to give."""
+        if isinstance(ended, bytes):
+            transport = self._transport
+            assert transport is not None
+            self._streaming = None
+            if self._mode is not _Mode.STREAMING:
+                return
+            self._tracker.request_finished(transport)
+            if transport.is_closing():
+                self._mode = _Mode.CLOSED
+                return
+            self._to_aiohttp(ended)
+            return
+        self._stream_ended(ended)
 
     def _stream_ended(self, whole: bool) -> None:
         """The feed ended: its body whole (the next request is read), or cut."""
@@ -468,8 +502,11 @@ class _Connection(asyncio.Protocol):
             case _Mode.FAST:
                 queued = b"\r\n\r\n" in self._buffer
                 holding = Holding(answering=False, queued=queued, cut_short=False, live=False)
-            case _Mode.PARKED | _Mode.STREAMING:
+            case _Mode.PARKED:
                 holding = Holding(answering=True, queued=False, cut_short=False, live=True)
+            case _Mode.STREAMING:
+                live = self._streaming_live
+                holding = Holding(answering=True, queued=False, cut_short=False, live=live)
             case _Mode.WAITING:
                 # Only heads without a body wait here; request_done asks again.
                 live = self._tracker.is_live(transport)

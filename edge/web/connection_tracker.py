@@ -47,6 +47,7 @@ from edge.live.polls import Sink
 from edge.metrics import ListenerStats
 from edge.protocol.reads import RequestKind
 from edge.web.connection_table import ConnectionTable, Limits, Phase, Refusal
+from edge.web.fast_catchup import FastCatchup
 from edge.web.fast_polls import FastPolls
 from edge.web.fast_sse import FastSse
 from edge.web.fastpath import FastPath
@@ -105,6 +106,7 @@ class ConnectionTracker:
         fast: FastPath | None = None,
         polls: FastPolls | None = None,
         sse: FastSse | None = None,
+        catchup: FastCatchup | None = None,
     ) -> None:
         self.table: ConnectionTable[asyncio.Transport] = ConnectionTable(limits)
         self.evicted = 0
@@ -124,6 +126,7 @@ class ConnectionTracker:
         # The long-polls they serve themselves (``edge.web.fast_polls``).
         self.polls = polls
         self.sse = sse  # and SSE reads (``edge.web.fast_sse``)
+        self.catchup = catchup  # and catch-up reads stored hits do not answer
         self._connections: dict[asyncio.Transport, TrackedConnection] = {}
         self.middleware: Middleware = self._make_middleware()
 

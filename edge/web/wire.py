@@ -14,6 +14,8 @@ Rules this module owns:
   ``Content-Length`` (none on 204/304 and 1xx), a default ``Content-Type`` for a body without
   one, ``Date``, no ``Server``, and ``Connection`` as the request's version and keep-alive ask.
   Header values with control characters are refused (``ValueError``), as aiohttp refuses them.
+* ``encode_served`` is the same for an answer whose headers the catch-up front finished (the
+  connection's own catch-up answers, ``edge.web.fast_catchup``).
 * ``AlreadyWrittenResponse`` completes a request whose answer is on the wire already, through
   aiohttp's public response interface (``prepare``, ``write_eof``, ``keep_alive``): it writes
   nothing, and keeps the connection open exactly when the written bytes said so.
@@ -69,6 +71,14 @@ def encode(answer: Answer, framing: Framing, *, cors: OriginCors) -> bytes:
     return b"".join(
         (head, date_line(int(time.time())), trailer(framing.version, framing.keep_alive), body)
     )
+
+
+def encode_served(answer: Answer, headers: CIMultiDict[str], *, keep_alive: bool) -> bytes:
+    """The whole HTTP/1.1 response to a GET answered with ``answer`` and its finished
+    ``headers`` (``client_headers``'), as aiohttp writes ``EdgeResponse(answer, headers)``."""
+    body = b"" if bodiless(answer.status) else answer.body
+    head = serialise(answer.status, list(headers.items()), len(body))
+    return b"".join((head, date_line(int(time.time())), trailer((1, 1), keep_alive), body))
 
 
 class AlreadyWrittenResponse(web.StreamResponse):

@@ -50,6 +50,7 @@ from edge.store.shared import SharedTier
 from edge.web.connection_table import Limits
 from edge.web.connection_tracker import ConnectionTracker
 from edge.web.descriptors import budget_for, limits_for
+from edge.web.fast_catchup import FastCatchup
 from edge.web.fast_polls import FastPolls, LiveTargets
 from edge.web.fast_sse import FastSse
 from edge.web.fastpath import FastPath
@@ -214,10 +215,12 @@ def wire(
         settings, metrics, hub, parts.catchup, parts.local, cors, targets,
         gated=gate is not None, clock=time.time,
     )  # fmt: skip
-    # The stream listener's connections answer stored hits, long-polls and SSE themselves.
+    front = CatchupFront(catchup=parts.catchup, fast=fast, cors=cors)
+    catchup = FastCatchup(settings, metrics, front, cors, gated=gate is not None)
+    # The stream listener's connections answer every read they can themselves.
     connections = ConnectionTracker(
         limits if limits is not None else default_limits(settings), fast=fast, polls=polls,
-        sse=sse,
+        sse=sse, catchup=catchup,
     )  # fmt: skip
     purger = CdnPurger(settings, parts.forgetter, metrics) if settings.cdn_purge else None
     if purger is not None:
@@ -238,7 +241,7 @@ def wire(
         relay=relay,
         gate=gate,
         fast=fast,
-        front=CatchupFront(catchup=parts.catchup, fast=fast, cors=cors),
+        front=front,
         purger=purger,
     )
 

@@ -1,7 +1,8 @@
-"""Long-polls served by the connection protocol itself (``edge.web.fast_polls``) against the real
-origin: the same bytes as the full path, no aiohttp handler entered, and every way a waiter can
-end (released, timed out, closed stream, client gone, half-close, the stream deleted, the viewer
-cap) ends it.
+"""Reads served by the connection protocol itself against the real origin: long-polls
+(``edge.web.fast_polls``), SSE (``edge.web.fast_sse``) and catch-up misses
+(``edge.web.fast_catchup``). The same bytes as the full path, no aiohttp handler entered, and
+every way a read can end (released, timed out, closed stream, client gone, half-close, the
+stream deleted, the viewer cap, a bypass) ends it.
 
 The full path is an edge started with ``--fast-path off`` in front of the same origin; answers
 are compared byte for byte but for ``Date`` and ``Age``'s value (``Raw.comparable``). Requests
@@ -348,3 +349,66 @@ async def test_an_sse_viewer_that_leaves_is_let_go_and_the_connection_goes_on_af
     first, second = await exchange(fast.url, payload, ["GET", "GET"])
     assert b'"streamClosed":true' in first.body
     assert second.body == b"x"
+
+
+# --- catch-up reads the stored hits do not answer (edge.web.fast_catchup) ---
+
+
+def full_path_catchups(edge: Edge) -> float:
+    return metric_value(edge.metrics_text(), "edge_full_path_requests_total", kind="catchup")
+
+
+@pytest.mark.parametrize("headers", list(HEADER_SETS))
+async def test_a_catchup_miss_is_the_full_paths_answer_and_enters_no_handler(
+    http: aiohttp.ClientSession,
+    origin: Origin,
+    edges: tuple[Edge, Edge],
+    stream_path: str,
+    headers: str,
+) -> None:
+    fast, _ = edges
+    sent = HEADER_SETS[headers]
+    url = origin.url + stream_path
+    await make_stream(http, url, "text/plain", b"one ", close=False)
+    middle = await tail_of(http, url)
+    await append(http, url, b"two")
+    entered = full_path_catchups(fast)
+    for target in (f"{stream_path}?offset=-1", f"{stream_path}?offset={middle}", stream_path):
+        answers = await asyncio.gather(
+            *(exchange(e.url, request(target, *sent), ["GET"]) for e in edges)
+        )
+        assert answers[0][0].comparable() == answers[1][0].comparable(), target
+    tag = answers[0][0].header(b"ETag")
+    assert tag is not None
+    revalidated = await asyncio.gather(
+        *(
+            exchange(e.url, request(stream_path, *sent, f"If-None-Match: {tag.decode()}"), ["GET"])
+            for e in edges
+        )
+    )
+    assert revalidated[0][0].comparable() == revalidated[1][0].comparable()
+    assert full_path_catchups(fast) == entered
+    # offset=now is the origin's to answer: the full path's, at once.
+    now = await asyncio.gather(
+        *(exchange(e.url, request(f"{stream_path}?offset=now", *sent), ["GET"]) for e in edges)
+    )
+    assert now[0][0].status_line == now[1][0].status_line
+    assert full_path_catchups(fast) == entered + 1
+
+
+async def test_a_read_the_cache_bypasses_after_asking_is_relayed_whole_by_the_full_path(
+    http: aiohttp.ClientSession, origin: Origin, logs_dir: Path, stream_path: str
+) -> None:
+    """A body past ``--fill-buffer-bytes`` is found too large only while the cache fetches it
+    (``Bypass``): the connection hands the head to the full path, nothing written, and the
+    client gets the origin's whole answer, relayed."""
+    body = bytes(range(256)) * 3072  # 768 KiB
+    await make_stream(http, origin.url + stream_path, "application/octet-stream", body, close=True)
+    with edge_pair(origin, logs_dir, "own-bypass", *ARGS, "--fill-buffer-bytes", "512KiB") as pair:
+        fast, _ = pair
+        entered = full_path_catchups(fast)
+        status, headers, relayed = await call(http, "GET", fast.url + stream_path + "?offset=-1")
+        assert status == 200
+        assert relayed == body
+        assert "fwd=bypass" in dict(headers)["Cache-Status"]
+        assert full_path_catchups(fast) == entered + 1

@@ -1,0 +1,167 @@
+"""Catch-up reads the stored hits do not answer, served by the stream listener's own connection
+protocol: the same catch-up front as the full path, without aiohttp.
+
+Rules this module owns:
+
+* A plain catch-up ``GET`` (not a HEAD) is the connection's when no ``--auth`` gate stands
+  before it and its target is one the full path would cache (``parse_target`` accepts it and
+  ``classify`` makes it a plain catch-up read at an offset other than ``now``). The answer is
+  ``CatchupFront.answer``'s, the full path's own glue, with the request values the full path
+  reads from the same head (``catchup_request``), written as aiohttp writes ``EdgeResponse``
+  (``edge.web.wire.encode_served``).
+* What the cache does not answer (``Bypass``) and an origin failure are the full path's: the
+  connection hands it the head, nothing having been written, and the full path asks again and
+  relays or answers the failure as it always has. (So a bypassed read costs the cache's look
+  twice; bypasses are rare and counted by the full path.)
+* Bytes fresh from the origin count in ``--fill-buffer-bytes`` until written: the share is
+  given back once the transport has taken them (or the client left).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Protocol, assert_never
+
+from edge.answer import Bypass
+from edge.config import Settings
+from edge.metrics import Metrics
+from edge.origin import OriginError
+from edge.protocol.http1 import RequestHead
+from edge.protocol.paths import BadTarget, parse_target
+from edge.protocol.reads import NOW, RequestKind, classify, scope_credentials
+from edge.web.fast_polls import HANDED_OFF, HandedOff
+from edge.web.fast_sse import Streaming
+from edge.web.front import CatchupFront, CatchupRequest, Served, catchup_request
+from edge.web.proxy import OriginCors
+from edge.web.wire import encode_served
+
+logger = logging.getLogger(__name__)
+
+
+class AnswerConnection(Protocol):
+    def send(self, data: bytes) -> None: ...
+
+    async def drain(self) -> None: ...
+
+
+# How an answer of its own ended: True, written whole; False, cut; bytes: nothing was written
+# and the full path is to answer this head.
+Done = Callable[[bool | bytes], None]
+CatchupStep = Streaming | HandedOff
+
+
+class FastCatchup:
+    def __init__(
+        self,
+        settings: Settings,
+        metrics: Metrics,
+        front: CatchupFront,
+        cors: OriginCors,
+        *,
+        gated: bool,
+    ) -> None:
+        self.enabled = settings.fast_path and not gated
+        self._settings = settings
+        self._metrics = metrics
+        self._front = front
+        self._cors = cors
+
+    def serve(
+        self, head: RequestHead, raw: bytes, connection: AnswerConnection, done: Done
+    ) -> CatchupStep:
+        """Serve the catch-up ``head`` (``raw``: its bytes, handed to the full path if it must
+        answer after all)."""
+        if head.head or "live=" in head.query:
+            return HANDED_OFF
+        target_text = head.path + ("?" + head.query if head.query else "")
+        try:
+            target = parse_target(target_text, "GET")
+        except BadTarget:
+            return HANDED_OFF  # the full path's 400
+        settings = self._settings
+        classified = classify(
+            "GET", target.stream, target.query, head.credentials,
+            scope_headers=settings.scope_headers, scope_cookies=settings.scope_cookies,
+        )  # fmt: skip
+        read = classified.read
+        if (
+            classified.kind is not RequestKind.CATCHUP
+            or read is None
+            or not read.plain
+            or read.offset == NOW
+        ):
+            return HANDED_OFF
+        sent = [
+            (name, value)
+            for name, value in (
+                ("accept-encoding", head.accept_encoding),
+                ("origin", head.origin),
+                ("if-none-match", head.if_none_match),
+            )
+            if value is not None
+        ]
+        request = catchup_request(
+            target, read, sent, version=(1, 1),
+            credentials=scope_credentials(
+                head.credentials, scope_headers=settings.scope_headers,
+                scope_cookies=settings.scope_cookies,
+            ),
+            reader_only=False, cors=self._cors,
+        )  # fmt: skip
+        task = asyncio.get_running_loop().create_task(
+            self._answer(request, head.keep_alive, raw, connection, done)
+        )
+        return Streaming(task)
+
+    async def _answer(
+        self,
+        request: CatchupRequest,
+        keep_alive: bool,
+        raw: bytes,
+        connection: AnswerConnection,
+        done: Done,
+    ) -> None:
+        metrics = self._metrics
+        ended: bool | bytes = False
+        try:
+            try:
+                outcome = await self._front.answer(request)
+            except OriginError:
+                ended = raw  # the full path answers the failure as it always has
+                return
+            match outcome:
+                case Bypass():
+                    ended = raw  # relayed by the full path, which counts the bypass
+                    return
+                case Served(answer=answer, headers=headers):
+                    pass
+                case _:
+                    assert_never(outcome)
+            try:
+                data = encode_served(answer, headers, keep_alive=keep_alive)
+            except ValueError:
+                if answer.hold is not None:
+                    answer.hold.release()
+                ended = raw  # aiohttp turns it into the error it always did
+                return
+            metrics.cache_result(answer.result.value).inc()
+            metrics.request_count(RequestKind.CATCHUP, answer.status).inc()
+            metrics.served_bytes.inc(len(answer.body))
+            try:
+                connection.send(data)
+                if answer.hold is not None:
+                    await connection.drain()
+            except ConnectionError:
+                metrics.client_gone(RequestKind.CATCHUP).inc()
+                return
+            finally:
+                if answer.hold is not None:
+                    answer.hold.release()
+            ended = keep_alive
+        except Exception:
+            logger.exception("a catch-up answer failed; its connection is cut")
+            ended = False
+        finally:
+            done(ended)
