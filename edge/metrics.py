@@ -305,6 +305,13 @@ class Metrics:
             "edge_requests_total and edge_cache_requests_total; folded in at scrape time).",
             registry=self.registry,
         )
+        self.refresh_ahead = Counter(
+            "edge_refresh_ahead",
+            "Background refills of an at-tail answer's tail, started by a read in the last tenth "
+            "of --tail-freshness, by how they ended (edge.refresh_ahead.Refreshed).",
+            ["result"],
+            registry=self.registry,
+        )
         self.cdn_purges = Counter(
             "edge_cdn_purges",
             "Purges of forgotten streams at the CDN targets of --cdn-purge, one per stream and "
