@@ -32,7 +32,7 @@ from edge.answer import Bypass
 from edge.config import Settings
 from edge.fills import Chained, Fills, Unchained
 from edge.instances.generations import Generations
-from edge.log.ahead import Refreshing
+from edge.log.ahead import Refreshing, due_after
 from edge.log.policy import Coverage, Fetch
 from edge.log.stream_log import LogKey, StreamInstance, StreamLog, says_gone
 from edge.metrics import Metrics
@@ -66,6 +66,7 @@ class RefreshAhead:
         generations: Generations | None,
     ) -> None:
         self._freshness = settings.tail_freshness_seconds
+        self._due_after = due_after(self._freshness)
         self._metrics = metrics
         self._fills = fills
         self._local = local
@@ -77,7 +78,8 @@ class RefreshAhead:
         """A read of ``log`` was given an at-tail answer at ``now`` (its tail still holds);
         ``credentials``: what a fill of its scope sends upstream."""
         tail = log.tail
-        if tail is None:
+        # Most hits are early in the window: they leave at this one comparison.
+        if tail is None or now - tail.observed_at < self._due_after:
             return
         key = log.key
         if not self._book.start(key, tail, now=now, freshness_seconds=self._freshness):

@@ -32,13 +32,19 @@ from edge.log.stream_log import LogKey, TailFact
 REFRESH_FRACTION = 0.1
 
 
+def due_after(freshness_seconds: float) -> float:
+    """How long after its observation a tail's refresh may start: a read earlier than that is
+    never due (a cheap test the hit path makes first, before ``Refreshing.start``)."""
+    return freshness_seconds * (1 - REFRESH_FRACTION)
+
+
 def refresh_due(tail: TailFact, *, now: float, freshness_seconds: float) -> bool:
     """Is a read at ``now``, given an at-tail answer that ends at ``tail``, in the last tenth of
     the tail's freshness window (and the tail one the edge observed, not one followed live)?"""
     if tail.authoritative or tail.closed:
         return False
     age = now - tail.observed_at
-    return freshness_seconds * (1 - REFRESH_FRACTION) <= age < freshness_seconds
+    return due_after(freshness_seconds) <= age < freshness_seconds
 
 
 class Refreshing:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from edge.log.ahead import REFRESH_FRACTION, Refreshing, refresh_due
+from edge.log.ahead import REFRESH_FRACTION, Refreshing, due_after, refresh_due
 from edge.log.stream_log import LogKey, TailFact
 
 KEYS = [LogKey(stream=s, scope=c) for s in ("/a", "/b") for c in ("public", "alice")]
@@ -54,6 +54,7 @@ def test_due_exactly_while_still_fresh_and_late(
         assert not closed
         assert age < freshness
         assert age >= freshness * (1 - REFRESH_FRACTION)
+        assert now - fact.observed_at >= due_after(freshness)  # the hit path's first test
     elif not authoritative and not closed and freshness > 0:
         assert not (freshness * (1 - REFRESH_FRACTION) <= age < freshness)
 
