@@ -88,7 +88,13 @@ class RefreshAhead:
             self._refresh(key, log.instance, tail.offset, tuple(credentials))
         )
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and (fault := task.exception()) is not None:
+            # Not the origin's failure (counted as ``failed``): a fault of the edge's own.
+            logger.error("refresh-ahead ended by a fault", exc_info=fault)
 
     def running(self, key: LogKey) -> bool:
         return self._book.running(key)
