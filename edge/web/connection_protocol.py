@@ -43,7 +43,7 @@ from edge.protocol.half_close import AfterHalfClose, Holding, after_half_close
 from edge.protocol.http1 import MAX_HEAD_BYTES, Handoff, HeadParser
 from edge.protocol.reads import RequestKind, kind_of_request_line
 from edge.web.connection_tracker import ConnectionTracker
-from edge.web.fast_polls import AnsweredNow, HandedOff, Parked
+from edge.web.fast_polls import AnsweredNow, HandedOff, Parked, Waits
 from edge.web.fast_sse import Refused, Streaming
 
 logger = logging.getLogger(__name__)
@@ -243,7 +243,7 @@ class _Connection(asyncio.Protocol):
                         assert_never(own)
             if answer is None and self._sse is not None and not isinstance(parsed, Handoff):
                 streaming = self._sse.serve(
-                    parsed, self, transport, self._stream_ended, self._admit_viewer
+                    parsed, head, self, transport, self._answer_ended, self._admit_viewer
                 )
                 match streaming:
                     case Streaming():
@@ -262,6 +262,11 @@ class _Connection(asyncio.Protocol):
                         answer = [data]
                     case Parked():
                         self._park(step, head, parsed.origin)
+                        return
+                    case Waits(target=target):
+                        if self._admit_live(RequestKind.LONG_POLL, parsed.origin):
+                            task = self._polls.serve_later(target, head, self, self._answer_ended)
+                            self._stream(Streaming(task), live=True)
                         return
                     case HandedOff():
                         pass
@@ -310,11 +315,19 @@ class _Connection(asyncio.Protocol):
 
     def _released(self, outcome: Outcome) -> None:
         """The long-poll of its own left the board: answered on the wire (``AlreadyWritten``),
-        or to be started over by the full path (nothing of it was written)."""
-        transport = self._transport
+        woken to look again (None: its stream gone, a gap to fetch), started over by a task of
+        its own as the full path would, or (an answer that could not be encoded) the full
+        path's (nothing of it was written)."""
+        transport, polls = self._transport, self._polls
         assert transport is not None
+        parked = self._parked
         head, self._parked, self._parked_head = self._parked_head, None, b""
         if self._mode is not _Mode.PARKED:
+            return
+        if outcome is None and parked is not None and polls is not None:
+            # Still live (admitted): it looks again where it waits, in a task of its own.
+            task = polls.serve_later(parked.target, head, self, self._answer_ended)
+            self._stream(Streaming(task), live=True)
             return
         self._tracker.request_finished(transport)
         if not isinstance(outcome, AlreadyWritten):
@@ -333,18 +346,21 @@ class _Connection(asyncio.Protocol):
             self._tracker.loop.call_soon(self._resume)
 
     def _admit_viewer(self, origin: str | None) -> bool:
-        """An SSE read of its own is about to begin: False, past --max-viewers, it is refused
+        return self._admit_live(RequestKind.SSE, origin)
+
+    def _admit_live(self, kind: RequestKind, origin: str | None) -> bool:
+        """A live read of its own is about to begin: False, past --max-viewers, it is refused
         as the full path refuses it, and the connection closes."""
         transport, polls = self._transport, self._polls
         assert transport is not None
         assert polls is not None
         self._tracker.request_started(transport)
-        if self._tracker.request_kind(transport, RequestKind.SSE) is None:
+        if self._tracker.request_kind(transport, kind) is None:
             return True
         self._tracker.request_finished(transport)
         self._mode = _Mode.CLOSED
         self._buffer.clear()
-        transport.write(polls.refusal(origin, RequestKind.SSE))
+        transport.write(polls.refusal(origin, kind))
         transport.close()
         return False
 

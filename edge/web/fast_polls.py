@@ -2,22 +2,24 @@
 
 Rules this module owns:
 
-* A long-poll head is the connection's to serve when everything the full path would consult is
-  known without waiting: no ``--auth`` gate, the CORS answer for its ``Origin`` known, a plain
-  read at an offset the origin issued, of the stream's normalised path, a stream log whose
+* A plain long-poll of a stream's normalised path, with no ``--auth`` gate and the CORS answer
+  for its ``Origin`` known, is the connection's. It is served at once (``serve``) when
+  everything the full path would consult is known without waiting: a stream log whose
   generation the shared tier confirmed within ``GENERATION_CHECK_SECONDS`` (with Redis) and
-  whose plan from that offset is the cache's (``CatchupCache.plan``: a ``Hit``), and an
-  upstream tail (to wait, a running one). Anything else is the full path's (``HANDED_OFF``),
-  which answers it after the waits it needs; the viewer's next re-poll is the connection's.
+  whose plan from the offset (one the origin issued) is the cache's (``CatchupCache.plan``: a
+  ``Hit``), and, to wait, a running upstream tail. Otherwise it ``Waits``: a task of the
+  connection's runs the full path's own steps (``LiveHub.start``, ``LiveHub.long_poll``) and
+  writes their answer; only what they do not answer (a ``Bypass``, an origin failure, an
+  answer with headers only aiohttp rewrites) is handed to the full path, nothing having been
+  written. Anything else is the full path's (``HANDED_OFF``): a relay, or the gate's.
 * What it gets is the hub's own decision (``LiveHub.settle``, the same code the full path and a
   group's release run): the bytes behind the tail, a closed stream's 204, at once; or a wait on
   the board with every other long-poll there (``LongPollFanout.park``), released by the same
   fan-out, with the same bytes for the same framing (``edge.web.wire.encode``).
 * A parked long-poll holds its tail (``TailRegistry.watch_running``) until it leaves the board,
   answered or not; exactly once (``Parked.leave``).
-* A parked long-poll woken without an answer (its stream gone, a gap to fetch) or whose answer
-  cannot be encoded has had nothing written: the connection hands its head to the full path,
-  which starts it over.
+* A parked long-poll woken without an answer (its stream gone, a gap to fetch) has had nothing
+  written: it looks again, as ``Waits``; one whose answer cannot be encoded is the full path's.
 * What a target gets is decided once a second: after each release every viewer re-polls with
   the same head (``Decided`` says what else a decision was derived from). An answer's cursor is
   then one drawn jump for all of them, as valid as one each (``edge.protocol.cursor``).
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,7 +40,7 @@ from typing import NamedTuple, assert_never
 
 from multidict import CIMultiDict
 
-from edge.answer import Answer
+from edge.answer import Answer, Bypass
 from edge.catchup import CatchupCache
 from edge.config import Settings
 from edge.instances.generations import GENERATION_CHECK_SECONDS
@@ -49,6 +52,7 @@ from edge.live.tail import Tail
 from edge.log.policy import Hit
 from edge.log.stream_log import LogKey, StreamLog, TailFact
 from edge.metrics import Metrics
+from edge.origin import OriginError
 from edge.protocol.answer_key import scope_of
 from edge.protocol.cursor import cursor_class
 from edge.protocol.http1 import CLOSE_TRAILER, RequestHead, date_line, serialise
@@ -63,6 +67,8 @@ from edge.protocol.reads import (
 )
 from edge.store.local import LocalTier
 from edge.web.proxy import OriginCors
+
+logger = logging.getLogger(__name__)
 
 LONG_POLL = "long-poll"
 REFUSED_TEXT = b"edge is at --max-viewers\n"
@@ -88,10 +94,14 @@ class Parked:
     """A long-poll on the board; ``leave`` takes it off (its client left) and gives its tail
     back, at most once whatever calls it."""
 
-    key: LogKey
+    target: LiveTarget
     tail: Tail
     waiter: Waiter[Ticket] | None = None
     left: bool = field(default=False, init=False)
+
+    @property
+    def key(self) -> LogKey:
+        return self.target.key
 
 
 class LiveTarget(NamedTuple):
@@ -167,7 +177,15 @@ class Decided:
     body_bytes: int
 
 
-Step = AnsweredNow | Parked | HandedOff
+@dataclass(frozen=True, slots=True)
+class Waits:
+    """The connection's to serve, after the waits the full path would make first
+    (``FastPolls.serve_later``)."""
+
+    target: LiveTarget
+
+
+Step = AnsweredNow | Parked | Waits | HandedOff
 Released = Callable[[Outcome], None]
 
 
@@ -212,18 +230,21 @@ class FastPolls:
         """Serve the long-poll ``head`` (see the module rules); ``released`` hears how a parked
         one ends, with what ``LongPollFanout.wait`` would return."""
         target = self._targets.of(head, LONG_POLL)
-        if target is None or not is_offset_token(target.offset):
-            return HANDED_OFF  # -1 and now are the full path's (a fill, a probe)
+        if target is None:
+            return HANDED_OFF
         key, offset, client_cursor, framing, _ = target
         if self._cors.unknown_for(framing.origin):
-            return HANDED_OFF  # the origin's answer teaches the edge its CORS headers
+            return HANDED_OFF  # relayed: the origin's answer teaches the edge its CORS headers
+        waits = Waits(target)
+        if not is_offset_token(offset):
+            return waits  # -1 and now: a fill, a probe
         log = self._local.log(key)
         if log is None:
-            return HANDED_OFF
+            return waits
         now = self._clock()
         instance = log.instance
         if self._verify and now - instance.verified_at >= GENERATION_CHECK_SECONDS:
-            return HANDED_OFF  # the full path asks the shared tier first
+            return waits  # the shared tier is asked first
         cors = self._cors.for_request(framing.origin)
         second = int(now)
         decided = self._decided.get(target)
@@ -238,16 +259,16 @@ class FastPolls:
         ):
             decided = self._decide(target, log, cors, second)
             if decided is None:
-                return HANDED_OFF
+                return waits
         if decided.data is not None:
             self._count(decided.status, decided.body_bytes)
             return AnsweredNow(data=decided.data, keep_alive=head.keep_alive)
         hub = self._hub
         tail = hub.tails.running(key)
         if tail is None or tail is not decided.upstream:
-            return HANDED_OFF  # ended or failing: the full path starts another
+            return waits  # ended or failing: another is started
         hub.tails.watch(key)
-        parked = Parked(key=key, tail=tail)
+        parked = Parked(target=target, tail=tail)
 
         def on_release(outcome: Outcome) -> None:
             self._give_back(parked)
@@ -261,6 +282,57 @@ class FastPolls:
             Socket(sink=sink, framing=framing), on_release,
         )  # fmt: skip
         return parked
+
+    def serve_later(
+        self, target: LiveTarget, raw: bytes, sink: Sink, done: Callable[[bool | bytes], None]
+    ) -> asyncio.Task[None]:
+        """Serve a long-poll that must wait first (a fill, a probe, a tail to start), as the
+        full path does (``LiveHub.start``, ``LiveHub.long_poll``), in a task of its own.
+        ``done`` hears how it ended: True, answered (the connection goes on); False, cut;
+        ``raw`` (its head): nothing was written, and the full path is to answer it (a bypass
+        relays it; an origin failure it answers as it always has)."""
+        return asyncio.get_running_loop().create_task(self._later(target, raw, sink, done))
+
+    async def _later(
+        self, target: LiveTarget, raw: bytes, sink: Sink, done: Callable[[bool | bytes], None]
+    ) -> None:
+        key, offset, client_cursor, framing, credentials = target
+        hub = self._hub
+        ended: bool | bytes = False
+        try:
+            try:
+                start = await hub.start(key, offset, None, credentials)
+                if isinstance(start, str):
+                    outcome = await hub.long_poll(
+                        key, start, client_cursor, credentials,
+                        socket=Socket(sink=sink, framing=framing),
+                    )  # fmt: skip
+                else:
+                    outcome = start
+            except OriginError:
+                ended = raw
+                return
+            match outcome:
+                case Bypass():
+                    ended = raw
+                case AlreadyWritten():
+                    self._count(outcome.status, 0)
+                    ended = outcome.keep_alive
+                case Answer():
+                    try:
+                        data = self._encode(outcome, framing)
+                    except ValueError:
+                        ended = raw  # aiohttp turns it into the error it always did
+                        return
+                    self._count(outcome.status, len(outcome.body))
+                    sink.send(data)
+                    ended = framing.keep_alive
+                case _:
+                    assert_never(outcome)
+        except Exception:
+            logger.exception("a long-poll failed; its connection is cut")
+        finally:
+            done(ended)
 
     def _decide(
         self, target: LiveTarget, log: StreamLog, cors: object, second: int

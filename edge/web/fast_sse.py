@@ -2,14 +2,16 @@
 
 Rules this module owns:
 
-* An SSE head is the connection's to serve on the same terms as a long-poll
-  (``edge.web.fast_polls``): no ``--auth`` gate, the CORS answer for its ``Origin`` known, a plain
-  read of the stream's normalised path, a stream log whose generation was confirmed within
-  ``GENERATION_CHECK_SECONDS`` (with Redis) and whose plan from the offset is the cache's (so the
-  feed starts from the log without a fill). Its offset is one the origin issued, ``-1``, or
-  ``now`` while a live upstream vouches for the tail (``LiveHub.start``'s own rule). A head with
-  ``Last-Event-ID`` is the full path's (``edge.protocol.http1`` hands it over). Anything else is
-  the full path's, before anything is written.
+* An SSE head is the connection's on the same terms as a long-poll (``edge.web.fast_polls``):
+  a plain read of a stream's normalised path, no ``--auth`` gate, the CORS answer for its
+  ``Origin`` known, and no ``Last-Event-ID`` (``edge.protocol.http1`` hands that over). When
+  the log answers from its offset without a wait (a generation confirmed within
+  ``GENERATION_CHECK_SECONDS`` with Redis, the cache's plan a ``Hit``; ``now`` while a live
+  upstream vouches for the tail, ``LiveHub.start``'s own rule), its head and feed begin at once.
+  Otherwise a task of the connection's first runs the full path's own steps
+  (``LiveHub.start``, ``LiveHub.known_from``): then the feed, or the origin's refusal written
+  as the full path writes it; a bypass or an origin failure is the full path's, nothing having
+  been written.
 * The answer is the full path's, byte for byte: the same headers (``sse_head_headers``), framed
   in chunks as aiohttp frames a ``StreamResponse`` to HTTP/1.1, then the same feed
   (``SseFanout.serve``), with flow control: a write waits while the connection's transport is
@@ -30,20 +32,22 @@ from typing import Protocol, assert_never
 
 from multidict import CIMultiDict
 
+from edge.answer import Answer, Bypass
 from edge.catchup import CatchupCache
 from edge.config import Settings
 from edge.instances.generations import GENERATION_CHECK_SECONDS
 from edge.live.answers import sse_encoding
 from edge.live.hub import LiveHub
+from edge.live.polls import Encode
 from edge.live.viewers import Fed, Viewer
 from edge.log.policy import Hit
-from edge.log.stream_log import StreamLog
+from edge.log.stream_log import LogKey, StreamLog
 from edge.metrics import Metrics
 from edge.origin import BodyTooLarge, OriginError
 from edge.protocol.http1 import LAST_CHUNK, RequestHead, chunk, date_line, serialise, trailer
 from edge.protocol.reads import NOW, START, is_offset_token
 from edge.store.local import LocalTier
-from edge.web.fast_polls import HANDED_OFF, HandedOff, LiveTargets
+from edge.web.fast_polls import HANDED_OFF, HandedOff, LiveTarget, LiveTargets
 from edge.web.proxy import OriginCors
 from edge.web.wire import VIA
 
@@ -100,8 +104,9 @@ class Refused:
 
 REFUSED = Refused()
 SseStep = Streaming | Refused | HandedOff
-# How a feed ended: True, its body ended and the connection may go on; False: cut.
-Ended = Callable[[bool], None]
+# How an answer of its own ended: True, its body ended and the connection may go on; False:
+# cut; bytes (its head): nothing was written, and the full path is to answer it.
+Ended = Callable[[bool | bytes], None]
 
 
 class FastSse:
@@ -114,6 +119,7 @@ class FastSse:
         local: LocalTier,
         cors: OriginCors,
         targets: LiveTargets,
+        encode: Encode,
         *,
         gated: bool,
         clock: Callable[[], float],
@@ -126,41 +132,74 @@ class FastSse:
         self._local = local
         self._cors = cors
         self._targets = targets
+        self._encode = encode
         self._clock = clock
         self._verify = settings.redis_url is not None
 
     def serve(
         self,
         head: RequestHead,
+        raw: bytes,
         connection: SseConnection,
         transport: asyncio.Transport,
         ended: Ended,
         admit: Callable[[str | None], bool],
     ) -> SseStep:
-        """Serve the SSE ``head`` (see the module rules). ``admit`` is asked, with the head's
-        ``Origin``, once the read is known to be the connection's and before anything is
-        written: False, it was refused (and answered) at --max-viewers."""
+        """Serve the SSE ``head`` (``raw``: its bytes; see the module rules). ``admit`` is
+        asked, with the head's ``Origin``, once the read is known to be the connection's and
+        before anything is written: False, it was refused (and answered) at --max-viewers."""
         target = self._targets.of(head, SSE)
         if target is None:
             return HANDED_OFF
-        key, offset, client_cursor, framing, credentials = target
+        key, offset, _, framing, credentials = target
         if self._cors.unknown_for(framing.origin):
-            return HANDED_OFF
+            return HANDED_OFF  # relayed: the origin's answer teaches the edge its CORS headers
         log = self._local.log(key)
+        start = self._known_start(log, key, offset)
+        if start is None or log is None:
+            if not admit(framing.origin):
+                return REFUSED
+            task = asyncio.get_running_loop().create_task(
+                self._later(target, raw, connection, transport, ended)
+            )
+            return Streaming(task)
+        viewer = self._open(log, target, start, connection, transport, admit)
+        if not isinstance(viewer, Viewer):
+            return viewer
+        task = asyncio.get_running_loop().create_task(
+            self._run(viewer, credentials, connection, framing.keep_alive, ended)
+        )
+        return Streaming(task)
+
+    def _known_start(self, log: StreamLog | None, key: LogKey, offset: str) -> str | None:
+        """Where a read at ``offset`` starts, when the log answers it from there without a
+        wait (a fill, a probe of the tail, the shared tier's word); None: it must wait."""
         if log is None:
-            return HANDED_OFF
+            return None
         if self._verify and self._clock() - log.instance.verified_at >= GENERATION_CHECK_SECONDS:
-            return HANDED_OFF
+            return None
         if offset == NOW:
             fact = log.tail
             if fact is None or not fact.authoritative:
-                return HANDED_OFF  # the origin says where the tail is
+                return None  # the origin says where the tail is
             offset = fact.offset
         elif offset != START and not is_offset_token(offset):
-            return HANDED_OFF
+            return None
         if not isinstance(self._catchup.plan(key, offset), Hit):
-            return HANDED_OFF  # a fill first
-        hub = self._hub
+            return None  # a fill first
+        return offset
+
+    def _open(
+        self,
+        log: StreamLog,
+        target: LiveTarget,
+        offset: str,
+        connection: SseConnection,
+        transport: asyncio.Transport,
+        admit: Callable[[str | None], bool],
+    ) -> Viewer | Refused | HandedOff:
+        """Write the answer's head and make its viewer, once admitted."""
+        key, _, client_cursor, framing, _ = target
         headers = sse_head_headers(log, self._cors, framing.origin)
         try:
             start = serialise(200, list(headers.items()), 0, chunked=True)
@@ -170,25 +209,71 @@ class FastSse:
             return REFUSED
         connection.send(start + date_line(int(self._clock())) + trailer((1, 1), framing.keep_alive))
         bound_buffers(transport, self._settings.sse_buffer_bytes)
-        loop = asyncio.get_running_loop()
-        now = loop.time()
+        now = asyncio.get_running_loop().time()
         settings = self._settings
-        viewer = Viewer(
+        return Viewer(
             key=key,
             offset=offset,
             transport=transport,
             chunked=True,
             client_cursor=client_cursor,
-            fixed_cursor=hub.fixed_cursor(client_cursor),
+            fixed_cursor=self._hub.fixed_cursor(client_cursor),
             rotate_at=now + settings.sse_max_seconds if settings.sse_max_seconds else None,
             last_write=now,
         )
-        task = loop.create_task(
-            self._feed(viewer, credentials, connection, framing.keep_alive, ended)
-        )
-        return Streaming(task)
 
-    async def _feed(
+    async def _later(
+        self,
+        target: LiveTarget,
+        raw: bytes,
+        connection: SseConnection,
+        transport: asyncio.Transport,
+        ended: Ended,
+    ) -> None:
+        """An SSE read that waits first, as the full path's does (``LiveHub.start``,
+        ``LiveHub.known_from``): then its feed; the origin's refusal written as the full path
+        writes it; a bypass or an origin failure the full path's, nothing written."""
+        key, offset, _, framing, credentials = target
+        hub = self._hub
+        outcome: bool | bytes = raw
+        try:
+            try:
+                joined = await hub.start(key, offset, None, credentials)
+                if isinstance(joined, str):
+                    refused = await hub.known_from(key, joined, credentials)
+                    joined = joined if refused is None else refused
+            except OriginError:
+                return
+            match joined:
+                case str():
+                    pass
+                case Bypass():
+                    return
+                case Answer():
+                    try:
+                        data = self._encode(joined, framing)
+                    except ValueError:
+                        return
+                    connection.send(data)
+                    self._metrics.served_bytes.inc(len(joined.body))
+                    outcome = framing.keep_alive
+                    return
+                case _:
+                    assert_never(joined)
+            viewer = self._open(
+                hub.known_log(key), target, joined, connection, transport, lambda _: True
+            )
+            if not isinstance(viewer, Viewer):
+                return  # not serialisable: the full path's
+            outcome = False
+            outcome = await self._feed(viewer, credentials, connection, framing.keep_alive)
+        except Exception:
+            logger.exception("an SSE read failed; its connection is cut")
+            outcome = False
+        finally:
+            ended(outcome)
+
+    async def _run(
         self,
         viewer: Viewer,
         credentials: tuple[tuple[str, str], ...],
@@ -196,6 +281,21 @@ class FastSse:
         keep_alive: bool,
         ended: Ended,
     ) -> None:
+        whole = False
+        try:
+            whole = await self._feed(viewer, credentials, connection, keep_alive)
+        finally:
+            ended(whole)
+
+    async def _feed(
+        self,
+        viewer: Viewer,
+        credentials: tuple[tuple[str, str], ...],
+        connection: SseConnection,
+        keep_alive: bool,
+    ) -> bool:
+        """Feed ``viewer`` (``SseFanout.serve``); True: its body ended whole and the connection
+        goes on."""
         metrics = self._metrics
 
         async def write(frame: bytes) -> None:
@@ -204,24 +304,24 @@ class FastSse:
             await connection.drain()
 
         metrics.sse_viewers.inc()
-        whole = False
         try:
             served = await self._hub.fanout.serve(viewer, credentials, write)
             match served:
                 case Fed.ENDED:
                     connection.send(LAST_CHUNK)
-                    whole = keep_alive
+                    return keep_alive
                 case Fed.CUT:
-                    pass
+                    return False
                 case _:
                     assert_never(served)
         except ConnectionError:
-            pass  # the viewer left; it resumes by offset wherever it reconnects
+            return False  # the viewer left; it resumes by offset wherever it reconnects
         except (OriginError, BodyTooLarge) as error:
             if isinstance(error, OriginError):
                 metrics.origin_errors.labels(reason=error.reason).inc()
+            return False
         except Exception:
             logger.exception("an SSE feed failed; its connection is cut")
+            return False
         finally:
             metrics.sse_viewers.dec()
-            ended(whole)

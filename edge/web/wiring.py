@@ -222,7 +222,7 @@ def wire(
     metrics.fold_at_scrape(polls.fold_into)
     sse = FastSse(
         settings, metrics, hub, parts.catchup, parts.local, cors, targets,
-        gated=gate is not None, clock=time.time,
+        functools.partial(encode, cors=cors), gated=gate is not None, clock=time.time,
     )  # fmt: skip
     front = CatchupFront(catchup=parts.catchup, fast=fast, cors=cors)
     catchup = FastCatchup(settings, metrics, front, cors, gated=gate is not None)
