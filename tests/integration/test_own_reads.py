@@ -445,3 +445,76 @@ async def test_first_live_reads_of_a_stream_wait_in_the_connection_not_in_aiohtt
     # answers that one, nothing having been written.
     missing = await poll(fast.url, stream_path + "-never", "-1")
     assert missing.status_line.split()[1] == b"404"
+
+
+async def test_a_mixed_read_load_enters_no_aiohttp_handler(
+    http: aiohttp.ClientSession, origin: Origin, edges: tuple[Edge, Edge], stream_path: str
+) -> None:
+    """Many clients read one run every way at once while an agent appends: catch-ups from the
+    start and from each offset they learn, long-polls following the tail as the official
+    client does, SSE viewers from the start and from ``now``. Every read is the connections'
+    own: aiohttp's request handler sees none (``edge_full_path_requests_total``), and every
+    follower gets every byte once, in order."""
+    fast, _ = edges
+    url = origin.url + stream_path
+    await make_stream(http, url, "text/plain", b"0;", close=False)
+    kinds = ("catchup", "long_poll", "sse")
+    before = {k: metric_value(fast.metrics_text(), "edge_full_path_requests_total", kind=k)
+              for k in kinds}  # fmt: skip
+
+    async def follow_by_long_poll() -> bytes:
+        seen, offset = b"", "-1"
+        reader, writer = await asyncio.open_connection(*host_port(fast.url))
+        try:
+            while True:
+                writer.write(long_poll(stream_path, offset))
+                answer = (await asyncio.wait_for(read_answers(reader, ["GET"]), 10))[0]
+                seen += answer.body
+                offset = (answer.header(b"Stream-Next-Offset") or b"").decode()
+                if answer.header(b"Stream-Closed") == b"true":
+                    return seen
+        finally:
+            writer.close()
+
+    async def catch_up_repeatedly() -> None:
+        for _ in range(20):
+            offset = "-1"
+            while True:
+                answer = (await exchange(fast.url, request(f"{stream_path}?offset={offset}"),
+                                         ["GET"]))[0]  # fmt: skip
+                offset = (answer.header(b"Stream-Next-Offset") or b"").decode()
+                if answer.header(b"Stream-Up-To-Date"):
+                    break
+            await asyncio.sleep(0.05)
+
+    async def agent() -> bytes:
+        written = b"0;"
+        for i in range(1, 30):
+            part = f"{i};".encode()
+            await append(http, url, part)
+            written += part
+            await asyncio.sleep(0.05)
+        status, _, _ = await call(http, "POST", url, headers={"Stream-Closed": "true"})
+        assert status == 204
+        return written
+
+    pollers = [asyncio.ensure_future(follow_by_long_poll()) for _ in range(8)]
+    viewers = [
+        asyncio.ensure_future(exchange(fast.url, sse(stream_path, "-1"), ["GET"])) for _ in range(4)
+    ]
+    readers = [asyncio.ensure_future(catch_up_repeatedly()) for _ in range(3)]
+    await asyncio.sleep(0.3)
+    written = await agent()
+    followed_bytes = await asyncio.wait_for(asyncio.gather(*pollers), 20)
+    sse_answers = await asyncio.wait_for(asyncio.gather(*viewers), 20)
+    await asyncio.wait_for(asyncio.gather(*readers), 30)
+    assert all(seen == written for seen in followed_bytes)
+    for answer in sse_answers:
+        data = b"".join(
+            line[5:] for line in answer[0].body.split(b"\n") if line.startswith(b"data:")
+            and not line.startswith(b"data:{")
+        )  # fmt: skip
+        assert data == written
+    after = {k: metric_value(fast.metrics_text(), "edge_full_path_requests_total", kind=k)
+             for k in kinds}  # fmt: skip
+    assert after == before
