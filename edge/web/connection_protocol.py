@@ -94,6 +94,7 @@ class _Connection(asyncio.Protocol):
         "_catchup",
         "_fast",
         "_handler_factory",
+        "_held",
         "_in_hand",
         "_inner",
         "_linger",
@@ -140,6 +141,9 @@ class _Connection(asyncio.Protocol):
         self._parser: HeadParser | None = None
         self._buffer = bytearray()
         self._paused = False
+        # Reading paused while an answer of its own holds back what follows (not the same as
+        # ``_paused``, the client's reading of our writes).
+        self._held = False
         self._refused_kind: RequestKind | None = None
         # The client half-closed: it sends nothing more, and waits for its answers.
         self._sending_done = False
@@ -181,9 +185,9 @@ class _Connection(asyncio.Protocol):
                 self._delegate()
             return
         if mode is _Mode.PARKED or mode is _Mode.STREAMING:
-            if len(self._buffer) > MAX_WAITING_BYTES and not self._paused:
+            if len(self._buffer) > MAX_WAITING_BYTES and not self._held:
                 # Its answer is not written yet: what it pipelines waits in the kernel.
-                self._paused = True
+                self._held = True
                 self._transport.pause_reading()
             return
         self._serve_safely()
@@ -259,7 +263,18 @@ class _Connection(asyncio.Protocol):
                 step = self._polls.serve(parsed, self, self._released)
                 match step:
                     case AnsweredNow(data=data):
-                        answer = [data]
+                        # Counted as the full path counts it: a live read, admitted first.
+                        if not self._admit_live(RequestKind.LONG_POLL, parsed.origin):
+                            return
+                        self._tracker.request_finished(transport)
+                        transport.write(data)
+                        self._polls.written(step)
+                        if not parsed.keep_alive:
+                            self._mode = _Mode.CLOSED
+                            buffer.clear()
+                            transport.close()
+                            return
+                        continue
                     case Parked():
                         self._park(step, head, parsed.origin)
                         return
@@ -290,7 +305,16 @@ class _Connection(asyncio.Protocol):
     def _to_aiohttp(self, head: bytes) -> None:
         """This one request is aiohttp's; the next head waits for its answer."""
         self._mode = _Mode.WAITING
+        self._unhold()  # what waits past MAX_WAITING_BYTES is then aiohttp's (``_delegate``)
         self._ensure_inner().data_received(head)
+
+    def _unhold(self) -> None:
+        """Read again what an answer of its own held back (``MAX_WAITING_BYTES``)."""
+        transport = self._transport
+        if self._held and transport is not None:
+            self._held = False
+            if not self._paused and not transport.is_closing():
+                transport.resume_reading()
 
     def _park(self, parked: Parked, head: bytes, origin: str | None) -> None:
         """A long-poll of its own waits on the board (``edge.web.fast_polls``)."""
@@ -339,9 +363,7 @@ class _Connection(asyncio.Protocol):
             transport.close()
             return
         self._mode = _Mode.FAST
-        if self._paused and not transport.is_closing():
-            self._paused = False
-            transport.resume_reading()
+        self._unhold()
         if self._buffer or self._sending_done:
             self._tracker.loop.call_soon(self._resume)
 
@@ -404,9 +426,7 @@ class _Connection(asyncio.Protocol):
             transport.abort()
             return
         self._mode = _Mode.FAST
-        if self._paused and not transport.is_closing():
-            self._paused = False
-            transport.resume_reading()
+        self._unhold()
         if self._buffer or self._sending_done:
             self._tracker.loop.call_soon(self._resume)
 
@@ -493,9 +513,17 @@ class _Connection(asyncio.Protocol):
             self._serve_safely()
 
     def close_if_idle(self) -> None:
-        """At shutdown: a connection aiohttp never saw is closed here (its buffer flushes)."""
-        if self._inner is None and self._transport is not None:
-            self._transport.close()
+        """At shutdown: a connection aiohttp never saw ends as after a half-close: what it
+        sent is answered (the buffered heads, an answer of its own in progress), then it
+        closes (its buffer flushes first)."""
+        transport = self._transport
+        if self._inner is not None or transport is None or transport.is_closing():
+            return
+        self._sending_done = True
+        if self._mode is _Mode.FAST and self._buffer:
+            self._serve_safely()
+        else:
+            self._close_when_answered()
 
     def eof_received(self) -> bool | None:
         if self._mode is _Mode.REFUSED or self._mode is _Mode.CLOSED:
@@ -587,7 +615,8 @@ class _Connection(asyncio.Protocol):
             writable.set_result(None)
         if self._paused and self._transport is not None:
             self._paused = False
-            self._transport.resume_reading()
+            if not self._held:
+                self._transport.resume_reading()
             if self._buffer:
                 self._tracker.loop.call_soon(self._resume)
         if self._inner is not None:

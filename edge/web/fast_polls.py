@@ -87,6 +87,8 @@ class AnsweredNow:
 
     data: bytes
     keep_alive: bool
+    status: int
+    body_bytes: int
 
 
 @dataclass(eq=False, slots=True)
@@ -96,6 +98,7 @@ class Parked:
 
     target: LiveTarget
     tail: Tail
+    since: float  # the loop's time when it was parked
     waiter: Waiter[Ticket] | None = None
     left: bool = field(default=False, init=False)
 
@@ -214,6 +217,10 @@ class FastPolls:
         self._clock = clock
         self._verify = settings.redis_url is not None
         self._targets = targets
+        # Pre-bound children (one lock each per use): parked and waiting long-polls count in
+        # edge_open_connections and edge_request_duration_seconds as the full path's do.
+        self._open = hub.metrics.open_requests(RequestKind.LONG_POLL)
+        self._duration = hub.metrics.duration(RequestKind.LONG_POLL)
         # What each target got, for the second it was decided in.
         self._decided: dict[LiveTarget, Decided] = {}
         # Plain counters, folded into the Prometheus ones at scrape time.
@@ -261,14 +268,18 @@ class FastPolls:
             if decided is None:
                 return waits
         if decided.data is not None:
-            self._count(decided.status, decided.body_bytes)
-            return AnsweredNow(data=decided.data, keep_alive=head.keep_alive)
+            return AnsweredNow(
+                data=decided.data, keep_alive=head.keep_alive, status=decided.status,
+                body_bytes=decided.body_bytes,
+            )  # fmt: skip
         hub = self._hub
         tail = hub.tails.running(key)
         if tail is None or tail is not decided.upstream:
             return waits  # ended or failing: another is started
         hub.tails.watch(key)
-        parked = Parked(target=target, tail=tail)
+        loop = asyncio.get_running_loop()
+        parked = Parked(target=target, tail=tail, since=loop.time())
+        self._open.inc()
 
         def on_release(outcome: Outcome) -> None:
             self._give_back(parked)
@@ -276,7 +287,7 @@ class FastPolls:
                 self._count(outcome.status, 0)
             released(outcome)
 
-        deadline = asyncio.get_running_loop().time() + self._settings.long_poll_timeout_seconds
+        deadline = loop.time() + self._settings.long_poll_timeout_seconds
         parked.waiter = hub.polls.park(
             key, tail, offset, cursor_class(client_cursor), deadline,
             Socket(sink=sink, framing=framing), on_release,
@@ -299,6 +310,8 @@ class FastPolls:
         key, offset, client_cursor, framing, credentials = target
         hub = self._hub
         ended: bool | bytes = False
+        self._open.inc()
+        began = asyncio.get_running_loop().time()
         try:
             try:
                 start = await hub.start(key, offset, None, credentials)
@@ -332,6 +345,9 @@ class FastPolls:
         except Exception:
             logger.exception("a long-poll failed; its connection is cut")
         finally:
+            self._open.dec()
+            if not isinstance(ended, bytes):  # handed on: the full path measures it
+                self._duration.observe(asyncio.get_running_loop().time() - began)
             done(ended)
 
     def _decide(
@@ -380,6 +396,10 @@ class FastPolls:
             decisions[target] = decided
         return decided
 
+    def written(self, answered: AnsweredNow) -> None:
+        """An answer given at once was written (counted only then: a refusal came first)."""
+        self._count(answered.status, answered.body_bytes)
+
     def leave(self, parked: Parked) -> None:
         """Its client left before its answer: off the board, its tail given back."""
         if parked.left:
@@ -401,6 +421,8 @@ class FastPolls:
         if not parked.left:
             parked.left = True
             self._hub.tails.unwatch(parked.key, parked.tail)
+            self._open.dec()
+            self._duration.observe(asyncio.get_running_loop().time() - parked.since)
 
     def refusal(self, origin: str | None, kind: RequestKind = RequestKind.LONG_POLL) -> bytes:
         """The 503 of a live read past ``--max-viewers``; the connection closes after it."""

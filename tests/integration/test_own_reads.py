@@ -252,7 +252,8 @@ async def test_past_the_viewer_cap_a_long_poll_is_refused_as_the_full_path_refus
 ) -> None:
     url = origin.url + stream_path
     await make_stream(http, url, "text/plain", b"x", close=False)
-    tail = await tail_of(http, url)
+    start = await tail_of(http, url)
+    tail = await append(http, url, b"y")
     with edge_pair(origin, logs_dir, "own-polls-cap", *ARGS, "--max-viewers", "1") as pair:
         answers: list[Raw] = []
         for edge in pair:
@@ -263,6 +264,9 @@ async def test_past_the_viewer_cap_a_long_poll_is_refused_as_the_full_path_refus
             await wait_for_metric(edge, "edge_long_polls_waiting", 1)
             refused = await exchange(edge.url, long_poll(stream_path, tail, CORS_ORIGIN), ["GET"])
             answers.append(refused[0])
+            # Behind the tail too: every long-poll is a live read, admitted first.
+            behind = await exchange(edge.url, long_poll(stream_path, start), ["GET"])
+            assert behind[0].status_line == b"HTTP/1.1 503 Service Unavailable", edge
             first = await asyncio.wait_for(read_answers(reader, ["GET"]), 10)
             assert first[0].status_line == b"HTTP/1.1 204 No Content"
             writer.close()
@@ -272,7 +276,7 @@ async def test_past_the_viewer_cap_a_long_poll_is_refused_as_the_full_path_refus
         assert fast.header(b"Connection") == b"close"
         assert sorted(fast.comparable()[1]) == sorted(full.comparable()[1])
         assert fast.body == full.body
-        assert answered(pair[0], "503") == answered(pair[1], "503") == 1
+        assert answered(pair[0], "503") == answered(pair[1], "503") == 2
 
 
 # --- SSE reads served by the connection itself (edge.web.fast_sse) ---
@@ -518,3 +522,32 @@ async def test_a_mixed_read_load_enters_no_aiohttp_handler(
     after = {k: metric_value(fast.metrics_text(), "edge_full_path_requests_total", kind=k)
              for k in kinds}  # fmt: skip
     assert after == before
+
+
+async def test_requests_held_behind_a_parked_long_poll_are_read_after_it_wherever_it_ends(
+    http: aiohttp.ClientSession, origin: Origin, edges: tuple[Edge, Edge], stream_path: str
+) -> None:
+    """Past 64 KiB pipelined behind a parked long-poll, the connection stops reading; however
+    the long-poll ends (here: woken by its stream's deletion at the origin, so it starts over
+    and its answer is the 404), reading resumes and every request behind it is answered."""
+    fast, _ = edges
+    url = origin.url + stream_path
+    await make_stream(http, url, "text/plain", b"a;", close=False)
+    tail = await tail_of(http, url)
+    await followed(fast, stream_path, tail)
+    behind = 2000  # about 100 KiB of catch-ups
+    reader, writer = await asyncio.open_connection(*host_port(fast.url))
+    try:
+        writer.write(long_poll(stream_path, tail) + request(f"{stream_path}?offset=-1") * behind)
+        await writer.drain()
+        await wait_for_metric(fast, "edge_long_polls_waiting", 1)
+        await wait_for_metric(fast, "edge_open_connections", 1, kind="long_poll")
+        status, _, _ = await call(http, "DELETE", url)
+        assert status == 204
+        answers = await asyncio.wait_for(read_answers(reader, ["GET"] * (behind + 1)), 30)
+    finally:
+        writer.close()
+    assert answers[0].status_line.split()[1] == b"404"
+    assert len(answers) == behind + 1
+    assert {a.status_line.split()[1] for a in answers[1:]} == {b"404"}
+    await wait_for_metric(fast, "edge_open_connections", 0, kind="long_poll")
