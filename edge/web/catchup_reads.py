@@ -20,8 +20,9 @@ import logging
 from typing import assert_never
 
 from aiohttp import web
+from multidict import CIMultiDict
 
-from edge.answer import Bypass, Result
+from edge.answer import Answer, Bypass, Result
 from edge.origin import OriginError
 from edge.protocol.reads import Classified, Read, RequestKind
 from edge.web.asked import Asked, origin_failed, to_response
@@ -77,7 +78,14 @@ async def serve_catchup(
             pass
         case _:
             assert_never(outcome)
-    metrics.cache_result(answer.result.value).inc()
+    return await write_served(request, asked, answer, headers)
+
+
+async def write_served(
+    request: web.Request, asked: Asked, answer: Answer, headers: CIMultiDict[str]
+) -> web.StreamResponse:
+    """The catch-up front's answer, written (see the module rules on fresh bytes)."""
+    request.app[METRICS].cache_result(answer.result.value).inc()
     response = to_response(request, asked, answer, headers)
     if answer.hold is None:
         return response

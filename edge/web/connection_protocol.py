@@ -42,8 +42,8 @@ from edge.live.polls import AlreadyWritten, Outcome
 from edge.protocol.half_close import AfterHalfClose, Holding, after_half_close
 from edge.protocol.http1 import MAX_HEAD_BYTES, Handoff, HeadParser
 from edge.protocol.reads import RequestKind, kind_of_request_line
-from edge.web.connection_tracker import ConnectionTracker
-from edge.web.fast_polls import AnsweredNow, HandedOff, Parked, Waits
+from edge.web.connection_tracker import ConnectionTracker, let_go
+from edge.web.fast_polls import AnsweredNow, Ending, HandedOff, HandOn, Parked, Waits
 from edge.web.fast_sse import Refused, Streaming
 
 logger = logging.getLogger(__name__)
@@ -355,7 +355,8 @@ class _Connection(asyncio.Protocol):
             return
         self._tracker.request_finished(transport)
         if not isinstance(outcome, AlreadyWritten):
-            self._to_aiohttp(head)
+            # An answer that could not be encoded: aiohttp writes it.
+            self._hand_on(HandOn(head, outcome))
             return
         if not outcome.keep_alive:
             self._mode = _Mode.CLOSED  # the close flushes the answer first
@@ -395,36 +396,57 @@ class _Connection(asyncio.Protocol):
         if self._sending_done:
             self._close_when_answered()
 
-    def _answer_ended(self, ended: bool | bytes) -> None:
-        """A catch-up answer of its own ended: whole, cut, or (bytes: its head) not begun, and
-        the full path's to give."""
-        if isinstance(ended, bytes):
+    def _answer_ended(self, ended: Ending | HandOn) -> None:
+        """An answer of its own ended: whole, cut, or not begun and the full path's to give
+        (``HandOn``: what the connection found is told to it first)."""
+        if isinstance(ended, HandOn):
             transport = self._transport
             assert transport is not None
             self._streaming = None
             if self._mode is not _Mode.STREAMING:
+                if ended.found is not None:
+                    let_go(ended.found)
                 return
             self._tracker.request_finished(transport)
             if transport.is_closing():
                 self._mode = _Mode.CLOSED
+                if ended.found is not None:
+                    let_go(ended.found)
                 return
-            self._to_aiohttp(ended)
+            self._hand_on(ended)
             return
         self._stream_ended(ended)
 
-    def _stream_ended(self, whole: bool) -> None:
-        """The feed ended: its body whole (the next request is read), or cut."""
+    def _hand_on(self, hand_on: HandOn) -> None:
+        transport = self._transport
+        assert transport is not None
+        if hand_on.found is not None:
+            self._tracker.found(transport, hand_on.found)
+        self._to_aiohttp(hand_on.head)
+
+    def _stream_ended(self, ending: Ending) -> None:
+        """An answer of its own ended (``Ending`` says how)."""
         transport = self._transport
         assert transport is not None
         self._streaming = None
         if self._mode is not _Mode.STREAMING:
             return
         self._tracker.request_finished(transport)
-        if not whole:
-            self._mode = _Mode.CLOSED
-            self._buffer.clear()
-            transport.abort()
-            return
+        match ending:
+            case Ending.CUT:
+                self._mode = _Mode.CLOSED
+                self._buffer.clear()
+                transport.abort()  # what is queued is dropped: the client resumes by offset
+                return
+            case Ending.CLOSE:
+                self._mode = _Mode.CLOSED
+                self._buffer.clear()
+                transport.close()  # what is queued (its last chunk) flushes first
+                return
+            case Ending.READ_ON:
+                pass
+            case _:
+                assert_never(ending)
         self._mode = _Mode.FAST
         self._unhold()
         if self._buffer or self._sending_done:
@@ -520,8 +542,13 @@ class _Connection(asyncio.Protocol):
         if self._inner is not None or transport is None or transport.is_closing():
             return
         self._sending_done = True
-        if self._mode is _Mode.FAST and self._buffer:
+        mode = self._mode
+        if mode is _Mode.FAST and self._buffer:
             self._serve_safely()
+        elif mode is _Mode.STREAMING or mode is _Mode.PARKED:
+            # Drained (woken): its answer ends on its own, then what follows is answered and
+            # the connection closes (``_sending_done``).
+            pass
         else:
             self._close_when_answered()
 

@@ -43,14 +43,17 @@ from typing import Protocol, assert_never, cast
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
+from edge.answer import Answer, Bypass
 from edge.live.polls import Sink
 from edge.metrics import ListenerStats
+from edge.origin import OriginError
 from edge.protocol.reads import RequestKind
 from edge.web.connection_table import ConnectionTable, Limits, Phase, Refusal
 from edge.web.fast_catchup import FastCatchup
 from edge.web.fast_polls import FastPolls
 from edge.web.fast_sse import FastSse
 from edge.web.fastpath import FastPath
+from edge.web.front import Served
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +95,16 @@ class TrackedConnection(Protocol):
     def closing(self) -> bool: ...
 
 
+# What a connection found for a request it hands aiohttp (``edge.web.fast_polls.HandOn``).
+Found = Bypass | OriginError | Answer | Served
+
+
+def let_go(found: Found) -> None:
+    """What a connection found and no one will write: its fill share is given back."""
+    if isinstance(found, Served) and found.answer.hold is not None:
+        found.answer.hold.release()
+
+
 def _flushing(transport: asyncio.Transport) -> bool:
     return transport.get_write_buffer_size() > 0
 
@@ -128,6 +141,7 @@ class ConnectionTracker:
         self.sse = sse  # and SSE reads (``edge.web.fast_sse``)
         self.catchup = catchup  # and catch-up reads stored hits do not answer
         self._connections: dict[asyncio.Transport, TrackedConnection] = {}
+        self._found: dict[asyncio.Transport, Found] = {}
         self.middleware: Middleware = self._make_middleware()
 
     @property
@@ -259,6 +273,14 @@ class ConnectionTracker:
             )
         return admission.refusal
 
+    def found(self, transport: asyncio.Transport, found: Found) -> None:
+        """What a connection found for the request it hands aiohttp next (``HandOn``)."""
+        self._found[transport] = found
+
+    def take_found(self, transport: asyncio.BaseTransport) -> Found | None:
+        """What the connection found for the request aiohttp now has (once)."""
+        return self._found.pop(cast(asyncio.Transport, transport), None)
+
     def sink_of(self, transport: asyncio.BaseTransport) -> Sink | None:
         """The one writer of ``transport``'s connection (None: not one of this listener's)."""
         return self._connections.get(cast(asyncio.Transport, transport))
@@ -286,6 +308,9 @@ class ConnectionTracker:
         self.table.body_ended(transport)
 
     def closed(self, transport: asyncio.Transport) -> None:
+        found = self._found.pop(transport, None)
+        if found is not None:
+            let_go(found)
         self.table.forget(transport)
         self._connections.pop(transport, None)
 

@@ -32,14 +32,16 @@ from typing import assert_never
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from edge.answer import Result
+from edge.answer import Answer, Bypass, Result
 from edge.auth.gate import RequestAdmission
+from edge.origin import OriginError
 from edge.protocol.headers import names_this_proxy
 from edge.protocol.paths import BadTarget
 from edge.protocol.reads import Classified, RequestKind, classify
-from edge.web.asked import Asked, asked_of
-from edge.web.catchup_reads import serve_catchup, serve_head
-from edge.web.connection_tracker import CONNECTIONS
+from edge.web.asked import Asked, asked_of, origin_failed, to_response
+from edge.web.catchup_reads import relay_bypass, serve_catchup, serve_head, write_served
+from edge.web.connection_tracker import CONNECTIONS, Found, let_go
+from edge.web.front import Served
 from edge.web.gatekeeper import GATE, admit
 from edge.web.keys import CORS, METRICS, RELAY, SETTINGS
 from edge.web.live_reads import serve_long_poll, serve_sse
@@ -53,10 +55,28 @@ CLIENT_CLOSED = 499
 
 
 async def dispatch(
-    request: web.Request, asked: Asked, classified: Classified
+    request: web.Request, asked: Asked, classified: Classified, handed: Handed | None = None
 ) -> web.StreamResponse:
     read, kind = classified.read, classified.kind
     relay = request.app[RELAY]
+    found = handed.take() if handed is not None else None
+    if found is not None:
+        # The connection already asked the cache (``edge.web.fast_polls.HandOn``): what it
+        # found is answered as this path answers it, and nothing is asked twice.
+        match found:
+            case Bypass():
+                if kind is RequestKind.CATCHUP:
+                    logger.info("relaying without caching: %s", found)
+                    request.app[METRICS].cache_result(Result.BYPASS.value).inc()
+                return await relay_bypass(request, kind, found)
+            case OriginError():
+                return origin_failed(request, asked, found)
+            case Answer():
+                return to_response(request, asked, found)
+            case Served(answer=answer, headers=headers):
+                return await write_served(request, asked, answer, headers)
+            case _:
+                assert_never(found)
     match kind:
         case RequestKind.CONTROL:
             # The origin's control API: relayed as it is, whatever it asks (PROTOCOL.md 6).
@@ -101,7 +121,37 @@ def refuse_for_room(request: web.Request, origin: str | None) -> web.Response:
     return refused
 
 
+class Handed:
+    """What the connection found for this request before it handed it here: taken off the
+    tracker first, so it never waits for another request; taken once by what answers it, and
+    let go (its fill share given back) if nothing does."""
+
+    __slots__ = ("_found",)
+
+    def __init__(self, found: Found | None) -> None:
+        self._found = found
+
+    def take(self) -> Found | None:
+        found, self._found = self._found, None
+        return found
+
+    def let_go(self) -> None:
+        found = self.take()
+        if found is not None:
+            let_go(found)
+
+
 async def handle_stream_request(request: web.Request) -> web.StreamResponse:
+    transport = request.transport
+    connections = request.app[CONNECTIONS]
+    handed = Handed(connections.take_found(transport) if transport is not None else None)
+    try:
+        return await _handle(request, handed)
+    finally:
+        handed.let_go()
+
+
+async def _handle(request: web.Request, handed: Handed) -> web.StreamResponse:
     metrics = request.app[METRICS]
     settings = request.app[SETTINGS]
     cors = request.app[CORS]
@@ -156,7 +206,7 @@ async def handle_stream_request(request: web.Request) -> web.StreamResponse:
     started = time.perf_counter()
     code: int | None = None  # None: the client left (or the handler failed) first
     try:
-        response = await dispatch(request, asked, classified)
+        response = await dispatch(request, asked, classified, handed)
         code = response.status
         return response
     except ClientGone:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 from typing import Protocol, assert_never
 
 from edge.answer import Bypass
@@ -31,7 +30,7 @@ from edge.origin import OriginError
 from edge.protocol.http1 import RequestHead
 from edge.protocol.paths import BadTarget, parse_target
 from edge.protocol.reads import NOW, RequestKind, classify, scope_credentials
-from edge.web.fast_polls import HANDED_OFF, HandedOff
+from edge.web.fast_polls import HANDED_OFF, Done, Ending, HandedOff, HandOn, written
 from edge.web.fast_sse import Streaming
 from edge.web.front import CatchupFront, CatchupRequest, Served, catchup_request
 from edge.web.proxy import OriginCors
@@ -46,9 +45,6 @@ class AnswerConnection(Protocol):
     async def drain(self) -> None: ...
 
 
-# How an answer of its own ended: True, written whole; False, cut; bytes: nothing was written
-# and the full path is to answer this head.
-Done = Callable[[bool | bytes], None]
 CatchupStep = Streaming | HandedOff
 
 
@@ -124,16 +120,16 @@ class FastCatchup:
         done: Done,
     ) -> None:
         metrics = self._metrics
-        ended: bool | bytes = False
+        ended: Ending | HandOn = Ending.CUT
         try:
             try:
                 outcome = await self._front.answer(request)
-            except OriginError:
-                ended = raw  # the full path answers the failure as it always has
+            except OriginError as error:
+                ended = HandOn(raw, error)  # the full path answers the failure as ever
                 return
             match outcome:
                 case Bypass():
-                    ended = raw  # relayed by the full path, which counts the bypass
+                    ended = HandOn(raw, outcome)  # relayed by the full path, and counted
                     return
                 case Served(answer=answer, headers=headers):
                     pass
@@ -142,9 +138,9 @@ class FastCatchup:
             try:
                 data = encode_served(answer, headers, keep_alive=keep_alive)
             except ValueError:
-                if answer.hold is not None:
-                    answer.hold.release()
-                ended = raw  # aiohttp turns it into the error it always did
+                # Headers aiohttp writes its own way (a relayed answer's Date): it writes
+                # this one, and gives its fill share back.
+                ended = HandOn(raw, outcome)
                 return
             metrics.cache_result(answer.result.value).inc()
             metrics.request_count(RequestKind.CATCHUP, answer.status).inc()
@@ -159,9 +155,9 @@ class FastCatchup:
             finally:
                 if answer.hold is not None:
                     answer.hold.release()
-            ended = keep_alive
+            ended = written(keep_alive)
         except Exception:
             logger.exception("a catch-up answer failed; its connection is cut")
-            ended = False
+            ended = Ending.CUT
         finally:
             done(ended)

@@ -36,6 +36,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import NamedTuple, assert_never
 
 from multidict import CIMultiDict
@@ -66,6 +67,7 @@ from edge.protocol.reads import (
     scope_credentials,
 )
 from edge.store.local import LocalTier
+from edge.web.front import Served
 from edge.web.proxy import OriginCors
 
 logger = logging.getLogger(__name__)
@@ -79,6 +81,32 @@ class HandedOff:
 
 
 HANDED_OFF = HandedOff()
+
+
+@dataclass(frozen=True, slots=True)
+class HandOn:
+    """Nothing was written: the full path answers ``head``, told what the connection found
+    (``found``: the cache's ``Bypass``, the origin's failure, or an answer only it writes
+    exactly: one carrying the origin's own ``Date``),
+    so that nothing is asked twice; None: it asks again."""
+
+    head: bytes
+    found: Bypass | OriginError | Answer | Served | None = None
+
+
+class Ending(Enum):
+    """How an answer of its own ended, for its connection."""
+
+    READ_ON = "read on"  # written whole: the connection reads its next request
+    CLOSE = "close"  # written whole, to a request that asked to close: flushed, then closed
+    CUT = "cut"  # cut short: aborted, the client resumes by offset
+
+
+def written(keep_alive: bool) -> Ending:
+    return Ending.READ_ON if keep_alive else Ending.CLOSE
+
+
+Done = Callable[[Ending | HandOn], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,7 +323,7 @@ class FastPolls:
         return parked
 
     def serve_later(
-        self, target: LiveTarget, raw: bytes, sink: Sink, done: Callable[[bool | bytes], None]
+        self, target: LiveTarget, raw: bytes, sink: Sink, done: Done
     ) -> asyncio.Task[None]:
         """Serve a long-poll that must wait first (a fill, a probe, a tail to start), as the
         full path does (``LiveHub.start``, ``LiveHub.long_poll``), in a task of its own.
@@ -304,12 +332,10 @@ class FastPolls:
         relays it; an origin failure it answers as it always has)."""
         return asyncio.get_running_loop().create_task(self._later(target, raw, sink, done))
 
-    async def _later(
-        self, target: LiveTarget, raw: bytes, sink: Sink, done: Callable[[bool | bytes], None]
-    ) -> None:
+    async def _later(self, target: LiveTarget, raw: bytes, sink: Sink, done: Done) -> None:
         key, offset, client_cursor, framing, credentials = target
         hub = self._hub
-        ended: bool | bytes = False
+        ended: Ending | HandOn = Ending.CUT
         self._open.inc()
         began = asyncio.get_running_loop().time()
         try:
@@ -322,31 +348,31 @@ class FastPolls:
                     )  # fmt: skip
                 else:
                     outcome = start
-            except OriginError:
-                ended = raw
+            except OriginError as error:
+                ended = HandOn(raw, error)
                 return
             match outcome:
                 case Bypass():
-                    ended = raw
+                    ended = HandOn(raw, outcome)
                 case AlreadyWritten():
                     self._count(outcome.status, 0)
-                    ended = outcome.keep_alive
+                    ended = written(outcome.keep_alive)
                 case Answer():
                     try:
                         data = self._encode(outcome, framing)
                     except ValueError:
-                        ended = raw  # aiohttp turns it into the error it always did
+                        ended = HandOn(raw, outcome)  # headers only aiohttp rewrites
                         return
                     self._count(outcome.status, len(outcome.body))
                     sink.send(data)
-                    ended = framing.keep_alive
+                    ended = written(framing.keep_alive)
                 case _:
                     assert_never(outcome)
         except Exception:
             logger.exception("a long-poll failed; its connection is cut")
         finally:
             self._open.dec()
-            if not isinstance(ended, bytes):  # handed on: the full path measures it
+            if not isinstance(ended, HandOn):  # handed on: the full path measures it
                 self._duration.observe(asyncio.get_running_loop().time() - began)
             done(ended)
 

@@ -45,9 +45,18 @@ from edge.log.stream_log import LogKey, StreamLog
 from edge.metrics import Metrics
 from edge.origin import BodyTooLarge, OriginError
 from edge.protocol.http1 import LAST_CHUNK, RequestHead, chunk, date_line, serialise, trailer
-from edge.protocol.reads import NOW, START, is_offset_token
+from edge.protocol.reads import NOW, START, RequestKind, is_offset_token
 from edge.store.local import LocalTier
-from edge.web.fast_polls import HANDED_OFF, HandedOff, LiveTarget, LiveTargets
+from edge.web.fast_polls import (
+    HANDED_OFF,
+    Done,
+    Ending,
+    HandedOff,
+    HandOn,
+    LiveTarget,
+    LiveTargets,
+    written,
+)
 from edge.web.proxy import OriginCors
 from edge.web.wire import VIA
 
@@ -104,9 +113,7 @@ class Refused:
 
 REFUSED = Refused()
 SseStep = Streaming | Refused | HandedOff
-# How an answer of its own ended: True, its body ended and the connection may go on; False:
-# cut; bytes (its head): nothing was written, and the full path is to answer it.
-Ended = Callable[[bool | bytes], None]
+Ended = Done
 
 
 class FastSse:
@@ -235,28 +242,32 @@ class FastSse:
         writes it; a bypass or an origin failure the full path's, nothing written."""
         key, offset, _, framing, credentials = target
         hub = self._hub
-        outcome: bool | bytes = raw
+        outcome: Ending | HandOn = HandOn(raw)
         try:
             try:
                 joined = await hub.start(key, offset, None, credentials)
                 if isinstance(joined, str):
                     refused = await hub.known_from(key, joined, credentials)
                     joined = joined if refused is None else refused
-            except OriginError:
+            except OriginError as error:
+                outcome = HandOn(raw, error)
                 return
             match joined:
                 case str():
                     pass
                 case Bypass():
+                    outcome = HandOn(raw, joined)
                     return
                 case Answer():
                     try:
                         data = self._encode(joined, framing)
                     except ValueError:
+                        outcome = HandOn(raw, joined)  # headers only aiohttp rewrites
                         return
                     connection.send(data)
                     self._metrics.served_bytes.inc(len(joined.body))
-                    outcome = framing.keep_alive
+                    self._metrics.request_count(RequestKind.SSE, joined.status).inc()
+                    outcome = written(framing.keep_alive)
                     return
                 case _:
                     assert_never(joined)
@@ -265,11 +276,11 @@ class FastSse:
             )
             if not isinstance(viewer, Viewer):
                 return  # not serialisable: the full path's
-            outcome = False
+            outcome = Ending.CUT
             outcome = await self._feed(viewer, credentials, connection, framing.keep_alive)
         except Exception:
             logger.exception("an SSE read failed; its connection is cut")
-            outcome = False
+            outcome = Ending.CUT
         finally:
             ended(outcome)
 
@@ -281,11 +292,11 @@ class FastSse:
         keep_alive: bool,
         ended: Ended,
     ) -> None:
-        whole = False
+        ending = Ending.CUT
         try:
-            whole = await self._feed(viewer, credentials, connection, keep_alive)
+            ending = await self._feed(viewer, credentials, connection, keep_alive)
         finally:
-            ended(whole)
+            ended(ending)
 
     async def _feed(
         self,
@@ -293,9 +304,8 @@ class FastSse:
         credentials: tuple[tuple[str, str], ...],
         connection: SseConnection,
         keep_alive: bool,
-    ) -> bool:
-        """Feed ``viewer`` (``SseFanout.serve``); True: its body ended whole and the connection
-        goes on."""
+    ) -> Ending:
+        """Feed ``viewer`` (``SseFanout.serve``) and say how its answer ended."""
         metrics = self._metrics
 
         async def write(frame: bytes) -> None:
@@ -304,24 +314,39 @@ class FastSse:
             await connection.drain()
 
         metrics.sse_viewers.inc()
+        opened = metrics.open_requests(RequestKind.SSE)
+        opened.inc()
+        began = asyncio.get_running_loop().time()
+        gone = False
         try:
             served = await self._hub.fanout.serve(viewer, credentials, write)
             match served:
                 case Fed.ENDED:
                     connection.send(LAST_CHUNK)
-                    return keep_alive
+                    return written(keep_alive)
                 case Fed.CUT:
-                    return False
+                    return Ending.CUT
                 case _:
                     assert_never(served)
         except ConnectionError:
-            return False  # the viewer left; it resumes by offset wherever it reconnects
+            gone = True
+            return Ending.CUT  # the viewer left; it resumes by offset wherever it reconnects
+        except asyncio.CancelledError:
+            gone = True  # its connection was lost
+            raise
         except (OriginError, BodyTooLarge) as error:
             if isinstance(error, OriginError):
                 metrics.origin_errors.labels(reason=error.reason).inc()
-            return False
+            return Ending.CUT
         except Exception:
             logger.exception("an SSE feed failed; its connection is cut")
-            return False
+            return Ending.CUT
         finally:
             metrics.sse_viewers.dec()
+            opened.dec()
+            # Counted as the full path counts an SSE answer (its 200, or a client gone).
+            if gone:
+                metrics.client_gone(RequestKind.SSE).inc()
+            else:
+                metrics.request_count(RequestKind.SSE, 200).inc()
+            metrics.duration(RequestKind.SSE).observe(asyncio.get_running_loop().time() - began)
