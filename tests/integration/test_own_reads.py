@@ -551,3 +551,33 @@ async def test_requests_held_behind_a_parked_long_poll_are_read_after_it_whereve
     assert len(answers) == behind + 1
     assert {a.status_line.split()[1] for a in answers[1:]} == {b"404"}
     await wait_for_metric(fast, "edge_open_connections", 0, kind="long_poll")
+
+
+async def test_an_sse_answer_to_connection_close_is_flushed_whole_before_the_close(
+    http: aiohttp.ClientSession, origin: Origin, edges: tuple[Edge, Edge], stream_path: str
+) -> None:
+    """A closed stream's whole SSE answer to a reader that asked to close and reads late:
+    every event, the closing control event and the last chunk arrive before the close (what
+    the transport still holds is flushed, never dropped)."""
+    fast, _ = edges
+    url = origin.url + stream_path
+    parts = [bytes([65 + i]) * (400 * 1024) for i in range(4)]
+    await make_stream(http, url, "text/plain", *parts, close=True)
+    await exchange(fast.url, request(f"{stream_path}?offset=-1"), ["GET"])  # the log, known
+    entered = full_path_sse(fast)
+    reader, writer = await asyncio.open_connection(*host_port(fast.url), limit=1 << 24)
+    try:
+        writer.write(sse(stream_path, "-1", "Connection: close"))
+        await writer.drain()
+        await asyncio.sleep(1.0)  # the answer waits in the edge's buffers meanwhile
+        answer = (await asyncio.wait_for(read_answers(reader, ["GET"]), 30))[0]
+        assert await reader.read() == b""  # then the close
+    finally:
+        writer.close()
+    data = b"".join(
+        line[5:] for line in answer.body.split(b"\n")
+        if line.startswith(b"data:") and not line.startswith(b"data:{")
+    )  # fmt: skip
+    assert data == b"".join(parts)
+    assert b'"streamClosed":true' in answer.body
+    assert full_path_sse(fast) == entered
