@@ -263,10 +263,12 @@ class _Connection(asyncio.Protocol):
                 step = self._polls.serve(parsed, self, self._released)
                 match step:
                     case AnsweredNow(data=data):
-                        # Counted as the full path counts it: a live read, admitted first.
-                        if not self._admit_live(RequestKind.LONG_POLL, parsed.origin):
+                        # A live read, admitted first as the full path admits it; answered at
+                        # once, it is admitted and ended in one step.
+                        if not self._tracker.table.live_room():
+                            self._admit_live(RequestKind.LONG_POLL, parsed.origin)  # refused
                             return
-                        self._tracker.request_finished(transport)
+                        self._tracker.answered(transport)
                         transport.write(data)
                         self._polls.written(step)
                         if not parsed.keep_alive:

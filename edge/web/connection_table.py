@@ -194,6 +194,11 @@ class ConnectionTable(Generic[K]):
     def live_ended(self, key: K) -> None:
         self._live.discard(key)
 
+    def live_room(self) -> bool:
+        """Would a live reader be admitted now (``request_kind``'s own test)? A live read
+        answered at once is admitted and ended in one step (``answered``)."""
+        return len(self._live) < self.limits.live_cap
+
     @property
     def live(self) -> int:
         return len(self._live)
