@@ -145,6 +145,38 @@ class LiveTarget(NamedTuple):
     credentials: tuple[tuple[str, str], ...]  # what the cache sends upstream for its scope
 
 
+class LogsNow:
+    """What the edge's logs answer without a wait, by the full path's own rules: a log held,
+    its generation confirmed by the shared tier within ``GENERATION_CHECK_SECONDS`` (with
+    Redis; else the full path asks first), and the catch-up plan from an offset a ``Hit``
+    (else a fill comes first). The one test both the long-polls and the SSE reads the
+    connections serve make."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        local: LocalTier,
+        catchup: CatchupCache,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._local = local
+        self._catchup = catchup
+        self._clock = clock
+        self._verify = settings.redis_url is not None
+
+    def log(self, key: LogKey, now: float) -> StreamLog | None:
+        log = self._local.log(key)
+        if log is None:
+            return None
+        if self._verify and now - log.instance.verified_at >= GENERATION_CHECK_SECONDS:
+            return None
+        return log
+
+    def hit(self, key: LogKey, offset: str) -> Hit | None:
+        plan = self._catchup.plan(key, offset)
+        return plan if isinstance(plan, Hit) else None
+
+
 class LiveTargets:
     """``LiveTarget``s of heads, remembered: a pure function of the head and the settings,
     asked on every live read (after each release every viewer of a stream sends the same
@@ -225,8 +257,7 @@ class FastPolls:
         self,
         settings: Settings,
         hub: LiveHub,
-        catchup: CatchupCache,
-        local: LocalTier,
+        logs: LogsNow,
         cors: OriginCors,
         encode: Encode,
         targets: LiveTargets,
@@ -238,12 +269,10 @@ class FastPolls:
         self.enabled = settings.fast_path and not gated
         self._settings = settings
         self._hub = hub
-        self._catchup = catchup
-        self._local = local
+        self._logs = logs
         self._cors = cors
         self._encode = encode
         self._clock = clock
-        self._verify = settings.redis_url is not None
         self._targets = targets
         # Pre-bound children (one lock each per use): parked and waiting long-polls count in
         # edge_open_connections and edge_request_duration_seconds as the full path's do.
@@ -273,13 +302,11 @@ class FastPolls:
         waits = Waits(target)
         if not is_offset_token(offset):
             return waits  # -1 and now: a fill, a probe
-        log = self._local.log(key)
-        if log is None:
-            return waits
         now = self._clock()
+        log = self._logs.log(key, now)
+        if log is None:
+            return waits  # nothing held yet, or the shared tier is asked first
         instance = log.instance
-        if self._verify and now - instance.verified_at >= GENERATION_CHECK_SECONDS:
-            return waits  # the shared tier is asked first
         cors = self._cors.for_request(framing.origin)
         second = int(now)
         decided = self._decided.get(target)
@@ -382,8 +409,8 @@ class FastPolls:
         """What ``target`` gets now, by the catch-up plan and the hub's own ``settle``: an
         answer's bytes, or a wait at the tail; None: the full path's."""
         key, offset, client_cursor, framing, _ = target
-        plan = self._catchup.plan(key, offset)
-        if not isinstance(plan, Hit):
+        plan = self._logs.hit(key, offset)
+        if plan is None:
             return None  # a fill first
         hub = self._hub
         tail = hub.tails.get(key)

@@ -33,20 +33,16 @@ from typing import Protocol, assert_never
 from multidict import CIMultiDict
 
 from edge.answer import Answer, Bypass
-from edge.catchup import CatchupCache
 from edge.config import Settings
-from edge.instances.generations import GENERATION_CHECK_SECONDS
 from edge.live.answers import sse_encoding
 from edge.live.hub import LiveHub
 from edge.live.polls import Encode
 from edge.live.viewers import Fed, Viewer
-from edge.log.policy import Hit
 from edge.log.stream_log import LogKey, StreamLog
 from edge.metrics import Metrics
 from edge.origin import BodyTooLarge, OriginError
 from edge.protocol.http1 import LAST_CHUNK, RequestHead, chunk, date_line, serialise, trailer
 from edge.protocol.reads import NOW, START, RequestKind, is_offset_token
-from edge.store.local import LocalTier
 from edge.web.fast_polls import (
     HANDED_OFF,
     Done,
@@ -55,6 +51,7 @@ from edge.web.fast_polls import (
     HandOn,
     LiveTarget,
     LiveTargets,
+    LogsNow,
     written,
 )
 from edge.web.proxy import OriginCors
@@ -122,8 +119,7 @@ class FastSse:
         settings: Settings,
         metrics: Metrics,
         hub: LiveHub,
-        catchup: CatchupCache,
-        local: LocalTier,
+        logs: LogsNow,
         cors: OriginCors,
         targets: LiveTargets,
         encode: Encode,
@@ -135,13 +131,11 @@ class FastSse:
         self._settings = settings
         self._metrics = metrics
         self._hub = hub
-        self._catchup = catchup
-        self._local = local
+        self._logs = logs
         self._cors = cors
         self._targets = targets
         self._encode = encode
         self._clock = clock
-        self._verify = settings.redis_url is not None
 
     def serve(
         self,
@@ -161,7 +155,7 @@ class FastSse:
         key, offset, _, framing, credentials = target
         if self._cors.unknown_for(framing.origin):
             return HANDED_OFF  # relayed: the origin's answer teaches the edge its CORS headers
-        log = self._local.log(key)
+        log = self._logs.log(key, self._clock())
         start = self._known_start(log, key, offset)
         if start is None or log is None:
             if not admit(framing.origin):
@@ -179,11 +173,9 @@ class FastSse:
         return Streaming(task)
 
     def _known_start(self, log: StreamLog | None, key: LogKey, offset: str) -> str | None:
-        """Where a read at ``offset`` starts, when the log answers it from there without a
-        wait (a fill, a probe of the tail, the shared tier's word); None: it must wait."""
+        """Where a read at ``offset`` starts, when ``log`` (``LogsNow.log``'s) answers it from
+        there without a wait (a fill, a probe of the tail); None: it must wait."""
         if log is None:
-            return None
-        if self._verify and self._clock() - log.instance.verified_at >= GENERATION_CHECK_SECONDS:
             return None
         if offset == NOW:
             fact = log.tail
@@ -192,7 +184,7 @@ class FastSse:
             offset = fact.offset
         elif offset != START and not is_offset_token(offset):
             return None
-        if not isinstance(self._catchup.plan(key, offset), Hit):
+        if self._logs.hit(key, offset) is None:
             return None  # a fill first
         return offset
 

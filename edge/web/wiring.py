@@ -53,7 +53,7 @@ from edge.web.connection_table import Limits
 from edge.web.connection_tracker import ConnectionTracker
 from edge.web.descriptors import budget_for, limits_for
 from edge.web.fast_catchup import FastCatchup
-from edge.web.fast_polls import FastPolls, LiveTargets
+from edge.web.fast_polls import FastPolls, LiveTargets, LogsNow
 from edge.web.fast_sse import FastSse
 from edge.web.fastpath import FastPath
 from edge.web.front import CatchupFront
@@ -215,13 +215,14 @@ def wire(
     fast = FastPath(settings, parts.local, cors, gate=gate, ahead=parts.ahead)
     metrics.fold_at_scrape(fast.fold_into)
     targets = LiveTargets(settings)
+    logs = LogsNow(settings, parts.local, parts.catchup)
     polls = FastPolls(
-        settings, hub, parts.catchup, parts.local, cors, functools.partial(encode, cors=cors),
-        targets, gated=gate is not None,
+        settings, hub, logs, cors, functools.partial(encode, cors=cors), targets,
+        gated=gate is not None,
     )  # fmt: skip
     metrics.fold_at_scrape(polls.fold_into)
     sse = FastSse(
-        settings, metrics, hub, parts.catchup, parts.local, cors, targets,
+        settings, metrics, hub, logs, cors, targets,
         functools.partial(encode, cors=cors), gated=gate is not None, clock=time.time,
     )  # fmt: skip
     front = CatchupFront(catchup=parts.catchup, fast=fast, cors=cors)
