@@ -598,6 +598,8 @@ class ConnectionMachine(RuleBasedStateMachine):
     def bounds_and_deadlines_hold(self) -> None:
         assert len(self.table) == len(self.model) <= CAP + AT_CAP
         assert self.table.live == len(self.live) <= LIVE_CAP
+        # A live read answered at once is admitted exactly when request_kind would admit one.
+        assert self.table.live_room() == (len(self.live) < LIVE_CAP)
         assert all(self.model.get(k) for k in self.live), "a live reader that is not busy"
         for key, requests in self.model.items():
             assert (self.table.deadline(key) is None) == bool(requests)

@@ -1,11 +1,17 @@
+from urllib.parse import urlencode
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from edge.protocol.reads import (
+    LIVE_MODES,
     PUBLIC_SCOPE,
     RequestKind,
     auth_scope,
     classify,
     kind_of_request_line,
+    live_query,
     policy_scope,
     query_params,
     scope_credentials,
@@ -177,3 +183,27 @@ def test_a_bare_request_line_has_the_kind_of_its_request() -> None:
     assert kind_of_request_line(b"GET /s?offset=-1 HTTP/1.1") is None  # not whole yet
     assert kind_of_request_line(b"\x16\x03\x01 tls\r\n") is RequestKind.OTHER
     assert kind_of_request_line(b"GET /s\r\n") is RequestKind.OTHER
+
+
+# --- live_query: the live fields ``classify`` reads, memoised per query string ---
+
+_PARAM_NAMES = st.sampled_from(["offset", "live", "cursor", "other", "Live", ""])
+_PARAM_VALUES = st.sampled_from(["-1", "now", "0_5", "long-poll", "sse", "", "a b", "%2D1", "1&x"])
+
+
+@given(st.lists(st.tuples(_PARAM_NAMES, _PARAM_VALUES), max_size=5))
+def test_live_query_reads_what_classify_reads(params: list[tuple[str, str]]) -> None:
+    query = urlencode(params)
+    classified = classify("GET", "/v1/stream/s", query, ())
+    live = live_query(query)
+    read = classified.read
+    if live is None:
+        assert read is None or read.live is None
+        return
+    if live.live not in LIVE_MODES:
+        assert classified.kind is RequestKind.OTHER
+        return
+    assert read is not None
+    assert (read.live, read.offset, read.cursor, read.plain) == (
+        live.live, live.offset, live.cursor, live.plain,
+    )  # fmt: skip
