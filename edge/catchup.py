@@ -13,8 +13,6 @@ Rules this module owns:
 * An answer fetched under an instance that was forgotten meanwhile is read again, under the
   current one; what a fill revealed (a 404, a new instance) is settled before its answer goes.
 * Bytes another replica filled are served once this process knows their instance's lifetime.
-* An at-tail hit of an open stream is shown to the refresh-ahead (``edge.refresh_ahead``), which
-  renews the tail in the background late in its window; the hit is answered as it would be.
 * A read ends in one of named states: an ``Answer``, a ``Bypass`` naming why the web layer
   relays the client's own request instead, or an ``OriginError`` (the origin boundary: the
   origin failed; a fill past ``--fill-deadline`` is a 504). ``BodyTooLarge`` from a fill is
@@ -64,7 +62,6 @@ from edge.protocol.headers import (
     first_value,
 )
 from edge.protocol.reads import PUBLIC_SCOPE, START, Read, is_client_offset
-from edge.refresh_ahead import RefreshAhead
 from edge.store.local import Compressor, LocalTier
 
 logger = logging.getLogger(__name__)
@@ -104,12 +101,10 @@ class CatchupCache:
         generations: Generations | None,
         lifetimes: Lifetimes,
         compressor: Compressor,
-        ahead: RefreshAhead | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._settings = settings
         self._authority_seconds = live_authority_seconds(settings)
-        self._ahead = ahead
         self._fills = fills
         self._local = local
         self._forgetter = forgetter
@@ -263,9 +258,6 @@ class CatchupCache:
         if isinstance(plan, Hit):
             log = self._local.log(key)
             assert log is not None
-            if plan.up_to_date and not plan.closed and self._ahead is not None:
-                # Late in the tail's window: renew it in the background before it lapses.
-                self._ahead.served(log, credentials, self._clock())
             status = "edge; hit; detail=shared" if resolved.shared_hit else "edge; hit"
             return await self._answer(
                 read, log, offset, plan.coverage.segments, plan.coverage.end,

@@ -11,9 +11,7 @@ Rules this module owns:
 * An at-tail answer is given only while the catch-up plan would give it:
   ``edge.log.policy.at_tail_holds`` on its log, at each read (the tail is still where it ends,
   as closed as it was, and trusted). A live tail's next batch moves the tail, so the stored
-  answer stops the moment it arrives. Each such hit is shown to the refresh-ahead
-  (``edge.refresh_ahead``, with the credentials the answer's own read sent upstream): late in
-  the window it renews the tail in the background, and the hit is given as it would be.
+  answer stops the moment it arrives.
 * Stored answers are keyed by the request's ``AnswerKey`` (``edge.protocol.answer_key``), the
   one classification both paths make of a head: stream, query as sent, credential scope,
   representation and, where the origin's CORS varies by it, ``Origin``. The fast path can
@@ -50,7 +48,7 @@ Rules this module owns:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from multidict import CIMultiDict
 
@@ -76,7 +74,6 @@ from edge.protocol.http1 import (
 )
 from edge.protocol.paths import BadTarget, parse_target
 from edge.protocol.reads import PUBLIC_SCOPE, RequestKind
-from edge.refresh_ahead import RefreshAhead
 from edge.store.local import LocalTier, StoredHit
 from edge.web.proxy import OriginCors
 
@@ -99,11 +96,9 @@ class FastPath:
         cors: OriginCors,
         *,
         gate: Gate | None = None,
-        ahead: RefreshAhead | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.enabled = settings.fast_path
-        self._ahead = ahead
         # With --auth jwt|forward every read is authorized first (by the gate's own code).
         self._gate = gate
         self._scope_headers = settings.scope_headers
@@ -218,12 +213,8 @@ class FastPath:
         log = entry.log
         if not log.kept:
             return None
-        if entry.tail_end is not None:
-            if not self._tail_holds(log, entry, now):
-                return None
-            if self._ahead is not None:
-                # Late in the tail's window: renewed in the background before it lapses.
-                self._ahead.served(log, entry.credentials, now)
+        if entry.tail_end is not None and not self._tail_holds(log, entry, now):
+            return None
         second = int(now)
         if second != self._date_second:
             self._date_second, self._date = second, date_line(second)
@@ -283,12 +274,10 @@ class FastPath:
         *,
         version: tuple[int, int],
         origin: str | None,
-        credentials: Sequence[tuple[str, str]] = (),
     ) -> bool:
         """Store the full path's ``answer`` (``response_headers``: its finished headers) to a
         request of ``version`` classified as ``key`` from ``origin``, if the policy's verdict
-        says it can never change. ``credentials``: what the request's fills sent upstream (an
-        at-tail answer's refresh sends them too). True if stored."""
+        says it can never change. True if stored."""
         derivation = answer.derivation
         if not self.enabled or key is None or derivation is None or answer.status != 200:
             return False
@@ -351,7 +340,6 @@ class FastPath:
             log=log,
             tail_end=derivation.end if holds_with_tail else None,
             tail_closed=key.head and derivation.closed,
-            credentials=tuple(credentials) if holds_with_tail else (),
         )
         return self._local.put_response(key, stored)
 
