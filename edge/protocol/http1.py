@@ -59,7 +59,8 @@ EXPECT = b"expect"
 # The pre-RFC 6455 WebSocket handshake: aiohttp refuses any head carrying it (400).
 SEC_WEBSOCKET_KEY1 = b"sec-websocket-key1"
 VIA = b"via"
-CONSULTED = frozenset({IF_NONE_MATCH, ACCEPT_ENCODING, ORIGIN, VIA, b"connection"})
+LAST_EVENT_ID = b"last-event-id"
+CONSULTED = frozenset({IF_NONE_MATCH, ACCEPT_ENCODING, ORIGIN, VIA, LAST_EVENT_ID, b"connection"})
 HOST = b"host"
 # Headers aiohttp's parser refuses to see twice (``aiohttp.http_parser.SINGLETON_HEADERS``; a
 # test pins the copy): a head that repeats one is the full path's, which answers 400, as it does
@@ -87,7 +88,6 @@ HANDOFF = frozenset(
         b"transfer-encoding",
         EXPECT,  # for good, not once: see ``HeadParser.parse``
         b"upgrade",
-        b"last-event-id",
         b"range",
         b"if-match",
         b"if-modified-since",
@@ -114,6 +114,8 @@ class RequestHead(NamedTuple):
     # The configured credential headers, as sent (name lower-cased), in order.
     credentials: tuple[tuple[str, str], ...] = ()
     head: bool = False  # a HEAD: the same target's metadata, answered without a body
+    # An EventSource's resume point (only an SSE read uses it: ``LiveHub.start``).
+    last_event_id: str | None = None
 
 
 class _Collector:
@@ -218,6 +220,7 @@ class HeadParser:
         inm = consulted.get(IF_NONE_MATCH)
         ae = consulted.get(ACCEPT_ENCODING)
         origin = consulted.get(ORIGIN)
+        last_event_id = consulted.get(LAST_EVENT_ID)
         # By position: a named tuple is made faster so, on every hit.
         return RequestHead(
             path,
@@ -228,6 +231,7 @@ class HeadParser:
             _text(origin) if origin is not None else None,
             credentials,
             method == b"HEAD",
+            _text(last_event_id) if last_event_id is not None else None,
         )
 
 

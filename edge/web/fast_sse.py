@@ -4,7 +4,8 @@ Rules this module owns:
 
 * An SSE head is the connection's on the same terms as a long-poll (``edge.web.fast_polls``):
   a plain read of a stream's normalised path, no ``--auth`` gate, the CORS answer for its
-  ``Origin`` known, and no ``Last-Event-ID`` (``edge.protocol.http1`` hands that over). When
+  ``Origin`` known; a ``Last-Event-ID`` further on than the URL's offset is where it starts
+  (``LiveHub.start``'s rule: an EventSource reconnecting to its URL resumes exactly). When
   the log answers from its offset without a wait (a generation confirmed within
   ``GENERATION_CHECK_SECONDS`` with Redis, the cache's plan a ``Hit``; ``now`` while a live
   upstream vouches for the tail, ``LiveHub.start``'s own rule), its head and feed begin at once.
@@ -155,13 +156,16 @@ class FastSse:
         key, offset, _, framing, credentials = target
         if self._cors.unknown_for(framing.origin):
             return HANDED_OFF  # relayed: the origin's answer teaches the edge its CORS headers
+        resume = head.last_event_id
+        if resume and resume != NOW and (offset == NOW or resume > offset):
+            offset = resume  # ``LiveHub.start``'s rule: a resume point further on wins
         log = self._logs.log(key, self._clock())
         start = self._known_start(log, key, offset)
         if start is None or log is None:
             if not admit(framing.origin):
                 return REFUSED
             task = asyncio.get_running_loop().create_task(
-                self._later(target, raw, connection, transport, ended)
+                self._later(target, resume, raw, connection, transport, ended)
             )
             return Streaming(task)
         viewer = self._open(log, target, start, connection, transport, admit)
@@ -224,6 +228,7 @@ class FastSse:
     async def _later(
         self,
         target: LiveTarget,
+        resume: str | None,
         raw: bytes,
         connection: SseConnection,
         transport: asyncio.Transport,
@@ -237,7 +242,7 @@ class FastSse:
         outcome: Ending | HandOn = HandOn(raw)
         try:
             try:
-                joined = await hub.start(key, offset, None, credentials)
+                joined = await hub.start(key, offset, resume, credentials)
                 if isinstance(joined, str):
                     refused = await hub.known_from(key, joined, credentials)
                     joined = joined if refused is None else refused

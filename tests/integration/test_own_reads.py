@@ -581,3 +581,33 @@ async def test_an_sse_answer_to_connection_close_is_flushed_whole_before_the_clo
     assert data == b"".join(parts)
     assert b'"streamClosed":true' in answer.body
     assert full_path_sse(fast) == entered
+
+
+async def test_an_eventsource_resuming_by_last_event_id_is_served_by_the_connection(
+    http: aiohttp.ClientSession, origin: Origin, edges: tuple[Edge, Edge], stream_path: str
+) -> None:
+    """A browser EventSource reconnects to its original URL with ``Last-Event-ID``: it resumes
+    exactly there (``LiveHub.start``'s rule), the same bytes as the full path, and enters no
+    aiohttp handler; a resume point behind the URL's offset does not move it back."""
+    fast, _ = edges
+    url = origin.url + stream_path
+    await make_stream(http, url, "text/plain", b"one;", close=False)
+    middle = await append(http, url, b"two;")
+    await append(http, url, b"three;")
+    status, _, _ = await call(http, "POST", url, headers={"Stream-Closed": "true"})
+    assert status == 204
+    for edge in edges:
+        await exchange(edge.url, request(f"{stream_path}?offset=-1"), ["GET"])
+        await exchange(edge.url, request(f"{stream_path}?offset={middle}"), ["GET"])
+    entered = full_path_sse(fast)
+    for offset, resume in (("-1", middle), ("now", middle), (middle, "-1")):
+        answers = await asyncio.gather(
+            *(
+                exchange(e.url, sse(stream_path, offset, f"Last-Event-ID: {resume}"), ["GET"])
+                for e in edges
+            )
+        )
+        assert answers[0][0].comparable() == answers[1][0].comparable(), (offset, resume)
+        assert b"data:one;" not in answers[0][0].body
+        assert b"data:three;" in answers[0][0].body
+    assert full_path_sse(fast) == entered
