@@ -272,9 +272,7 @@ class _Connection(asyncio.Protocol):
                         transport.write(data)
                         self._polls.written(step)
                         if not parsed.keep_alive:
-                            self._mode = _Mode.CLOSED
-                            buffer.clear()
-                            transport.close()
+                            self._close_after_answer()
                             return
                         continue
                     case Parked():
@@ -304,6 +302,22 @@ class _Connection(asyncio.Protocol):
                 transport.close()
                 return
 
+    def _close_after_answer(self) -> None:
+        """The answer just written ends the connection: nothing more is read, and the close
+        flushes what is queued first."""
+        assert self._transport is not None
+        self._mode = _Mode.CLOSED
+        self._buffer.clear()
+        self._transport.close()
+
+    def _read_on(self) -> None:
+        """An answer of its own is done: the connection reads its next request (what waited,
+        and a half-close, are looked at on the next pass)."""
+        self._mode = _Mode.FAST
+        self._unhold()
+        if self._buffer or self._sending_done:
+            self._tracker.loop.call_soon(self._resume)
+
     def _to_aiohttp(self, head: bytes) -> None:
         """This one request is aiohttp's; the next head waits for its answer."""
         self._mode = _Mode.WAITING
@@ -320,19 +334,10 @@ class _Connection(asyncio.Protocol):
 
     def _park(self, parked: Parked, head: bytes, origin: str | None) -> None:
         """A long-poll of its own waits on the board (``edge.web.fast_polls``)."""
-        transport = self._transport
         polls = self._polls
-        assert transport is not None
         assert polls is not None
-        self._tracker.request_started(transport)
-        if self._tracker.request_kind(transport, RequestKind.LONG_POLL) is not None:
-            # Past --max-viewers: the full path's 503, and the connection closes after it.
-            refusal = polls.refuse(parked, origin)
-            self._tracker.request_finished(transport)
-            self._mode = _Mode.CLOSED
-            self._buffer.clear()
-            transport.write(refusal)
-            transport.close()
+        if not self._admit_live(RequestKind.LONG_POLL, origin):
+            polls.withdraw(parked)  # past --max-viewers: refused, never waited
             return
         self._mode = _Mode.PARKED
         self._parked, self._parked_head = parked, head
@@ -361,14 +366,9 @@ class _Connection(asyncio.Protocol):
             self._hand_on(HandOn(head, outcome))
             return
         if not outcome.keep_alive:
-            self._mode = _Mode.CLOSED  # the close flushes the answer first
-            self._buffer.clear()
-            transport.close()
+            self._close_after_answer()
             return
-        self._mode = _Mode.FAST
-        self._unhold()
-        if self._buffer or self._sending_done:
-            self._tracker.loop.call_soon(self._resume)
+        self._read_on()
 
     def _admit_viewer(self, origin: str | None) -> bool:
         return self._admit_live(RequestKind.SSE, origin)
@@ -383,10 +383,8 @@ class _Connection(asyncio.Protocol):
         if self._tracker.request_kind(transport, kind) is None:
             return True
         self._tracker.request_finished(transport)
-        self._mode = _Mode.CLOSED
-        self._buffer.clear()
         transport.write(polls.refusal(origin, kind))
-        transport.close()
+        self._close_after_answer()
         return False
 
     def _stream(self, streaming: Streaming, *, live: bool) -> None:
@@ -399,25 +397,33 @@ class _Connection(asyncio.Protocol):
             self._close_when_answered()
 
     def _answer_ended(self, ended: Ending | HandOn) -> None:
-        """An answer of its own ended: whole, cut, or not begun and the full path's to give
-        (``HandOn``: what the connection found is told to it first)."""
-        if isinstance(ended, HandOn):
-            transport = self._transport
-            assert transport is not None
-            self._streaming = None
-            if self._mode is not _Mode.STREAMING:
-                if ended.found is not None:
-                    let_go(ended.found)
-                return
-            self._tracker.request_finished(transport)
-            if transport.is_closing():
+        """An answer of its own ended (``Ending`` says how), or was not begun and is the full
+        path's to give (``HandOn``: what the connection found is told to it first)."""
+        transport = self._transport
+        assert transport is not None
+        self._streaming = None
+        handed_on = isinstance(ended, HandOn)
+        if self._mode is not _Mode.STREAMING or (handed_on and transport.is_closing()):
+            if isinstance(ended, HandOn) and ended.found is not None:
+                let_go(ended.found)  # nobody will write it
+            if self._mode is _Mode.STREAMING:
+                self._tracker.request_finished(transport)
                 self._mode = _Mode.CLOSED
-                if ended.found is not None:
-                    let_go(ended.found)
-                return
-            self._hand_on(ended)
             return
-        self._stream_ended(ended)
+        self._tracker.request_finished(transport)
+        match ended:
+            case HandOn():
+                self._hand_on(ended)
+            case Ending.CUT:
+                self._mode = _Mode.CLOSED
+                self._buffer.clear()
+                transport.abort()  # what is queued is dropped: the client resumes by offset
+            case Ending.CLOSE:
+                self._close_after_answer()  # its last chunk flushes first
+            case Ending.READ_ON:
+                self._read_on()
+            case _:
+                assert_never(ended)
 
     def _hand_on(self, hand_on: HandOn) -> None:
         transport = self._transport
@@ -425,34 +431,6 @@ class _Connection(asyncio.Protocol):
         if hand_on.found is not None:
             self._tracker.found(transport, hand_on.found)
         self._to_aiohttp(hand_on.head)
-
-    def _stream_ended(self, ending: Ending) -> None:
-        """An answer of its own ended (``Ending`` says how)."""
-        transport = self._transport
-        assert transport is not None
-        self._streaming = None
-        if self._mode is not _Mode.STREAMING:
-            return
-        self._tracker.request_finished(transport)
-        match ending:
-            case Ending.CUT:
-                self._mode = _Mode.CLOSED
-                self._buffer.clear()
-                transport.abort()  # what is queued is dropped: the client resumes by offset
-                return
-            case Ending.CLOSE:
-                self._mode = _Mode.CLOSED
-                self._buffer.clear()
-                transport.close()  # what is queued (its last chunk) flushes first
-                return
-            case Ending.READ_ON:
-                pass
-            case _:
-                assert_never(ending)
-        self._mode = _Mode.FAST
-        self._unhold()
-        if self._buffer or self._sending_done:
-            self._tracker.loop.call_soon(self._resume)
 
     # --- the one writer of this connection (``edge.live.polls.Sink``) ---
 

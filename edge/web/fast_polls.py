@@ -455,20 +455,16 @@ class FastPolls:
 
     def leave(self, parked: Parked) -> None:
         """Its client left before its answer: off the board, its tail given back."""
-        if parked.left:
-            return
-        if parked.waiter is not None:
-            self._hub.polls.unpark(parked.waiter)
-        self.gone += 1
-        self._give_back(parked)
+        if not parked.left:
+            self.gone += 1
+            self.withdraw(parked)
 
-    def refuse(self, parked: Parked, origin: str | None) -> bytes:
-        """Past ``--max-viewers`` (the connection asked its tracker after the park): off the
-        board, and the 503 to write; the connection closes after it."""
+    def withdraw(self, parked: Parked) -> None:
+        """Off the board unanswered (its client left, or it was refused at --max-viewers after
+        the park), its tail given back: at most once."""
         if parked.waiter is not None:
             self._hub.polls.unpark(parked.waiter)
         self._give_back(parked)
-        return self.refusal(origin)
 
     def _give_back(self, parked: Parked) -> None:
         if not parked.left:
