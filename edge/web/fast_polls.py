@@ -227,7 +227,8 @@ class Decided:
     (``upstream``) when ``data`` is None; with everything it was derived from. It is decided
     again unless asked in the same second (an answer's ``Date``, ``Age`` and cursor interval
     are the second's), of the same log with the same tail (the same bytes from the offset, the
-    same up-to-date and closed), with the same CORS headers and lifetime knowledge."""
+    same up-to-date and closed), with the same CORS headers and lifetime knowledge, and while
+    the origin has not since forbidden keeping the stream (``bypassed``, which the plan asks)."""
 
     log: StreamLog
     tail: TailFact | None
@@ -317,6 +318,7 @@ class FastPolls:
             or decided.tail is not log.tail
             or decided.cors is not cors
             or decided.lifetime_known != instance.lifetime_known
+            or instance.bypassed(now)  # the origin forbade keeping it since: the plan's to say
             or self._hub.draining.is_set()  # a drain answers every wait at once
         ):
             decided = self._decide(target, log, cors, second)
