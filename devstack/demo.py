@@ -169,15 +169,17 @@ async def run(args: argparse.Namespace) -> int:
         ok = len(exact) == len(viewers) and writers_exact
         print("RESULT        " + ("ok" if ok else "MISMATCH"), flush=True)
         if args.keep_running:
+            # The handlers go in before the line that invites Ctrl-C: a signal sent the moment
+            # the line is read would otherwise meet asyncio.run's own handler and cancel the run.
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(signum, stop.set)
             print(
                 f"\nstill running: open {watch_url}{watch_path(name)} or point clients at "
                 f"{public_edge} (Ctrl-C to stop)",
                 flush=True,
             )
-            stop = asyncio.Event()
-            loop = asyncio.get_running_loop()
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(signum, stop.set)
             await stop.wait()
         return 0 if ok else 1
     finally:

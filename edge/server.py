@@ -231,6 +231,12 @@ async def serve(settings: Settings, *, worker: AsWorker | None = None) -> None:
         "admin": bound_url(admin_runner, settings.admin_listen),
         "origin": settings.origin,
     }
+    # The stop handlers go in before the line that says the edge is up: a launcher may signal
+    # the moment it reads it, and the default SIGTERM would kill the edge without a drain.
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
     # One machine-readable line on stdout: launchers (tests, demo) read the bound ports from it.
     print(json.dumps(ready), flush=True)
     limits_line = limits_summary(holds_line(each), settings)
@@ -244,10 +250,6 @@ async def serve(settings: Settings, *, worker: AsWorker | None = None) -> None:
         logger.debug("worker listening on %s (admin %s); %s", ready["listen"], ready["admin"],
                   limits_line)  # fmt: skip
 
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
     await stop.wait()
     logger.info("stopping: draining for up to %.0f s", settings.drain_seconds)
     # Live readers end cleanly first (clients resume elsewhere by offset); then the runner stops

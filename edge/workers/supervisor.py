@@ -308,6 +308,12 @@ async def supervise(settings: Settings) -> int:
                 "origin": settings.origin,
                 "workers": settings.workers,
             }
+            # Stop handlers before the line that says the edge is up (a launcher may signal
+            # the moment it reads it).
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(signum, stop.set)
             print(json.dumps(ready), flush=True)
             # Workers inherit this process's limit (raised to the hard one) and split it alike.
             each = budget_for(supervisor.worker_settings, raise_open_file_limit())
@@ -320,10 +326,6 @@ async def supervise(settings: Settings) -> int:
                 limits=limits_summary(holds, settings),
             )
             logger.info("%s", "\n".join(lines))
-            stop = asyncio.Event()
-            loop = asyncio.get_running_loop()
-            for signum in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(signum, stop.set)
             await stop.wait()
             logger.info("stopping: draining %d workers", settings.workers)
             clean = await supervisor.drain()
