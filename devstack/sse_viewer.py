@@ -25,6 +25,8 @@ class View:
     last_event_id: str | None = None
     next_offset: str | None = None
     connections: int = 0
+    # the X-Edge-Replica of the latest connection (a fleet's HAProxy names the replica serving it)
+    replica: str | None = None
     # (monotonic time, total bytes) after each control event: when each byte arrived
     progress: list[tuple[float, int]] = field(default_factory=list)
 
@@ -60,6 +62,7 @@ async def view_sse(
                 f"{url}?offset={offset}&live=sse{query}", headers=headers
             ) as response:
                 assert response.status == 200, response.status
+                view.replica = response.headers.get("X-Edge-Replica")
                 binary = response.headers.get("stream-sse-data-encoding") == "base64"
                 json_stream = False
                 while True:

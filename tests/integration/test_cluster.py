@@ -148,15 +148,41 @@ async def placed_evenly(
     raise AssertionError(f"the hash never placed {per_replica} streams on each: {placed}")
 
 
-async def until_tails(cluster: Cluster, streams: list[str], bound: float) -> dict[str, int]:
+def replicas_serving(streams: list[str], viewers: list[asyncio.Task[View]]) -> dict[str, int]:
+    """How many replicas serve each stream's viewers now (viewer ``i`` reads ``streams[i %
+    len(streams)]``; a finished viewer serves nobody)."""
+    serving: dict[str, set[str]] = {path: set() for path in streams}
+    for index, task in enumerate(viewers):
+        view = VIEWS.get(task)
+        if view is not None and view.replica is not None and not view.closed:
+            serving[streams[index % len(streams)]].add(view.replica)
+    return {path: len(replicas) for path, replicas in serving.items()}
+
+
+# Each viewer task's View, filled while it reads (the task's result only once it ends).
+VIEWS: dict[asyncio.Task[View], View] = {}
+
+
+def viewer_task(http: aiohttp.ClientSession, url: str) -> asyncio.Task[View]:
+    view = View()
+    task = asyncio.create_task(view_sse(http, url, view=view, deadline=90))
+    VIEWS[task] = view
+    return task
+
+
+async def until_tails(
+    cluster: Cluster, streams: list[str], viewers: list[asyncio.Task[View]], bound: float
+) -> tuple[dict[str, int], dict[str, int]]:
     """Wait up to ``bound`` seconds for the origin to hold exactly one live connection per
-    stream (and the edges to count as many tails); the origin's count per stream."""
+    stream and replica serving its viewers (and the edges to count as many tails); the
+    origin's count per stream and the replicas serving each."""
     give_up = time.monotonic() + bound
     while True:
         per_stream = {path: origin_live(cluster, path) for path in streams}
-        settled = set(per_stream.values()) == {1} and sum(tails_on(alive(cluster))) == len(streams)
+        serving = replicas_serving(streams, viewers)
+        settled = per_stream == serving and sum(tails_on(alive(cluster))) == sum(serving.values())
         if settled or time.monotonic() >= give_up:
-            return per_stream
+            return per_stream, serving
         await asyncio.sleep(0.2)
 
 
@@ -199,11 +225,14 @@ async def test_one_origin_tail_per_stream_across_the_fleet_and_exact_bytes_throu
 ) -> None:
     """12 JSON streams with 5 SSE viewers each, through HAProxy in front of 3 replicas (4
     streams hashed to each, as the hash spreads many): the viewers are on every replica, and
-    the origin holds exactly one live connection per stream (12, where a balancer that spreads
-    each stream's viewers would cost up to 36). A replica is killed (SIGKILL) while every
-    stream is written to: its viewers reconnect through HAProxy from their last offset, the
-    origin again holds one live connection per stream, and every viewer gets every item once.
-    Uses up one of the fleet's replicas."""
+    the origin holds exactly one live connection per stream and replica serving its viewers:
+    12 when the hash keeps each stream's viewers together, where a balancer that spreads them
+    would cost up to 36 (the load bound may spill a stream's viewer onto a second replica when
+    a burst of joins lands unevenly, and that replica then follows the stream too, once). A
+    replica is killed (SIGKILL) while every stream is written to: its viewers reconnect
+    through HAProxy from their last offset, the origin again holds one live connection per
+    stream and serving replica, and every viewer gets every item once. Uses up one of the
+    fleet's replicas."""
     streams = await placed_evenly(
         crowd, fleet, FLEET_STREAMS // 3, f"/v1/stream/fleet-{time.monotonic_ns()}"
     )
@@ -216,20 +245,19 @@ async def test_one_origin_tail_per_stream_across_the_fleet_and_exact_bytes_throu
     # over the replicas), as many runs' viewers arrive: every replica's load grows alike.
     already = int(sum(viewers_on(fleet)))
     for index, path in enumerate(streams):
-        viewers.append(asyncio.create_task(view_sse(crowd, fleet.url + path, deadline=90)))
+        viewers.append(viewer_task(crowd, fleet.url + path))
         await wait_for_viewers(fleet, already + index + 1)
     for _ in range(VIEWERS_PER_STREAM - 1):
-        viewers += [
-            asyncio.create_task(view_sse(crowd, fleet.url + path, deadline=90)) for path in streams
-        ]
+        viewers += [viewer_task(crowd, fleet.url + path) for path in streams]
     try:
         total = FLEET_STREAMS * VIEWERS_PER_STREAM
         spread = await wait_for_viewers(fleet, total)
         assert all(count > 0 for count in spread), spread
-        per_stream = await until_tails(fleet, streams, SETTLE_SECONDS)
-        assert set(per_stream.values()) == {1}, per_stream
-        assert sum(tails_on(fleet.edges)) == FLEET_STREAMS
-        assert origin_live(fleet) == FLEET_STREAMS
+        per_stream, serving = await until_tails(fleet, streams, viewers, SETTLE_SECONDS)
+        assert per_stream == serving, (per_stream, serving)
+        assert sum(tails_on(fleet.edges)) == sum(serving.values()) == origin_live(fleet)
+        # the hash keeps streams together: a spreading balancer would follow each ~3 times
+        assert sum(serving.values()) < 2 * FLEET_STREAMS, serving
 
         items = [[{"stream": i, "n": n} for n in range(20)] for i in range(FLEET_STREAMS)]
         writers = [
@@ -252,9 +280,9 @@ async def test_one_origin_tail_per_stream_across_the_fleet_and_exact_bytes_throu
         victim.stop()
         await asyncio.gather(*writers)
 
-        per_stream = await until_tails(fleet, streams, SETTLE_SECONDS)
-        assert set(per_stream.values()) == {1}, per_stream
-        assert sum(tails_on(alive(fleet))) == FLEET_STREAMS
+        per_stream, serving = await until_tails(fleet, streams, viewers, SETTLE_SECONDS)
+        assert per_stream == serving, (per_stream, serving)
+        assert sum(tails_on(alive(fleet))) == sum(serving.values())
 
         for path in streams:
             await call(crowd, "POST", fleet.url + path, headers={"Stream-Closed": "true"})
