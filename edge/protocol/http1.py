@@ -38,6 +38,7 @@ import re
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from email.utils import formatdate
+from enum import Enum
 from http import HTTPStatus
 from typing import NamedTuple
 
@@ -338,3 +339,151 @@ def date_line(epoch_seconds: int) -> bytes:
     """``Date: <IMF-fixdate>`` without its line end, as aiohttp formats it (made once a
     second: every answer of that second carries the same)."""
     return b"Date: " + formatdate(epoch_seconds, usegmt=True).encode("ascii")
+
+
+class BodyFraming(Enum):
+    """How the body of an answer whose length is not known in advance is framed."""
+
+    NONE = "none"  # no body may follow (a HEAD, 204, 304, 1xx)
+    LENGTH = "length"  # as long as its Content-Length says
+    CHUNKED = "chunked"  # in chunks (``chunk``), ended by ``LAST_CHUNK``
+
+
+def _check(status_line: str, headers: Sequence[tuple[str, str]]) -> None:
+    if _FORBIDDEN.search(status_line + "".join([text for pair in headers for text in pair])):
+        raise ValueError("a control character in the answer's head")
+
+
+def _closing(lines: list[str], names: set[str], version: tuple[int, int], keep_alive: bool,
+             now_seconds: int) -> bytes:  # fmt: skip
+    """aiohttp's last lines: ``Date`` where the headers have none, ``Connection`` where the
+    version's default is not what happens, the blank line."""
+    if "date" not in names:
+        lines.append(date_line(now_seconds).decode("ascii"))
+    if "connection" not in names:
+        if keep_alive and version == (1, 0):
+            lines.append("Connection: keep-alive")
+        elif not keep_alive and version == (1, 1):
+            lines.append("Connection: close")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8")
+
+
+def dated_answer_head(
+    status: int,
+    headers: Sequence[tuple[str, str]],
+    body_length: int,
+    *,
+    keep_alive: bool,
+    now_seconds: int,
+    version: tuple[int, int] = (1, 1),
+    head: bool = False,
+) -> bytes:
+    """The whole head of an edge answer whose headers may carry a ``Date`` of their own (an
+    origin answer the cache passed on): as aiohttp writes such an ``EdgeResponse``, the
+    ``Date`` stays where it is and none is added; otherwise as ``serialise`` + ``date_line``
+    + ``trailer``."""
+    lines = [f"HTTP/{version[0]}.{version[1]} {status} {HTTPStatus(status).phrase}"]
+    _check(lines[0], headers)
+    names = set()
+    for name, value in headers:
+        lowered = name.lower()
+        if lowered == "server" or (lowered == "content-length" and bodiless(status)):
+            continue  # the edge's answers name no server (``EdgeResponse``)
+        names.add(lowered)
+        lines.append(f"{name}: {value}")
+    if not bodiless(status) and not head:
+        if "content-length" not in names:
+            lines.append(f"Content-Length: {body_length}")
+        if body_length and "content-type" not in names:
+            lines.append("Content-Type: application/octet-stream")
+    return _closing(lines, names, version, keep_alive, now_seconds)
+
+
+def relayed_answer_head(
+    status: int,
+    reason: str | None,
+    headers: Sequence[tuple[str, str]],
+    *,
+    head: bool,
+    keep_alive: bool,
+    now_seconds: int,
+    version: tuple[int, int] = (1, 1),
+) -> tuple[bytes, BodyFraming]:
+    """The head of a relayed answer (``headers``: the relay's, finished) and how its body is
+    framed, as aiohttp writes the relay's ``StreamResponse``: the origin's reason, the headers
+    in order (its ``Date`` and ``Server`` where it sent them; no default of aiohttp's), then
+    ``Transfer-Encoding: chunked`` for a body without a ``Content-Length`` (HTTP/1.1), a
+    ``Date`` where it sent none, and ``Connection``. No body may follow a HEAD, a 204, a 304
+    or a 1xx (their ``Transfer-Encoding`` dropped, and a 204's or 304's ``Content-Length``)."""
+    phrase = reason
+    if phrase is None:
+        try:
+            phrase = HTTPStatus(status).phrase
+        except ValueError:
+            phrase = ""
+    lines = [f"HTTP/{version[0]}.{version[1]} {status} {phrase}"]
+    _check(lines[0], headers)
+    empty = head or bodiless(status)
+    names = set()
+    for name, value in headers:
+        lowered = name.lower()
+        if empty and lowered == "transfer-encoding":
+            continue
+        if lowered == "content-length" and bodiless(status):
+            continue
+        names.add(lowered)
+        lines.append(f"{name}: {value}")
+    if empty:
+        framing = BodyFraming.NONE
+    elif "content-length" in names:
+        framing = BodyFraming.LENGTH
+    elif version >= (1, 1):
+        framing = BodyFraming.CHUNKED
+        lines.append("Transfer-Encoding: chunked")
+        names.add("transfer-encoding")
+    else:
+        framing = BodyFraming.LENGTH  # to the close (the version's way)
+        keep_alive = False
+    return _closing(lines, names, version, keep_alive, now_seconds), framing
+
+
+class WholeHead(NamedTuple):
+    """Every part of a request head, for what must pass it on whole (a relay): the method,
+    the target as sent, and every header in order, names as sent, values as aiohttp reads
+    them (``_text``)."""
+
+    method: str
+    target: str
+    headers: tuple[tuple[str, str], ...]
+    keep_alive: bool
+
+
+class _WholeCollector:
+    __slots__ = ("headers", "url")
+
+    def __init__(self) -> None:
+        self.url = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))
+
+
+def parse_whole_head(raw: bytes) -> WholeHead:
+    """``raw``, a head ``HeadParser`` took (so llhttp takes it too), read whole: the rare
+    request that is relayed needs every header, which the hit path's parse does not keep."""
+    collector = _WholeCollector()
+    parser = httptools.HttpRequestParser(collector)
+    parser.feed_data(raw)
+    headers = tuple(
+        (name.decode(VALUE_ENCODING, VALUE_ERRORS), _text(value))
+        for name, value in collector.headers
+    )
+    method, url = parser.get_method().decode("ascii"), collector.url.decode("ascii")
+    # HTTP/1.1 (the only version ``HeadParser`` takes) keeps the connection unless it says
+    # ``close`` (llhttp's own word on it is reset once the message is complete).
+    connection = next((v for n, v in headers if n.lower() == "connection"), "")
+    return WholeHead(method, url, headers, connection.lower() != "close")

@@ -28,6 +28,7 @@ from edge.protocol.reads import Classified, Read, RequestKind
 from edge.web.asked import Asked, origin_failed, to_response
 from edge.web.front import CatchupRequest, Served, catchup_request
 from edge.web.keys import CORS, FRONT, METRICS, RELAY
+from edge.web.own_relay import bypass_relay
 from edge.web.proxy import ClientGone, EdgeResponse
 
 logger = logging.getLogger(__name__)
@@ -37,11 +38,9 @@ async def relay_bypass(
     request: web.Request, kind: RequestKind, bypass: Bypass
 ) -> web.StreamResponse:
     """The client's own request, relayed: the cache does not answer it (``bypass.why``)."""
+    relayed = bypass_relay(bypass, kind)
     return await request.app[RELAY].forward(
-        request,
-        kind,
-        cache_status=f"edge; fwd=bypass; detail={bypass.why.value}",
-        validators=False,  # the origin's tags do not tell stream instances apart
+        request, kind, cache_status=relayed.cache_status, validators=relayed.validators
     )
 
 

@@ -42,9 +42,10 @@ from edge.live.polls import AlreadyWritten, Outcome
 from edge.protocol.half_close import AfterHalfClose, Holding, after_half_close
 from edge.protocol.http1 import MAX_HEAD_BYTES, Handoff, HeadParser
 from edge.protocol.reads import RequestKind, kind_of_request_line
-from edge.web.connection_tracker import ConnectionTracker, let_go
+from edge.web.connection_tracker import ConnectionTracker
 from edge.web.fast_polls import AnsweredNow, Ending, HandedOff, HandOn, Parked, Waits
 from edge.web.fast_sse import Refused, Streaming
+from edge.web.own_relay import Found, let_go
 
 logger = logging.getLogger(__name__)
 
@@ -105,6 +106,7 @@ class _Connection(asyncio.Protocol):
         "_paused",
         "_polls",
         "_refused_kind",
+        "_relay",
         "_sending_done",
         "_sse",
         "_streaming",
@@ -133,6 +135,8 @@ class _Connection(asyncio.Protocol):
         self._catchup = catchup if catchup is not None and catchup.enabled and self._fast else None
         sse = tracker.sse
         self._sse = sse if sse is not None and sse.enabled and self._fast else None
+        relay = tracker.relay
+        self._relay = relay if relay is not None and relay.enabled and self._polls else None
         # The SSE answer of its own being written, and what its writes wait on while the
         # transport is above its high-water mark (None: writable).
         self._streaming: asyncio.Task[None] | None = None
@@ -288,6 +292,8 @@ class _Connection(asyncio.Protocol):
                     case _:
                         assert_never(step)
             if answer is None or isinstance(parsed, Handoff):
+                if not isinstance(parsed, Handoff) and self._relay_own(head, None):
+                    return  # relayed (or the edge's own HEAD) by the connection
                 # This one request is aiohttp's; the next head waits for its answer.
                 self._to_aiohttp(head)
                 return
@@ -426,11 +432,33 @@ class _Connection(asyncio.Protocol):
                 assert_never(ended)
 
     def _hand_on(self, hand_on: HandOn) -> None:
-        transport = self._transport
-        assert transport is not None
+        """An answer of its own was not begun: what it found is written (or relayed) by the
+        connection's own relay; only what it cannot serve is aiohttp's, which asks again."""
+        if self._relay_own(hand_on.head, hand_on.found):
+            return
         if hand_on.found is not None:
-            self._tracker.found(transport, hand_on.found)
+            let_go(hand_on.found)
         self._to_aiohttp(hand_on.head)
+
+    def _relay_own(self, head: bytes, found: Found | None) -> bool:
+        """Serve ``head`` by the connection's own relay (``edge.web.own_relay``), admitted
+        first as the full path admits it; False: it is aiohttp's."""
+        relay, transport = self._relay, self._transport
+        assert transport is not None
+        if relay is None:
+            return False
+        peer = transport.get_extra_info("peername")
+        planned = relay.plan(head, found, peer[0] if isinstance(peer, tuple) else None)
+        if planned is None:
+            return False
+        live = planned.live
+        if live:
+            if not self._admit_live(planned.kind, planned.origin):
+                return True  # past --max-viewers: refused, and the connection closes
+        else:
+            self._tracker.request_started(transport)
+        self._stream(Streaming(relay.start(planned, self, self._answer_ended)), live=live)
+        return True
 
     # --- the one writer of this connection (``edge.live.polls.Sink``) ---
 

@@ -43,17 +43,15 @@ from typing import Protocol, assert_never, cast
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from edge.answer import Answer, Bypass
 from edge.live.polls import Sink
 from edge.metrics import ListenerStats
-from edge.origin import OriginError
 from edge.protocol.reads import RequestKind
 from edge.web.connection_table import ConnectionTable, Limits, Phase, Refusal
 from edge.web.fast_catchup import FastCatchup
 from edge.web.fast_polls import FastPolls
 from edge.web.fast_sse import FastSse
 from edge.web.fastpath import FastPath
-from edge.web.front import Served
+from edge.web.own_relay import OwnRelay
 
 logger = logging.getLogger(__name__)
 
@@ -95,16 +93,6 @@ class TrackedConnection(Protocol):
     def closing(self) -> bool: ...
 
 
-# What a connection found for a request it hands aiohttp (``edge.web.fast_polls.HandOn``).
-Found = Bypass | OriginError | Answer | Served
-
-
-def let_go(found: Found) -> None:
-    """What a connection found and no one will write: its fill share is given back."""
-    if isinstance(found, Served) and found.answer.hold is not None:
-        found.answer.hold.release()
-
-
 def _flushing(transport: asyncio.Transport) -> bool:
     return transport.get_write_buffer_size() > 0
 
@@ -120,6 +108,7 @@ class ConnectionTracker:
         polls: FastPolls | None = None,
         sse: FastSse | None = None,
         catchup: FastCatchup | None = None,
+        relay: OwnRelay | None = None,
     ) -> None:
         self.table: ConnectionTable[asyncio.Transport] = ConnectionTable(limits)
         self.evicted = 0
@@ -140,8 +129,8 @@ class ConnectionTracker:
         self.polls = polls
         self.sse = sse  # and SSE reads (``edge.web.fast_sse``)
         self.catchup = catchup  # and catch-up reads stored hits do not answer
+        self.relay = relay  # and reads the cache relays (``edge.web.own_relay``)
         self._connections: dict[asyncio.Transport, TrackedConnection] = {}
-        self._found: dict[asyncio.Transport, Found] = {}
         self.middleware: Middleware = self._make_middleware()
 
     @property
@@ -273,14 +262,6 @@ class ConnectionTracker:
             )
         return admission.refusal
 
-    def found(self, transport: asyncio.Transport, found: Found) -> None:
-        """What a connection found for the request it hands aiohttp next (``HandOn``)."""
-        self._found[transport] = found
-
-    def take_found(self, transport: asyncio.BaseTransport) -> Found | None:
-        """What the connection found for the request aiohttp now has (once)."""
-        return self._found.pop(cast(asyncio.Transport, transport), None)
-
     def sink_of(self, transport: asyncio.BaseTransport) -> Sink | None:
         """The one writer of ``transport``'s connection (None: not one of this listener's)."""
         return self._connections.get(cast(asyncio.Transport, transport))
@@ -308,9 +289,6 @@ class ConnectionTracker:
         self.table.body_ended(transport)
 
     def closed(self, transport: asyncio.Transport) -> None:
-        found = self._found.pop(transport, None)
-        if found is not None:
-            let_go(found)
         self.table.forget(transport)
         self._connections.pop(transport, None)
 

@@ -32,19 +32,18 @@ from typing import assert_never
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from edge.answer import Answer, Bypass, Result
+from edge.answer import Result
 from edge.auth.gate import RequestAdmission
-from edge.origin import OriginError
 from edge.protocol.headers import names_this_proxy
 from edge.protocol.paths import BadTarget
 from edge.protocol.reads import Classified, RequestKind, classify
-from edge.web.asked import Asked, asked_of, origin_failed, to_response
-from edge.web.catchup_reads import relay_bypass, serve_catchup, serve_head, write_served
-from edge.web.connection_tracker import CONNECTIONS, Found, let_go
-from edge.web.front import Served
+from edge.web.asked import Asked, asked_of
+from edge.web.catchup_reads import serve_catchup, serve_head
+from edge.web.connection_tracker import CONNECTIONS
 from edge.web.gatekeeper import GATE, admit
 from edge.web.keys import CORS, METRICS, RELAY, SETTINGS
 from edge.web.live_reads import serve_long_poll, serve_sse
+from edge.web.own_relay import RELAYED_HEAD, Relayed, Serve, route_of
 from edge.web.proxy import ClientGone, EdgeResponse, edge_answer, request_origin, request_target
 
 logger = logging.getLogger(__name__)
@@ -55,60 +54,31 @@ CLIENT_CLOSED = 499
 
 
 async def dispatch(
-    request: web.Request, asked: Asked, classified: Classified, handed: Handed | None = None
+    request: web.Request, asked: Asked, classified: Classified
 ) -> web.StreamResponse:
     read, kind = classified.read, classified.kind
     relay = request.app[RELAY]
-    found = handed.take() if handed is not None else None
-    if found is not None:
-        # The connection already asked the cache (``edge.web.fast_polls.HandOn``): what it
-        # found is answered as this path answers it, and nothing is asked twice.
-        match found:
-            case Bypass():
-                if kind is RequestKind.CATCHUP:
-                    logger.info("relaying without caching: %s", found)
-                    request.app[METRICS].cache_result(Result.BYPASS.value).inc()
-                return await relay_bypass(request, kind, found)
-            case OriginError():
-                return origin_failed(request, asked, found)
-            case Answer():
-                return to_response(request, asked, found)
-            case Served(answer=answer, headers=headers):
-                return await write_served(request, asked, answer, headers)
-            case _:
-                assert_never(found)
-    match kind:
-        case RequestKind.CONTROL:
-            # The origin's control API: relayed as it is, whatever it asks (PROTOCOL.md 6).
-            return await relay.forward(
-                request, kind, cache_status="edge; fwd=bypass; detail=control"
-            )
-        case RequestKind.SSE | RequestKind.LONG_POLL:
-            if request.app[CORS].unknown_for(asked.origin):
-                # Its CORS headers are the origin's to say for this Origin: its answer teaches
-                # the edge.
-                return await relay.forward(
-                    request, kind, cache_status="edge; fwd=bypass; detail=cors"
-                )
-            if read is not None and read.plain and read.offset is not None:
-                serve = serve_sse if kind is RequestKind.SSE else serve_long_poll
-                return await serve(request, asked, classified)
-        case RequestKind.CATCHUP:
-            if read is not None:
-                if read.plain and read.offset != "now":
-                    return await serve_catchup(request, asked, classified)
+    route = route_of(classified, cors_unknown=request.app[CORS].unknown_for(asked.origin))
+    match route:
+        case Serve.LIVE:
+            serve = serve_sse if kind is RequestKind.SSE else serve_long_poll
+            return await serve(request, asked, classified)
+        case Serve.CATCHUP:
+            return await serve_catchup(request, asked, classified)
+        case Serve.HEAD:
+            assert read is not None
+            known = await serve_head(request, asked, read)
+            if known is not None:
+                return known
+            route = RELAYED_HEAD
+        case Relayed():
+            if route.bypass:
                 request.app[METRICS].cache_result(Result.BYPASS.value).inc()
-        case RequestKind.HEAD:
-            if read is not None and read.plain:
-                known = await serve_head(request, asked, read)
-                if known is not None:
-                    return known
-        case RequestKind.WRITE | RequestKind.OTHER:
-            pass
         case _:
-            assert_never(kind)
-    forward = "method" if kind is RequestKind.WRITE else "bypass"
-    return await relay.forward(request, kind, cache_status=f"edge; fwd={forward}")
+            assert_never(route)
+    return await relay.forward(
+        request, kind, cache_status=route.cache_status, validators=route.validators
+    )
 
 
 def refuse_for_room(request: web.Request, origin: str | None) -> web.Response:
@@ -121,37 +91,7 @@ def refuse_for_room(request: web.Request, origin: str | None) -> web.Response:
     return refused
 
 
-class Handed:
-    """What the connection found for this request before it handed it here: taken off the
-    tracker first, so it never waits for another request; taken once by what answers it, and
-    let go (its fill share given back) if nothing does."""
-
-    __slots__ = ("_found",)
-
-    def __init__(self, found: Found | None) -> None:
-        self._found = found
-
-    def take(self) -> Found | None:
-        found, self._found = self._found, None
-        return found
-
-    def let_go(self) -> None:
-        found = self.take()
-        if found is not None:
-            let_go(found)
-
-
 async def handle_stream_request(request: web.Request) -> web.StreamResponse:
-    transport = request.transport
-    connections = request.app[CONNECTIONS]
-    handed = Handed(connections.take_found(transport) if transport is not None else None)
-    try:
-        return await _handle(request, handed)
-    finally:
-        handed.let_go()
-
-
-async def _handle(request: web.Request, handed: Handed) -> web.StreamResponse:
     metrics = request.app[METRICS]
     settings = request.app[SETTINGS]
     cors = request.app[CORS]
@@ -206,7 +146,7 @@ async def _handle(request: web.Request, handed: Handed) -> web.StreamResponse:
     started = time.perf_counter()
     code: int | None = None  # None: the client left (or the handler failed) first
     try:
-        response = await dispatch(request, asked, classified, handed)
+        response = await dispatch(request, asked, classified)
         code = response.status
         return response
     except ClientGone:

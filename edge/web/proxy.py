@@ -293,6 +293,38 @@ class RelayedResponse(web.StreamResponse):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class RelayAsk:
+    """What a relayed request is, as values: the same for aiohttp's handler (``ask_of``) and
+    the connection's own relay (``edge.web.own_relay``)."""
+
+    method: str
+    target: Target
+    headers: Sequence[tuple[str, str]]  # the client's, every one (an admitted read's already
+    # carrying the edge's credential)
+    client_address: str | None
+    scheme: str
+    host: str | None  # from ``Host`` (``client_host``)
+    version: tuple[int, int]
+    credentialed: bool  # it names a reader (``credentialed``)
+    reader_only: bool  # an authorized reader's copy of a shared answer (``reader_only``)
+
+
+def ask_of(request: web.Request) -> RelayAsk:
+    """``request`` as the relay sees it."""
+    client_headers = list(request.headers.items())
+    admitted = request.get(ADMISSION)
+    if admitted is not None:
+        # An authorized read goes with the edge's credential, a write with the client's.
+        client_headers = admitted.relay_headers(client_headers)
+    return RelayAsk(
+        method=request.method, target=request_target(request), headers=client_headers,
+        client_address=request.remote, scheme=request.scheme, host=client_host(request),
+        version=(request.version.major, request.version.minor),
+        credentialed=credentialed(request), reader_only=reader_only(request),
+    )  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Relay:
     origin: OriginClient
     metrics: Metrics
@@ -312,83 +344,113 @@ class Relay:
     ) -> web.StreamResponse:
         """Relay ``request`` and its answer; ``validators=False`` for a read the cache relays
         instead of answering (see the module rules)."""
-        target = request_target(request)
-        client_headers = list(request.headers.items())
-        admitted = request.get(ADMISSION)
-        if admitted is not None:
-            # An authorized read goes with the edge's credential, a write with the client's.
-            client_headers = admitted.relay_headers(client_headers)
-        headers = upstream_request_headers(
-            client_headers if validators else without_validators(client_headers),
-            client_address=request.remote,
-            scheme=request.scheme,
-            host=client_host(request),
-            http_version=f"{request.version.major}.{request.version.minor}",
-        )
+        ask = ask_of(request)
         body = request.content if request.body_exists else None
+        try:
+            upstream = await self.open(ask, kind, validators=validators, body=body)
+        except OriginError as error:
+            return origin_error_response(error, self.cors, request_origin(request))
+        try:
+            return await self._relay(request, ask, upstream, kind, cache_status, validators)
+        finally:
+            self.close(upstream)
+
+    async def open(
+        self,
+        ask: RelayAsk,
+        kind: RequestKind,
+        *,
+        validators: bool,
+        body: aiohttp.StreamReader | None = None,
+    ) -> aiohttp.ClientResponse:
+        """Send ``ask`` to the origin and tell the observer what its answer says; an
+        ``OriginError`` (counted and logged) when the origin did not answer. The caller
+        ``close``s the answer."""
+        headers = upstream_request_headers(
+            ask.headers if validators else without_validators(ask.headers),
+            client_address=ask.client_address,
+            scheme=ask.scheme,
+            host=ask.host,
+            http_version=f"{ask.version[0]}.{ask.version[1]}",
+        )
         started = self.ticket()
+        target = ask.target
         try:
             upstream = await self.origin.open(
-                request.method, target.upstream, headers, body, live=kind in LIVE_KINDS
+                ask.method, target.upstream, headers, body, live=kind in LIVE_KINDS
             )
         except OriginError as error:
             self.metrics.origin_errors.labels(reason=error.reason).inc()
-            logger.warning("origin error for %s %r: %s", request.method, target.upstream, error)
-            return origin_error_response(error, self.cors, request_origin(request))
+            logger.warning("origin error for %s %r: %s", ask.method, target.upstream, error)
+            raise
         self.metrics.origin_requests.labels(kind=kind.value, code=str(upstream.status)).inc()
         if self.observe is not None and kind is not RequestKind.CONTROL:
             await self.observe(
-                request.method,
+                ask.method,
                 target.stream,
                 upstream.status,
-                client_headers,
+                ask.headers,
                 list(upstream.headers.items()),
                 started,
             )
-        try:
-            return await self._relay(request, upstream, kind, cache_status, validators=validators)
-        finally:
-            # Closing (not releasing) drops the connection if the body was not read to the end,
-            # which is what cancels the origin's work when the client has gone.
-            if upstream.content.at_eof():
-                upstream.release()
-            else:
-                upstream.close()
+        return upstream
 
-    async def _relay(
+    @staticmethod
+    def close(upstream: aiohttp.ClientResponse) -> None:
+        """Closing (not releasing) drops the connection if the body was not read to the end,
+        which is what cancels the origin's work when the client has gone."""
+        if upstream.content.at_eof():
+            upstream.release()
+        else:
+            upstream.close()
+
+    def relayed_head(
         self,
-        request: web.Request,
+        ask: RelayAsk,
         upstream: aiohttp.ClientResponse,
         kind: RequestKind,
         cache_status: str,
         *,
         validators: bool,
-    ) -> web.StreamResponse:
-        host = client_host(request)
+    ) -> CIMultiDict[str]:
+        """The headers of the origin's answer to ``ask`` as relayed (see the module rules),
+        for whichever writer writes it: aiohttp's (``forward``) or the connection's own."""
         answered = list(upstream.headers.items())
         relayed = downstream_response_headers(
             answered if validators else without_validators(answered),
             origin_base=self.origin.base_url,
             # Without a Host, a Location is rebased to a path: relative to what the client used.
-            public_base=f"{request.scheme}://{host}" if host else "",
-        )
-        present = {name.lower() for name, _ in relayed}
-        omit = frozenset(
-            name for name in (hdrs.CONTENT_TYPE, hdrs.SERVER) if name.lower() not in present
-        )
-        response = RelayedResponse(
-            status=upstream.status, reason=upstream.reason, omit_defaults=omit
+            public_base=f"{ask.scheme}://{ask.host}" if ask.host else "",
         )
         control = relayed_read_cache_control(
-            relayed, method=request.method, private=credentialed(request),
+            relayed, method=ask.method, private=ask.credentialed,
             event_stream=kind is RequestKind.SSE, control=kind is RequestKind.CONTROL,
         )  # fmt: skip
         if control is not None:
             relayed = with_cache_control(relayed, control)
-        for name, value in relayed:
-            response.headers.add(name, value)
-        for_the_reader_only(request, response.headers)
-        response.headers.add("Cache-Status", cache_status)
+        headers: CIMultiDict[str] = CIMultiDict(relayed)
+        if ask.reader_only:
+            # An authorized read's answer is its reader's alone (``for_the_reader_only``).
+            make_private(headers)
+        headers.add("Cache-Status", cache_status)
+        return headers
+
+    async def _relay(
+        self,
+        request: web.Request,
+        ask: RelayAsk,
+        upstream: aiohttp.ClientResponse,
+        kind: RequestKind,
+        cache_status: str,
+        validators: bool,
+    ) -> web.StreamResponse:
+        headers = self.relayed_head(ask, upstream, kind, cache_status, validators=validators)
+        # aiohttp fills in Content-Type and Server when absent; the origin's answer had neither.
+        omit = frozenset(name for name in (hdrs.CONTENT_TYPE, hdrs.SERVER) if name not in headers)
+        response = RelayedResponse(
+            status=upstream.status, reason=upstream.reason, omit_defaults=omit
+        )
+        response.headers.extend(headers)
         try:
             await response.prepare(request)
             async for chunk in OriginClient.body_chunks(upstream):
@@ -401,9 +463,7 @@ class Relay:
             raise ClientGone from gone
         except OriginError as error:
             self.metrics.origin_errors.labels(reason=error.reason).inc()
-            logger.warning(
-                "origin failed mid-body for %r: %s", request_target(request).upstream, error
-            )
+            logger.warning("origin failed mid-body for %r: %s", ask.target.upstream, error)
             if request.transport is not None:
                 request.transport.abort()
         return response

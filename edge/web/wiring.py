@@ -55,6 +55,7 @@ from edge.web.fast_polls import FastPolls, LiveTargets, LogsNow
 from edge.web.fast_sse import FastSse
 from edge.web.fastpath import FastPath
 from edge.web.front import CatchupFront
+from edge.web.own_relay import OwnRelay
 from edge.web.proxy import OriginCors, Relay
 from edge.web.wire import encode
 
@@ -147,6 +148,7 @@ class Wired:
     lifecycle: StreamLifecycle
     hub: LiveHub
     relay: Relay  # as built: a worker's application relays through its own (``edge.workers``)
+    own_relay: OwnRelay  # the connections' relay of reads (a worker's relays through its own)
     gate: Gate | None
     fast: FastPath
     front: CatchupFront
@@ -218,10 +220,11 @@ def wire(
     )  # fmt: skip
     front = CatchupFront(catchup=parts.catchup, fast=fast, cors=cors)
     catchup = FastCatchup(settings, metrics, front, cors, gated=gate is not None)
+    own_relay = OwnRelay(settings, metrics, relay, front, cors, gated=gate is not None)
     # The stream listener's connections answer every read they can themselves.
     connections = ConnectionTracker(
         limits if limits is not None else default_limits(settings), fast=fast, polls=polls,
-        sse=sse, catchup=catchup,
+        sse=sse, catchup=catchup, relay=own_relay,
     )  # fmt: skip
     purger = CdnPurger(settings, parts.forgetter, metrics) if settings.cdn_purge else None
     if purger is not None:
@@ -240,6 +243,7 @@ def wire(
         lifecycle=parts.lifecycle,
         hub=hub,
         relay=relay,
+        own_relay=own_relay,
         gate=gate,
         fast=fast,
         front=front,

@@ -313,7 +313,7 @@ def share_observations(
             return web.Response(status=400, text="not an observation\n")
         return web.Response(status=204)
 
-    stream_app[RELAY] = replace(relay, observe=siblings.observe)
+    stream_app[RELAY] = wired.own_relay.relay = replace(relay, observe=siblings.observe)
     stream_app.cleanup_ctx.append(lifetime)
     wired.forgetter.tellers.append(siblings.forgot)
     admin_app.middlewares.append(supervisors_request)
