@@ -29,6 +29,13 @@ Rules this module owns:
   version's default is not what happens. The one set of these rules serves the fast path and
   the long-polls released together (``tests/integration/test_fast_path.py`` compares with
   the full path byte for byte, ``tests/unit/test_wire.py`` with a real aiohttp server).
+* The rarer heads aiohttp writes its own way are framed here too: ``dated_answer_head`` for an
+  edge answer whose headers carry the origin's ``Date`` (kept in place, none added), and
+  ``relayed_answer_head`` for a relayed answer (the origin's reason, ``Date`` and ``Server``;
+  chunked without a ``Content-Length``; nothing after a HEAD, 204, 304 or 1xx), each as aiohttp
+  frames it (``tests/integration/test_own_relay.py`` compares with the full path).
+* A head the hit path took is read whole again only for a relay (``parse_whole_head``: every
+  header, in order), so the hot parse keeps only what it consults.
 """
 
 from __future__ import annotations
@@ -381,7 +388,8 @@ def dated_answer_head(
     """The whole head of an edge answer whose headers may carry a ``Date`` of their own (an
     origin answer the cache passed on): as aiohttp writes such an ``EdgeResponse``, the
     ``Date`` stays where it is and none is added; otherwise as ``serialise`` + ``date_line``
-    + ``trailer``."""
+    + ``trailer``. ``head``: the answer to a HEAD, whose body (``body_length`` long) is not
+    written."""
     lines = [f"HTTP/{version[0]}.{version[1]} {status} {HTTPStatus(status).phrase}"]
     _check(lines[0], headers)
     names = set()
@@ -391,11 +399,11 @@ def dated_answer_head(
             continue  # the edge's answers name no server (``EdgeResponse``)
         names.add(lowered)
         lines.append(f"{name}: {value}")
-    if not bodiless(status) and not head:
-        if "content-length" not in names:
-            lines.append(f"Content-Length: {body_length}")
-        if body_length and "content-type" not in names:
-            lines.append("Content-Type: application/octet-stream")
+    if not bodiless(status) and "content-length" not in names and (body_length or not head):
+        # A HEAD's answer says how long the GET's body is (which is not written), if any.
+        lines.append(f"Content-Length: {body_length}")
+    if not bodiless(status) and not head and body_length and "content-type" not in names:
+        lines.append("Content-Type: application/octet-stream")
     return _closing(lines, names, version, keep_alive, now_seconds)
 
 

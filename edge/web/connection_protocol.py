@@ -4,8 +4,12 @@ stored hits itself (``edge.web.fastpath``) while aiohttp has nothing in hand.
 
 Rules this module owns:
 
-* Answers leave in request order, by construction: a head the fast path cannot answer goes to
-  aiohttp alone (``WAITING``), and nothing after it is read until aiohttp's answer is written
+* Every read is the connection's: a stored hit, a catch-up, long-poll or SSE read of its own
+  (``fast_catchup``, ``fast_polls``, ``fast_sse``), and what those hand off or hand on
+  (``HandOn``) is relayed or written by its own relay (``edge.web.own_relay``), admitted first
+  as the full path admits it (a live read at ``--max-viewers`` is refused).
+* Answers leave in request order, by construction: a head no own path serves goes to aiohttp
+  alone (``WAITING``), and nothing after it is read until aiohttp's answer is written
   (``request_done``, from the tracker's middleware).
 * A head with a body or an ``Expect`` (whose 417 aiohttp writes without the middleware), one
   llhttp refuses, a head past ``MAX_HEAD_BYTES`` (aiohttp answers it 431), a backlog past

@@ -19,7 +19,10 @@ Rules this module owns:
   never as an answered request (``edge_requests_total``), and logged at DEBUG: leaving is what
   viewers do, and a dashboard must not read it as failing.
 * The origin's control API is relayed as it is; a live read whose CORS answer is unknown for its
-  ``Origin`` is relayed so that the origin's answer teaches the edge.
+  ``Origin`` is relayed so that the origin's answer teaches the edge: what becomes of a
+  classified request is ``edge.web.own_relay.route_of``'s one decision, the connection's own
+  relay's too. (Reads reach this handler only with ``--fast-path off``, with ``--auth``, or as
+  what the connection cannot serve: a target it refuses, a loop, ``OPTIONS *``.)
 """
 
 from __future__ import annotations

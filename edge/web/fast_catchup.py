@@ -9,10 +9,10 @@ Rules this module owns:
   ``CatchupFront.answer``'s, the full path's own glue, with the request values the full path
   reads from the same head (``catchup_request``), written as aiohttp writes ``EdgeResponse``
   (``edge.web.wire.encode_served``).
-* What the cache does not answer (``Bypass``) and an origin failure are the full path's: the
-  connection hands it the head, nothing having been written, and the full path asks again and
-  relays or answers the failure as it always has. (So a bypassed read costs the cache's look
-  twice; bypasses are rare and counted by the full path.)
+* What the cache does not answer (``Bypass``), an origin failure, and an answer whose headers
+  carry the origin's ``Date`` are handed on (``HandOn``), nothing having been written: the
+  connection's own relay (``edge.web.own_relay``) relays or writes them as the full path does,
+  and counts them.
 * Bytes fresh from the origin count in ``--fill-buffer-bytes`` until written: the share is
   given back once the transport has taken them (or the client left).
 """

@@ -85,10 +85,10 @@ HANDED_OFF = HandedOff()
 
 @dataclass(frozen=True, slots=True)
 class HandOn:
-    """Nothing was written: the full path answers ``head``, told what the connection found
-    (``found``: the cache's ``Bypass``, the origin's failure, or an answer only it writes
-    exactly: one carrying the origin's own ``Date``),
-    so that nothing is asked twice; None: it asks again."""
+    """Nothing was written: the connection's own relay (``edge.web.own_relay``) answers
+    ``head`` with what the connection found (``found``: the cache's ``Bypass``, the origin's
+    failure, or an answer carrying the origin's own ``Date``), so that nothing is asked twice;
+    None: aiohttp's handler asks again."""
 
     head: bytes
     found: Bypass | OriginError | Answer | Served | None = None

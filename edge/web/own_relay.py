@@ -338,7 +338,11 @@ class OwnRelay:
     ) -> int:
         body = b"" if bodiless(answer.status) else answer.body
         self._metrics.served_bytes.inc(len(answer.body))
-        connection.send(self._dated(answer.status, served, len(body), planned) + body)
+        head = planned.ask.method == "HEAD"
+        connection.send(
+            self._dated(answer.status, served, len(body), planned, head=head)
+            + (b"" if head else body)
+        )
         return answer.status
 
     def _write_error(
@@ -347,11 +351,12 @@ class OwnRelay:
         response = origin_error_response(error, self._cors, planned.origin)
         body = response.body
         assert isinstance(body, bytes)
+        head = planned.ask.method == "HEAD"
         connection.send(
             dated_answer_head(
                 response.status, list(response.headers.items()), len(body),
-                keep_alive=planned.keep_alive, now_seconds=int(self._clock()),
-            ) + body
+                keep_alive=planned.keep_alive, now_seconds=int(self._clock()), head=head,
+            ) + (b"" if head else body)
         )  # fmt: skip
         return response.status
 

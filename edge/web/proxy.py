@@ -15,6 +15,9 @@ Rules this module owns:
 * What goes upstream is ``Target.upstream``: the client's path and query as sent, even when the
   client used an absolute-form target (whose authority is never used). The stream a request is
   about, for the cache and for invalidation, is ``Target.stream``, the origin's normalised path.
+* What is sent upstream (``Relay.open``: the headers, the observer, the counters) and the headers
+  a relayed answer gets (``Relay.relayed_head``) are decided once, for both writers: aiohttp's
+  (``forward``) and the connection's own (``edge.web.own_relay``).
 * Every answer the edge makes itself (``edge_answer``) carries the CORS headers the origin gives
   a request with the same ``Origin`` (``OriginCors``), as the origin's own answers would.
 * A relayed answer to a read keeps no lifetime of its own: it is ``no-store`` (``private,

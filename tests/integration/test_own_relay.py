@@ -1,0 +1,252 @@
+"""Reads the cache relays, served by the connection protocol itself (``edge.web.own_relay``):
+HEAD misses, ``offset=now``, reads whose CORS answer is unknown for their ``Origin``, bypassed
+streams, origin failures. The same bytes as the full path (an edge with ``--fast-path off``,
+``Raw.comparable``), and no aiohttp handler entered (``edge_full_path_requests_total``).
+
+The reference origin cannot be made to send ``no-store`` or to stall mid-body, so for those a
+small aiohttp application stands in for it (as in ``test_hostile_origin.py``); everything else
+runs against the real one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from devstack.processes import Edge, Origin, start_edge
+from tests.integration.test_fast_path import (
+    Raw,
+    edge_pair,
+    exchange,
+    host_port,
+    make_stream,
+    read_answers,
+    request,
+)
+from tests.integration.test_passthrough import call, metric_value
+
+ARGS = ("--workers", "1", "--long-poll-timeout", "1")
+KINDS = ("catchup", "head", "long_poll", "sse", "other")
+ORIGINS = itertools.count()
+
+
+def fresh_origin() -> str:
+    """An ``Origin`` neither edge has asked the origin about yet."""
+    return f"Origin: https://app-{next(ORIGINS)}.example"
+
+
+def full_path_requests(edge: Edge) -> dict[str, float]:
+    text = edge.metrics_text()
+    return {k: metric_value(text, "edge_full_path_requests_total", kind=k) for k in KINDS}
+
+
+async def both(edges: tuple[Edge, Edge], payload: bytes, methods: list[str]) -> list[list[Raw]]:
+    return list(await asyncio.gather(*(exchange(e.url, payload, methods) for e in edges)))
+
+
+def same(answers: list[list[Raw]]) -> list[Raw]:
+    fast, full = answers
+    for ours, theirs in zip(fast, full, strict=True):
+        assert ours.status_line == theirs.status_line
+        assert ours.comparable()[1] == theirs.comparable()[1], ours.status_line
+        assert ours.body == theirs.body
+    return fast
+
+
+@pytest.fixture(scope="module")
+def edges(origin: Origin, logs_dir: Path) -> Iterator[tuple[Edge, Edge]]:
+    with edge_pair(origin, logs_dir, "own-relay", *ARGS) as pair:
+        yield pair
+
+
+async def test_relayed_reads_are_the_full_paths_byte_for_byte_and_enter_no_handler(
+    http: aiohttp.ClientSession, origin: Origin, edges: tuple[Edge, Edge], stream_path: str
+) -> None:
+    fast, _ = edges
+    url = origin.url + stream_path
+    await make_stream(http, url, "text/plain", b"one ", b"two", close=False)
+    before = full_path_requests(fast)
+
+    # A HEAD of a stream the edge knows nothing of: the origin's answer, relayed.
+    head = same(await both(edges, request(stream_path, method="HEAD"), ["HEAD"]))[0]
+    assert head.status_line == b"HTTP/1.1 200 OK"
+    assert head.header(b"Stream-Next-Offset") is not None
+    # A HEAD of a stream the origin does not have: its 404.
+    missing = request(stream_path + "-never", method="HEAD")
+    assert same(await both(edges, missing, ["HEAD"]))[0].status_line.split()[1] == b"404"
+    # offset=now: the origin's to answer, a GET and a long-poll.
+    now = same(await both(edges, request(f"{stream_path}?offset=now"), ["GET"]))[0]
+    assert now.header(b"Stream-Up-To-Date") == b"true"
+    polled = request(f"{stream_path}?offset=now&live=long-poll")
+    assert same(await both(edges, polled, ["GET"]))[0].status_line.split()[1] == b"204"
+    # Reads from an Origin whose CORS answer is unknown: relayed, so the origin teaches it.
+    catchup = request(f"{stream_path}?offset=-1", fresh_origin())
+    assert same(await both(edges, catchup, ["GET"]))[0].body == b"one two"
+    long_poll = request(f"{stream_path}?offset=-1&live=long-poll", fresh_origin())
+    assert same(await both(edges, long_poll, ["GET"]))[0].body == b"one two"
+    status, _, _ = await call(http, "POST", url, headers={"Stream-Closed": "true"})
+    assert status == 204
+    sse = request(f"{stream_path}?offset=-1&live=sse", fresh_origin())
+    assert b"data:one two" in same(await both(edges, sse, ["GET"]))[0].body
+    # A HEAD the edge knows the answer to after all that: its own.
+    assert same(await both(edges, request(stream_path, method="HEAD"), ["HEAD"]))
+
+    assert full_path_requests(fast) == before
+
+
+async def test_a_pipelined_pair_behind_a_relay_is_answered_in_order(
+    http: aiohttp.ClientSession, origin: Origin, edges: tuple[Edge, Edge], stream_path: str
+) -> None:
+    fast, _ = edges
+    await make_stream(http, origin.url + stream_path, "text/plain", b"abc", close=False)
+    before = full_path_requests(fast)
+    payload = (
+        request(f"{stream_path}?offset=now")
+        + request(stream_path, method="HEAD")
+        + request(f"{stream_path}?offset=-1")
+        + request(f"{stream_path}?offset=now", "Connection: close")
+    )
+    answers = same(await both(edges, payload, ["GET", "HEAD", "GET", "GET"]))
+    assert [a.body for a in answers] == [b"", b"", b"abc", b""]
+    assert answers[3].header(b"Connection") == b"close"
+    assert full_path_requests(fast) == before
+
+
+async def test_a_half_close_after_a_head_miss_is_still_answered(
+    http: aiohttp.ClientSession, origin: Origin, edges: tuple[Edge, Edge], stream_path: str
+) -> None:
+    fast, _ = edges
+    await make_stream(http, origin.url + stream_path, "text/plain", b"x", close=False)
+    reader, writer = await asyncio.open_connection(*host_port(fast.url))
+    try:
+        writer.write(request(stream_path, method="HEAD"))
+        writer.write_eof()
+        answer = (await asyncio.wait_for(read_answers(reader, ["HEAD"]), 10))[0]
+        assert answer.status_line == b"HTTP/1.1 200 OK"
+        assert await asyncio.wait_for(reader.read(), 10) == b""  # then it closes
+    finally:
+        writer.close()
+
+
+async def test_an_origin_that_is_down_is_a_502_written_by_the_connection(
+    logs_dir: Path,
+) -> None:
+    down = "http://127.0.0.1:9"  # nothing listens there
+    fast = await asyncio.to_thread(start_edge, down, logs_dir, *ARGS, name="own-relay-down")
+    try:
+        full = await asyncio.to_thread(
+            start_edge, down, logs_dir, *ARGS, "--fast-path", "off", name="own-relay-down-full"
+        )
+        try:
+            pair = (fast, full)
+            payload = (
+                request("/v1/stream/s?offset=now")
+                + request("/v1/stream/s", method="HEAD")
+                + request("/v1/stream/s?offset=-1")
+                + request("/v1/stream/s?offset=-1&live=long-poll")
+            )
+            answers = same(await both(pair, payload, ["GET", "HEAD", "GET", "GET"]))
+            assert {a.status_line for a in answers} == {b"HTTP/1.1 502 Bad Gateway"}
+            assert full_path_requests(fast) == dict.fromkeys(KINDS, 0.0)
+        finally:
+            await asyncio.to_thread(full.stop)
+    finally:
+        await asyncio.to_thread(fast.stop)
+
+
+# --- a stand-in origin: no-store, and an answer that never ends ---
+
+
+@dataclass
+class StandIn:
+    url: str = ""
+    gone: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+def stand_in_app(state: StandIn) -> web.Application:
+    async def read(request: web.Request) -> web.StreamResponse:
+        headers = {"Content-Type": "text/plain", "Access-Control-Allow-Origin": "*"}
+        if request.query.get("offset") == "now":
+            # Headers, then a body that never ends: only a client that leaves ends it.
+            response = web.StreamResponse(headers=headers)
+            await response.prepare(request)
+            try:
+                while True:
+                    await response.write(b"more ")
+                    await asyncio.sleep(0.05)
+            except (ConnectionError, asyncio.CancelledError):
+                state.gone.set()
+                raise
+        headers |= {
+            "Cache-Control": "no-store",
+            "Stream-Next-Offset": "0000_0001",
+            "Stream-Up-To-Date": "true",
+        }
+        return web.Response(body=b"kept nowhere", headers=headers)
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", read)
+    return app
+
+
+@pytest.fixture
+async def stand_in() -> AsyncIterator[StandIn]:
+    state = StandIn()
+    runner = web.AppRunner(stand_in_app(state), handler_cancellation=True)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    state.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    yield state
+    await runner.cleanup()
+
+
+@pytest.fixture
+async def stand_in_edges(stand_in: StandIn, logs_dir: Path) -> AsyncIterator[tuple[Edge, Edge]]:
+    fast = await asyncio.to_thread(start_edge, stand_in.url, logs_dir, *ARGS, name="own-no-store")
+    try:
+        full = await asyncio.to_thread(
+            start_edge, stand_in.url, logs_dir, *ARGS, "--fast-path", "off",
+            name="own-no-store-full",
+        )  # fmt: skip
+        try:
+            yield fast, full
+        finally:
+            await asyncio.to_thread(full.stop)
+    finally:
+        await asyncio.to_thread(fast.stop)
+
+
+async def test_a_stream_the_origin_forbids_keeping_is_relayed_by_the_connection(
+    stand_in_edges: tuple[Edge, Edge],
+) -> None:
+    fast, _ = stand_in_edges
+    target = request("/v1/stream/no-store?offset=-1")
+    for _ in range(3):  # the first answer says no-store; those after are bypassed at once
+        answer = same(await both(stand_in_edges, target, ["GET"]))[0]
+        assert answer.body == b"kept nowhere"
+        assert answer.header(b"Cache-Control") == b"no-store"
+    bypassed = metric_value(fast.metrics_text(), "edge_cache_requests_total", result="bypass")
+    assert bypassed >= 2
+    assert full_path_requests(fast) == dict.fromkeys(KINDS, 0.0)
+
+
+async def test_a_client_that_leaves_mid_relay_closes_the_origins_answer(
+    stand_in: StandIn, stand_in_edges: tuple[Edge, Edge]
+) -> None:
+    fast, _ = stand_in_edges
+    reader, writer = await asyncio.open_connection(*host_port(fast.url))
+    writer.write(request("/v1/stream/endless?offset=now"))
+    await reader.readuntil(b"\r\n\r\n")
+    assert b"more " in await reader.readuntil(b"more ")
+    writer.close()
+    await asyncio.wait_for(stand_in.gone.wait(), 10)
+    text = fast.metrics_text()
+    assert metric_value(text, "edge_full_path_requests_total", kind="catchup") == 0
