@@ -47,6 +47,26 @@ def full_path_requests(edge: Edge) -> dict[str, float]:
     return {k: metric_value(text, "edge_full_path_requests_total", kind=k) for k in KINDS}
 
 
+COUNTED = [
+    ("edge_requests_total", {"kind": "head", "code": "200"}),
+    ("edge_requests_total", {"kind": "head", "code": "404"}),
+    ("edge_requests_total", {"kind": "catchup", "code": "200"}),
+    ("edge_requests_total", {"kind": "long_poll", "code": "200"}),
+    ("edge_requests_total", {"kind": "long_poll", "code": "204"}),
+    ("edge_requests_total", {"kind": "sse", "code": "200"}),
+    ("edge_cache_requests_total", {"result": "bypass"}),
+    ("edge_origin_requests_total", {"kind": "head", "code": "200"}),
+    ("edge_origin_requests_total", {"kind": "head", "code": "404"}),
+    ("edge_request_duration_seconds_count", {"kind": "head"}),
+    ("edge_open_connections", {"kind": "sse"}),
+]
+
+
+def counted(edge: Edge) -> list[float]:
+    text = edge.metrics_text()
+    return [metric_value(text, name, **labels) for name, labels in COUNTED]
+
+
 async def both(edges: tuple[Edge, Edge], payload: bytes, methods: list[str]) -> list[list[Raw]]:
     return list(await asyncio.gather(*(exchange(e.url, payload, methods) for e in edges)))
 
@@ -73,6 +93,7 @@ async def test_relayed_reads_are_the_full_paths_byte_for_byte_and_enter_no_handl
     url = origin.url + stream_path
     await make_stream(http, url, "text/plain", b"one ", b"two", close=False)
     before = full_path_requests(fast)
+    counted_before = [counted(edge) for edge in edges]
 
     # A HEAD of a stream the edge knows nothing of: the origin's answer, relayed.
     head = same(await both(edges, request(stream_path, method="HEAD"), ["HEAD"]))[0]
@@ -86,19 +107,21 @@ async def test_relayed_reads_are_the_full_paths_byte_for_byte_and_enter_no_handl
     assert now.header(b"Stream-Up-To-Date") == b"true"
     polled = request(f"{stream_path}?offset=now&live=long-poll")
     assert same(await both(edges, polled, ["GET"]))[0].status_line.split()[1] == b"204"
-    # Reads from an Origin whose CORS answer is unknown: relayed, so the origin teaches it.
-    catchup = request(f"{stream_path}?offset=-1", fresh_origin())
-    assert same(await both(edges, catchup, ["GET"]))[0].body == b"one two"
-    long_poll = request(f"{stream_path}?offset=-1&live=long-poll", fresh_origin())
-    assert same(await both(edges, long_poll, ["GET"]))[0].body == b"one two"
     status, _, _ = await call(http, "POST", url, headers={"Stream-Closed": "true"})
     assert status == 204
-    sse = request(f"{stream_path}?offset=-1&live=sse", fresh_origin())
-    assert b"data:one two" in same(await both(edges, sse, ["GET"]))[0].body
     # A HEAD the edge knows the answer to after all that: its own.
     assert same(await both(edges, request(stream_path, method="HEAD"), ["HEAD"]))
 
     assert full_path_requests(fast) == before
+    # Counted as the full path counts them.
+    fast_after, full_after = (counted(edge) for edge in edges)
+    fast_delta = [a - b for a, b in zip(fast_after, counted_before[0], strict=True)]
+    full_delta = [a - b for a, b in zip(full_after, counted_before[1], strict=True)]
+    assert fast_delta[0] >= 2  # two HEADs answered 200
+    assert fast_delta[6] == 1  # offset=now
+    assert dict(zip(map(str, COUNTED), fast_delta, strict=True)) == dict(
+        zip(map(str, COUNTED), full_delta, strict=True)
+    )
 
 
 async def test_a_pipelined_pair_behind_a_relay_is_answered_in_order(
@@ -173,7 +196,7 @@ class StandIn:
 def stand_in_app(state: StandIn) -> web.Application:
     async def read(request: web.Request) -> web.StreamResponse:
         headers = {"Content-Type": "text/plain", "Access-Control-Allow-Origin": "*"}
-        if request.query.get("offset") == "now":
+        if request.query.get("offset") == "now" and request.path.endswith("/endless"):
             # Headers, then a body that never ends: only a client that leaves ends it.
             response = web.StreamResponse(headers=headers)
             await response.prepare(request)
@@ -184,6 +207,14 @@ def stand_in_app(state: StandIn) -> web.Application:
             except (ConnectionError, asyncio.CancelledError):
                 state.gone.set()
                 raise
+        if request.path.endswith("/cors"):
+            # CORS by Origin: each Origin granted only itself.
+            headers = {"Content-Type": "text/plain", "Vary": "Origin"}
+            if "Origin" in request.headers:
+                headers["Access-Control-Allow-Origin"] = request.headers["Origin"]
+            headers |= {"Stream-Next-Offset": "0000_0001", "Stream-Up-To-Date": "true"}
+            body = b"" if request.query.get("offset") == "now-ish" else b"granted"
+            return web.Response(body=body, headers=headers | {"Stream-Closed": "true"})
         headers |= {
             "Cache-Control": "no-store",
             "Stream-Next-Offset": "0000_0001",
@@ -250,3 +281,28 @@ async def test_a_client_that_leaves_mid_relay_closes_the_origins_answer(
     await asyncio.wait_for(stand_in.gone.wait(), 10)
     text = fast.metrics_text()
     assert metric_value(text, "edge_full_path_requests_total", kind="catchup") == 0
+
+
+async def test_reads_from_an_origin_whose_cors_answer_is_unknown_are_relayed_by_the_connection(
+    stand_in_edges: tuple[Edge, Edge],
+) -> None:
+    """Once the origin's CORS varies by ``Origin`` (learnt from a relayed answer), a read from
+    an ``Origin`` it never answered is relayed: its answer teaches the edge."""
+    fast, _ = stand_in_edges
+    teach = request("/v1/stream/cors?offset=now", fresh_origin())
+    assert same(await both(stand_in_edges, teach, ["GET"]))[0].header(b"Vary") == b"Origin"
+    counted_before = [counted(edge) for edge in stand_in_edges]
+    catchup = request("/v1/stream/cors?offset=-1", unknown := fresh_origin())
+    answer = same(await both(stand_in_edges, catchup, ["GET"]))[0]
+    assert answer.body == b"granted"
+    assert b"detail=cors" in (answer.header(b"Cache-Status") or b"")
+    assert answer.header(b"Access-Control-Allow-Origin") == unknown.split(": ")[1].encode()
+    long_poll = request("/v1/stream/cors?offset=-1&live=long-poll", fresh_origin())
+    answer = same(await both(stand_in_edges, long_poll, ["GET"]))[0]
+    assert answer.body == b"granted"
+    assert b"detail=cors" in (answer.header(b"Cache-Status") or b"")
+    fast_after, full_after = (counted(edge) for edge in stand_in_edges)
+    assert [a - b for a, b in zip(fast_after, counted_before[0], strict=True)] == [
+        a - b for a, b in zip(full_after, counted_before[1], strict=True)
+    ]
+    assert full_path_requests(fast) == dict.fromkeys(KINDS, 0.0)
