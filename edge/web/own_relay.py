@@ -193,15 +193,13 @@ class OwnRelay:
     def plan(self, raw: bytes, found: Found | None, peer: str | None) -> Planned | None:
         """What the connection does with the head ``raw`` (from ``peer``'s address): with
         nothing ``found``, a read no own path answered; else what an own path found for it.
-        None: aiohttp's handler answers it (``found`` let go)."""
+        None: aiohttp's handler answers it (the caller lets ``found`` go)."""
         whole = parse_whole_head(raw)
         try:
             target = parse_target(whole.target, whole.method)
         except BadTarget:
             target = None
         if target is None or target.asterisk:
-            if found is not None:
-                let_go(found)
             return None
         settings, headers = self._settings, whole.headers
         classified = classify(
@@ -232,9 +230,19 @@ class OwnRelay:
         self, planned: Planned, connection: RelayConnection, done: Done
     ) -> asyncio.Task[None]:
         """Serve ``planned`` in a task; ``done`` hears how its answer ended."""
-        return asyncio.get_running_loop().create_task(self._serve(planned, connection, done))
+        begun: list[bool] = []
+        task = asyncio.get_running_loop().create_task(self._serve(planned, connection, done, begun))
+        step = planned.step
+        if isinstance(step, Served) and step.answer.hold is not None:
+            # Cancelled before it ran (its client left at once), it never reaches its
+            # ``finally``: the fill share it holds is given back here then.
+            task.add_done_callback(lambda _: None if begun else let_go(step))
+        return task
 
-    async def _serve(self, planned: Planned, connection: RelayConnection, done: Done) -> None:
+    async def _serve(
+        self, planned: Planned, connection: RelayConnection, done: Done, begun: list[bool]
+    ) -> None:
+        begun.append(True)
         metrics, kind = self._metrics, planned.kind
         opened = metrics.open_requests(kind)
         opened.inc()
