@@ -207,6 +207,15 @@ def stand_in_app(state: StandIn) -> web.Application:
             except (ConnectionError, asyncio.CancelledError):
                 state.gone.set()
                 raise
+        if request.path.endswith("/cut"):
+            # A body cut short: it says 100 bytes, and the connection ends after 7.
+            response = web.StreamResponse(headers=headers)
+            response.content_length = 100
+            await response.prepare(request)
+            await response.write(b"partial")
+            assert request.transport is not None
+            request.transport.close()
+            return response
         if request.path.endswith("/cors"):
             # CORS by Origin: each Origin granted only itself.
             headers = {"Content-Type": "text/plain", "Vary": "Origin"}
@@ -305,4 +314,43 @@ async def test_reads_from_an_origin_whose_cors_answer_is_unknown_are_relayed_by_
     assert [a - b for a, b in zip(fast_after, counted_before[0], strict=True)] == [
         a - b for a, b in zip(full_after, counted_before[1], strict=True)
     ]
+    assert full_path_requests(fast) == dict.fromkeys(KINDS, 0.0)
+
+
+async def everything(url: str, payload: bytes) -> bytes:
+    """What the edge writes for ``payload`` until it ends the connection."""
+    reader, writer = await asyncio.open_connection(*host_port(url))
+    writer.write(payload)
+    received = b""
+    try:
+        while data := await asyncio.wait_for(reader.read(65536), 10):
+            received += data
+    except ConnectionResetError:
+        pass  # aborted
+    finally:
+        writer.close()
+    return received
+
+
+def head_of(answer: bytes) -> Raw:
+    """The status line and headers of the first answer in ``answer``."""
+    lines = answer.split(b"\r\n\r\n", 1)[0].split(b"\r\n")
+    headers = [(name, value) for name, _, value in (line.partition(b": ") for line in lines[1:])]
+    return Raw(lines[0], headers, b"")
+
+
+async def test_a_body_the_origin_cuts_short_ends_the_connection_as_the_full_path_ends_it(
+    stand_in_edges: tuple[Edge, Edge],
+) -> None:
+    fast, _ = stand_in_edges
+    payload = request("/v1/stream/cut?offset=now") + request("/v1/stream/cut?offset=now")
+    ours, theirs = await asyncio.gather(*(everything(e.url, payload) for e in stand_in_edges))
+    heads = [head_of(answer) for answer in (ours, theirs)]
+    assert heads[0].comparable() == heads[1].comparable()
+    assert b"Content-Length: 100" in ours
+    # The head and what came of the body, never the second answer: a truncated body must not
+    # look complete, so the connection ends there.
+    assert ours.split(b"\r\n\r\n", 1)[1] == theirs.split(b"\r\n\r\n", 1)[1]
+    assert len(ours.split(b"\r\n\r\n", 1)[1]) < 100
+    assert ours.count(b"HTTP/1.1 ") == 1
     assert full_path_requests(fast) == dict.fromkeys(KINDS, 0.0)
