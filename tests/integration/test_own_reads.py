@@ -459,11 +459,12 @@ async def test_a_mixed_read_load_enters_no_aiohttp_handler(
     start and from each offset they learn, long-polls following the tail as the official
     client does, SSE viewers from the start and from ``now``. Every read is the connections'
     own: aiohttp's request handler sees none (``edge_full_path_requests_total``), and every
-    follower gets every byte once, in order."""
+    follower gets every byte once, in order. HEADs and reads at ``now`` among them are relayed
+    by the connections too."""
     fast, _ = edges
     url = origin.url + stream_path
     await make_stream(http, url, "text/plain", b"0;", close=False)
-    kinds = ("catchup", "long_poll", "sse")
+    kinds = ("catchup", "long_poll", "sse", "head")
     before = {k: metric_value(fast.metrics_text(), "edge_full_path_requests_total", kind=k)
               for k in kinds}  # fmt: skip
 
@@ -490,6 +491,9 @@ async def test_a_mixed_read_load_enters_no_aiohttp_handler(
                 offset = (answer.header(b"Stream-Next-Offset") or b"").decode()
                 if answer.header(b"Stream-Up-To-Date"):
                     break
+            # A HEAD and a read at ``now``: the origin's to answer, relayed by the connection.
+            payload = request(stream_path, method="HEAD") + request(f"{stream_path}?offset=now")
+            await exchange(fast.url, payload, ["HEAD", "GET"])
             await asyncio.sleep(0.05)
 
     async def agent() -> bytes:
