@@ -10,8 +10,9 @@ Rules this module owns:
   ``Hit``), and, to wait, a running upstream tail. Otherwise it ``Waits``: a task of the
   connection's runs the full path's own steps (``LiveHub.start``, ``LiveHub.long_poll``) and
   writes their answer; only what they do not answer (a ``Bypass``, an origin failure, an
-  answer with headers only aiohttp rewrites) is handed to the full path, nothing having been
-  written. Anything else is the full path's (``HANDED_OFF``): a relay, or the gate's.
+  answer carrying the origin's ``Date``) is handed on (``HandOn``), nothing having been
+  written, to the connection's own relay (``edge.web.own_relay``). Anything else is not this
+  module's (``HANDED_OFF``): a relay (the connection's own), or the gate's.
 * What it gets is the hub's own decision (``LiveHub.settle``, the same code the full path and a
   group's release run): the bytes behind the tail, a closed stream's 204, at once; or a wait on
   the board with every other long-poll there (``LongPollFanout.park``), released by the same
@@ -19,7 +20,7 @@ Rules this module owns:
 * A parked long-poll holds its tail (``TailRegistry.watch_running``) until it leaves the board,
   answered or not; exactly once (``Parked.leave``).
 * A parked long-poll woken without an answer (its stream gone, a gap to fetch) has had nothing
-  written: it looks again, as ``Waits``; one whose answer cannot be encoded is the full path's.
+  written: it looks again, as ``Waits``; one whose answer cannot be encoded is handed on.
 * What a target gets is decided once a second: after each release every viewer re-polls with
   the same head (``Decided`` says what else a decision was derived from). An answer's cursor is
   then one drawn jump for all of them, as valid as one each (``edge.protocol.cursor``).

@@ -11,8 +11,8 @@ Rules this module owns:
   upstream vouches for the tail, ``LiveHub.start``'s own rule), its head and feed begin at once.
   Otherwise a task of the connection's first runs the full path's own steps
   (``LiveHub.start``, ``LiveHub.known_from``): then the feed, or the origin's refusal written
-  as the full path writes it; a bypass or an origin failure is the full path's, nothing having
-  been written.
+  as the full path writes it; a bypass or an origin failure is handed on (``HandOn``), nothing
+  having been written, to the connection's own relay (``edge.web.own_relay``).
 * The answer is the full path's, byte for byte: the same headers (``sse_head_headers``), framed
   in chunks as aiohttp frames a ``StreamResponse`` to HTTP/1.1, then the same feed
   (``SseFanout.serve``), with flow control: a write waits while the connection's transport is
