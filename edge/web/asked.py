@@ -62,7 +62,7 @@ def asked_of(
     Its credentials are what a cache fill or a live tail sends upstream for its scope: the
     configured credential headers, the Cookie cut down to the configured cookies; for a shared
     read the edge authorized, the edge's own ``--origin-header`` instead, and its answer is
-    made private (``edge.web.proxy.for_the_reader_only``)."""
+    made private (``edge.web.proxy.reader_only``)."""
     shared = admitted is not None and admitted.shared
     if admitted is not None and shared:
         credentials = admitted.upstream

@@ -87,16 +87,11 @@ ADMISSION = web.RequestKey("admission", RequestAdmission)
 
 
 def reader_only(request: web.Request) -> bool:
-    """Whether this request's answer is its reader's alone (``for_the_reader_only``)."""
+    """Whether this request's answer is its reader's alone: an authorized read's answer was
+    served from the shared scope, but a cache downstream (a CDN, a browser's shared cache) must
+    not give it to anyone else (``make_private``)."""
     admitted = request.get(ADMISSION)
     return admitted is not None and admitted.shared
-
-
-def for_the_reader_only(request: web.Request, headers: CIMultiDict[str]) -> None:
-    """An authorized read's answer was served from the shared scope, but it is this reader's:
-    a cache downstream (a CDN, a browser's shared cache) must not give it to anyone else."""
-    if reader_only(request):
-        make_private(headers)
 
 
 def credentialed(request: web.Request) -> bool:
@@ -433,7 +428,7 @@ class Relay:
             relayed = with_cache_control(relayed, control)
         headers: CIMultiDict[str] = CIMultiDict(relayed)
         if ask.reader_only:
-            # An authorized read's answer is its reader's alone (``for_the_reader_only``).
+            # An authorized read's answer is its reader's alone (``reader_only``).
             make_private(headers)
         headers.add("Cache-Status", cache_status)
         return headers

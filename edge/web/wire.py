@@ -43,7 +43,7 @@ def client_headers(
 ) -> CIMultiDict[str]:
     """The headers of ``answer`` to a request whose ``Origin`` was ``origin``.
     ``reader_only``: an authorized reader's answer from the shared scope, made ``private``
-    (``edge.web.proxy.for_the_reader_only``). CORS headers are the request's own: whatever an
+    (``edge.web.proxy.reader_only``). CORS headers are the request's own: whatever an
     origin answer the edge built this from said to its own request is dropped. They go first,
     where the origin puts them (it sets them before routing)."""
     headers = CIMultiDict(cors.grant(origin))
