@@ -452,7 +452,12 @@ class _Connection(asyncio.Protocol):
         if relay is None:
             return False
         peer = transport.get_extra_info("peername")
-        planned = relay.plan(head, found, peer[0] if isinstance(peer, tuple) else None)
+        try:
+            planned = relay.plan(head, found, peer[0] if isinstance(peer, tuple) else None)
+        except Exception:
+            # A fault of the relay's own must not cost the client its answer: aiohttp's.
+            logger.exception("the connection's relay failed to plan; aiohttp answers the head")
+            planned = None
         if planned is None:
             return False
         live = planned.live
