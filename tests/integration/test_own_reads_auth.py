@@ -1,0 +1,290 @@
+"""Reads the connection protocol serves itself with ``--auth jwt|forward``, against the real
+origin: long-polls (released, at once, at the timeout), SSE (open and frames) and catch-up
+misses, each authorized by the gate's own code and byte for byte the answer of an edge with
+``--fast-path off`` beside it; refusals (no credential, a bad one, another stream's) identical;
+and no aiohttp handler entered for any of them (``edge_full_path_requests_total``).
+
+Three ways in: a JWT as ``Authorization: Bearer``, a JWT as a ``token`` query parameter, and a
+forward-auth service's session cookie; the service's verdicts kept (decided at once after the
+first) or never kept (``--auth-cache-seconds 0``: every read waits for the service, in a task
+of its connection's)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from devstack.processes import Edge, Origin
+from tests.auth_support import hs_key, jwks, token
+from tests.integration.auth_services import AuthService
+from tests.integration.test_fast_path import Raw, edge_pair, exchange, make_stream, request
+from tests.integration.test_own_reads import CORS_ORIGIN, append, tail_of
+from tests.integration.test_passthrough import call, metric_value
+
+HS = hs_key("hs-own")
+EDGE_SECRET = "Bearer edge-secret"
+TIMEOUT_SECONDS = 2
+ARGS = (
+    "--workers", "1", "--long-poll-timeout", str(TIMEOUT_SECONDS),
+    "--origin-header", f"Authorization: {EDGE_SECRET}",
+)  # fmt: skip
+KINDS = ("long_poll", "sse", "catchup")
+
+
+@dataclass(frozen=True)
+class Way:
+    """How a reader presents its credential to a pair of edges."""
+
+    name: str
+    fast: Edge
+    full: Edge
+    service: AuthService | None = None
+
+    def credential(self, path: str, *, sub: str = "viewer", lifetime: float = 300.0) -> str:
+        """What a reader of ``path`` sends: a header line, or ``token=...`` for the query."""
+        if self.name == "jwt-query":
+            return "token=" + token(HS, path, sub=sub, lifetime=lifetime)
+        if self.name == "jwt":
+            return f"Authorization: Bearer {token(HS, path, sub=sub, lifetime=lifetime)}"
+        return "Cookie: session=reader"
+
+    def target(self, path: str, query: str, credential: str) -> str:
+        if credential.startswith("token="):
+            return f"{path}?{query}&{credential}" if query else f"{path}?{credential}"
+        return f"{path}?{query}" if query else path
+
+    def headers(self, credential: str, *extra: str) -> tuple[str, ...]:
+        return extra if credential.startswith("token=") else (credential, *extra)
+
+
+@pytest.fixture(scope="module")
+def jwt_pair(
+    origin: Origin, logs_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Edge, Edge]]:
+    keys = tmp_path_factory.mktemp("jwks-own") / "jwks.json"
+    keys.write_bytes(jwks(HS))
+    args = ("--auth", "jwt", "--jwt-jwks", str(keys), "--jwt-leeway", "0", *ARGS)
+    with edge_pair(origin, logs_dir, "own-jwt", *args) as pair:
+        yield pair
+
+
+@pytest.fixture(scope="module")
+def service() -> Iterator[AuthService]:
+    started = AuthService(sessions={"reader": "/v1/stream/"}).start()
+    yield started
+    assert started.server is not None
+    started.server.close()
+
+
+@pytest.fixture(scope="module")
+def forward_pair(
+    origin: Origin, logs_dir: Path, service: AuthService
+) -> Iterator[tuple[Edge, Edge]]:
+    args = ("--auth", "forward", "--auth-url", service.url, *ARGS)
+    with edge_pair(origin, logs_dir, "own-forward", *args) as pair:
+        yield pair
+
+
+@pytest.fixture(scope="module")
+def asking_pair(
+    origin: Origin, logs_dir: Path, service: AuthService
+) -> Iterator[tuple[Edge, Edge]]:
+    """Edges that keep no verdict: every read waits for the service."""
+    args = ("--auth", "forward", "--auth-url", service.url, "--auth-cache-seconds", "0", *ARGS)
+    with edge_pair(origin, logs_dir, "own-asking", *args) as pair:
+        yield pair
+
+
+WAYS = ("jwt", "jwt-query", "forward", "forward-asking")
+
+
+@pytest.fixture(params=WAYS)
+def way(request: pytest.FixtureRequest, service: AuthService) -> Way:
+    name = request.param
+    if name.startswith("jwt"):
+        fast, full = request.getfixturevalue("jwt_pair")
+        return Way(name, fast, full)
+    fixture = "asking_pair" if name == "forward-asking" else "forward_pair"
+    fast, full = request.getfixturevalue(fixture)
+    return Way(name, fast, full, service)
+
+
+def full_path(edge: Edge) -> dict[str, float]:
+    text = edge.metrics_text()
+    return {kind: metric_value(text, "edge_full_path_requests_total", kind=kind) for kind in KINDS}
+
+
+async def both(way: Way, target: str, *headers: str) -> list[Raw]:
+    """The one request, sent to both edges at once."""
+    answers = await asyncio.gather(
+        *(exchange(e.url, request(target, *headers), ["GET"]) for e in (way.fast, way.full))
+    )
+    return [a[0] for a in answers]
+
+
+@pytest.mark.parametrize("cors", [False, True])
+async def test_authorized_reads_are_the_full_paths_answers_and_enter_no_handler(
+    http: aiohttp.ClientSession, origin: Origin, way: Way, stream_path: str, cors: bool
+) -> None:
+    fast, full = way.fast, way.full
+    credential = way.credential(stream_path)
+    headers = way.headers(credential, *((CORS_ORIGIN,) if cors else ()))
+
+    def at(query: str) -> str:
+        return way.target(stream_path, query, credential)
+
+    url = origin.url + stream_path
+    await make_stream(http, url, "text/plain", b"first ", close=False)
+    middle = await tail_of(http, url)
+    tail = await append(http, url, b"second")
+    # A first catch-up and long-poll: the first ones fill the log and start the tail, and a
+    # CORS Origin is learnt from the origin's answer (relayed, by the full path).
+    for edge in (fast, full):
+        await exchange(edge.url, request(at("offset=-1"), *headers), ["GET"])
+        first = await exchange(
+            edge.url, request(at(f"offset={tail}&live=long-poll"), *headers), ["GET"]
+        )
+        assert first[0].status_line.split()[1] in (b"200", b"204"), first
+    entered = full_path(fast)
+
+    # Catch-up misses and their revalidation.
+    middle_reads = await both(way, at(f"offset={middle}"), *headers)
+    assert middle_reads[0].status_line == b"HTTP/1.1 200 OK"
+    assert middle_reads[0].body == b"second"
+    assert middle_reads[0].comparable() == middle_reads[1].comparable()
+    assert b"private" in (middle_reads[0].header(b"Cache-Control") or b"")
+
+    # At the tail: parked, then released by an append.
+    poll = at(f"offset={tail}&live=long-poll")
+    waiting = [
+        asyncio.ensure_future(exchange(e.url, request(poll, *headers), ["GET"]))
+        for e in (fast, full)
+    ]
+    await asyncio.sleep(0.3)
+    assert not any(w.done() for w in waiting)
+    new_tail = await append(http, url, b"third")
+    released = [a[0] for a in await asyncio.wait_for(asyncio.gather(*waiting), 10)]
+    assert released[0].body == b"third"
+    assert released[0].comparable() == released[1].comparable()
+
+    # Behind the tail: at once.
+    behind = await both(way, poll, *headers)
+    assert behind[0].body == b"third"
+    assert behind[0].comparable() == behind[1].comparable()
+
+    # Nothing arrives: 204 at the timeout.
+    timed_out = await both(way, at(f"offset={new_tail}&live=long-poll"), *headers)
+    assert timed_out[0].status_line == b"HTTP/1.1 204 No Content"
+    assert timed_out[0].comparable() == timed_out[1].comparable()
+
+    # SSE: open, catch-up frames, a live append, the closure.
+    live = [
+        asyncio.ensure_future(exchange(e.url, request(at("offset=-1&live=sse"), *headers), ["GET"]))
+        for e in (fast, full)
+    ]
+    await asyncio.sleep(0.5)
+    await append(http, url, b" fourth")
+    await asyncio.sleep(0.3)
+    status, _, _ = await call(http, "POST", url, headers={"Stream-Closed": "true"})
+    assert status == 204
+    streamed = [a[0] for a in await asyncio.wait_for(asyncio.gather(*live), 15)]
+    assert streamed[0].status_line == b"HTTP/1.1 200 OK"
+    assert b"first second" in streamed[0].body
+    assert b" fourth" in streamed[0].body
+    assert b'"streamClosed":true' in streamed[0].body
+    assert streamed[0].comparable()[1] == streamed[1].comparable()[1]  # headers, in order
+
+    assert full_path(fast) == entered
+    assert full_path(full) != entered
+    if way.service is not None:
+        # The service was asked about both edges' readers alike: the same Host, the same
+        # client address.
+        assert {f for f in way.service.forwarded} == {("edge.test", "127.0.0.1")}
+
+
+def refusals(edge: Edge) -> float:
+    text = edge.metrics_text()
+    return sum(
+        metric_value(text, "edge_requests_total", kind=kind, code=code)
+        for kind in KINDS
+        for code in ("401", "403")
+    )
+
+
+async def test_refusals_are_the_full_paths_and_written_by_the_connection(
+    http: aiohttp.ClientSession, origin: Origin, way: Way, stream_path: str
+) -> None:
+    fast, full = way.fast, way.full
+    url = origin.url + stream_path
+    await make_stream(http, url, "text/plain", b"kept ", close=False)
+    tail = await tail_of(http, url)
+    other = stream_path + "-other"
+    if way.name.startswith("jwt"):
+        bad = "Authorization: Bearer " + token(HS, stream_path)[:-4] + "AAAA"
+        wrong = "Authorization: Bearer " + token(HS, other)
+        unknown = [bad, wrong]
+    else:
+        assert way.service is not None
+        way.service.sessions["elsewhere"] = other
+        unknown = ["Cookie: session=stranger", "Cookie: session=elsewhere"]
+    entered = full_path(fast)
+    refused_before = refusals(fast)
+    count = 0
+    for query in ("offset=-1", f"offset={tail}&live=long-poll", "offset=-1&live=sse"):
+        for sent in ([], *([u] for u in unknown)):
+            for extra in ((), (CORS_ORIGIN,)):
+                answers = await both(way, f"{stream_path}?{query}", *sent, *extra)
+                assert answers[0].status_line.split()[1] in (b"401", b"403"), (query, sent)
+                assert answers[0].comparable() == answers[1].comparable(), (query, sent)
+                count += 1
+    # Pipelined behind a refusal, an allowed read is answered on the same connection.
+    credential = way.credential(stream_path)
+    payload = request(f"{stream_path}?offset=-1") + request(
+        way.target(stream_path, "offset=-1", credential), *way.headers(credential)
+    )
+    refused, allowed = await exchange(fast.url, payload, ["GET", "GET"])
+    assert refused.status_line.split()[1] == b"401"
+    assert allowed.status_line == b"HTTP/1.1 200 OK"
+    assert allowed.body == b"kept "
+    assert full_path(fast) == entered
+    assert refusals(fast) == refused_before + count + 1
+
+
+async def test_a_credential_that_expires_ends_its_live_reads_as_the_full_path_does(
+    http: aiohttp.ClientSession, origin: Origin, jwt_pair: tuple[Edge, Edge], stream_path: str
+) -> None:
+    """A long-poll parked on a JWT that expires before the timeout is answered then (204), and
+    an SSE viewer's body ends cleanly then; the next read with it is refused."""
+    fast, full = jwt_pair
+    way = Way("jwt", fast, full)
+    url = origin.url + stream_path
+    await make_stream(http, url, "text/plain", b"soon ", close=False)
+    tail = await tail_of(http, url)
+    lasting = way.credential(stream_path, sub="lasting")
+    for edge in (fast, full):  # the log filled and the tail started
+        await exchange(edge.url, request(f"{stream_path}?offset=-1", lasting), ["GET"])
+        await exchange(
+            edge.url, request(f"{stream_path}?offset={tail}&live=long-poll", lasting), ["GET"]
+        )
+    entered = full_path(fast)
+    brief = way.credential(stream_path, sub="brief", lifetime=1.5)
+    polls = await both(way, f"{stream_path}?offset={tail}&live=long-poll", brief)
+    assert polls[0].status_line == b"HTTP/1.1 204 No Content"
+    assert polls[0].comparable() == polls[1].comparable()
+    # An SSE body would go on for --sse-max-seconds: it ends (and ``exchange`` reads it
+    # whole) only because its credential expires.
+    brief = way.credential(stream_path, sub="brief-sse", lifetime=1.5)
+    viewers = await both(way, f"{stream_path}?offset=-1&live=sse", brief)
+    assert viewers[0].status_line == b"HTTP/1.1 200 OK"
+    assert b"soon " in viewers[0].body
+    assert viewers[0].comparable()[1] == viewers[1].comparable()[1]
+    await asyncio.sleep(1.6)
+    late = await both(way, f"{stream_path}?offset={tail}&live=long-poll", brief)
+    assert late[0].status_line == b"HTTP/1.1 401 Unauthorized"
+    assert late[0].comparable() == late[1].comparable()
+    assert full_path(fast) == entered
