@@ -4,6 +4,12 @@ stored hits itself (``edge.web.fastpath``) while aiohttp has nothing in hand.
 
 Rules this module owns:
 
+* With ``--auth jwt|forward`` every head it parses is the gate's first (``edge.web.own_gate``):
+  an admission is handed to each read of its own; a refusal it writes itself (or hands to
+  aiohttp, nothing written); what only a wait decides is decided in a task of the connection,
+  nothing after it read meanwhile, and the head is then read again with that decision
+  (``_waited``).
+
 * Answers leave in request order, by construction: a head the fast path cannot answer goes to
   aiohttp alone (``WAITING``), and nothing after it is read until aiohttp's answer is written
   (``request_done``, from the tracker's middleware).

@@ -3,12 +3,15 @@ protocol: the same catch-up front as the full path, without aiohttp.
 
 Rules this module owns:
 
-* A plain catch-up ``GET`` (not a HEAD) is the connection's when no ``--auth`` gate stands
-  before it and its target is one the full path would cache (``parse_target`` accepts it and
+* A plain catch-up ``GET`` (not a HEAD) is the connection's when its target is one the full
+  path would cache (``parse_target`` accepts it and
   ``classify`` makes it a plain catch-up read at an offset other than ``now``). The answer is
   ``CatchupFront.answer``'s, the full path's own glue, with the request values the full path
   reads from the same head (``catchup_request``), written as aiohttp writes ``EdgeResponse``
-  (``edge.web.wire.encode_served``).
+  (``edge.web.wire.encode_served``). With ``--auth jwt|forward`` only once the gate allowed it
+  (``edge.web.own_gate``), with that admission's values as the full path takes them
+  (``edge.web.asked.asked_of``): its target without ``token`` parameters, the policy's scope,
+  the edge's own credential upstream, an answer ``private`` to its reader.
 * What the cache does not answer (``Bypass``) and an origin failure are the full path's: the
   connection hands it the head, nothing having been written, and the full path asks again and
   relays or answers the failure as it always has. (So a bypassed read costs the cache's look

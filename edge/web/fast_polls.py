@@ -2,8 +2,12 @@
 
 Rules this module owns:
 
-* A plain long-poll of a stream's normalised path, with no ``--auth`` gate and the CORS answer
-  for its ``Origin`` known, is the connection's. It is served at once (``serve``) when
+* A plain long-poll of a stream's normalised path, with the CORS answer for its ``Origin``
+  known, is the connection's. With ``--auth jwt|forward`` only once the gate allowed it
+  (``edge.web.own_gate``), and then as the full path serves that admission
+  (``LiveTargets.admitted``: its target without ``token`` parameters, the policy's scope, the
+  edge's own credential upstream, an answer ``private`` to its reader), its wait ending when
+  its credential expires (``LiveHub.long_poll``'s ``max_seconds``). It is served at once (``serve``) when
   everything the full path would consult is known without waiting: a stream log whose
   generation the shared tier confirmed within ``GENERATION_CHECK_SECONDS`` (with Redis) and
   whose plan from the offset (one the origin issued) is the cache's (``CatchupCache.plan``: a
@@ -11,7 +15,8 @@ Rules this module owns:
   connection's runs the full path's own steps (``LiveHub.start``, ``LiveHub.long_poll``) and
   writes their answer; only what they do not answer (a ``Bypass``, an origin failure, an
   answer with headers only aiohttp rewrites) is handed to the full path, nothing having been
-  written. Anything else is the full path's (``HANDED_OFF``): a relay, or the gate's.
+  written. Anything else is the full path's (``HANDED_OFF``): a relay, or a read with ``--auth``
+  the connection has no admission for.
 * What it gets is the hub's own decision (``LiveHub.settle``, the same code the full path and a
   group's release run): the bytes behind the tail, a closed stream's 204, at once; or a wait on
   the board with every other long-poll there (``LongPollFanout.park``), released by the same
@@ -21,7 +26,10 @@ Rules this module owns:
 * A parked long-poll woken without an answer (its stream gone, a gap to fetch) has had nothing
   written: it looks again, as ``Waits``; one whose answer cannot be encoded is the full path's.
 * What a target gets is decided once a second: after each release every viewer re-polls with
-  the same head (``Decided`` says what else a decision was derived from). An answer's cursor is
+  the same head (``Decided`` says what else a decision was derived from). A target is its
+  scope and upstream credential too, so a decision is only reused for reads served alike; with
+  ``--auth`` every read is authorized before it is looked up, and the targets of admitted
+  heads are remembered under their admission. An answer's cursor is
   then one drawn jump for all of them, as valid as one each (``edge.protocol.cursor``).
 * A long-poll past ``--max-viewers`` is answered 503 with ``Retry-After`` and the origin's CORS
   headers for its ``Origin``, and its connection closes, as the full path answers it.

@@ -3,8 +3,8 @@
 Rules this module owns:
 
 * An SSE head is the connection's on the same terms as a long-poll (``edge.web.fast_polls``):
-  a plain read of a stream's normalised path, no ``--auth`` gate, the CORS answer for its
-  ``Origin`` known; a ``Last-Event-ID`` further on than the URL's offset is where it starts
+  a plain read of a stream's normalised path, the CORS answer for its ``Origin`` known, with
+  ``--auth`` once the gate allowed it and as that admission is served (``LiveTargets.admitted``); a ``Last-Event-ID`` further on than the URL's offset is where it starts
   (``LiveHub.start``'s rule: an EventSource reconnecting to its URL resumes exactly). When
   the log answers from its offset without a wait (a generation confirmed within
   ``GENERATION_CHECK_SECONDS`` with Redis, the cache's plan a ``Hit``; ``now`` while a live
@@ -17,7 +17,8 @@ Rules this module owns:
   in chunks as aiohttp frames a ``StreamResponse`` to HTTP/1.1, then the same feed
   (``SseFanout.serve``), with flow control: a write waits while the connection's transport is
   above its high-water mark (``--sse-buffer-bytes``, as the full path bounds it).
-* The feed ends as the full path's does: ``Fed.ENDED`` ends the body (its last chunk) and the
+* The feed ends as the full path's does, at ``--sse-max-seconds`` or when the gate's
+  credential expires, whichever is first: ``Fed.ENDED`` ends the body (its last chunk) and the
   connection reads its next request; ``Fed.CUT`` and an origin failure cut the connection (the
   client resumes by offset); a client that leaves ends the feed.
 * A viewer past ``--max-viewers`` is answered 503 as a long-poll is (``FastPolls.refusal``).

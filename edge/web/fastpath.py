@@ -39,8 +39,10 @@ Rules this module owns:
   (``Gate.decide_now``): a token whose signature the key set in hand has checked (once per token
   string and key set) and whose claims cover the stream now, or a verdict the auth service gave
   and the edge still keeps. Then the answer is looked up under the policy's scope, where the
-  full path stored its authorized readers' answer. Anything the gate cannot decide without
-  waiting, or refuses, is the full path's (which refuses it, or asks).
+  full path stored its authorized readers' answer. The connection asks the gate first
+  (``edge.web.own_gate``) and hands the admission in (``answer``'s ``admission``), so a head is
+  decided once; what the gate cannot decide without waiting, or refuses, the connection
+  handles there.
 * Counting is plain integers here; ``fold_into`` adds them to the Prometheus counters when
   ``/metrics`` is scraped, so a hit costs no ``labels()`` call.
 """

@@ -204,7 +204,7 @@ async def test_authorized_reads_are_the_full_paths_answers_and_enter_no_handler(
     if way.service is not None:
         # The service was asked about both edges' readers alike: the same Host, the same
         # client address.
-        assert {f for f in way.service.forwarded} == {("edge.test", "127.0.0.1")}
+        assert set(way.service.forwarded) == {("edge.test", "127.0.0.1")}
 
 
 def refusals(edge: Edge) -> float:
@@ -219,7 +219,7 @@ def refusals(edge: Edge) -> float:
 async def test_refusals_are_the_full_paths_and_written_by_the_connection(
     http: aiohttp.ClientSession, origin: Origin, way: Way, stream_path: str
 ) -> None:
-    fast, full = way.fast, way.full
+    fast, _full = way.fast, way.full
     url = origin.url + stream_path
     await make_stream(http, url, "text/plain", b"kept ", close=False)
     tail = await tail_of(http, url)
