@@ -6,17 +6,17 @@ Rules this module owns:
   known, is the connection's. With ``--auth jwt|forward`` only once the gate allowed it
   (``edge.web.own_gate``), and then as the full path serves that admission
   (``LiveTargets.admitted``: its target without ``token`` parameters, the policy's scope, the
-  edge's own credential upstream, an answer ``private`` to its reader), its wait ending when
-  its credential expires (``LiveHub.long_poll``'s ``max_seconds``). It is served at once (``serve``) when
-  everything the full path would consult is known without waiting: a stream log whose
+  edge's own credential upstream, an answer ``private`` to its reader), its wait ending when its
+  credential expires (``LiveHub.long_poll``'s ``max_seconds``). It is served at once (``serve``)
+  when everything the full path would consult is known without waiting: a stream log whose
   generation the shared tier confirmed within ``GENERATION_CHECK_SECONDS`` (with Redis) and
   whose plan from the offset (one the origin issued) is the cache's (``CatchupCache.plan``: a
   ``Hit``), and, to wait, a running upstream tail. Otherwise it ``Waits``: a task of the
   connection's runs the full path's own steps (``LiveHub.start``, ``LiveHub.long_poll``) and
-  writes their answer; only what they do not answer (a ``Bypass``, an origin failure, an
-  answer with headers only aiohttp rewrites) is handed to the full path, nothing having been
-  written. Anything else is the full path's (``HANDED_OFF``): a relay, or a read with ``--auth``
-  the connection has no admission for.
+  writes their answer; only what they do not answer (a ``Bypass``, an origin failure, an answer
+  with headers only aiohttp rewrites) is handed to the full path, nothing having been written.
+  Anything else is the full path's (``HANDED_OFF``): a relay, or a read with ``--auth`` the
+  connection has no admission for.
 * What it gets is the hub's own decision (``LiveHub.settle``, the same code the full path and a
   group's release run): the bytes behind the tail, a closed stream's 204, at once; or a wait on
   the board with every other long-poll there (``LongPollFanout.park``), released by the same

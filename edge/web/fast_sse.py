@@ -4,8 +4,9 @@ Rules this module owns:
 
 * An SSE head is the connection's on the same terms as a long-poll (``edge.web.fast_polls``):
   a plain read of a stream's normalised path, the CORS answer for its ``Origin`` known, with
-  ``--auth`` once the gate allowed it and as that admission is served (``LiveTargets.admitted``); a ``Last-Event-ID`` further on than the URL's offset is where it starts
-  (``LiveHub.start``'s rule: an EventSource reconnecting to its URL resumes exactly). When
+  ``--auth`` once the gate allowed it and as that admission is served
+  (``LiveTargets.admitted``); a ``Last-Event-ID`` further on than the URL's offset is where it
+  starts (``LiveHub.start``'s rule: an EventSource reconnecting to its URL resumes exactly). When
   the log answers from its offset without a wait (a generation confirmed within
   ``GENERATION_CHECK_SECONDS`` with Redis, the cache's plan a ``Hit``; ``now`` while a live
   upstream vouches for the tail, ``LiveHub.start``'s own rule), its head and feed begin at once.
