@@ -474,7 +474,9 @@ class _Connection(asyncio.Protocol):
             return
         if outcome is None and parked is not None and polls is not None:
             # Still live (admitted): it looks again where it waits, in a task of its own.
-            task = polls.serve_later(parked.target, head, self, self._answer_ended)
+            task = polls.serve_later(
+                parked.target, head, self, self._answer_ended, parked.expires_at
+            )
             self._stream(Streaming(task), live=True)
             return
         self._tracker.request_finished(transport)
