@@ -151,6 +151,7 @@ async def test_authorized_reads_are_the_full_paths_answers_and_enter_no_handler(
         )
         assert first[0].status_line.split()[1] in (b"200", b"204"), first
     entered = full_path(fast)
+    allowed = [decisions(e, allowed=True) for e in (fast, full)]
 
     # Catch-up misses and their revalidation.
     middle_reads = await both(way, at(f"offset={middle}"), *headers)
@@ -201,10 +202,23 @@ async def test_authorized_reads_are_the_full_paths_answers_and_enter_no_handler(
 
     assert full_path(fast) == entered
     assert full_path(full) != entered
+    # Every read was allowed once, on either edge: counted where the full path counts it.
+    now_allowed = [decisions(e, allowed=True) for e in (fast, full)]
+    assert now_allowed[0] - allowed[0] == now_allowed[1] - allowed[1] == 5
     if way.service is not None:
         # The service was asked about both edges' readers alike: the same Host, the same
         # client address.
         assert set(way.service.forwarded) == {("edge.test", "127.0.0.1")}
+
+
+def decisions(edge: Edge, *, allowed: bool) -> float:
+    """``edge_auth_decisions_total``: the allowed ones, or every refusal."""
+    total = 0.0
+    for line in edge.metrics_text().splitlines():
+        counted = line.startswith("edge_auth_decisions_total{")
+        if counted and ('result="allowed"' in line) == allowed:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
 
 
 def refusals(edge: Edge) -> float:
@@ -219,7 +233,7 @@ def refusals(edge: Edge) -> float:
 async def test_refusals_are_the_full_paths_and_written_by_the_connection(
     http: aiohttp.ClientSession, origin: Origin, way: Way, stream_path: str
 ) -> None:
-    fast, _full = way.fast, way.full
+    fast, full = way.fast, way.full
     url = origin.url + stream_path
     await make_stream(http, url, "text/plain", b"kept ", close=False)
     tail = await tail_of(http, url)
@@ -234,6 +248,7 @@ async def test_refusals_are_the_full_paths_and_written_by_the_connection(
         unknown = ["Cookie: session=stranger", "Cookie: session=elsewhere"]
     entered = full_path(fast)
     refused_before = refusals(fast)
+    decided_before = [decisions(e, allowed=False) for e in (fast, full)]
     count = 0
     for query in ("offset=-1", f"offset={tail}&live=long-poll", "offset=-1&live=sse"):
         for sent in ([], *([u] for u in unknown)):
@@ -242,6 +257,8 @@ async def test_refusals_are_the_full_paths_and_written_by_the_connection(
                 assert answers[0].status_line.split()[1] in (b"401", b"403"), (query, sent)
                 assert answers[0].comparable() == answers[1].comparable(), (query, sent)
                 count += 1
+    decided = [decisions(e, allowed=False) for e in (fast, full)]
+    assert decided[0] - decided_before[0] == decided[1] - decided_before[1] == count
     # Pipelined behind a refusal, an allowed read is answered on the same connection.
     credential = way.credential(stream_path)
     payload = request(f"{stream_path}?offset=-1") + request(
