@@ -22,7 +22,14 @@ import pytest
 from devstack.processes import Edge, Origin
 from tests.auth_support import hs_key, jwks, token
 from tests.integration.auth_services import AuthService
-from tests.integration.test_fast_path import Raw, edge_pair, exchange, make_stream, request
+from tests.integration.test_fast_path import (
+    Raw,
+    edge_pair,
+    exchange,
+    host_port,
+    make_stream,
+    request,
+)
 from tests.integration.test_own_reads import CORS_ORIGIN, append, tail_of
 from tests.integration.test_passthrough import call, metric_value
 
@@ -304,4 +311,83 @@ async def test_a_credential_that_expires_ends_its_live_reads_as_the_full_path_do
     late = await both(way, f"{stream_path}?offset={tail}&live=long-poll", brief)
     assert late[0].status_line == b"HTTP/1.1 401 Unauthorized"
     assert late[0].comparable() == late[1].comparable()
+    assert full_path(fast) == entered
+
+
+async def test_a_missing_stream_and_pipelined_reads_are_answered_as_the_full_path_does(
+    http: aiohttp.ClientSession, origin: Origin, way: Way, stream_path: str
+) -> None:
+    """The origin's 404 to an authorized reader (each kind of read), and reads pipelined on
+    one connection, each decided in turn (in the asking mode each waits for the service while
+    the ones behind it wait unread)."""
+    fast, full = way.fast, way.full
+    missing = stream_path + "-never"
+    credential = way.credential(missing)
+    for query in ("offset=-1", "offset=-1&live=long-poll", "offset=-1&live=sse"):
+        answers = await both(way, way.target(missing, query, credential), *way.headers(credential))
+        assert answers[0].status_line.split()[1] == b"404", query
+        assert answers[0].comparable() == answers[1].comparable(), query
+    # (The origin's 404 carries its own Date, which only aiohttp writes as it came: those are
+    # handed on, nothing written, as without --auth.)
+    url = origin.url + stream_path
+    await make_stream(http, url, "text/plain", b"one ", close=False)
+    middle = await tail_of(http, url)
+    tail = await append(http, url, b"two")
+    credential = way.credential(stream_path)
+    sent = way.headers(credential)
+    entered = full_path(fast)
+
+    def at(query: str) -> bytes:
+        return request(way.target(stream_path, query, credential), *sent)
+
+    for edge in (fast, full):
+        await exchange(edge.url, at(f"offset={tail}&live=long-poll"), ["GET"])
+    payload = (
+        at(f"offset={middle}&live=long-poll")
+        + request(f"{stream_path}?offset=-1")  # refused: no credential
+        + at("offset=-1")
+        + at(f"offset={tail}&live=long-poll")
+        + at(f"offset={middle}")
+    )
+    methods = ["GET"] * 5
+    answers = await asyncio.gather(*(exchange(e.url, payload, methods) for e in (fast, full)))
+    assert [a.body for a in answers[0]][::2] == [b"two", b"one two", b"two"]
+    assert [a.status_line.split()[1] for a in answers[0]][1::2] == [b"401", b"204"]
+    for got, want in zip(answers[0], answers[1], strict=True):
+        assert got.comparable() == want.comparable()
+    assert full_path(fast) == entered
+
+
+async def test_a_reader_waiting_for_the_service_may_half_close_or_leave(
+    origin: Origin,
+    service: AuthService,
+    asking_pair: tuple[Edge, Edge],
+    http: aiohttp.ClientSession,
+    stream_path: str,
+) -> None:
+    """While the service is slow: a reader that half-closes after its request gets its answer,
+    then the close; one that leaves is let go, and the edge serves the next reader."""
+    fast, _ = asking_pair
+    await make_stream(http, origin.url + stream_path, "text/plain", b"patient", close=True)
+    entered = full_path(fast)
+    service.mode, service.delay = "slow", 0.5
+    try:
+        reader, writer = await asyncio.open_connection(*host_port(fast.url))
+        writer.write(request(f"{stream_path}?offset=-1", "Cookie: session=reader"))
+        await writer.drain()
+        writer.write_eof()  # half-closed while the gate waits for the service
+        answered = await asyncio.wait_for(reader.read(), 10)  # to the close
+        assert answered.startswith(b"HTTP/1.1 200 OK")
+        assert answered.endswith(b"patient")
+        writer.close()
+        _, leaving = await asyncio.open_connection(*host_port(fast.url))
+        leaving.write(request(f"{stream_path}?offset=-1", "Cookie: session=reader"))
+        await leaving.drain()
+        leaving.transport.abort()  # gone before the service answers
+    finally:
+        service.mode = "ok"
+    after = await exchange(
+        fast.url, request(f"{stream_path}?offset=-1", "Cookie: session=reader"), ["GET"]
+    )
+    assert after[0].body == b"patient"
     assert full_path(fast) == entered
