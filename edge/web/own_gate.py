@@ -26,6 +26,7 @@ Rules this module owns:
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Callable
 
@@ -33,7 +34,7 @@ from edge.auth.gate import Client, Gate, RequestAdmission
 from edge.auth.policy import Refusal
 from edge.metrics import Metrics
 from edge.protocol.http1 import RequestHead, date_line, header_value, serialise, trailer
-from edge.protocol.paths import BadTarget, Target, parse_target
+from edge.protocol.paths import MEMO_ENTRIES, BadTarget, Target, parse_target
 from edge.protocol.reads import RequestKind, classify
 from edge.web.gatekeeper import refusal_response
 from edge.web.proxy import OriginCors
@@ -67,7 +68,13 @@ def peer_address(transport: asyncio.BaseTransport) -> str | None:
 
 def target_of(head: RequestHead) -> Target:
     """The head's target as the full path parses it (``BadTarget`` for one it refuses)."""
-    return parse_target(head.path + ("?" + head.query if head.query else ""), "GET")
+    return _target(head.path, head.query)
+
+
+@functools.lru_cache(maxsize=MEMO_ENTRIES)
+def _target(path: str, query: str) -> Target:
+    # Remembered: an audience sends the same targets again and again (a refusal is not kept).
+    return parse_target(path + ("?" + query if query else ""), "GET")
 
 
 class OwnGate:
