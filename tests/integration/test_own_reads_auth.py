@@ -253,6 +253,11 @@ async def test_refusals_are_the_full_paths_and_written_by_the_connection(
         assert way.service is not None
         way.service.sessions["elsewhere"] = other
         unknown = ["Cookie: session=stranger", "Cookie: session=elsewhere"]
+    # Both edges learn the origin's CORS headers alike (a refusal carries them).
+    credential = way.credential(stream_path)
+    for origin_sent in ((), (CORS_ORIGIN,)):
+        target = way.target(stream_path, "offset=-1", credential)
+        await both(way, target, *way.headers(credential), *origin_sent)
     entered = full_path(fast)
     refused_before = refusals(fast)
     decided_before = [decisions(e, allowed=False) for e in (fast, full)]
@@ -267,7 +272,6 @@ async def test_refusals_are_the_full_paths_and_written_by_the_connection(
     decided = [decisions(e, allowed=False) for e in (fast, full)]
     assert decided[0] - decided_before[0] == decided[1] - decided_before[1] == count
     # Pipelined behind a refusal, an allowed read is answered on the same connection.
-    credential = way.credential(stream_path)
     payload = request(f"{stream_path}?offset=-1") + request(
         way.target(stream_path, "offset=-1", credential), *way.headers(credential)
     )
