@@ -12,11 +12,11 @@ Rules this module owns:
   raw head (``header_value``; the parser keeps only what the gate reads on every request) and
   the peer's address as aiohttp reports it (``request.remote``).
 * A target the edge refuses (``BadTarget``) is the full path's 400, decided by nobody here.
-* A refusal to a GET is the full path's answer byte for byte (``refusal_response``, serialised
-  as aiohttp writes an ``EdgeResponse``), counted as the full path counts it:
-  ``edge_requests_total`` by the kind of the target as sent and ``edge_auth_decisions_total``.
-  A refused HEAD, and a refusal whose headers only aiohttp writes (``ValueError``), are the
-  full path's (nothing of them was written).
+* A refusal is the full path's answer byte for byte (``refusal_response``, serialised as
+  aiohttp writes an ``EdgeResponse``; to a HEAD, without its body), counted as the full path
+  counts it: ``edge_requests_total`` by the kind of the request as sent and
+  ``edge_auth_decisions_total``. A refusal whose headers only aiohttp writes (``ValueError``)
+  is the full path's (nothing of it was written).
 * An admission decided now is counted allowed when the connection serves the read
   (``served``); one ``Gate.admit`` made is counted by it. A read the connection hands to
   aiohttp after all is decided and counted there again.
@@ -131,8 +131,6 @@ class OwnGate:
     def refusal(self, refusal: Refusal, head: RequestHead, *, counted: bool) -> bytes | None:
         """The full path's answer to ``head`` refused by the gate, counted as it counts it
         (``counted``: the gate counted its decision already); None: the full path's to write."""
-        if head.head:
-            return None
         response = refusal_response(refusal, self._cors, head.origin)
         body = response.body
         assert isinstance(body, bytes)
@@ -141,11 +139,14 @@ class OwnGate:
         except ValueError:
             return None
         target = target_of(head)
-        kind = classify("GET", target.stream, target.query, ()).kind
+        method = "HEAD" if head.head else "GET"
+        kind = classify(method, target.stream, target.query, ()).kind
         key = (kind, refusal.status, "" if counted else refusal.result)
         self.refused[key] = self.refused.get(key, 0) + 1
         now = int(self._clock())
-        return b"".join((start, date_line(now), trailer((1, 1), head.keep_alive), body))
+        # A HEAD's answer is the GET's head, its Content-Length included, without the body.
+        ending = b"" if head.head else body
+        return b"".join((start, date_line(now), trailer((1, 1), head.keep_alive), ending))
 
     def fold_into(self, metrics: Metrics) -> None:
         """Add what was counted since the last scrape to the Prometheus counters."""

@@ -40,7 +40,7 @@ ARGS = (
     "--workers", "1", "--long-poll-timeout", str(TIMEOUT_SECONDS),
     "--origin-header", f"Authorization: {EDGE_SECRET}",
 )  # fmt: skip
-KINDS = ("long_poll", "sse", "catchup")
+KINDS = ("long_poll", "sse", "catchup", "head")
 
 
 @dataclass(frozen=True)
@@ -269,6 +269,16 @@ async def test_refusals_are_the_full_paths_and_written_by_the_connection(
                 assert answers[0].status_line.split()[1] in (b"401", b"403"), (query, sent)
                 assert answers[0].comparable() == answers[1].comparable(), (query, sent)
                 count += 1
+    for sent in ([], *([u] for u in unknown)):  # a HEAD: the GET's head, no body
+        heads = await asyncio.gather(
+            *(
+                exchange(e.url, request(stream_path, *sent, method="HEAD"), ["HEAD"])
+                for e in (fast, full)
+            )
+        )
+        assert heads[0][0].status_line.split()[1] in (b"401", b"403"), sent
+        assert heads[0][0].comparable() == heads[1][0].comparable(), sent
+        count += 1
     decided = [decisions(e, allowed=False) for e in (fast, full)]
     assert decided[0] - decided_before[0] == decided[1] - decided_before[1] == count
     # Pipelined behind a refusal, an allowed read is answered on the same connection.

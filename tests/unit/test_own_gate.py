@@ -6,6 +6,7 @@ of admitted heads (``LiveTargets.admitted``)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -64,7 +65,7 @@ async def refusing(request: web.Request) -> web.StreamResponse:
 @pytest.fixture
 async def server() -> AsyncIterator[tuple[str, int]]:
     app = web.Application()
-    app.router.add_get("/{name}", refusing)
+    app.router.add_get("/{name}", refusing)  # (and HEAD)
     async with serving(app) as address:
         yield address
 
@@ -88,9 +89,20 @@ async def test_a_refusal_written_by_the_connection_is_what_aiohttp_writes(
     assert sum(gate.refused.values()) == 1
 
 
-def test_a_refused_head_is_left_to_the_full_path(tmp_path: Path) -> None:
-    raw = b"HEAD /v1/stream/run HTTP/1.1\r\nHost: x\r\n\r\n"
-    assert own_gate(tmp_path).refusal(MISSING, parsed(raw), counted=False) is None
+async def test_a_refused_head_is_what_aiohttp_writes(
+    server: tuple[str, int], tmp_path: Path
+) -> None:
+    """The GET's head, its Content-Length included, and no body."""
+    raw = b"HEAD /missing HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    host, port = server
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(raw)
+    from_aiohttp = await asyncio.wait_for(reader.read(), 5)  # to the close
+    writer.close()
+    direct = own_gate(tmp_path).refusal(MISSING, parsed(raw), counted=False)
+    assert direct is not None
+    assert without_date(direct) == without_date(from_aiohttp)
+    assert b"Content-Length: 27\r\n" in direct
 
 
 def test_the_gate_decides_a_parsed_head_as_the_full_path_would(tmp_path: Path) -> None:
