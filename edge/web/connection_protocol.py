@@ -9,7 +9,6 @@ Rules this module owns:
   aiohttp, nothing written); what only a wait decides is decided in a task of the connection,
   nothing after it read meanwhile, and the head is then read again with that decision
   (``_waited``).
-
 * Answers leave in request order, by construction: a head the fast path cannot answer goes to
   aiohttp alone (``WAITING``), and nothing after it is read until aiohttp's answer is written
   (``request_done``, from the tracker's middleware).
