@@ -248,7 +248,9 @@ async def test_refusals_are_the_full_paths_and_written_by_the_connection(
     if way.name.startswith("jwt"):
         bad = "Authorization: Bearer " + token(HS, stream_path)[:-4] + "AAAA"
         wrong = "Authorization: Bearer " + token(HS, other)
-        unknown = [bad, wrong]
+        # A key the edge does not hold: decided after a look at the key set, in a task.
+        stranger = "Authorization: Bearer " + token(hs_key("stranger"), stream_path)
+        unknown = [bad, wrong, stranger]
     else:
         assert way.service is not None
         way.service.sessions["elsewhere"] = other
