@@ -51,6 +51,7 @@ from edge.web.fast_catchup import FastCatchup
 from edge.web.fast_polls import FastPolls
 from edge.web.fast_sse import FastSse
 from edge.web.fastpath import FastPath
+from edge.web.own_gate import OwnGate
 from edge.web.own_relay import OwnRelay
 
 logger = logging.getLogger(__name__)
@@ -108,6 +109,7 @@ class ConnectionTracker:
         polls: FastPolls | None = None,
         sse: FastSse | None = None,
         catchup: FastCatchup | None = None,
+        gate: OwnGate | None = None,
         relay: OwnRelay | None = None,
     ) -> None:
         self.table: ConnectionTable[asyncio.Transport] = ConnectionTable(limits)
@@ -129,6 +131,7 @@ class ConnectionTracker:
         self.polls = polls
         self.sse = sse  # and SSE reads (``edge.web.fast_sse``)
         self.catchup = catchup  # and catch-up reads stored hits do not answer
+        self.gate = gate  # with --auth: the gate's decision before each (``edge.web.own_gate``)
         self.relay = relay  # and reads the cache relays (``edge.web.own_relay``)
         self._connections: dict[asyncio.Transport, TrackedConnection] = {}
         self.middleware: Middleware = self._make_middleware()

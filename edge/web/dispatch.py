@@ -124,6 +124,7 @@ async def handle_stream_request(request: web.Request) -> web.StreamResponse:
         decision = await admit(request, gate, cors)
         if isinstance(decision, web.StreamResponse):
             kind = classify(request.method, target.stream, target.query, ()).kind
+            metrics.full_path(kind).inc()  # aiohttp's handler was entered for it
             metrics.request_count(kind, decision.status).inc()
             return decision
         admitted, target = decision, decision.target  # its target without token parameters
