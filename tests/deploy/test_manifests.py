@@ -29,7 +29,8 @@ HAPROXY_CFG = DEPLOY / "haproxy" / "haproxy.cfg"
 # Where compose mounts deploy/haproxy/certs/edge.pem for the HTTPS frontend.
 MOUNTED_CERT = "/usr/local/etc/haproxy/certs/edge.pem"
 K8S = DEPLOY / "k8s"
-K8S_FILES = sorted(K8S.glob("*.yaml"))
+# The manifests `kubectl apply -f deploy/k8s/` applies, then the optional ingress (applied alone).
+K8S_FILES = sorted(K8S.glob("*.yaml")) + sorted((K8S / "ingress").glob("*.yaml"))
 YAMLLINT_CONFIG = ROOT / ".yamllint.yml"
 
 # The exact install command: the image gets the same pinned versions CI tests against.
@@ -285,6 +286,24 @@ def test_haproxy_serves_https_with_http2_to_browsers() -> None:
 
 
 # --- Kubernetes ------------------------------------------------------------------------------
+
+
+def test_the_ingress_serves_https_with_http2_and_routes_by_stream() -> None:
+    ingress = k8s_object("Ingress")
+    annotations = ingress["metadata"]["annotations"]
+    assert annotations["nginx.ingress.kubernetes.io/upstream-hash-by"] == "$uri"
+    assert annotations["nginx.ingress.kubernetes.io/proxy-buffering"] == "off"
+    assert int(annotations["nginx.ingress.kubernetes.io/proxy-read-timeout"]) >= 120
+    assert "use-http2" not in str(annotations)  # ingress-nginx's default (on) is kept
+    (tls,) = ingress["spec"]["tls"]
+    (rule,) = ingress["spec"]["rules"]
+    assert tls["hosts"] == [rule["host"]]
+    (path,) = rule["http"]["paths"]
+    service = k8s_object("Service")
+    assert path["backend"]["service"]["name"] == service["metadata"]["name"]
+    assert path["backend"]["service"]["port"]["name"] in {
+        p["name"] for p in service["spec"]["ports"]
+    }
 
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)
