@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from devstack.cluster import deployed_routing
+from devstack.cluster import TLS_FRONTEND, deployed_routing
 from devstack.image import default_tag
 from devstack.tls import make_certificate
 
@@ -279,6 +279,12 @@ def test_haproxy_serves_https_with_http2_to_browsers() -> None:
     services = load_all(COMPOSE)[0]["services"]
     assert "8443:8443" in services["haproxy"]["ports"]
     assert f"./haproxy/certs:{Path(MOUNTED_CERT).parent}:ro" in services["haproxy"]["volumes"]
+    # `make cluster --tls` binds its HTTPS frontend the same way (its certificate aside).
+    deployed = re.search(r"^\s*bind :8443 (.*)$", cfg, re.MULTILINE)
+    twin = re.search(r"^\s*bind \S+ (.*)$", TLS_FRONTEND, re.MULTILINE)
+    assert deployed is not None
+    assert twin is not None
+    assert re.sub(r"crt \S+", "crt", twin[1]) == re.sub(r"crt \S+", "crt", deployed[1])
     # The certificate's directory ships with its instructions, and no key ever goes into git.
     certs = DEPLOY / "haproxy" / "certs"
     assert (certs / "README.md").exists()

@@ -100,3 +100,55 @@ def test_curl_reads_and_writes_a_stream_over_http2(described: dict[str, Any]) ->
         "2 204"
     )
     assert call(f"{stream}?offset=-1") == ["hello", "2 200"]
+
+
+def test_live_reads_pass_through_http2_as_they_happen(described: dict[str, Any]) -> None:
+    """An SSE read and a long-poll over HTTP/2 get a write while they are open: nothing in
+    front holds the answer back (the SSE connection is still open when its event arrives)."""
+    curl = shutil.which("curl")
+    assert curl is not None, "curl is not installed"
+    stream = f"{described['https_url']}/v1/stream/live-over-https"
+    secure = [curl, "-sS", "-k", "--http2"]
+    text = ("-H", "Content-Type: text/plain")
+    subprocess.run([*secure, "-X", "PUT", *text, stream], check=True, timeout=20)
+    sse = subprocess.Popen(
+        [*secure, "-N", f"{stream}?offset=-1&live=sse"], stdout=subprocess.PIPE, text=True
+    )
+    poll: subprocess.Popen[str] | None = None
+    try:
+        assert sse.stdout is not None
+        # The SSE answer is open once its first control event (up to date, at the tail) is out.
+        lines: list[str] = []
+        while not lines or not lines[-1].startswith("data:{"):
+            line = sse.stdout.readline()
+            assert line, f"the SSE read ended before it was up to date: {lines}"
+            lines.append(line.strip())
+        tail = json.loads(lines[-1].removeprefix("data:"))["streamNextOffset"]
+        # A long-poll at the tail: it waits for the write (or has it at once, if it comes later).
+        poll = subprocess.Popen(
+            [
+                *secure,
+                "-w",
+                "\\n%{http_version} %{http_code}",
+                f"{stream}?offset={tail}&live=long-poll",
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        subprocess.run([*secure, "-X", "POST", *text, "--data", "now", stream], check=True)
+        while "data:now" not in lines:
+            line = sse.stdout.readline()
+            assert line, f"the SSE read ended without the write: {lines}"
+            lines.append(line.strip())
+        assert sse.poll() is None  # delivered while open, not when the answer ended
+        out, _ = poll.communicate(timeout=40)  # the long-poll's own limit is 30 s
+        assert out.rsplit("\n", 1) == ["now", "2 200"]
+    finally:
+        for reader in (sse, poll):
+            if reader is None:
+                continue
+            if reader.poll() is None:
+                reader.terminate()
+            reader.wait(10)
+            assert reader.stdout is not None
+            reader.stdout.close()
