@@ -279,6 +279,19 @@ def test_haproxy_serves_https_with_http2_to_browsers() -> None:
     services = load_all(COMPOSE)[0]["services"]
     assert "8443:8443" in services["haproxy"]["ports"]
     assert f"./haproxy/certs:{Path(MOUNTED_CERT).parent}:ro" in services["haproxy"]["volumes"]
+    # `docker compose up` works with no certificate given: one is made there first (yours is
+    # kept), by the shipped devstack/tls.py run in the edge image.
+    maker = services["tls-cert"]
+    assert maker["image"] == services["edge-1"]["image"]
+    assert services["haproxy"]["depends_on"]["tls-cert"] == {
+        "condition": "service_completed_successfully"
+    }
+    assert "./haproxy/certs:/certs" in maker["volumes"]
+    assert "../devstack/tls.py:/tls.py:ro" in maker["volumes"]
+    assert (COMPOSE.parent / "../devstack/tls.py").exists()
+    assert maker["entrypoint"][-1] == (
+        "test -s /certs/edge.pem || /opt/edge/bin/python /tls.py /certs/edge.pem"
+    )
     # `make cluster --tls` binds its HTTPS frontend the same way (its certificate aside).
     deployed = re.search(r"^\s*bind :8443 (.*)$", cfg, re.MULTILINE)
     twin = re.search(r"^\s*bind \S+ (.*)$", TLS_FRONTEND, re.MULTILINE)
