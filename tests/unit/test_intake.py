@@ -253,6 +253,23 @@ def test_a_slow_fill_renews_the_ttl_when_it_was_asked_not_when_its_body_ended() 
     assert [a for a in intake.actions if isinstance(a, Touched)] == [Touched(10.0)]
 
 
+def test_a_fills_tail_is_observed_when_its_request_left_not_when_it_arrived() -> None:
+    """Issue 29: the origin said where its tail was at some moment after the request left, so
+    the freshness window counts from then (a refill answered late in its window, or a slow
+    fill, gives no reader a tail older than ``--tail-freshness``)."""
+    headers = (
+        ("Content-Type", "text/plain"),
+        ("Stream-Next-Offset", "0000_0005"),
+        ("Stream-Up-To-Date", "true"),
+    )
+    arrival = Arrival.of_fill(
+        "-1", 200, headers, b"hello", started=1, received=2, now=130.0, asked_at=129.5
+    )
+    intake = decide(arrival, StreamInstance(stream="/s"), None, current=True)
+    believed = [a.judgement.fact for a in intake.actions if isinstance(a, BelieveTail)]
+    assert [fact.observed_at for fact in believed if fact is not None] == [129.5]
+
+
 @settings(max_examples=300)
 @given(arrival=arrivals(), instance=instances(), tail=tails, current=st.booleans())
 def test_a_404_or_410_to_any_request_is_gone(
