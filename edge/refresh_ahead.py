@@ -35,7 +35,6 @@ from collections.abc import Sequence
 from typing import assert_never
 
 from edge.answer import Bypass
-from edge.config import Settings
 from edge.fills import Chained, Fills, Unchained
 from edge.instances.generations import Generations
 from edge.log.ahead import Refresh, Refreshing
@@ -64,7 +63,6 @@ class RefreshAhead:
 
     def __init__(
         self,
-        settings: Settings,
         metrics: Metrics,
         *,
         fills: Fills,
@@ -100,6 +98,7 @@ class RefreshAhead:
             logger.error("refresh-ahead ended by a fault", exc_info=fault)
 
     def running(self, key: LogKey) -> bool:
+        """Is a refill of ``key``'s log in flight?"""
         return self._book.running(key)
 
     async def close(self) -> None:

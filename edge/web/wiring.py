@@ -104,9 +104,7 @@ def build_catchup(
         fill_budget=fill_budget,
         clock=clock,
     )
-    ahead = RefreshAhead(
-        settings, metrics, fills=fills, local=local, generations=instances.generations
-    )
+    ahead = RefreshAhead(metrics, fills=fills, local=local, generations=instances.generations)
     catchup = CatchupCache(
         settings,
         fills=fills,
