@@ -2181,17 +2181,10 @@ def test_one_refresh_per_log_however_many_late_readers(machine: CatchupMachine) 
     key = LogKey(stream=A, scope="public")
     assert edge.parts.ahead.running(key)
     machine.do_advance(100)  # past the window: this read joins the refill in flight
-    late = machine.loop.create_task(
-        edge.read(A, "-1", credentials=(), if_none_match=None, accept_encoding=None)
-    )
-    for _ in range(5):
-        machine.loop.run_until_complete(asyncio.sleep(0))
-    machine.origin.release()
-    seen = machine.loop.run_until_complete(late)
+    seen = _read_while_held(machine, edge)
     assert seen.status == 200
     assert seen.body == b"<100>"
-    for _ in range(20):
-        machine.loop.run_until_complete(asyncio.sleep(0))
+    _settle(machine)
     assert not edge.parts.ahead.running(key)
     assert _origin_reads(edge) == reads + 1
     assert _counted(edge, "edge_refresh_ahead_total") == 1
@@ -2201,6 +2194,18 @@ def _settle(machine: CatchupMachine) -> None:
     """Let what runs in the background (a refresh) run to its end."""
     for _ in range(20):
         machine.loop.run_until_complete(asyncio.sleep(0))
+
+
+def _read_while_held(machine: CatchupMachine, edge: EdgeUnderTest) -> Seen:
+    """A read of ``A`` from the start begun while the origin holds its answers, which are
+    released once the read has gone as far as it can without them."""
+    read = machine.loop.create_task(
+        edge.read(A, "-1", credentials=(), if_none_match=None, accept_encoding=None)
+    )
+    for _ in range(5):
+        machine.loop.run_until_complete(asyncio.sleep(0))
+    machine.origin.release()
+    return machine.loop.run_until_complete(read)
 
 
 def test_a_refresh_that_finds_the_stream_gone_forgets_it(machine: CatchupMachine) -> None:
@@ -2263,13 +2268,7 @@ def test_a_read_after_a_write_through_the_edge_does_not_join_a_refill_that_left_
     machine.loop.run_until_complete(asyncio.wait_for(arrived.wait(), 5))
     assert edge.parts.ahead.running(LogKey(stream=A, scope="public"))
     machine.do_append(A, 1, via_edge=True)  # writes reach the model at once
-    after = machine.loop.create_task(
-        edge.read(A, "-1", credentials=(), if_none_match=None, accept_encoding=None)
-    )
-    for _ in range(5):
-        machine.loop.run_until_complete(asyncio.sleep(0))
-    machine.origin.release()
-    seen = machine.loop.run_until_complete(after)
+    seen = _read_while_held(machine, edge)
     _settle(machine)
     assert seen.status == 200
     assert seen.body == b"<100><101>"
