@@ -13,6 +13,10 @@ Rules this module owns:
 * An answer fetched under an instance that was forgotten meanwhile is read again, under the
   current one; what a fill revealed (a 404, a new instance) is settled before its answer goes.
 * Bytes another replica filled are served once this process knows their instance's lifetime.
+* An at-tail hit late in its tail's window (``Hit.refresh``) is shown to the refresh-ahead
+  (``edge.refresh_ahead``), which renews the tail in the background; the hit is answered as it
+  would be.
+* A fill's answer is capped by the reader's own prefix (``fill_coverage``), whoever led it.
 * A read ends in one of named states: an ``Answer``, a ``Bypass`` naming why the web layer
   relays the client's own request instead, or an ``OriginError`` (the origin boundary: the
   origin failed; a fill past ``--fill-deadline`` is a 504). ``BodyTooLarge`` from a fill is
@@ -35,7 +39,7 @@ from typing import assert_never
 
 from edge.answer import Answer, Bypass, Derivation, Result, Why
 from edge.config import Settings
-from edge.fills import Chained, Fill, Fills, Resolution, Unchained
+from edge.fills import Chained, Fill, Fills, Reach, Resolution, Unchained
 from edge.instances.forgetting import Forgetter
 from edge.instances.generations import Generations
 from edge.instances.lifetimes import Lifetimes
@@ -46,6 +50,7 @@ from edge.log.policy import (
     Hit,
     answer_headers,
     etag,
+    fill_coverage,
     if_none_match_hits,
     keys_of,
     plan_catchup,
@@ -62,6 +67,7 @@ from edge.protocol.headers import (
     first_value,
 )
 from edge.protocol.reads import PUBLIC_SCOPE, START, Read, is_client_offset
+from edge.refresh_ahead import RefreshAhead
 from edge.store.local import Compressor, LocalTier
 
 logger = logging.getLogger(__name__)
@@ -101,9 +107,11 @@ class CatchupCache:
         generations: Generations | None,
         lifetimes: Lifetimes,
         compressor: Compressor,
+        ahead: RefreshAhead | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._settings = settings
+        self._ahead = ahead
         self._authority_seconds = live_authority_seconds(settings)
         self._fills = fills
         self._local = local
@@ -258,6 +266,9 @@ class CatchupCache:
         if isinstance(plan, Hit):
             log = self._local.log(key)
             assert log is not None
+            if self._ahead is not None:
+                # Late in the tail's window: renewed in the background; this read is answered.
+                self._ahead.served(log, credentials, plan.refresh)
             status = "edge; hit; detail=shared" if resolved.shared_hit else "edge; hit"
             return await self._answer(
                 read, log, offset, plan.coverage.segments, plan.coverage.end,
@@ -312,14 +323,18 @@ class CatchupCache:
         if log.content_type is None:  # evicted or purged while the fetch was in flight
             log.content_type = first_value(fill.headers, "content-type")
             log.header_template = self._local.template(header_template(fill.headers))
-        prefix, segment = plan.prefix.segments, chained.segment
-        segments = (*prefix, segment) if segment is not None else prefix
+        # Capped by this reader's own prefix, whoever's fill it is (a refill, another delta).
+        coverage = fill_coverage(
+            plan.prefix, chained.segment, chained.next_offset,
+            max_bytes=self._settings.max_response_bytes,
+        )  # fmt: skip
+        reach = Reach.BEHIND if coverage.capped else chained.reach
         return await self._answer(
-            read, log, offset, segments, chained.next_offset,
-            up_to_date=chained.reach.up_to_date, closed=chained.reach.closed,
+            read, log, offset, coverage.segments, coverage.end,
+            up_to_date=reach.up_to_date, closed=reach.closed,
             if_none_match=if_none_match, accept_encoding=accept_encoding,
             cache_status=cache_status, result=result,
-            kept=chained.kept,
+            kept=coverage.capped or chained.kept,
         )  # fmt: skip
 
     def reuse_for(self, log: StreamLog, *, immutable: bool) -> Reuse:

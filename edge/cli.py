@@ -266,9 +266,11 @@ SERVE_OPTIONS = (
         "--tail-freshness",
         _duration,
         "1",
-        "Seconds an at-tail answer of an open stream is reused without asking the origin. "
-        "Writes through this edge invalidate at once; a reader is at most this far behind "
-        "writes made elsewhere, and loses nothing (it goes live from there).",
+        "Seconds an at-tail answer of an open stream is reused without asking the origin, "
+        "counted from when the edge's request for the tail left; a read in the last tenth "
+        "refills it in the background. Writes through this edge invalidate at once; a reader "
+        "is at most this far behind writes made elsewhere, and loses nothing (it goes live "
+        "from there).",
         field="tail_freshness_seconds",
     ),
     Option(

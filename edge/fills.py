@@ -7,8 +7,10 @@ it to its one client, a new instance, a stream gone) and the door carries it out
 
 Rules this module owns:
 
-* Identical origin fetches in flight are one (``Fills.fetch``: keyed by stream, scope, offset
-  and the instance they were planned under); a reader that finds another's fill in flight
+* Identical origin fetches in flight are one (``Fills.fetch``: keyed by stream, scope, offset,
+  the instance they were planned under and the tail their reader knew): a reader joins only a
+  fill whose answer is what its own would have been (none that left before a write through the
+  edge marked the tail stale); a reader that finds another's fill in flight
   waits at most ``--fill-wait`` for it, then its own read is relayed (``Bypass(FILL_OVERDUE)``),
   never queued behind a trickle.
 * A fill that outlives ``--fill-deadline`` (stretched as its bytes arrive,
@@ -49,7 +51,7 @@ from edge.instances.forgetting import Forgetter
 from edge.log.intake import Arrival, Decision, header_template
 from edge.log.policy import Fetch, Hit
 from edge.log.segment import Segment
-from edge.log.stream_log import LogKey, StreamInstance
+from edge.log.stream_log import LogKey, StreamInstance, TailFact
 from edge.metrics import Metrics
 from edge.origin import OriginClient, OriginTimeout
 from edge.protocol.headers import first_value, not_to_be_kept, own_request_headers
@@ -156,6 +158,11 @@ class Resolution:
         return None
 
 
+# A fill in flight: stream and scope, offset, the instance it was planned under, and the tail
+# its reader knew (``StreamLog.tail`` when it asked; None: none known).
+FlightKey = tuple[LogKey, str, StreamInstance, TailFact | None]
+
+
 class Fills:
     """The origin asked for what a catch-up read is missing: one fetch per offset and instance
     in flight, its answer taken in through the door."""
@@ -182,9 +189,7 @@ class Fills:
         self._ticket = ticket
         self._fill_budget = fill_budget
         self._clock = clock
-        self._flights: SingleFlight[tuple[LogKey, str, StreamInstance], Fill | Abandoned] = (
-            SingleFlight()
-        )
+        self._flights: SingleFlight[FlightKey, Fill | Abandoned] = SingleFlight()
 
     async def fetch(
         self,
@@ -196,8 +201,13 @@ class Fills:
         """The fill this reader answers from (led or joined, with this reader's share of its
         bytes taken) and whether it shared another reader's; a ``Bypass`` when it did not end
         in time for a reader that waited on it."""
+        # What this reader knows of the tail is part of what it asks: a fill that left before a
+        # write through the edge marked the tail stale (or a refill before a fill moved it) is
+        # not the answer this reader's own request would get, so it is not joined.
+        log = self._local.log(key)
+        known = log.tail if log is not None else None
         flight = await self._flights.join(
-            (key, fetch.offset, instance),
+            (key, fetch.offset, instance, known),
             lambda: self._fill(key, fetch, credentials, instance),
             wait_seconds=self._settings.fill_wait_seconds,
         )

@@ -314,6 +314,13 @@ class Metrics:
             ["kind"],
             registry=self.registry,
         )
+        self.refresh_ahead = Counter(
+            "edge_refresh_ahead",
+            "Background refills of an at-tail answer's tail, started by a read in the last tenth "
+            "of --tail-freshness, by how they ended (edge.refresh_ahead.Refreshed).",
+            ["result"],
+            registry=self.registry,
+        )
         self.cdn_purges = Counter(
             "edge_cdn_purges",
             "Purges of forgotten streams at the CDN targets of --cdn-purge, one per stream and "

@@ -17,6 +17,9 @@ Rules this module owns (DESIGN.md "a stream's identity"; PROTOCOL-NOTES "Cacheab
 * A stream keeps its content type for life, offsets never go back, and a closure never moves:
   an answer that contradicts the instance is another stream at the path (``NEW_INSTANCE``),
   whose old instance is forgotten everywhere. The tail judgement is ``judge_tail``'s.
+* A fill's word on the tail is observed as of when its request left (``Arrival.touched_at``),
+  not when its answer arrived: the freshness window counts from the earliest moment it can
+  be true of.
 * A catch-up answer read past the tail (its next offset before the read's) is the client's to
   see, never stored; a live batch's word on the tail is authoritative while its upstream runs.
 * Otherwise the segment is stored under the instance it was fetched for and shared
@@ -311,8 +314,13 @@ def _decide_fill(
     ]
     offset = arrival.start
     if arrival.up_to_date or end < offset:
+        # Observed as of when the request left (``touched_at``): the origin said where its tail
+        # was at some moment after that, so the freshness window counts from there and no
+        # at-tail answer given from it is older than ``--tail-freshness`` (a slow fill, or a
+        # refresh-ahead answered late in its window, takes nothing off the bound).
         judgement = judge_tail(
-            instance, tail, end, closed=arrival.closed and arrival.up_to_date, now=arrival.now,
+            instance, tail, end, closed=arrival.closed and arrival.up_to_date,
+            now=arrival.touched_at,
             started=arrival.started, received=arrival.received,
         )  # fmt: skip
         if judgement.verdict is TailVerdict.NEW_INSTANCE:

@@ -18,6 +18,12 @@ Rules this module owns (PROTOCOL.md §5.6, §10; PROTOCOL-NOTES "Cacheability"):
   and decoded it for an identity client weakens its tag (RFC 9110 §8.8.1: ``W/"…:gzip"``); the
   client holds the very bytes the identity tag names, so it gets its 304. A strong tag of another
   coding names other bytes and does not match.
+* A fill's answer is its reader's prefix and the segment the fill brought (``fill_coverage``),
+  capped by the same rule as ``cover``: a reader that joins another's fill in flight gets what
+  its own fill would have given it, never more than ``max_bytes`` past its first segment.
+* An at-tail ``Hit`` of a tail the edge observed says whether it is late in its freshness
+  window (``Hit.refresh``, ``edge.log.ahead``): the I/O layer then renews the tail in the
+  background, and the answer is given as it would be.
 * How long each tier may keep an answer is ``edge.log.freshness``'s (the ``Reuse`` verdict);
   every answer the edge builds of a stream carries the verdict's headers and the stream
   instance's purge keys (``edge.protocol.purge_keys``).
@@ -31,6 +37,7 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from edge.log.ahead import Refresh, refresh_of
 from edge.log.freshness import Reuse
 from edge.log.segment import Segment
 from edge.log.stream_log import LogKey, StreamLog
@@ -57,6 +64,8 @@ class Hit:
     coverage: Coverage
     up_to_date: bool
     closed: bool
+    # An at-tail answer late in its tail's freshness window: renew the tail in the background.
+    refresh: Refresh = Refresh.NONE
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -110,8 +119,24 @@ def plan_catchup(
         log, coverage.end, tail.closed, now=now, freshness_seconds=freshness_seconds,
         authority_seconds=authority_seconds,
     ):  # fmt: skip
-        return Hit(coverage=coverage, up_to_date=True, closed=tail.closed)
+        refresh = refresh_of(tail, now=now, freshness_seconds=freshness_seconds)
+        return Hit(coverage=coverage, up_to_date=True, closed=tail.closed, refresh=refresh)
     return Fetch(offset=coverage.end, prefix=coverage)
+
+
+def fill_coverage(
+    prefix: Coverage, segment: Segment | None, end: str, *, max_bytes: int
+) -> Coverage:
+    """What a fill's reader answers: its own ``prefix`` and the ``segment`` the fill brought
+    (ending at ``end``), capped as ``cover`` caps a chain. The same fill may be shared by
+    readers with different prefixes (a refill of the tail, a delta): each is capped by its own.
+    Capped, the answer is the prefix alone (the segment is in the log for the next read)."""
+    if segment is None:
+        return Coverage(segments=prefix.segments, end=end, capped=False)
+    total = sum(s.size for s in prefix.segments)
+    if prefix.segments and total + segment.size > max_bytes:
+        return Coverage(segments=prefix.segments, end=prefix.end, capped=True)
+    return Coverage(segments=(*prefix.segments, segment), end=end, capped=False)
 
 
 def at_tail_holds(

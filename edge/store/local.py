@@ -89,6 +89,9 @@ class StoredHit:
     # still the log's trusted tail (``edge.log.policy.at_tail_holds``); None: immutable.
     tail_end: str | None = None
     tail_closed: bool = False  # a HEAD's: the tail it reports may be a closed one
+    # What a fill of its scope sends upstream (the read's that stored it): an at-tail answer's
+    # refresh-ahead asks the origin with them (``edge.refresh_ahead``).
+    credentials: tuple[tuple[str, str], ...] = ()
 
     @property
     def size(self) -> int:

@@ -11,7 +11,9 @@ Rules this module owns:
 * An at-tail answer is given only while the catch-up plan would give it:
   ``edge.log.policy.at_tail_holds`` on its log, at each read (the tail is still where it ends,
   as closed as it was, and trusted). A live tail's next batch moves the tail, so the stored
-  answer stops the moment it arrives.
+  answer stops the moment it arrives. A hit late in its tail's window (``edge.log.ahead``) is
+  shown to the refresh-ahead (``edge.refresh_ahead``, with the credentials the answer's own
+  read sent upstream), which renews the tail in the background; the hit is given as it would be.
 * Stored answers are keyed by the request's ``AnswerKey`` (``edge.protocol.answer_key``), the
   one classification both paths make of a head: stream, query as sent, credential scope,
   representation and, where the origin's CORS varies by it, ``Origin``. The fast path can
@@ -50,7 +52,7 @@ Rules this module owns:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from multidict import CIMultiDict
 
@@ -59,6 +61,7 @@ from edge.auth.gate import Client, Gate, RequestAdmission
 from edge.catchup import live_authority_seconds
 from edge.config import Settings
 from edge.instances.generations import GENERATION_CHECK_SECONDS
+from edge.log.ahead import due_after, refresh_of
 from edge.log.freshness import tail_age_seconds
 from edge.log.policy import at_tail_holds, if_none_match_hits
 from edge.log.stream_log import LogKey, StreamLog
@@ -76,6 +79,7 @@ from edge.protocol.http1 import (
 )
 from edge.protocol.paths import BadTarget, parse_target
 from edge.protocol.reads import PUBLIC_SCOPE, RequestKind
+from edge.refresh_ahead import RefreshAhead
 from edge.store.local import LocalTier, StoredHit
 from edge.web.proxy import OriginCors
 
@@ -98,9 +102,11 @@ class FastPath:
         cors: OriginCors,
         *,
         gate: Gate | None = None,
+        ahead: RefreshAhead | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.enabled = settings.fast_path
+        self._ahead = ahead
         # With --auth jwt|forward every read is authorized first (by the gate's own code).
         self._gate = gate
         self._scope_headers = settings.scope_headers
@@ -114,6 +120,7 @@ class FastPath:
         self._clock = clock
         self._verify = settings.redis_url is not None
         self._freshness = settings.tail_freshness_seconds
+        self._refresh_after = due_after(self._freshness)
         self._authority = live_authority_seconds(settings)
         self._heads: dict[bytes, RequestHead] = {}
         self._date_second = -1
@@ -228,8 +235,10 @@ class FastPath:
         log = entry.log
         if not log.kept:
             return None
-        if entry.tail_end is not None and not self._tail_holds(log, entry, now):
-            return None
+        if entry.tail_end is not None:
+            if not self._tail_holds(log, entry, now):
+                return None
+            self._late_in_window(log, entry, now)
         second = int(now)
         if second != self._date_second:
             self._date_second, self._date = second, date_line(second)
@@ -281,6 +290,15 @@ class FastPath:
             freshness_seconds=self._freshness, authority_seconds=self._authority,
         )  # fmt: skip
 
+    def _late_in_window(self, log: StreamLog, entry: StoredHit, now: float) -> None:
+        """Show a hit late in its tail's window to the refresh-ahead (most hits are early in
+        it and leave at the first comparison)."""
+        tail = log.tail
+        if self._ahead is None or tail is None or now - tail.observed_at < self._refresh_after:
+            return
+        refresh = refresh_of(tail, now=now, freshness_seconds=self._freshness)
+        self._ahead.served(log, entry.credentials, refresh)
+
     def register(
         self,
         key: AnswerKey | None,
@@ -289,10 +307,12 @@ class FastPath:
         *,
         version: tuple[int, int],
         origin: str | None,
+        credentials: Sequence[tuple[str, str]] = (),
     ) -> bool:
         """Store the full path's ``answer`` (``response_headers``: its finished headers) to a
         request of ``version`` classified as ``key`` from ``origin``, if the policy's verdict
-        says it can never change. True if stored."""
+        says it can never change. ``credentials``: what the request's fills sent upstream (an
+        at-tail answer's refresh sends them too). True if stored."""
         derivation = answer.derivation
         if not self.enabled or key is None or derivation is None or answer.status != 200:
             return False
@@ -355,6 +375,7 @@ class FastPath:
             log=log,
             tail_end=derivation.end if holds_with_tail else None,
             tail_closed=key.head and derivation.closed,
+            credentials=tuple(credentials) if holds_with_tail else (),
         )
         return self._local.put_response(key, stored)
 

@@ -125,8 +125,9 @@ class CatchupFront:
     def _served(self, request: CatchupRequest, answer: Answer) -> Served:
         headers = client_headers(answer, self.cors, request.origin, reader_only=request.reader_only)
         self.fast.register(
-            request.key, answer, headers, version=request.version, origin=request.origin
-        )
+            request.key, answer, headers, version=request.version, origin=request.origin,
+            credentials=request.credentials,
+        )  # fmt: skip
         return Served(answer=answer, headers=headers)
 
     def _cors_unknown(self, origin: str | None) -> Bypass | None:

@@ -6,7 +6,8 @@ Rules this module owns:
 * Only this module builds the tiers (``LocalTier``, ``SharedTier``), the stream instances
   (``edge.instances.build``: their door, forgetter, generations, lifetimes, writes and
   ticket), the fill budget, the compressor, the fills, the catch-up service, the live hub,
-  the relay, the gate, the fast path, the stream listener's connection tracker (handed the
+  the refresh-ahead (handed to both the catch-up service and the fast path), the relay, the
+  gate, the fast path, the stream listener's connection tracker (handed the
   fast path), the catch-up front and the CDN purger. Each gets the parts it uses; none reaches
   through another for them.
 * Who hears of a forgetting is decided here, in the order given: the live hub (its tails and
@@ -45,6 +46,7 @@ from edge.lifecycle import StreamLifecycle
 from edge.live.hub import LiveHub
 from edge.metrics import Metrics
 from edge.origin import OriginClient
+from edge.refresh_ahead import RefreshAhead
 from edge.store.local import Compressor, LocalTier
 from edge.store.shared import SharedTier
 from edge.web.connection_table import Limits
@@ -76,6 +78,7 @@ class CatchupParts:
     fill_budget: FillBudget
     compressor: Compressor
     fills: Fills
+    ahead: RefreshAhead  # at-tail answers renewed before their window ends (both paths)
     catchup: CatchupCache
     lifecycle: StreamLifecycle
 
@@ -103,6 +106,7 @@ def build_catchup(
         fill_budget=fill_budget,
         clock=clock,
     )
+    ahead = RefreshAhead(metrics, fills=fills, local=local, generations=instances.generations)
     catchup = CatchupCache(
         settings,
         fills=fills,
@@ -111,6 +115,7 @@ def build_catchup(
         generations=instances.generations,
         lifetimes=instances.lifetimes,
         compressor=compressor,
+        ahead=ahead,
         clock=clock,
     )
     metrics.track_budget(local.usage, lambda: fill_budget.used)
@@ -125,6 +130,7 @@ def build_catchup(
         fill_budget=fill_budget,
         compressor=compressor,
         fills=fills,
+        ahead=ahead,
         catchup=catchup,
         lifecycle=StreamLifecycle(
             writes=instances.writes, forgetter=instances.forgetter, shared=shared
@@ -146,6 +152,7 @@ class Wired:
     forgetter: Forgetter
     lifetimes: Lifetimes
     catchup: CatchupCache
+    ahead: RefreshAhead
     lifecycle: StreamLifecycle
     hub: LiveHub
     relay: Relay  # as built: a worker's application relays through its own (``edge.workers``)
@@ -206,7 +213,7 @@ def wire(
         ticket=parts.ticket,
     )
     gate = Gate(settings, metrics) if settings.auth_mode != "none" else None
-    fast = FastPath(settings, parts.local, cors, gate=gate)
+    fast = FastPath(settings, parts.local, cors, gate=gate, ahead=parts.ahead)
     metrics.fold_at_scrape(fast.fold_into)
     targets = LiveTargets(settings)
     logs = LogsNow(settings, parts.local, parts.catchup)
@@ -245,6 +252,7 @@ def wire(
         forgetter=parts.forgetter,
         lifetimes=parts.lifetimes,
         catchup=parts.catchup,
+        ahead=parts.ahead,
         lifecycle=parts.lifecycle,
         hub=hub,
         relay=relay,
@@ -271,6 +279,7 @@ async def lifetime(wired: Wired) -> AsyncIterator[None]:
     if purger is not None:
         await purger.close()
     await wired.hub.close()
+    await wired.ahead.close()
     if gate is not None:
         await gate.close()
     await wired.lifetimes.close()  # the stream instances' one open part: lifetime probes

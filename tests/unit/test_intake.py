@@ -239,18 +239,33 @@ def test_the_origin_is_said_to_have_renewed_a_ttl_when_the_request_left(
             assert action.now <= arrival.now
 
 
+# An origin answer that reached the tail at 0000_0005.
+AT_THE_TAIL = (
+    ("Content-Type", "text/plain"),
+    ("Stream-Next-Offset", "0000_0005"),
+    ("Stream-Up-To-Date", "true"),
+)
+
+
 def test_a_slow_fill_renews_the_ttl_when_it_was_asked_not_when_its_body_ended() -> None:
-    headers = (
-        ("Content-Type", "text/plain"),
-        ("Stream-Next-Offset", "0000_0005"),
-        ("Stream-Up-To-Date", "true"),
-    )
     arrival = Arrival.of_fill(
-        "-1", 200, headers, b"hello", started=1, received=2, now=130.0, asked_at=10.0
+        "-1", 200, AT_THE_TAIL, b"hello", started=1, received=2, now=130.0, asked_at=10.0
     )
     intake = decide(arrival, StreamInstance(stream="/s"), None, current=True)
     assert intake.decision is Decision.STORE
     assert [a for a in intake.actions if isinstance(a, Touched)] == [Touched(10.0)]
+
+
+def test_a_fills_tail_is_observed_when_its_request_left_not_when_it_arrived() -> None:
+    """Issue 29: the origin said where its tail was at some moment after the request left, so
+    the freshness window counts from then (a refill answered late in its window, or a slow
+    fill, gives no reader a tail older than ``--tail-freshness``)."""
+    arrival = Arrival.of_fill(
+        "-1", 200, AT_THE_TAIL, b"hello", started=1, received=2, now=130.0, asked_at=129.5
+    )
+    intake = decide(arrival, StreamInstance(stream="/s"), None, current=True)
+    believed = [a.judgement.fact for a in intake.actions if isinstance(a, BelieveTail)]
+    assert [fact.observed_at for fact in believed if fact is not None] == [129.5]
 
 
 @settings(max_examples=300)
