@@ -18,6 +18,8 @@ Rules this module owns:
 * A client that leaves before its answer is written is counted in ``edge_clients_gone_total``,
   never as an answered request (``edge_requests_total``), and logged at DEBUG: leaving is what
   viewers do, and a dashboard must not read it as failing.
+* A request on a resume route (``--resume-route``) is the resume routes' alone, before the gate
+  and the classification: it is about an agent backend, not a stream.
 * The origin's control API is relayed as it is; a live read whose CORS answer is unknown for its
   ``Origin`` is relayed so that the origin's answer teaches the edge.
 """
@@ -43,7 +45,7 @@ from edge.web.catchup_reads import relay_bypass, serve_catchup, serve_head, writ
 from edge.web.connection_tracker import CONNECTIONS, Found, let_go
 from edge.web.front import Served
 from edge.web.gatekeeper import GATE, admit
-from edge.web.keys import CORS, METRICS, RELAY, SETTINGS
+from edge.web.keys import CORS, METRICS, RELAY, RESUME, SETTINGS
 from edge.web.live_reads import serve_long_poll, serve_sse
 from edge.web.proxy import ClientGone, EdgeResponse, edge_answer, request_origin, request_target
 
@@ -175,6 +177,14 @@ async def _handle(request: web.Request, handed: Handed) -> web.StreamResponse:
         server_options = EdgeResponse(status=204)
         cors.add_missing(server_options.headers, origin)
         return server_options
+    resume = request.app[RESUME]
+    route = resume.route_for(target.stream)
+    if route is not None:
+        # An agent backend's, not a stream of the origin: relayed (and kept) by the resume
+        # routes, whose backend authorizes its own callers (edge.web.resume_routes).
+        response = await resume.handle(request, route)
+        metrics.request_count(RequestKind.OTHER, response.status).inc()
+        return response
     admitted: RequestAdmission | None = None
     gate = request.app.get(GATE)
     if gate is not None:

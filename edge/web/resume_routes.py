@@ -1,0 +1,454 @@
+"""Resume routes (``--resume-route PATH=URL``): the relay to an agent backend, the pump that
+keeps its SSE answer in a durable stream, and the answers served from that stream.
+
+Rules this module owns:
+
+* What a request asks for is ``edge.resume.requests``'s decision; what is kept and how it is
+  given back is ``edge.resume.events``'s; ids and stream names ``edge.resume.ids``'s. This
+  module only carries them out.
+* A kept answer is begun in a task of its own (``_begin``): the upstream request, the stream's
+  creation at the origin (``application/json``, ``Stream-TTL`` = ``--resume-retention``) and the
+  pump. A client that leaves at any point cancels none of it (MCP 2025-11-25: a disconnect is not
+  a cancellation); the pump copies the upstream answer to its end, appends what a JSON-RPC request
+  is still owed, and closes the stream (``Stream-Closed: true``).
+* Each batch of events is appended (and answered by the origin) before the next is read, and
+  every client, the answer's own included, is answered by reading the stream: an event is in the
+  log before any client sees its id. The stream is read through this edge's own listener, as an
+  SSE viewer with the client's credential headers, so the edge's one tail per stream, its cache
+  and its shared tier serve every reader.
+* An SSE answer whose stream the origin would not create is relayed as it came, without ids
+  (it works; it is not resumable), and counted (``edge_resume_unkept_total``).
+* A resume whose stream does not exist (unknown, expired, another credential's) is a 404, the
+  same for each; ``Last-Event-ID`` never goes upstream.
+* Everything else is a plain relay that streams both ways; a client that leaves cancels it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Sequence
+from dataclasses import dataclass
+from typing import assert_never
+from urllib.parse import quote
+
+import aiohttp
+from aiohttp import hdrs, web
+from multidict import CIMultiDict
+
+from edge.config import ResumeRoute, Settings
+from edge.metrics import Metrics
+from edge.origin import OriginClient, OriginError
+from edge.protocol.headers import strip_hop_by_hop, upstream_request_headers
+from edge.protocol.reads import auth_scope, scope_credentials
+from edge.protocol.sse import SseDecoder, encode_retry
+from edge.resume.events import Finale, Replay, append_body, kept_message
+from edge.resume.ids import ResumePoint, mint_token, stream_name
+from edge.resume.requests import Keep, NotFound, Relay, Resume, asked_of, upstream_headers
+
+logger = logging.getLogger(__name__)
+
+# Where a kept answer's stream is named to its client (another device with the same credential
+# can follow it there as an ordinary stream).
+STREAM_HEADER = "Edge-Resume-Stream"
+# A request body is read whole before it goes upstream (a JSON-RPC message is small).
+MAX_BODY_BYTES = 4 * 1024 * 1024
+# Reconnections of one reader to the edge's own listener in a row that brought nothing.
+MAX_IDLE_RECONNECTS = 3
+RETRY_MS = 1000
+# Response headers of the upstream a kept answer does not pass on: the body is the edge's.
+NOT_PASSED_ON = frozenset(
+    {"content-length", "content-encoding", "transfer-encoding", "cache-control", "etag"}
+)
+EVENT_STREAM = "text/event-stream"
+
+
+@dataclass(frozen=True, slots=True)
+class Kept:
+    """The upstream answer is being pumped into ``path``; its client reads from ``point``."""
+
+    path: str
+    point: ResumePoint
+    headers: list[tuple[str, str]]
+
+
+@dataclass(frozen=True, slots=True)
+class Plain:
+    """The upstream answer, to relay as it is (the caller closes it)."""
+
+    response: aiohttp.ClientResponse
+
+
+Began = Kept | Plain
+
+
+def is_event_stream(response: aiohttp.ClientResponse) -> bool:
+    return response.content_type == EVENT_STREAM
+
+
+class ResumeRoutes:
+    def __init__(self, settings: Settings, metrics: Metrics, origin: OriginClient) -> None:
+        self._settings = settings
+        self._metrics = metrics
+        self._origin = origin
+        self._upstream: aiohttp.ClientSession | None = None
+        self._own: aiohttp.ClientSession | None = None
+        self._tasks: set[asyncio.Future[object]] = set()
+
+    @property
+    def routes(self) -> tuple[ResumeRoute, ...]:
+        return self._settings.resume_routes
+
+    def route_for(self, path: str) -> ResumeRoute | None:
+        return next((route for route in self.routes if route.holds(path)), None)
+
+    async def start(self) -> None:
+        if not self.routes:
+            return
+        timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=self._settings.upstream_connect_timeout_seconds
+        )
+        self._upstream = aiohttp.ClientSession(auto_decompress=False, timeout=timeout)
+        self._own = aiohttp.ClientSession(timeout=timeout)
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        for session in (self._upstream, self._own):
+            if session is not None:
+                await session.close()
+
+    def _detached(self, work: Awaitable[object]) -> None:
+        """Run ``work`` to its end whatever happens to the request that started it."""
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # --- a request on a route ---------------------------------------------------------------
+
+    async def handle(self, request: web.Request, route: ResumeRoute) -> web.StreamResponse:
+        headers = list(request.headers.items())
+        asked = asked_of(request.method, headers)
+        match asked:
+            case Resume(point=point):
+                return await self._resume(request, point)
+            case NotFound():
+                self._metrics.resumes.labels("not_found").inc()
+                return _not_found()
+            case Relay():
+                return await self._relay(request, route, keep=False)
+            case Keep():
+                return await self._relay(request, route, keep=True)
+            case _:
+                assert_never(asked)
+
+    def _scope(self, request: web.Request) -> str:
+        settings = self._settings
+        return auth_scope(
+            request.headers.items(),
+            scope_headers=settings.scope_headers,
+            scope_cookies=settings.scope_cookies,
+        )
+
+    def _credentials(self, request: web.Request) -> list[tuple[str, str]]:
+        settings = self._settings
+        return scope_credentials(
+            request.headers.items(),
+            scope_headers=settings.scope_headers,
+            scope_cookies=settings.scope_cookies,
+        )
+
+    async def _relay(
+        self, request: web.Request, route: ResumeRoute, *, keep: bool
+    ) -> web.StreamResponse:
+        upstream = self._upstream
+        assert upstream is not None, "ResumeRoutes.start() was not awaited"
+        body = await _read_body(request)
+        if body is None:
+            return web.Response(status=413, text="request body too large for a resume route\n")
+        peer = request.transport.get_extra_info("peername") if request.transport else None
+        relayed = upstream_request_headers(
+            list(request.headers.items()),
+            client_address=peer[0] if peer else None,
+            scheme=request.scheme,
+            host=request.headers.get(hdrs.HOST),
+        )
+        sent = upstream_headers(relayed, keep=keep)
+        url = route.upstream(request.path, request.query_string)
+        if not keep:
+            try:
+                response = await upstream.request(
+                    request.method, url, headers=CIMultiDict(sent), data=body or None,
+                    allow_redirects=False,
+                )  # fmt: skip
+            except (aiohttp.ClientError, OSError, TimeoutError) as error:
+                logger.warning("resume route %s: upstream failed: %r", route.path, error)
+                return web.Response(status=502, text="upstream unreachable\n")
+            try:
+                return await _stream_back(request, response)
+            finally:
+                response.close()
+        begin = asyncio.ensure_future(
+            self._begin(request.method, url, sent, body, self._scope(request),
+                        self._credentials(request))
+        )  # fmt: skip
+        self._detached(begin)
+        try:
+            began = await asyncio.shield(begin)
+        except asyncio.CancelledError:
+            # The client left; a plain answer nobody will read is closed, a kept one goes on.
+            begin.add_done_callback(_close_if_plain)
+            raise
+        except (aiohttp.ClientError, OSError, TimeoutError) as error:
+            logger.warning("resume route %s: upstream failed: %r", route.path, error)
+            return web.Response(status=502, text="upstream unreachable\n")
+        match began:
+            case Plain(response=response):
+                try:
+                    return await _stream_back(request, response)
+                finally:
+                    response.close()
+            case Kept(path=path, point=point, headers=passed_on):
+                return await self._serve(request, path, point, passed_on)
+            case _:
+                assert_never(began)
+
+    # --- the pump ---------------------------------------------------------------------------
+
+    async def _begin(
+        self,
+        method: str,
+        url: str,
+        headers: Sequence[tuple[str, str]],
+        body: bytes,
+        scope: str,
+        credentials: list[tuple[str, str]],
+    ) -> Began:
+        upstream = self._upstream
+        assert upstream is not None
+        response = await upstream.request(
+            method, url, headers=CIMultiDict(headers), data=body or None, allow_redirects=False
+        )
+        if response.status != 200 or not is_event_stream(response):
+            return Plain(response)
+        token = mint_token()
+        path = self._settings.resume_stream_prefix + stream_name(token, scope)
+        if not await self._create(path, credentials):
+            self._metrics.resume_unkept.inc()
+            return Plain(response)
+        self._metrics.resume_streams.inc()
+        self._detached(self._pump(response, path, credentials, Finale.of_request(body)))
+        passed_on = [
+            (name, value)
+            for name, value in strip_hop_by_hop(list(response.headers.items()))
+            if name.lower() not in NOT_PASSED_ON and name.lower() != "content-type"
+        ]
+        return Kept(path, ResumePoint(token=token, offset="-1", skip=0), passed_on)
+
+    async def _write(
+        self, method: str, path: str, credentials: list[tuple[str, str]],
+        extra: Sequence[tuple[str, str]], body: bytes = b"",
+    ) -> int:  # fmt: skip
+        """One write to the origin; its status (0: no answer)."""
+        headers = [*credentials, ("Content-Type", "application/json"), *extra]
+        try:
+            response = await self._origin.open(
+                method, path, headers, _body(body) if body else None, live=False
+            )
+        except OriginError as error:
+            logger.warning("resume stream %s: %s to the origin failed: %r", path, method, error)
+            return 0
+        try:
+            await response.read()
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            return 0
+        finally:
+            response.close()
+        return response.status
+
+    async def _create(self, path: str, credentials: list[tuple[str, str]]) -> bool:
+        ttl = str(max(1, round(self._settings.resume_retention_seconds)))
+        status = await self._write("PUT", path, credentials, [("Stream-TTL", ttl)])
+        if status not in (200, 201):
+            logger.warning("resume stream %s: the origin answered its creation %d", path, status)
+            return False
+        return True
+
+    async def _pump(
+        self,
+        response: aiohttp.ClientResponse,
+        path: str,
+        credentials: list[tuple[str, str]],
+        finale: Finale,
+    ) -> None:
+        self._metrics.resume_pumps.inc()
+        decoder = SseDecoder()
+        try:
+            try:
+                async for chunk in response.content.iter_any():
+                    messages = [
+                        message
+                        for event in decoder.feed(chunk)
+                        if (message := kept_message(event)) is not None
+                    ]
+                    for message in messages:
+                        finale.heard(message)
+                    if messages and not await self._append(path, credentials, messages):
+                        return  # the origin refused: what was kept stays, nothing is invented
+            except (aiohttp.ClientError, OSError, TimeoutError) as error:
+                logger.info("resume stream %s: the upstream answer broke off: %r", path, error)
+            finally:
+                response.close()
+            owed = finale.still_owed()
+            if owed and not await self._append(path, credentials, owed):
+                return
+            status = await self._write("POST", path, credentials, [("Stream-Closed", "true")])
+            if status not in (200, 204):
+                logger.warning("resume stream %s: the origin answered its close %d", path, status)
+        finally:
+            self._metrics.resume_pumps.dec()
+
+    async def _append(
+        self, path: str, credentials: list[tuple[str, str]], messages: list[dict[str, str]]
+    ) -> bool:
+        status = await self._write("POST", path, credentials, [], append_body(messages))
+        if status not in (200, 204):
+            logger.warning("resume stream %s: the origin answered an append %d", path, status)
+            return False
+        return True
+
+    # --- answers read from the stream -------------------------------------------------------
+
+    async def _resume(self, request: web.Request, point: ResumePoint) -> web.StreamResponse:
+        path = self._settings.resume_stream_prefix + stream_name(point.token, self._scope(request))
+        return await self._serve(request, path, point, [])
+
+    async def _serve(
+        self,
+        request: web.Request,
+        path: str,
+        point: ResumePoint,
+        passed_on: Sequence[tuple[str, str]],
+    ) -> web.StreamResponse:
+        """The answer's events from ``point`` on, read from its stream to the stream's end."""
+        own = self._own
+        assert own is not None
+        replay = Replay(point)
+        credentials = self._credentials(request)
+        resuming = bool(request.headers.get("Last-Event-ID"))
+        answer: web.StreamResponse | None = None
+        idle = 0
+        while idle < MAX_IDLE_RECONNECTS:
+            at = replay.rewind()
+            url = _own_url(request, path, at.offset)
+            async with own.get(url, headers=credentials) as read:
+                if read.status == 404 and answer is None:
+                    if resuming:
+                        self._metrics.resumes.labels("not_found").inc()
+                    return _not_found()
+                if read.status != 200:
+                    logger.warning(
+                        "resume stream %s: the edge's own read got %d", path, read.status
+                    )
+                    break
+                if answer is None:
+                    answer = await self._open_answer(request, path, passed_on)
+                    if resuming:
+                        self._metrics.resumes.labels("served").inc()
+                decoder = SseDecoder()
+                idle += 1
+                async for chunk in read.content.iter_any():
+                    replayed = replay.feed(decoder.feed(chunk))
+                    if replayed.frames:
+                        idle = 0
+                        await answer.write(b"".join(replayed.frames))
+                    if replayed.ended:
+                        await answer.write_eof()
+                        return answer
+        if answer is None:
+            if resuming:
+                self._metrics.resumes.labels("error").inc()
+            return web.Response(status=502, text="the answer's stream could not be read\n")
+        # Not ended, and nothing more comes: the client's reconnection resumes it.
+        if request.transport is not None:
+            request.transport.close()
+        return answer
+
+    async def _open_answer(
+        self, request: web.Request, path: str, passed_on: Sequence[tuple[str, str]]
+    ) -> web.StreamResponse:
+        answer = web.StreamResponse(status=200)
+        for name, value in passed_on:
+            answer.headers.add(name, value)
+        answer.headers[hdrs.CONTENT_TYPE] = EVENT_STREAM
+        answer.headers[hdrs.CACHE_CONTROL] = "private, no-store, no-transform"
+        answer.headers["X-Accel-Buffering"] = "no"
+        answer.headers[STREAM_HEADER] = path
+        await answer.prepare(request)
+        await answer.write(encode_retry(RETRY_MS))
+        return answer
+
+
+def _not_found() -> web.Response:
+    return web.Response(
+        status=404, text="no such answer\n", headers={hdrs.CACHE_CONTROL: "no-store"}
+    )
+
+
+def _own_url(request: web.Request, path: str, offset: str) -> str:
+    """This edge's own listener, as the client reached it, reading ``path`` from ``offset``."""
+    transport = request.transport
+    sockname = transport.get_extra_info("sockname") if transport is not None else None
+    assert sockname is not None, "a resume route's request came on a socket"
+    host, port = sockname[0], sockname[1]
+    authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return f"http://{authority}{quote(path)}?offset={quote(offset, safe='')}&live=sse"
+
+
+async def _body(body: bytes) -> AsyncIterator[bytes]:
+    yield body
+
+
+async def _read_body(request: web.Request) -> bytes | None:
+    """The request's body, or None past ``MAX_BODY_BYTES``."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.content.iter_any():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _close_if_plain(begin: asyncio.Future[Began]) -> None:
+    if begin.cancelled() or begin.exception() is not None:
+        return
+    began = begin.result()
+    if isinstance(began, Plain):
+        began.response.close()
+
+
+async def _stream_back(
+    request: web.Request, response: aiohttp.ClientResponse
+) -> web.StreamResponse:
+    """The upstream answer, relayed as it streams (hop-by-hop aside)."""
+    answer = web.StreamResponse(status=response.status, reason=response.reason)
+    for name, value in strip_hop_by_hop(list(response.headers.items())):
+        if name.lower() not in ("content-length", "transfer-encoding"):
+            answer.headers.add(name, value)
+    if response.headers.get(hdrs.CONTENT_LENGTH) is not None:
+        answer.content_length = int(response.headers[hdrs.CONTENT_LENGTH])
+    await answer.prepare(request)
+    try:
+        async for chunk in response.content.iter_any():
+            await answer.write(chunk)
+    except (aiohttp.ClientError, OSError, TimeoutError):
+        # A truncated body must never look complete: the client's connection ends unfinished.
+        if request.transport is not None:
+            request.transport.abort()
+        return answer
+    await answer.write_eof()
+    return answer

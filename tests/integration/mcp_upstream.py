@@ -1,0 +1,69 @@
+"""An agent backend for the resume-route tests: the official MCP SDK's streamable-HTTP server
+(stateless, no event store: on its own, a dropped call is lost) with one slow tool.
+
+    python tests/integration/mcp_upstream.py PORT SEEN_FILE
+
+``count(n, delay)`` reports progress n times, ``delay`` seconds apart, and returns
+``"counted n"``. Every request the server receives is recorded as one JSON line in SEEN_FILE
+(method, path, ``Last-Event-ID``, ``Authorization``), so a test can prove what reached it. It
+prints ``ready`` once it listens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from typing import Any
+
+import uvicorn
+from mcp.server.mcpserver import Context, MCPServer
+
+server = MCPServer("slow-counter")
+
+
+@server.tool()
+async def count(n: int, delay: float, ctx: Context) -> str:
+    for step in range(1, n + 1):
+        await asyncio.sleep(delay)
+        await ctx.report_progress(step, n, f"step {step}")
+    return f"counted {n}"
+
+
+def _record(seen_file: str, line: dict[str, str | None]) -> None:
+    with open(seen_file, "a") as seen:
+        seen.write(json.dumps(line) + "\n")
+
+
+def recording(app: Any, seen_file: str) -> Any:
+    async def recorded(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            headers = {name.decode().lower(): value.decode() for name, value in scope["headers"]}
+            line = {
+                "method": scope["method"],
+                "path": scope["path"],
+                "last_event_id": headers.get("last-event-id"),
+                "authorization": headers.get("authorization"),
+            }
+            _record(seen_file, line)
+        await app(scope, receive, send)
+
+    return recorded
+
+
+async def main(port: int, seen_file: str) -> None:
+    app = server.streamable_http_app(stateless_http=True)
+    config = uvicorn.Config(
+        recording(app, seen_file), host="127.0.0.1", port=port, log_level="warning",
+        lifespan="on",
+    )  # fmt: skip
+    served = uvicorn.Server(config)
+    task = asyncio.create_task(served.serve())
+    while not served.started:  # noqa: ASYNC110 (uvicorn sets a flag, it has no event)
+        await asyncio.sleep(0.05)
+    print("ready", flush=True)
+    await task
+
+
+if __name__ == "__main__":
+    asyncio.run(main(int(sys.argv[1]), sys.argv[2]))
