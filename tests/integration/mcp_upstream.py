@@ -1,12 +1,12 @@
 """An agent backend for the resume-route tests: the official MCP SDK's streamable-HTTP server
 (stateless, no event store: on its own, a dropped call is lost) with one slow tool.
 
-    python tests/integration/mcp_upstream.py PORT SEEN_FILE
+    python tests/integration/mcp_upstream.py PORT SEEN_FILE    (PORT 0: any free port)
 
 ``count(n, delay)`` reports progress n times, ``delay`` seconds apart, and returns
 ``"counted n"``. Every request the server receives is recorded as one JSON line in SEEN_FILE
 (method, path, ``Last-Event-ID``, ``Authorization``), so a test can prove what reached it. It
-prints ``ready`` once it listens.
+prints one JSON line, ``{"url": ".../mcp"}``, once it listens.
 """
 
 from __future__ import annotations
@@ -20,10 +20,18 @@ import uvicorn
 from mcp.server.mcpserver import Context, MCPServer
 
 server = MCPServer("slow-counter")
+SEEN_FILE = [""]
+# A backend that is not the SDK: its own ids, a priming event, and no final message.
+ENDS_EARLY = (
+    b"id: up-0\nretry: 500\ndata:\n\n"
+    b"id: up-1\nevent: message\n"
+    b'data: {"jsonrpc":"2.0","method":"notifications/progress","params":{"progress":1}}\n\n'
+)
 
 
 @server.tool()
 async def count(n: int, delay: float, ctx: Context) -> str:
+    _record(SEEN_FILE[0], {"tool": "count", "n": str(n)})
     for step in range(1, n + 1):
         await asyncio.sleep(delay)
         await ctx.report_progress(step, n, f"step {step}")
@@ -46,12 +54,31 @@ def recording(app: Any, seen_file: str) -> Any:
                 "authorization": headers.get("authorization"),
             }
             _record(seen_file, line)
+        if scope["type"] == "http" and scope["path"].startswith("/raw"):
+            await raw(scope, receive, send)
+            return
         await app(scope, receive, send)
 
     return recorded
 
 
+async def raw(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """``/raw/ends-early``: an SSE answer with the backend's own ids that ends before its final
+    message; ``/raw/json``: a JSON answer."""
+    while (await receive()).get("more_body"):
+        pass
+    if scope["path"] == "/raw/json":
+        head = [(b"content-type", b"application/json")]
+        body = b'{"jsonrpc":"2.0","id":1,"result":{}}'
+    else:
+        head = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+        body = ENDS_EARLY
+    await send({"type": "http.response.start", "status": 200, "headers": head})
+    await send({"type": "http.response.body", "body": body})
+
+
 async def main(port: int, seen_file: str) -> None:
+    SEEN_FILE[0] = seen_file
     app = server.streamable_http_app(stateless_http=True)
     config = uvicorn.Config(
         recording(app, seen_file), host="127.0.0.1", port=port, log_level="warning",
@@ -61,7 +88,8 @@ async def main(port: int, seen_file: str) -> None:
     task = asyncio.create_task(served.serve())
     while not served.started:  # noqa: ASYNC110 (uvicorn sets a flag, it has no event)
         await asyncio.sleep(0.05)
-    print("ready", flush=True)
+    port = served.servers[0].sockets[0].getsockname()[1]
+    print(json.dumps({"url": f"http://127.0.0.1:{port}/mcp"}), flush=True)
     await task
 
 

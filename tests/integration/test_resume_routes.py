@@ -1,0 +1,234 @@
+"""Resume routes end to end, with real processes: the official MCP SDK's server (stateless, no
+event store: alone, a dropped call is lost) and its client, the reference origin, two edges.
+
+A call dropped on one edge resumes on the other: what was missed is replayed, then the rest
+comes live, then the result; nothing twice. Two sessions never see each other's events; another
+credential finds nothing; no ``Last-Event-ID`` reaches the upstream."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import mcp.types as types
+import pytest
+from mcp.client.session import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.message import ClientMessageMetadata
+
+from devstack.processes import Edge, Origin, Process, start_edge, start_mcp_upstream
+from edge.protocol.sse import SseDecoder, SseEvent
+from edge.resume.ids import parse_id
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@dataclass
+class Stand:
+    upstream: Process
+    seen: Path
+    a: Edge
+    b: Edge
+
+    def seen_lines(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.seen.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def stand(origin: Origin, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stand]:
+    logs = tmp_path_factory.mktemp("resume")
+    seen = logs / "seen.jsonl"
+    seen.touch()
+    upstream = start_mcp_upstream(logs, seen)
+    mcp_url = str(upstream.ready["url"])
+    raw_url = mcp_url.removesuffix("/mcp") + "/raw"
+    routes = ["--resume-route", f"/mcp={mcp_url}", "--resume-route", f"/raw={raw_url}"]
+    a = start_edge(origin.url, logs, *routes, name="edge-a")
+    b = start_edge(origin.url, logs, *routes, name="edge-b")
+    yield Stand(upstream=upstream, seen=seen, a=a, b=b)
+    for process in (a, b):
+        process.stop()
+    upstream.stop()
+
+
+def count_call(n: int, delay: float) -> types.CallToolRequest:
+    return types.CallToolRequest(
+        params=types.CallToolRequestParams(name="count", arguments={"n": n, "delay": delay})
+    )
+
+
+@dataclass
+class Heard:
+    progress: list[float]
+    tokens: list[str]
+
+    async def message(self, message: object) -> None:
+        if isinstance(message, types.ProgressNotification):
+            self.progress.append(message.params.progress)
+
+    async def asked(self, progress: float, total: float | None, message: str | None) -> None:
+        """The SDK asks the server for progress only for a request with a progress callback;
+        what arrives is heard by ``message`` (a resumed call's carry the first call's token)."""
+
+    async def token(self, token: str) -> None:
+        self.tokens.append(token)
+
+
+async def session_call(
+    url: str, request: types.CallToolRequest, heard: Heard, *, resume_from: str | None = None
+) -> types.CallToolResult:
+    """One SDK session through ``url``: initialize, then the call (or its resumption)."""
+    async with (
+        streamable_http_client(url) as (read, write, *_),
+        ClientSession(read, write, message_handler=heard.message) as session,
+    ):
+        await session.initialize()
+        return await session.send_request(
+            request,
+            types.CallToolResult,
+            metadata=ClientMessageMetadata(
+                resumption_token=resume_from, on_resumption_token_update=heard.token
+            ),
+            progress_callback=heard.asked,
+        )
+
+
+def result_text(result: types.CallToolResult) -> str:
+    (block,) = result.content
+    assert isinstance(block, types.TextContent)
+    return block.text
+
+
+async def test_a_call_dropped_on_one_edge_resumes_on_the_other(stand: Stand) -> None:
+    calls_before = sum(1 for line in stand.seen_lines() if line.get("tool") == "count")
+    first = Heard(progress=[], tokens=[])
+    call = asyncio.create_task(session_call(stand.a.url + "/mcp", count_call(8, 0.3), first))
+    while len(first.tokens) < 3:
+        assert not call.done(), call
+        await asyncio.sleep(0.05)
+    call.cancel()  # the lift: the client's connection to edge A is gone mid-call
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    dropped_after = first.tokens[2]
+    await asyncio.sleep(1)  # the call goes on meanwhile: some of what follows is replayed
+    second = Heard(progress=[], tokens=[])
+    result = await session_call(
+        stand.b.url + "/mcp", count_call(8, 0.3), second, resume_from=dropped_after
+    )
+    assert result_text(result) == "counted 8"
+    # Everything after the third event, once each, in order, then the result.
+    assert second.progress == [4.0, 5.0, 6.0, 7.0, 8.0]
+    assert all(parse_id(token) is not None for token in [*first.tokens, *second.tokens])
+    seen = stand.seen_lines()
+    assert sum(1 for line in seen if line.get("tool") == "count") == calls_before + 1
+    assert all(line.get("last_event_id") is None for line in seen if "method" in line)
+
+
+async def test_two_sessions_never_see_each_others_events(stand: Stand) -> None:
+    heard = [Heard(progress=[], tokens=[]) for _ in range(4)]
+    edges = [stand.a, stand.b, stand.a, stand.b]
+    results = await asyncio.gather(
+        *(
+            session_call(edge.url + "/mcp", count_call(3 + index, 0.05), heard[index])
+            for index, edge in enumerate(edges)
+        )
+    )
+    for index, result in enumerate(results):
+        n = 3 + index
+        assert result_text(result) == f"counted {n}"
+        assert heard[index].progress == [float(step) for step in range(1, n + 1)]
+    tokens = [{parse_id(t).token for t in h.tokens if parse_id(t)} for h in heard]  # type: ignore[union-attr]
+    assert all(len(own) == 1 for own in tokens)
+    assert len(set().union(*tokens)) == 4
+
+
+async def read_events(response: aiohttp.ClientResponse) -> list[SseEvent]:
+    decoder, events = SseDecoder(), []
+    async for chunk in response.content.iter_any():
+        events.extend(decoder.feed(chunk))
+    return events
+
+
+CALL = {
+    "jsonrpc": "2.0",
+    "id": 42,
+    "method": "tools/call",
+    "params": {"name": "count", "arguments": {"n": 3, "delay": 0.05}},
+}
+MCP_HEADERS = {
+    "Accept": "application/json, text/event-stream",
+    "Content-Type": "application/json",
+    "MCP-Protocol-Version": "2025-11-25",
+}
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        yield session
+
+
+async def test_another_credential_finds_nothing(
+    stand: Stand, client: aiohttp.ClientSession
+) -> None:
+    alice = {**MCP_HEADERS, "Authorization": "Bearer alice"}
+    async with client.post(stand.a.url + "/mcp", json=CALL, headers=alice) as answer:
+        assert answer.status == 200
+        assert answer.headers["Edge-Resume-Stream"].startswith("/_edge/resume/")
+        events = await read_events(answer)
+    assert [json.loads(e.data).get("id") for e in events][-1] == 42
+    first_id = events[0].id
+    assert first_id is not None
+    assert parse_id(first_id) is not None
+    for who in ({"Authorization": "Bearer mallory"}, {}):
+        async with client.get(
+            stand.b.url + "/mcp", headers={**who, "Last-Event-ID": first_id}
+        ) as refused:
+            assert refused.status == 404
+    tampered = "A" * 24 + first_id[24:]
+    async with client.get(
+        stand.b.url + "/mcp", headers={"Authorization": "Bearer alice", "Last-Event-ID": tampered}
+    ) as unknown:
+        assert unknown.status == 404
+    async with client.get(
+        stand.b.url + "/mcp", headers={"Authorization": "Bearer alice", "Last-Event-ID": first_id}
+    ) as resumed:
+        assert resumed.status == 200
+        again = await read_events(resumed)
+    assert [(e.data, e.id) for e in again] == [(e.data, e.id) for e in events[1:]]
+    assert all(line.get("last_event_id") is None for line in stand.seen_lines())
+
+
+async def test_an_upstream_that_ends_early_owes_an_error_and_keeps_its_ids(
+    stand: Stand, client: aiohttp.ClientSession
+) -> None:
+    async with client.post(
+        stand.a.url + "/raw/ends-early", json=CALL, headers=MCP_HEADERS
+    ) as answer:
+        assert answer.status == 200
+        events = await read_events(answer)
+    progress, ending = events
+    assert json.loads(progress.data)["method"] == "notifications/progress"
+    error = json.loads(ending.data)
+    assert error["id"] == 42
+    assert error["error"]["code"] == -32000
+    # The upstream's own ids and its priming event never reach the client.
+    assert all(e.id is not None and parse_id(e.id) is not None for e in events)
+    assert all(e.data != "" for e in events)
+
+
+async def test_what_is_relayed_as_it_is(stand: Stand, client: aiohttp.ClientSession) -> None:
+    modern = {**MCP_HEADERS, "MCP-Protocol-Version": "2026-07-28"}
+    async with client.post(stand.a.url + "/raw/ends-early", json=CALL, headers=modern) as answer:
+        assert "Edge-Resume-Stream" not in answer.headers
+        events = await read_events(answer)
+    assert [e.id for e in events] == ["up-0", "up-1"]  # the upstream's, untouched
+    async with client.post(stand.a.url + "/raw/json", json=CALL, headers=MCP_HEADERS) as plain:
+        assert plain.status == 200
+        assert "Edge-Resume-Stream" not in plain.headers
+        assert await plain.json() == {"jsonrpc": "2.0", "id": 1, "result": {}}
