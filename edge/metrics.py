@@ -170,6 +170,12 @@ class Metrics:
             ["result"],
             registry=self.registry,
         )
+        self.resume_append_seconds = Histogram(
+            "edge_resume_append_seconds",
+            "Time the origin took to take one append of a resume route's events.",
+            buckets=DURATION_BUCKETS,
+            registry=self.registry,
+        )
         self.resume_pumps = Gauge(
             "edge_resume_pumps",
             "Upstream answers being copied into their streams now.",

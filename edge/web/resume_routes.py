@@ -26,7 +26,9 @@ Rules this module owns:
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from dataclasses import dataclass
 from typing import assert_never
@@ -41,10 +43,11 @@ from edge.metrics import Metrics
 from edge.origin import OriginClient, OriginError
 from edge.protocol.headers import strip_hop_by_hop, upstream_request_headers
 from edge.protocol.reads import auth_scope, scope_credentials
-from edge.protocol.sse import SseDecoder, encode_retry
+from edge.protocol.sse import SseDecoder, encode_comment, encode_retry
 from edge.resume.events import Finale, Replay, append_body, kept_message
 from edge.resume.ids import ResumePoint, mint_token, stream_name
 from edge.resume.requests import Keep, NotFound, Relay, Resume, asked_of, upstream_headers
+from edge.web.proxy import ClientGone
 
 logger = logging.getLogger(__name__)
 
@@ -53,8 +56,9 @@ logger = logging.getLogger(__name__)
 STREAM_HEADER = "Edge-Resume-Stream"
 # A request body is read whole before it goes upstream (a JSON-RPC message is small).
 MAX_BODY_BYTES = 4 * 1024 * 1024
-# Reconnections of one reader to the edge's own listener in a row that brought nothing.
-MAX_IDLE_RECONNECTS = 3
+# Reads of an answer's stream in a row that failed (or brought nothing) before its client is cut
+# short (it resumes with its last id).
+MAX_FAILED_READS = 3
 RETRY_MS = 1000
 # Response headers of the upstream a kept answer does not pass on: the body is the edge's.
 NOT_PASSED_ON = frozenset(
@@ -80,6 +84,27 @@ class Plain:
 
 
 Began = Kept | Plain
+
+
+class ReadEnd(enum.Enum):
+    """How one read of an answer's stream ended."""
+
+    ENDED = "ended"  # the stream's close: the answer is whole
+    ROTATED = "rotated"  # the edge's SSE viewer ended (it rotates): read on from there
+    MISSING = "missing"  # no such stream (unknown, expired, another credential's)
+    FAILED = "failed"
+
+
+@dataclass(kw_only=True, slots=True)
+class Reading:
+    """One client's answer being read from its stream."""
+
+    request: web.Request
+    path: str
+    replay: Replay
+    passed_on: Sequence[tuple[str, str]]
+    answer: web.StreamResponse | None = None
+    counted: bool = False
 
 
 def is_event_stream(response: aiohttp.ClientResponse) -> bool:
@@ -112,6 +137,10 @@ class ResumeRoutes:
         self._own = aiohttp.ClientSession(timeout=timeout)
 
     async def close(self) -> None:
+        """Pumps still running get ``--drain-seconds`` to finish; the rest end their answers
+        with what they still owe (``_pump``)."""
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=self._settings.drain_seconds)
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:
@@ -284,36 +313,60 @@ class ResumeRoutes:
         finale: Finale,
     ) -> None:
         self._metrics.resume_pumps.inc()
+        try:
+            if await self._copy(response, path, credentials, finale):
+                await self._end(path, credentials, finale)
+        except asyncio.CancelledError:
+            # This process is stopping: what was kept stays, and the answer ends with what it
+            # still owes, so no reader waits for it (a replica killed outright cannot: a lease
+            # is for later, docs/resume.md).
+            await asyncio.shield(self._end(path, credentials, finale))
+            raise
+        finally:
+            response.close()
+            self._metrics.resume_pumps.dec()
+
+    async def _copy(
+        self,
+        response: aiohttp.ClientResponse,
+        path: str,
+        credentials: list[tuple[str, str]],
+        finale: Finale,
+    ) -> bool:
+        """The upstream answer into the stream, to its end; False if the origin refused it
+        (what was kept stays, nothing is invented)."""
         decoder = SseDecoder()
         try:
-            try:
-                async for chunk in response.content.iter_any():
-                    messages = [
-                        message
-                        for event in decoder.feed(chunk)
-                        if (message := kept_message(event)) is not None
-                    ]
-                    for message in messages:
-                        finale.heard(message)
-                    if messages and not await self._append(path, credentials, messages):
-                        return  # the origin refused: what was kept stays, nothing is invented
-            except (aiohttp.ClientError, OSError, TimeoutError) as error:
-                logger.info("resume stream %s: the upstream answer broke off: %r", path, error)
-            finally:
-                response.close()
-            owed = finale.still_owed()
-            if owed and not await self._append(path, credentials, owed):
-                return
-            status = await self._write("POST", path, credentials, [("Stream-Closed", "true")])
-            if status not in (200, 204):
-                logger.warning("resume stream %s: the origin answered its close %d", path, status)
-        finally:
-            self._metrics.resume_pumps.dec()
+            async for chunk in response.content.iter_any():
+                messages = [
+                    message
+                    for event in decoder.feed(chunk)
+                    if (message := kept_message(event)) is not None
+                ]
+                for message in messages:
+                    finale.heard(message)
+                if messages and not await self._append(path, credentials, messages):
+                    return False
+        except (aiohttp.ClientError, OSError, TimeoutError) as error:
+            logger.info("resume stream %s: the upstream answer broke off: %r", path, error)
+        return True
+
+    async def _end(self, path: str, credentials: list[tuple[str, str]], finale: Finale) -> None:
+        """What the request is still owed, then the stream's close."""
+        owed = finale.still_owed()
+        finale.owed.clear()
+        if owed and not await self._append(path, credentials, owed):
+            return
+        status = await self._write("POST", path, credentials, [("Stream-Closed", "true")])
+        if status not in (200, 204):
+            logger.warning("resume stream %s: the origin answered its close %d", path, status)
 
     async def _append(
         self, path: str, credentials: list[tuple[str, str]], messages: list[dict[str, str]]
     ) -> bool:
+        started = time.perf_counter()
         status = await self._write("POST", path, credentials, [], append_body(messages))
+        self._metrics.resume_append_seconds.observe(time.perf_counter() - started)
         if status not in (200, 204):
             logger.warning("resume stream %s: the origin answered an append %d", path, status)
             return False
@@ -332,49 +385,78 @@ class ResumeRoutes:
         point: ResumePoint,
         passed_on: Sequence[tuple[str, str]],
     ) -> web.StreamResponse:
-        """The answer's events from ``point`` on, read from its stream to the stream's end."""
-        own = self._own
-        assert own is not None
-        replay = Replay(point)
-        credentials = self._credentials(request)
-        resuming = bool(request.headers.get("Last-Event-ID"))
-        answer: web.StreamResponse | None = None
-        idle = 0
-        while idle < MAX_IDLE_RECONNECTS:
-            at = replay.rewind()
-            url = _own_url(request, path, at.offset)
-            async with own.get(url, headers=credentials) as read:
-                if read.status == 404 and answer is None:
+        """The answer's events from ``point`` on, read from its stream to the stream's end:
+        through as many reads as it takes (the edge's SSE viewers are rotated)."""
+        reading = Reading(request=request, path=path, replay=Replay(point), passed_on=passed_on)
+        resuming = request.headers.get("Last-Event-ID") is not None
+        failures = 0
+        while failures < MAX_FAILED_READS:
+            end = await self._read_once(reading)
+            match end:
+                case ReadEnd.ENDED:
+                    assert reading.answer is not None
+                    return reading.answer
+                case ReadEnd.MISSING if reading.answer is None:
                     if resuming:
                         self._metrics.resumes.labels("not_found").inc()
                     return _not_found()
-                if read.status != 200:
-                    logger.warning(
-                        "resume stream %s: the edge's own read got %d", path, read.status
-                    )
-                    break
-                if answer is None:
-                    answer = await self._open_answer(request, path, passed_on)
-                    if resuming:
-                        self._metrics.resumes.labels("served").inc()
-                decoder = SseDecoder()
-                idle += 1
-                async for chunk in read.content.iter_any():
-                    replayed = replay.feed(decoder.feed(chunk))
-                    if replayed.frames:
-                        idle = 0
-                        await answer.write(b"".join(replayed.frames))
-                    if replayed.ended:
-                        await answer.write_eof()
-                        return answer
-        if answer is None:
+                case ReadEnd.ROTATED:
+                    failures = 0
+                case ReadEnd.MISSING | ReadEnd.FAILED:
+                    failures += 1
+                    await asyncio.sleep(RETRY_MS / 1000)
+                case _:
+                    assert_never(end)
+            if resuming and reading.answer is not None and not reading.counted:
+                reading.counted = True
+                self._metrics.resumes.labels("served").inc()
+        if reading.answer is None:
             if resuming:
                 self._metrics.resumes.labels("error").inc()
             return web.Response(status=502, text="the answer's stream could not be read\n")
-        # Not ended, and nothing more comes: the client's reconnection resumes it.
+        # Cut short, so that the client's reconnection (with its last id) resumes it.
         if request.transport is not None:
             request.transport.close()
-        return answer
+        return reading.answer
+
+    async def _read_once(self, reading: Reading) -> ReadEnd:
+        """One SSE read of the stream through this edge's own listener, from where the reader
+        is; its events written to the client as they come."""
+        own = self._own
+        assert own is not None
+        request = reading.request
+        at = reading.replay.rewind()
+        url = _own_url(request, reading.path, at.offset)
+        got_any = False
+        try:
+            async with own.get(url, headers=self._credentials(request)) as read:
+                if read.status == 404:
+                    return ReadEnd.MISSING
+                if read.status != 200:
+                    logger.warning("resume stream %s: own read got %d", reading.path, read.status)
+                    return ReadEnd.FAILED
+                if reading.answer is None:
+                    reading.answer = await self._open_answer(
+                        request, reading.path, reading.passed_on
+                    )
+                answer, decoder = reading.answer, SseDecoder()
+                async for chunk in read.content.iter_any():
+                    got_any = True
+                    heartbeats = decoder.comments
+                    replayed = reading.replay.feed(decoder.feed(chunk))
+                    if replayed.frames:
+                        await answer.write(b"".join(replayed.frames))
+                    elif decoder.comments > heartbeats:
+                        await answer.write(encode_comment("keep-alive"))
+                    if replayed.ended:
+                        await answer.write_eof()
+                        return ReadEnd.ENDED
+        except (aiohttp.ClientError, OSError, TimeoutError) as error:
+            if request.transport is None or request.transport.is_closing():
+                raise ClientGone from error
+            logger.info("resume stream %s: own read broke off: %r", reading.path, error)
+            return ReadEnd.FAILED
+        return ReadEnd.ROTATED if got_any else ReadEnd.FAILED
 
     async def _open_answer(
         self, request: web.Request, path: str, passed_on: Sequence[tuple[str, str]]

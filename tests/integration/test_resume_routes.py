@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -232,3 +232,75 @@ async def test_what_is_relayed_as_it_is(stand: Stand, client: aiohttp.ClientSess
         assert plain.status == 200
         assert "Edge-Resume-Stream" not in plain.headers
         assert await plain.json() == {"jsonrpc": "2.0", "id": 1, "result": {}}
+
+
+@pytest.fixture
+def own_edge(
+    origin: Origin, stand: Stand, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Callable[..., Edge]]:
+    """Edges of the test's own, on the stand's routes, which it may stop."""
+    started: list[Edge] = []
+    mcp_url = str(stand.upstream.ready["url"])
+
+    def start(*extra: str) -> Edge:
+        logs = tmp_path_factory.mktemp("own-edge")
+        edge = start_edge(
+            origin.url, logs, "--resume-route", f"/mcp={mcp_url}", *extra, name="edge-own"
+        )
+        started.append(edge)
+        return edge
+
+    yield start
+    for edge in started:
+        if edge.process.alive():
+            edge.stop()
+
+
+async def test_a_stopped_edge_ends_its_answers_with_what_they_owe(
+    stand: Stand, own_edge: Callable[..., Edge], client: aiohttp.ClientSession
+) -> None:
+    relaying = own_edge("--drain-seconds", "0")
+    alice = {**MCP_HEADERS, "Authorization": "Bearer alice"}
+    call = {
+        **CALL,
+        "params": {
+            "name": "count",
+            "arguments": {"n": 40, "delay": 0.1},
+            "_meta": {"progressToken": "t"},
+        },
+    }
+    decoder, events = SseDecoder(), []
+    async with client.post(relaying.url + "/mcp", json=call, headers=alice) as answer:
+        async for chunk in answer.content.iter_any():
+            events.extend(decoder.feed(chunk))
+            if len(events) >= 2:
+                break
+    relaying.stop()  # SIGTERM while the call is still running
+    assert events[1].id is not None
+    async with client.get(
+        stand.b.url + "/mcp",
+        headers={"Authorization": "Bearer alice", "Last-Event-ID": events[1].id},
+    ) as resumed:
+        assert resumed.status == 200
+        rest = await read_events(resumed)
+    *progress, ending = [json.loads(event.data) for event in rest]
+    steps = [message["params"]["progress"] for message in progress]
+    assert steps == list(range(3, 3 + len(steps)))  # what was kept, none twice, none missing
+    assert len(steps) < 38  # the call was cut short by the stop
+    assert ending["id"] == 42
+    assert ending["error"]["code"] == -32000
+
+
+async def test_an_answer_expires_after_its_retention(
+    own_edge: Callable[..., Edge], client: aiohttp.ClientSession
+) -> None:
+    edge = own_edge("--resume-retention", "1s")
+    async with client.post(edge.url + "/mcp", json=CALL, headers=MCP_HEADERS) as answer:
+        events = await read_events(answer)
+    last_id = events[-1].id
+    assert last_id is not None
+    async with client.get(edge.url + "/mcp", headers={"Last-Event-ID": last_id}) as kept:
+        assert kept.status == 200
+    await asyncio.sleep(2.5)  # past the retention (a wait, not a measurement)
+    async with client.get(edge.url + "/mcp", headers={"Last-Event-ID": last_id}) as expired:
+        assert expired.status == 404
