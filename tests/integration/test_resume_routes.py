@@ -129,22 +129,30 @@ async def test_a_call_dropped_on_one_edge_resumes_on_the_other(stand: Stand) -> 
     assert all(line.get("last_event_id") is None for line in seen if "method" in line)
 
 
-async def test_two_sessions_never_see_each_others_events(stand: Stand) -> None:
-    heard = [Heard(progress=[], tokens=[]) for _ in range(4)]
-    edges = [stand.a, stand.b, stand.a, stand.b]
+async def test_sixteen_sessions_never_see_each_others_events(stand: Stand) -> None:
+    sessions = 16
+    heard = [Heard(progress=[], tokens=[]) for _ in range(sessions)]
+    steps = [3 + index % 4 for index in range(sessions)]
     results = await asyncio.gather(
         *(
-            session_call(edge.url + "/mcp", count_call(3 + index, 0.05), heard[index])
-            for index, edge in enumerate(edges)
+            session_call(
+                (stand.a if index % 2 else stand.b).url + "/mcp",
+                count_call(steps[index], 0.05),
+                heard[index],
+            )
+            for index in range(sessions)
         )
     )
     for index, result in enumerate(results):
-        n = 3 + index
-        assert result_text(result) == f"counted {n}"
-        assert heard[index].progress == [float(step) for step in range(1, n + 1)]
-    tokens = [{parse_id(t).token for t in h.tokens if parse_id(t)} for h in heard]  # type: ignore[union-attr]
-    assert all(len(own) == 1 for own in tokens)
-    assert len(set().union(*tokens)) == 4
+        assert result_text(result) == f"counted {steps[index]}"
+        assert heard[index].progress == [float(step) for step in range(1, steps[index] + 1)]
+    answers = []
+    for each in heard:
+        points = [parse_id(token) for token in each.tokens]
+        assert all(point is not None for point in points)
+        answers.append({point.token for point in points if point is not None})
+    assert all(len(own) == 1 for own in answers)  # each session heard its own answer only
+    assert len(set().union(*answers)) == sessions
 
 
 async def read_events(response: aiohttp.ClientResponse) -> list[SseEvent]:
