@@ -1,26 +1,25 @@
-"""Resume routes (``--resume-route PATH=URL``): the relay to an agent backend, the pump that
-keeps its SSE answer in a durable stream, and the answers served from that stream.
+"""Resume routes (``--resume-route PATH=URL``): the relay to an agent backend, and the answers
+served from the durable streams that keep its SSE answers (``edge.web.resume_pump`` keeps them).
 
 Rules this module owns:
 
 * What a request asks for is ``edge.resume.requests``'s decision; what is kept and how it is
   given back is ``edge.resume.events``'s; ids and stream names ``edge.resume.ids``'s. This
   module only carries them out.
-* A kept answer is begun in a task of its own (``_begin``): the upstream request, the stream's
-  creation at the origin (``application/json``, ``Stream-TTL`` = ``--resume-retention``) and the
-  pump. A client that leaves at any point cancels none of it (MCP 2025-11-25: a disconnect is not
-  a cancellation); the pump copies the upstream answer to its end, appends what a JSON-RPC request
-  is still owed, and closes the stream (``Stream-Closed: true``).
-* Each batch of events is appended (and answered by the origin) before the next is read, and
-  every client, the answer's own included, is answered by reading the stream: an event is in the
-  log before any client sees its id. The stream is read through this edge's own listener, as an
-  SSE viewer with the client's credential headers, so the edge's one tail per stream, its cache
-  and its shared tier serve every reader.
+* A request whose answer may be kept is begun in a task of its own (``_begin``: the upstream
+  request, then the pump's ``keep``), so a client that leaves at any point cancels none of it;
+  the answer it began, if it is not kept, is closed.
+* Every client, the answer's own included, is answered by reading the answer's stream: an event
+  is in the log before any client sees its id. The stream is read through this edge's own
+  listener, as an SSE viewer with the client's credential headers, so the edge's one tail per
+  stream, its cache and its shared tier serve every reader; a read that ends before the stream
+  does (the edge rotates its SSE viewers) is followed by the next, from where it stopped.
 * An SSE answer whose stream the origin would not create is relayed as it came, without ids
-  (it works; it is not resumable), and counted (``edge_resume_unkept_total``).
+  (it works; it is not resumable).
 * A resume whose stream does not exist (unknown, expired, another credential's) is a 404, the
   same for each; ``Last-Event-ID`` never goes upstream.
-* Everything else is a plain relay that streams both ways; a client that leaves cancels it.
+* Everything else is a plain relay that streams both ways; a client that leaves cancels it, and
+  a body cut short upstream is cut short to the client (it never looks complete).
 """
 
 from __future__ import annotations
@@ -28,8 +27,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-import time
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import assert_never
 from urllib.parse import quote
@@ -40,14 +38,14 @@ from multidict import CIMultiDict
 
 from edge.config import ResumeRoute, Settings
 from edge.metrics import Metrics
-from edge.origin import OriginClient, OriginError
 from edge.protocol.headers import strip_hop_by_hop, upstream_request_headers
 from edge.protocol.reads import auth_scope, scope_credentials
 from edge.protocol.sse import SseDecoder, encode_comment, encode_retry
-from edge.resume.events import Finale, Replay, append_body, kept_message
-from edge.resume.ids import ResumePoint, mint_token, stream_name
+from edge.resume.events import Replay
+from edge.resume.ids import ResumePoint, stream_name
 from edge.resume.requests import Keep, NotFound, Relay, Resume, asked_of, upstream_headers
 from edge.web.proxy import ClientGone
+from edge.web.resume_pump import Kept, Pumps
 
 logger = logging.getLogger(__name__)
 
@@ -60,20 +58,7 @@ MAX_BODY_BYTES = 4 * 1024 * 1024
 # short (it resumes with its last id).
 MAX_FAILED_READS = 3
 RETRY_MS = 1000
-# Response headers of the upstream a kept answer does not pass on: the body is the edge's.
-NOT_PASSED_ON = frozenset(
-    {"content-length", "content-encoding", "transfer-encoding", "cache-control", "etag"}
-)
 EVENT_STREAM = "text/event-stream"
-
-
-@dataclass(frozen=True, slots=True)
-class Kept:
-    """The upstream answer is being pumped into ``path``; its client reads from ``point``."""
-
-    path: str
-    point: ResumePoint
-    headers: list[tuple[str, str]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,13 +97,12 @@ def is_event_stream(response: aiohttp.ClientResponse) -> bool:
 
 
 class ResumeRoutes:
-    def __init__(self, settings: Settings, metrics: Metrics, origin: OriginClient) -> None:
+    def __init__(self, settings: Settings, metrics: Metrics, pumps: Pumps) -> None:
         self._settings = settings
         self._metrics = metrics
-        self._origin = origin
+        self._pumps = pumps
         self._upstream: aiohttp.ClientSession | None = None
         self._own: aiohttp.ClientSession | None = None
-        self._tasks: set[asyncio.Future[object]] = set()
 
     @property
     def routes(self) -> tuple[ResumeRoute, ...]:
@@ -137,23 +121,10 @@ class ResumeRoutes:
         self._own = aiohttp.ClientSession(timeout=timeout)
 
     async def close(self) -> None:
-        """Pumps still running get ``--drain-seconds`` to finish; the rest end their answers
-        with what they still owe (``_pump``)."""
-        if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=self._settings.drain_seconds)
-        for task in list(self._tasks):
-            task.cancel()
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._pumps.close()
         for session in (self._upstream, self._own):
             if session is not None:
                 await session.close()
-
-    def _detached(self, work: Awaitable[object]) -> None:
-        """Run ``work`` to its end whatever happens to the request that started it."""
-        task = asyncio.ensure_future(work)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     # --- a request on a route ---------------------------------------------------------------
 
@@ -219,11 +190,10 @@ class ResumeRoutes:
                 return await _stream_back(request, response)
             finally:
                 response.close()
-        begin = asyncio.ensure_future(
+        begin = self._pumps.detached(
             self._begin(request.method, url, sent, body, self._scope(request),
                         self._credentials(request))
         )  # fmt: skip
-        self._detached(begin)
         try:
             began = await asyncio.shield(begin)
         except asyncio.CancelledError:
@@ -244,8 +214,6 @@ class ResumeRoutes:
             case _:
                 assert_never(began)
 
-    # --- the pump ---------------------------------------------------------------------------
-
     async def _begin(
         self,
         method: str,
@@ -262,115 +230,8 @@ class ResumeRoutes:
         )
         if response.status != 200 or not is_event_stream(response):
             return Plain(response)
-        token = mint_token()
-        path = self._settings.resume_stream_prefix + stream_name(token, scope)
-        if not await self._create(path, credentials):
-            self._metrics.resume_unkept.inc()
-            return Plain(response)
-        self._metrics.resume_streams.inc()
-        self._detached(self._pump(response, path, credentials, Finale.of_request(body)))
-        passed_on = [
-            (name, value)
-            for name, value in strip_hop_by_hop(list(response.headers.items()))
-            if name.lower() not in NOT_PASSED_ON and name.lower() != "content-type"
-        ]
-        return Kept(path, ResumePoint(token=token, offset="-1", skip=0), passed_on)
-
-    async def _write(
-        self, method: str, path: str, credentials: list[tuple[str, str]],
-        extra: Sequence[tuple[str, str]], body: bytes = b"",
-    ) -> int:  # fmt: skip
-        """One write to the origin; its status (0: no answer)."""
-        headers = [*credentials, ("Content-Type", "application/json"), *extra]
-        try:
-            response = await self._origin.open(
-                method, path, headers, _body(body) if body else None, live=False
-            )
-        except OriginError as error:
-            logger.warning("resume stream %s: %s to the origin failed: %r", path, method, error)
-            return 0
-        try:
-            await response.read()
-        except (aiohttp.ClientError, OSError, TimeoutError):
-            return 0
-        finally:
-            response.close()
-        return response.status
-
-    async def _create(self, path: str, credentials: list[tuple[str, str]]) -> bool:
-        ttl = str(max(1, round(self._settings.resume_retention_seconds)))
-        status = await self._write("PUT", path, credentials, [("Stream-TTL", ttl)])
-        if status not in (200, 201):
-            logger.warning("resume stream %s: the origin answered its creation %d", path, status)
-            return False
-        return True
-
-    async def _pump(
-        self,
-        response: aiohttp.ClientResponse,
-        path: str,
-        credentials: list[tuple[str, str]],
-        finale: Finale,
-    ) -> None:
-        self._metrics.resume_pumps.inc()
-        try:
-            if await self._copy(response, path, credentials, finale):
-                await self._end(path, credentials, finale)
-        except asyncio.CancelledError:
-            # This process is stopping: what was kept stays, and the answer ends with what it
-            # still owes, so no reader waits for it (a replica killed outright cannot: a lease
-            # is for later, docs/resume.md).
-            await asyncio.shield(self._end(path, credentials, finale))
-            raise
-        finally:
-            response.close()
-            self._metrics.resume_pumps.dec()
-
-    async def _copy(
-        self,
-        response: aiohttp.ClientResponse,
-        path: str,
-        credentials: list[tuple[str, str]],
-        finale: Finale,
-    ) -> bool:
-        """The upstream answer into the stream, to its end; False if the origin refused it
-        (what was kept stays, nothing is invented)."""
-        decoder = SseDecoder()
-        try:
-            async for chunk in response.content.iter_any():
-                messages = [
-                    message
-                    for event in decoder.feed(chunk)
-                    if (message := kept_message(event)) is not None
-                ]
-                for message in messages:
-                    finale.heard(message)
-                if messages and not await self._append(path, credentials, messages):
-                    return False
-        except (aiohttp.ClientError, OSError, TimeoutError) as error:
-            logger.info("resume stream %s: the upstream answer broke off: %r", path, error)
-        return True
-
-    async def _end(self, path: str, credentials: list[tuple[str, str]], finale: Finale) -> None:
-        """What the request is still owed, then the stream's close."""
-        owed = finale.still_owed()
-        finale.owed.clear()
-        if owed and not await self._append(path, credentials, owed):
-            return
-        status = await self._write("POST", path, credentials, [("Stream-Closed", "true")])
-        if status not in (200, 204):
-            logger.warning("resume stream %s: the origin answered its close %d", path, status)
-
-    async def _append(
-        self, path: str, credentials: list[tuple[str, str]], messages: list[dict[str, str]]
-    ) -> bool:
-        started = time.perf_counter()
-        status = await self._write("POST", path, credentials, [], append_body(messages))
-        self._metrics.resume_append_seconds.observe(time.perf_counter() - started)
-        if status not in (200, 204):
-            logger.warning("resume stream %s: the origin answered an append %d", path, status)
-            return False
-        return True
+        kept = await self._pumps.keep(response, body, scope, credentials)
+        return Plain(response) if kept is None else kept
 
     # --- answers read from the stream -------------------------------------------------------
 
@@ -487,10 +348,6 @@ def _own_url(request: web.Request, path: str, offset: str) -> str:
     host, port = sockname[0], sockname[1]
     authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     return f"http://{authority}{quote(path)}?offset={quote(offset, safe='')}&live=sse"
-
-
-async def _body(body: bytes) -> AsyncIterator[bytes]:
-    yield body
 
 
 async def _read_body(request: web.Request) -> bytes | None:

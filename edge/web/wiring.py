@@ -56,6 +56,7 @@ from edge.web.fast_sse import FastSse
 from edge.web.fastpath import FastPath
 from edge.web.front import CatchupFront
 from edge.web.proxy import OriginCors, Relay
+from edge.web.resume_pump import Pumps
 from edge.web.resume_routes import ResumeRoutes
 from edge.web.wire import encode
 
@@ -246,7 +247,7 @@ def wire(
         fast=fast,
         front=front,
         purger=purger,
-        resume=ResumeRoutes(settings, metrics, origin),
+        resume=ResumeRoutes(settings, metrics, Pumps(settings, metrics, origin)),
     )
 
 
