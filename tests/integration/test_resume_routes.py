@@ -22,8 +22,9 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.message import ClientMessageMetadata
 
 from devstack.processes import Edge, Origin, Process, start_edge, start_mcp_upstream
+from edge.protocol.reads import PUBLIC_SCOPE
 from edge.protocol.sse import SseDecoder, SseEvent
-from edge.resume.ids import parse_id
+from edge.resume.ids import parse_id, stream_name
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -104,10 +105,23 @@ def result_text(result: types.CallToolResult) -> str:
     return block.text
 
 
-async def test_a_call_dropped_on_one_edge_resumes_on_the_other(stand: Stand) -> None:
+async def kept_so_far(origin: Origin, token: str) -> tuple[list[Any], bool]:
+    """The messages an answer's stream holds at the origin now, and whether it is closed."""
+    path = "/_edge/resume/" + stream_name(token, PUBLIC_SCOPE)
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"{origin.url}{path}?offset=-1") as read,
+    ):
+        assert read.status == 200
+        return await read.json(), read.headers.get("Stream-Closed") == "true"
+
+
+async def test_a_call_dropped_on_one_edge_resumes_on_the_other(
+    stand: Stand, origin: Origin
+) -> None:
     calls_before = sum(1 for line in stand.seen_lines() if line.get("tool") == "count")
     first = Heard(progress=[], tokens=[])
-    call = asyncio.create_task(session_call(stand.a.url + "/mcp", count_call(8, 0.3), first))
+    call = asyncio.create_task(session_call(stand.a.url + "/mcp", count_call(8, 0.4), first))
     while len(first.tokens) < 3:
         assert not call.done(), call
         await asyncio.sleep(0.05)
@@ -115,14 +129,26 @@ async def test_a_call_dropped_on_one_edge_resumes_on_the_other(stand: Stand) -> 
     with pytest.raises(asyncio.CancelledError):
         await call
     dropped_after = first.tokens[2]
-    await asyncio.sleep(1)  # the call goes on meanwhile: some of what follows is replayed
+    point = parse_id(dropped_after)
+    assert point is not None
+    # The call goes on without its client: wait until two events it missed are kept, so the
+    # resume replays them and hears the rest live.
+    kept, closed = await kept_so_far(origin, point.token)
+    while len(kept) < 5:
+        await asyncio.sleep(0.05)
+        kept, closed = await kept_so_far(origin, point.token)
+    assert not closed
     second = Heard(progress=[], tokens=[])
     result = await session_call(
         stand.b.url + "/mcp", count_call(8, 0.3), second, resume_from=dropped_after
     )
     assert result_text(result) == "counted 8"
-    # Everything after the third event, once each, in order, then the result.
+    # Everything after the third event, once each, in order (4 and 5 replayed, the rest live),
+    # then the result.
     assert second.progress == [4.0, 5.0, 6.0, 7.0, 8.0]
+    kept, closed = await kept_so_far(origin, point.token)
+    assert closed
+    assert len(kept) == 9  # 8 progress notifications and the result, each kept once
     assert all(parse_id(token) is not None for token in [*first.tokens, *second.tokens])
     seen = stand.seen_lines()
     assert sum(1 for line in seen if line.get("tool") == "count") == calls_before + 1
