@@ -77,7 +77,7 @@ class ReadEnd(enum.Enum):
     ENDED = "ended"  # the stream's close: the answer is whole
     ROTATED = "rotated"  # the edge's SSE viewer ended (it rotates): read on from there
     MISSING = "missing"  # no such stream (unknown, expired, another credential's)
-    FAILED = "failed"
+    FAILED = "failed"  # refused, broken off, or ended having brought nothing at all
 
 
 @dataclass(kw_only=True, slots=True)
@@ -288,7 +288,7 @@ class ResumeRoutes:
         request = reading.request
         at = reading.replay.rewind()
         url = _own_url(request, reading.path, at.offset)
-        got_any = False
+        moved = False  # events written, or a heartbeat: a read that was alive, not one refused
         try:
             async with own.get(url, headers=self._credentials(request)) as read:
                 if read.status == 404:
@@ -302,12 +302,13 @@ class ResumeRoutes:
                     )
                 answer, decoder = reading.answer, SseDecoder()
                 async for chunk in read.content.iter_any():
-                    got_any = True
                     heartbeats = decoder.comments
                     replayed = reading.replay.feed(decoder.feed(chunk))
                     if replayed.frames:
+                        moved = True
                         await answer.write(b"".join(replayed.frames))
                     elif decoder.comments > heartbeats:
+                        moved = True
                         await answer.write(encode_comment("keep-alive"))
                     if replayed.ended:
                         await answer.write_eof()
@@ -317,7 +318,7 @@ class ResumeRoutes:
                 raise ClientGone from error
             logger.info("resume stream %s: own read broke off: %r", reading.path, error)
             return ReadEnd.FAILED
-        return ReadEnd.ROTATED if got_any else ReadEnd.FAILED
+        return ReadEnd.ROTATED if moved else ReadEnd.FAILED
 
     async def _open_answer(
         self, request: web.Request, path: str, passed_on: Sequence[tuple[str, str]]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -338,3 +339,28 @@ async def test_an_answer_expires_after_its_retention(
     await asyncio.sleep(2.5)  # past the retention (a wait, not a measurement)
     async with client.get(edge.url + "/mcp", headers={"Last-Event-ID": last_id}) as expired:
         assert expired.status == 404
+
+
+async def test_an_answer_outlives_the_edges_sse_rotation(
+    own_edge: Callable[..., Edge], client: aiohttp.ClientSession
+) -> None:
+    # The answer is read through the edge's own SSE viewers, which end every --sse-max-seconds:
+    # the reader goes on from where the last one stopped, nothing lost or doubled.
+    edge = own_edge("--sse-max-seconds", "5")
+    arguments = {"n": 13, "delay": 0.5}
+    call = {
+        **CALL,
+        "params": {"name": "count", "arguments": arguments, "_meta": {"progressToken": 1}},
+    }
+    async with client.post(edge.url + "/mcp", json=call, headers=MCP_HEADERS) as answer:
+        events = await read_events(answer)
+    *progress, result = [json.loads(event.data) for event in events]
+    assert [message["params"]["progress"] for message in progress] == list(range(1, 14))
+    assert result["id"] == 42
+    assert result["result"]["content"][0]["text"] == "counted 13"
+    assert len({event.id for event in events}) == len(events)
+    sse_reads = re.search(
+        r'^edge_requests_total\{code="200",kind="sse"\} (\S+)$', edge.metrics_text(), re.MULTILINE
+    )
+    assert sse_reads is not None
+    assert float(sse_reads.group(1)) >= 2  # it did cross a rotation
