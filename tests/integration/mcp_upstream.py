@@ -64,9 +64,14 @@ def recording(app: Any, seen_file: str) -> Any:
 
 async def raw(scope: dict[str, Any], receive: Any, send: Any) -> None:
     """``/raw/ends-early``: an SSE answer with the backend's own ids that ends before its final
-    message; ``/raw/json``: a JSON answer."""
+    message; ``/raw/json``: a JSON answer; ``/raw/slow?tag=T``: 20 events 50 ms apart with the
+    backend's own ids, then the final message (``id`` 42), recording ``{"slow": T, "end":
+    "finished"}`` or ``"disconnected"`` (the client left first)."""
     while (await receive()).get("more_body"):
         pass
+    if scope["path"] == "/raw/slow":
+        await slow(scope["query_string"].decode().removeprefix("tag="), receive, send)
+        return
     if scope["path"] == "/raw/json":
         head = [(b"content-type", b"application/json")]
         body = b'{"jsonrpc":"2.0","id":1,"result":{}}'
@@ -75,6 +80,34 @@ async def raw(scope: dict[str, Any], receive: Any, send: Any) -> None:
         body = ENDS_EARLY
     await send({"type": "http.response.start", "status": 200, "headers": head})
     await send({"type": "http.response.body", "body": body})
+
+
+async def slow(tag: str, receive: Any, send: Any) -> None:
+    head = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+
+    async def events() -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": head})
+        for step in range(1, 21):
+            progress = {"jsonrpc": "2.0", "method": "notifications/progress"}
+            progress["params"] = {"progress": step}  # type: ignore[assignment]
+            frame = f"id: up-{step}\ndata: {json.dumps(progress)}\n\n"
+            await send({"type": "http.response.body", "body": frame.encode(), "more_body": True})
+            await asyncio.sleep(0.05)
+        final = 'data: {"jsonrpc":"2.0","id":42,"result":{}}\n\n'
+        await send({"type": "http.response.body", "body": final.encode()})
+
+    async def disconnect() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    streaming = asyncio.ensure_future(events())
+    leaving = asyncio.ensure_future(disconnect())
+    done, _ = await asyncio.wait({streaming, leaving}, return_when=asyncio.FIRST_COMPLETED)
+    # Once the answer is whole, uvicorn reports a disconnect at once: whole is finished.
+    end = "finished" if streaming in done and streaming.exception() is None else "disconnected"
+    for task in (streaming, leaving):
+        task.cancel()
+    _record(SEEN_FILE[0], {"slow": tag, "end": end})
 
 
 async def main(port: int, seen_file: str) -> None:

@@ -364,3 +364,43 @@ async def test_an_answer_outlives_the_edges_sse_rotation(
     )
     assert sse_reads is not None
     assert float(sse_reads.group(1)) >= 2  # it did cross a rotation
+
+
+async def slow_ended(stand: Stand, tag: str) -> str:
+    """How the upstream's ``/raw/slow`` answer tagged ``tag`` ended, once it has."""
+    while True:
+        ends = [line["end"] for line in stand.seen_lines() if line.get("slow") == tag]
+        if ends:
+            return str(ends[0])
+        await asyncio.sleep(0.05)
+
+
+async def first_events(response: aiohttp.ClientResponse, count: int) -> list[SseEvent]:
+    decoder, events = SseDecoder(), []
+    async for chunk in response.content.iter_any():
+        events.extend(decoder.feed(chunk))
+        if len(events) >= count:
+            break
+    return events
+
+
+async def test_a_client_that_leaves_cancels_only_what_is_not_kept(
+    stand: Stand, client: aiohttp.ClientSession
+) -> None:
+    # MCP 2026-07-28: a closed response stream is the client's cancellation, relayed upstream,
+    # and the answer carries the backend's own ids.
+    modern = {**MCP_HEADERS, "MCP-Protocol-Version": "2026-07-28"}
+    url = stand.a.url + "/raw/slow?tag="
+    async with client.post(url + "modern", json=CALL, headers=modern) as answer:
+        assert "Edge-Resume-Stream" not in answer.headers
+        events = await first_events(answer, 2)
+        answer.close()
+    assert [event.id for event in events[:2]] == ["up-1", "up-2"]
+    assert await slow_ended(stand, "modern") == "disconnected"
+    # 2025-11-25: leaving is not a cancellation; the upstream answer is kept to its end.
+    async with client.post(url + "kept", json=CALL, headers=MCP_HEADERS) as answer:
+        assert "Edge-Resume-Stream" in answer.headers
+        events = await first_events(answer, 2)
+        answer.close()
+    assert all(parse_id(event.id) is not None for event in events)  # type: ignore[arg-type]
+    assert await slow_ended(stand, "kept") == "finished"
