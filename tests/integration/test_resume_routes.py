@@ -404,3 +404,23 @@ async def test_a_client_that_leaves_cancels_only_what_is_not_kept(
         answer.close()
     assert all(parse_id(event.id) is not None for event in events)  # type: ignore[arg-type]
     assert await slow_ended(stand, "kept") == "finished"
+
+
+async def test_without_its_origin_an_answer_is_relayed_without_ids(
+    stand: Stand, own_origin: Origin, tmp_path: Path, client: aiohttp.ClientSession
+) -> None:
+    raw_url = str(stand.upstream.ready["url"]).removesuffix("/mcp") + "/raw"
+    edge = start_edge(own_origin.url, tmp_path, "--resume-route", f"/raw={raw_url}", name="edge-x")
+    try:
+        own_origin.stop()  # the stream cannot be created: the answer still works, unresumable
+        async with client.post(
+            edge.url + "/raw/slow?tag=unkept", json=CALL, headers=MCP_HEADERS
+        ) as answer:
+            assert answer.status == 200
+            assert "Edge-Resume-Stream" not in answer.headers
+            events = await read_events(answer)
+        assert [event.id for event in events[:20]] == [f"up-{step}" for step in range(1, 21)]
+        assert json.loads(events[-1].data)["id"] == 42
+        assert "edge_resume_unkept_total 1.0" in edge.metrics_text()
+    finally:
+        edge.stop()
