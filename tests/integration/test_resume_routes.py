@@ -22,7 +22,15 @@ from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.message import ClientMessageMetadata
 
-from devstack.processes import Edge, Origin, Process, start_edge, start_mcp_upstream
+from devstack.processes import (
+    Edge,
+    Origin,
+    Process,
+    free_port,
+    start_edge,
+    start_mcp_upstream,
+    start_origin,
+)
 from edge.protocol.reads import PUBLIC_SCOPE
 from edge.protocol.sse import SseDecoder, SseEvent
 from edge.resume.ids import parse_id, stream_name
@@ -424,3 +432,37 @@ async def test_without_its_origin_an_answer_is_relayed_without_ids(
         assert "edge_resume_unkept_total 1.0" in edge.metrics_text()
     finally:
         edge.stop()
+
+
+async def test_an_origin_restart_while_pumping_loses_and_doubles_nothing(
+    stand: Stand, tmp_path: Path, client: aiohttp.ClientSession
+) -> None:
+    port, data = free_port(), tmp_path / "data"
+    first = start_origin(tmp_path, data_dir=data, port=port, name="restarted-origin")
+    raw_url = str(stand.upstream.ready["url"]).removesuffix("/mcp") + "/raw"
+    edge = start_edge(first.url, tmp_path, "--resume-route", f"/raw={raw_url}", name="edge-r")
+    again: Origin | None = None
+    try:
+        async with client.post(
+            edge.url + "/raw/slow?tag=restart", json=CALL, headers=MCP_HEADERS
+        ) as answer:
+            path = answer.headers["Edge-Resume-Stream"]
+            seen = await first_events(answer, 2)
+            answer.close()
+        first.stop()  # the origin goes away mid-answer; the pump's writes wait for it
+        again = start_origin(tmp_path, data_dir=data, port=port, name="restarted-origin-2")
+        assert await slow_ended(stand, "restart") == "finished"
+        last_id = seen[1].id
+        assert last_id is not None
+        async with client.get(edge.url + "/raw", headers={"Last-Event-ID": last_id}) as resumed:
+            assert resumed.status == 200
+            rest = [json.loads(event.data) for event in await read_events(resumed)]
+        *progress, final = rest
+        assert [message["params"]["progress"] for message in progress] == list(range(3, 21))
+        assert final["id"] == 42
+        async with client.get(f"{again.url}{path}?offset=-1") as whole:
+            kept = await whole.json()
+        assert len(kept) == 21  # each event once, though writes were sent again
+    finally:
+        edge.stop()
+        (again or first).stop()
