@@ -21,6 +21,7 @@ import pytest
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.message import ClientMessageMetadata
+from yarl import URL
 
 from devstack.processes import (
     Edge,
@@ -233,6 +234,13 @@ async def test_another_credential_finds_nothing(
             stand.b.url + "/mcp", headers={**who, "Last-Event-ID": first_id}
         ) as refused:
             assert refused.status == 404
+    # Every alias of the route's path is the route's, on the fast path as on the full one.
+    for alias in ("/./mcp", "/x/../mcp", "/%2e/mcp"):
+        async with client.get(
+            URL(stand.b.url + alias, encoded=True), headers={"Last-Event-ID": first_id}
+        ) as aliased:
+            assert aliased.status == 404
+            assert await aliased.text() == "no such answer\n"
     tampered = "A" * 24 + first_id[24:]
     async with client.get(
         stand.b.url + "/mcp", headers={"Authorization": "Bearer alice", "Last-Event-ID": tampered}
