@@ -88,8 +88,8 @@ class Reading:
     path: str
     replay: Replay
     passed_on: Sequence[tuple[str, str]]
+    resuming: bool  # a Last-Event-ID's (edge_resumes_total), not an answer's own first read
     answer: web.StreamResponse | None = None
-    counted: bool = False
 
 
 def is_event_stream(response: aiohttp.ClientResponse) -> bool:
@@ -248,8 +248,11 @@ class ResumeRoutes:
     ) -> web.StreamResponse:
         """The answer's events from ``point`` on, read from its stream to the stream's end:
         through as many reads as it takes (the edge's SSE viewers are rotated)."""
-        reading = Reading(request=request, path=path, replay=Replay(point), passed_on=passed_on)
         resuming = request.headers.get("Last-Event-ID") is not None
+        reading = Reading(
+            request=request, path=path, replay=Replay(point), passed_on=passed_on,
+            resuming=resuming,
+        )  # fmt: skip
         failures = 0
         while failures < MAX_FAILED_READS:
             end = await self._read_once(reading)
@@ -268,9 +271,6 @@ class ResumeRoutes:
                     await asyncio.sleep(RETRY_MS / 1000)
                 case _:
                     assert_never(end)
-            if resuming and reading.answer is not None and not reading.counted:
-                reading.counted = True
-                self._metrics.resumes.labels("served").inc()
         if reading.answer is None:
             if resuming:
                 self._metrics.resumes.labels("error").inc()
@@ -300,6 +300,8 @@ class ResumeRoutes:
                     reading.answer = await self._open_answer(
                         request, reading.path, reading.passed_on
                     )
+                    if reading.resuming:
+                        self._metrics.resumes.labels("served").inc()
                 answer, decoder = reading.answer, SseDecoder()
                 async for chunk in read.content.iter_any():
                     heartbeats = decoder.comments

@@ -252,6 +252,9 @@ async def test_another_credential_finds_nothing(
         assert resumed.status == 200
         again = await read_events(resumed)
     assert [(e.data, e.id) for e in again] == [(e.data, e.id) for e in events[1:]]
+    counted = stand.b.metrics_text()
+    assert re.search(r'^edge_resumes_total\{result="served"\} [1-9]', counted, re.MULTILINE)
+    assert re.search(r'^edge_resumes_total\{result="not_found"\} [1-9]', counted, re.MULTILINE)
     assert all(line.get("last_event_id") is None for line in stand.seen_lines())
 
 
