@@ -182,7 +182,11 @@ async def _handle(request: web.Request, handed: Handed) -> web.StreamResponse:
     if route is not None:
         # An agent backend's, not a stream of the origin: relayed (and kept) by the resume
         # routes, whose backend authorizes its own callers (edge.web.resume_routes).
-        response = await resume.handle(request, route)
+        try:
+            response = await resume.handle(request, route)
+        except ClientGone:
+            metrics.client_gone(RequestKind.OTHER).inc()
+            return EdgeResponse(status=CLIENT_CLOSED)  # never sent (see ``_handle`` below)
         metrics.request_count(RequestKind.OTHER, response.status).inc()
         return response
     admitted: RequestAdmission | None = None
