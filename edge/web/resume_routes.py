@@ -92,8 +92,13 @@ class Reading:
     answer: web.StreamResponse | None = None
 
 
-def is_event_stream(response: aiohttp.ClientResponse) -> bool:
-    return response.content_type == EVENT_STREAM
+def keepable(response: aiohttp.ClientResponse) -> bool:
+    """An event stream the edge can read: a 200, ``text/event-stream``, not encoded (it was
+    asked for none; one that came encoded all the same is relayed as it is)."""
+    encoding = response.headers.get(hdrs.CONTENT_ENCODING, "identity").strip().lower()
+    return (
+        response.status == 200 and response.content_type == EVENT_STREAM and encoding == "identity"
+    )
 
 
 class ResumeRoutes:
@@ -228,7 +233,7 @@ class ResumeRoutes:
         response = await upstream.request(
             method, url, headers=CIMultiDict(headers), data=body or None, allow_redirects=False
         )
-        if response.status != 200 or not is_event_stream(response):
+        if not keepable(response):
             return Plain(response)
         kept = await self._pumps.keep(response, body, scope, credentials)
         return Plain(response) if kept is None else kept
