@@ -20,8 +20,8 @@ help:
 	@echo "make check      ruff format --check, ruff check, mypy --strict edge/"
 	@echo "make fmt        apply ruff formatting and safe fixes"
 	@echo "make conformance  the public conformance suite through the edge (part of make test)"
-	@echo "make cluster    origin + redis + 2 edges + HAProxy on loopback; prints the URLs"
-	@echo "make loadtest   the cluster + locust headless (USERS=, SPAWN_RATE=, DURATION=)"
+	@echo "make cluster    origin + redis + 2 edges + HAProxy on loopback; prints the URLs (ARGS=--tls: HTTPS + HTTP/2 too)"
+	@echo "make loadtest   a loopback cluster of its own + locust headless (USERS=, SPAWN_RATE=, DURATION=)"
 	@echo "make image      the container image (EDGE_IMAGE in deploy/.env, edge:dev), Docker or podman"
 
 # --- bootstrap: virtualenv + pinned Python deps, pinned Node origin -----------------------------

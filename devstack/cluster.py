@@ -7,7 +7,9 @@ routing each stream to one replica the way ``deploy/haproxy/haproxy.cfg`` does (
 ``balance``/``hash-type``/``hash-balance-factor`` lines are read from that file, so both
 route alike; ``routing`` overrides them for a comparison). ``make loadtest`` and the
 multi-replica tests use it; ``python -m devstack.cluster`` prints the URLs and keeps it up
-until Ctrl-C.
+until Ctrl-C. With ``tls`` (``--tls``), HAProxy also serves the fleet over HTTPS with ALPN
+``h2,http/1.1`` (HTTP/1.1 to the replicas, as the deployed config's ``streams_tls`` frontend
+does), with a certificate made at start (``devstack.tls``) or given (``--tls-cert``).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from devstack.processes import (
     start_redis,
 )
 from devstack.redis_sets import RedisClusterSet, start_redis_cluster
+from devstack.tls import make_certificate
 
 HAPROXY_TEMPLATE = """\
 # Written by devstack/cluster.py for a loopback cluster; deploy/haproxy/haproxy.cfg is the
@@ -62,12 +65,22 @@ frontend streams
     default_backend edges
     # Which replica answered (tests place streams by it); not in the deployed config.
     http-response set-header X-Edge-Replica %[srv_name]
-
+{tls_frontend}
 backend edges
 {routing}
     option httpchk GET /readyz
     http-check expect status 200
 {servers}
+"""
+
+
+# The deployed config's HTTPS frontend on loopback: browsers speak HTTP/2 to it (one connection,
+# many streams), the replicas still HTTP/1.1.
+TLS_FRONTEND = """
+frontend streams_tls
+    bind 127.0.0.1:{port} ssl crt {certificate} alpn h2,http/1.1
+    default_backend edges
+    http-response set-header X-Edge-Replica %[srv_name]
 """
 
 
@@ -107,6 +120,7 @@ class Cluster:
     haproxy: subprocess.Popen[bytes]
     url: str
     logs_dir: Path
+    https_url: str | None = None
     edge_args: tuple[str, ...] = ()
     _haproxy_log: Path = field(default_factory=Path)
 
@@ -131,8 +145,10 @@ class Cluster:
         return ("--redis-url", self.redis.url)
 
     def describe(self) -> dict[str, object]:
+        tls = {} if self.https_url is None else {"https_url": self.https_url}
         return {
             "url": self.url,
+            **tls,
             "origin": self.origin.url,
             "origin_stats": self.origin.stats_url,
             "redis": self.redis_args[1],
@@ -171,12 +187,17 @@ def start_cluster(
     routing: tuple[str, ...] | None = None,
     redis_mode: str = "standalone",
     origin_on_disk: bool = True,
+    tls: bool = False,
+    tls_cert: Path | None = None,
 ) -> Cluster:
     """``origin_on_disk=False``: the reference origin's in-memory store. Its file-backed store
     keeps 100 file handles and, with more streams than that written at once, answers appends
     to existing streams 404 and reads behind their own writes (measured: 805 of 1,800 appends
     at 300 streams written once a second, none at 50, none in memory), which the edges rightly
-    take for deleted or recreated streams; the scaled run (``loadtest.fleet``) writes 300."""
+    take for deleted or recreated streams; the scaled run (``loadtest.fleet``) writes 300.
+
+    ``tls``: an HTTPS frontend too (``Cluster.https_url``), with ``tls_cert`` (one PEM with the
+    certificate and its key, as HAProxy reads it) or one made for localhost/127.0.0.1."""
     haproxy_bin = shutil.which("haproxy") or "/usr/sbin/haproxy"
     if not Path(haproxy_bin).exists():
         raise ProcessFailed("haproxy not found (make bootstrap installs it)")
@@ -204,11 +225,20 @@ def start_cluster(
         f"port {e.admin_url.rsplit(':', 1)[1]} inter 500ms fall 2 rise 1"
         for i, e in enumerate(edges)
     )
+    tls_frontend, https_url = "", None
+    if tls or tls_cert is not None:
+        certificate = tls_cert or make_certificate(logs_dir / "tls" / "localhost.pem")
+        tls_port = free_port()
+        tls_frontend = TLS_FRONTEND.format(port=tls_port, certificate=certificate.resolve())
+        https_url = f"https://127.0.0.1:{tls_port}"
     config = logs_dir / "haproxy.cfg"
     lines = deployed_routing() if routing is None else routing
     config.write_text(
         HAPROXY_TEMPLATE.format(
-            port=port, servers=servers, routing="\n".join(f"    {line}" for line in lines)
+            port=port,
+            servers=servers,
+            routing="\n".join(f"    {line}" for line in lines),
+            tls_frontend=tls_frontend,
         )
     )
     log = logs_dir / "haproxy.log"
@@ -227,6 +257,7 @@ def start_cluster(
         haproxy=haproxy,
         url=url,
         logs_dir=logs_dir,
+        https_url=https_url,
         edge_args=edge_args,
         _haproxy_log=log,
     )
@@ -246,13 +277,34 @@ def main(argv: list[str] | None = None) -> int:
         "--redis-mode", choices=("standalone", "cluster"), default="standalone",
         help="one redis-server, or a Redis Cluster of three primaries with a replica each",
     )  # fmt: skip
+    parser.add_argument(
+        "--tls", action="store_true",
+        help="also serve HTTPS (ALPN h2,http/1.1) with a self-signed certificate made at start "
+        "for localhost and 127.0.0.1; its URL is https_url",
+    )  # fmt: skip
+    parser.add_argument(
+        "--tls-cert", type=Path, metavar="PEM",
+        help="serve HTTPS with this certificate instead (one PEM: certificate, then key); "
+        "implies --tls",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     logs = Path(tempfile.mkdtemp(prefix="edge-cluster-"))
     cluster = start_cluster(
-        logs, replicas=args.replicas, edge_args=tuple(args.edge_arg), redis_mode=args.redis_mode
+        logs,
+        replicas=args.replicas,
+        edge_args=tuple(args.edge_arg),
+        redis_mode=args.redis_mode,
+        tls=args.tls,
+        tls_cert=args.tls_cert,
     )
     print(json.dumps(cluster.describe(), indent=2), flush=True)
     print(f"\nstreams through HAProxy: {cluster.url}   (Ctrl-C stops everything)", flush=True)
+    if cluster.https_url is not None:
+        print(
+            f"HTTPS (HTTP/2 or HTTP/1.1): {cluster.https_url}   (self-signed unless --tls-cert: "
+            "curl -k, or accept it in the browser)",
+            flush=True,
+        )
     stopping = False
 
     def stop(*_: object) -> None:

@@ -7,7 +7,9 @@ token by token while a reviewer comments on each line, both idempotent producers
 following the session through the edge, and N SSE viewers read it through the edge, resuming
 by offset when a connection ends early. Prints a summary and exits 0 when every viewer got
 exactly the messages the origin holds, in order, once; ``--keep-running`` paces the agent for
-people (3 tokens/s unless ``--rate`` says otherwise) and then leaves everything up until Ctrl-C;
+people (3 tokens/s unless ``--rate`` says otherwise) and then leaves everything up until Ctrl-C,
+starting a new run ``--next-run-pause`` seconds after each one ends (``/run/latest`` on the page's
+server leads to the newest), so a person who comes late finds a run to watch and take over;
 ``--public`` binds the page and the edge on every interface (the edge's admin listener stays on
 loopback) and prints the page's URL at this machine's address, for a phone on the same network.
 """
@@ -16,11 +18,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import random
 import signal
 import sys
 import time
+from collections.abc import Callable
 
 import aiohttp
 
@@ -29,13 +33,15 @@ from devstack.agents import Follower, create_session, start_run
 from devstack.demo_auth import DemoAuth
 from devstack.processes import new_logs_dir, start_edge, start_origin
 from devstack.reach import local_url, machine_addresses, shown_host, url_at
-from devstack.watch import STREAM_PREFIX, serve_watch, watch_path
+from devstack.watch import LATEST, RUNS, STREAM_PREFIX, Runs, serve_watch, watch_path
 
 WORDS = (
     "the edge keeps one upstream per stream and every viewer reads the same bytes "
     "resuming by offset after a dropped connection so nothing is lost or doubled"
 ).split()
 PEOPLE_RATE = 3.0
+# --keep-running: how long an ended run stays the newest before the next one starts (seconds).
+NEXT_RUN_PAUSE = 10.0
 
 
 def tokens(count: int, seed: int) -> list[str]:
@@ -71,8 +77,8 @@ async def run(args: argparse.Namespace) -> int:
     path = f"{STREAM_PREFIX}{name}"
     stream_url = f"{edge_url}{path}"
 
-    def credentials(who: str, scope: str = "read write") -> dict[str, str]:
-        return auth.headers(who, path, scope) if auth else {}
+    def credentials(who: str, scope: str = "read write", run: str = path) -> dict[str, str]:
+        return auth.headers(who, run, scope) if auth else {}
 
     try:
         watch_runner, watch_url = await serve_watch(
@@ -83,6 +89,7 @@ async def run(args: argparse.Namespace) -> int:
             tokens=auth.page_token if auth else None,
             public=bool(args.public),
         )
+        runs = watch_runner.app[RUNS]
         print(f"origin {origin.url}  edge {edge_url}  metrics {edge.admin_url}/metrics")
         public_edge = edge_url
         if args.public:
@@ -100,6 +107,7 @@ async def run(args: argparse.Namespace) -> int:
         connector = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=connector) as http:
             await create_session(http, stream_url, credentials("user"))
+            runs.latest = name
             print(f"watch {watch_url}{watch_path(name)}", flush=True)
             origin.reset_counts()
             viewers = [
@@ -134,7 +142,13 @@ async def run(args: argparse.Namespace) -> int:
             f"{len(stored):,} bytes in all)"
         )
         others = len(items) - sum(per_writer.values())
-        ended = "stopped by " + state.stopped_by if state.stopped_by else "done"
+        ended = "done"
+        if state.stopped_by:
+            # As the pages name its writer (a page's id is a first name there).
+            sender = state.stopped_by.rpartition(":")[0]
+            ended = (
+                f"stopped by {session.shown_names(items).get(sender, sender)} ({state.stopped_by})"
+            )
         print(f"people wrote  {others} messages from watch pages; the run {ended}")
         signed = ", each with its own JWT (--auth jwt)" if auth else ""
         print(
@@ -176,17 +190,59 @@ async def run(args: argparse.Namespace) -> int:
             for signum in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(signum, stop.set)
             print(
-                f"\nstill running: open {watch_url}{watch_path(name)} or point clients at "
+                f"\nstill running: open {watch_url}{watch_path(LATEST)} (the newest run: a new "
+                f"one starts {args.next_run_pause:g} s after each ends) or point clients at "
                 f"{public_edge} (Ctrl-C to stop)",
                 flush=True,
             )
+            later = asyncio.create_task(
+                next_runs(edge_url, watch_url, runs, args, rate, credentials, auth)
+            )
             await stop.wait()
+            later.cancel()
+            await asyncio.gather(later, return_exceptions=True)
         return 0 if ok else 1
     finally:
         if watch_runner is not None:
             await watch_runner.cleanup()
         edge.stop()
         origin.stop()
+
+
+async def next_runs(
+    edge_url: str,
+    watch_url: str,
+    runs: Runs,
+    args: argparse.Namespace,
+    rate: float,
+    credentials: Callable[..., dict[str, str]],
+    auth: DemoAuth | None,
+) -> None:
+    """``--keep-running``: each run, once ended, stays the newest for ``--next-run-pause``
+    seconds; then a new one starts (its agents alone: the bots watched the first)."""
+    async with aiohttp.ClientSession() as http:
+        for number in itertools.count(2):
+            await asyncio.sleep(args.next_run_pause)
+            name = f"demo-run-{int(time.time())}-{number}"
+            path = f"{STREAM_PREFIX}{name}"
+
+            def for_run(who: str, scope: str = "read write", run: str = path) -> dict[str, str]:
+                return credentials(who, scope, run)
+
+            if auth:
+                auth.runs.add(path)
+            await create_session(http, f"{edge_url}{path}", for_run("user"))
+            runs.latest = name
+            print(f"next run: watch {watch_url}{watch_path(name)}", flush=True)
+            shared = await start_run(
+                http, f"{edge_url}{path}", tokens(args.tokens, args.seed + number), rate,
+                credentials=for_run,
+            )  # fmt: skip
+            try:
+                await shared.wait(args.tokens / rate + 3600)
+            finally:
+                await shared.cancel()
+            print(f"run {number} ended", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -207,6 +263,14 @@ def main(argv: list[str] | None = None) -> int:
         "--keep-running",
         action="store_true",
         help="pace the run for people, then keep origin, edge and page up",
+    )
+    parser.add_argument(
+        "--next-run-pause",
+        type=float,
+        default=NEXT_RUN_PAUSE,
+        metavar="SECONDS",
+        help=f"with --keep-running: a new run starts this long after each ends "
+        f"(default {NEXT_RUN_PAUSE:g})",
     )
     parser.add_argument(
         "--public",

@@ -17,6 +17,7 @@ Rules this module owns:
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -58,6 +59,39 @@ def encode(message: Mapping[str, Any]) -> bytes:
 def encode_transcript(messages: Iterable[Mapping[str, Any]]) -> bytes:
     """What the origin answers for a JSON stream holding ``messages``: one array."""
     return b"[" + b",".join(encode(m) for m in messages) + b"]"
+
+
+# The first names the watch page shows for pages (``watch.js`` ``NAMES``, same order).
+PAGE_NAMES = (
+    "Alex", "Sam", "Robin", "Kim", "Jo", "Charlie", "Max", "Noa", "Eli", "Ari", "Lou", "Dani",
+    "Mika", "Ren", "Sky", "Jules", "Nico", "Tess", "Ida", "Omar", "Lena", "Ravi", "Yuki", "Zoe",
+    "Finn", "Maya", "Theo", "Ines", "Hugo", "Lia", "Otto", "Vera",
+)  # fmt: skip
+PAGE_ID = re.compile(r"^page-[0-9a-f]+$")
+
+
+def shown_names(messages: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    """What the watch page calls each writer (``watch.js`` ``nameOf``): a page's producer id is
+    a first name picked by its 32-bit FNV-1a hash; a second id with a taken name gets the id's
+    last four characters, in order of first appearance; agents keep their id, capitalised."""
+    names: dict[str, str] = {}
+    taken: set[str] = set()
+    for message in messages:
+        sender = str(message.get("from"))
+        if sender in names:
+            continue
+        if PAGE_ID.match(sender):
+            digest = 2166136261
+            for char in sender:
+                digest = ((digest ^ ord(char)) * 16777619) & 0xFFFFFFFF
+            shown = PAGE_NAMES[digest % len(PAGE_NAMES)]
+        else:
+            shown = sender[:1].upper() + sender[1:]
+        if shown in taken:
+            shown = f"{shown} {sender[-4:]}"
+        names[sender] = shown
+        taken.add(shown)
+    return names
 
 
 def name(message: Mapping[str, Any]) -> str:

@@ -2,7 +2,8 @@
 
 Rules this module owns:
 
-* It serves only the page (``/run/<stream name>``), its two static files and ``/api/viewers``;
+* It serves only the page (``/run/<stream name>``), its two static files, ``/api/viewers`` and
+  ``/run/latest``, a redirect to the newest run's page (``Runs.latest``, set by the demo);
   the page reads and writes the session itself, cross-origin, through the edge.
 * The page learns where the edge is from a JSON config embedded in the HTML, never from its own
   URL, so the page and the edge can be on different hosts and ports. Served for other devices
@@ -42,8 +43,26 @@ ADMIN_URL = web.AppKey("admin_url", str)
 HTTP = web.AppKey("http", aiohttp.ClientSession)
 
 
+class Runs:
+    """The runs this server shows; ``latest`` names the newest (``/run/latest`` leads there)."""
+
+    def __init__(self) -> None:
+        self.latest: str | None = None
+
+
+RUNS = web.AppKey("runs", Runs)
+LATEST = "latest"
+
+
 def watch_path(stream_name: str) -> str:
     return f"/run/{stream_name}"
+
+
+async def latest(request: web.Request) -> web.Response:
+    newest = request.app[RUNS].latest
+    if newest is None:
+        raise web.HTTPNotFound(text="no run yet")
+    raise web.HTTPFound(watch_path(newest), headers={"Cache-Control": "no-store"})
 
 
 async def page(request: web.Request) -> web.Response:
@@ -117,7 +136,9 @@ def create_watch_app(
     if tokens is not None:
         app[TOKENS] = tokens
     app[ADMIN_URL] = admin_url
+    app[RUNS] = Runs()
     app.cleanup_ctx.append(_http)
+    app.router.add_get(watch_path(LATEST), latest)
     app.router.add_get("/run/{name}", page)
     app.router.add_get("/api/viewers", viewers)
     app.router.add_get("/favicon.ico", favicon)

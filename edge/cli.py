@@ -114,8 +114,16 @@ def _whole_duration(text: str) -> int:
     return int(seconds)
 
 
+def _whole_number(text: str) -> int:
+    """A whole number, said as such when it is not one (``int``'s own words name base 10)."""
+    try:
+        return int(text.strip())
+    except ValueError:
+        raise ValueError("a whole number") from None
+
+
 def _positive_int(text: str) -> int:
-    value = int(text)
+    value = _whole_number(text)
     if value < 0:
         raise ValueError("must be >= 0")
     return value
@@ -136,7 +144,10 @@ def _workers(text: str) -> int:
     here: set it explicitly there)."""
     if text.strip().lower() == "auto":
         return len(os.sched_getaffinity(0))
-    value = int(text)
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise ValueError("a whole number of workers, or auto") from None
     if value < 1:
         raise ValueError("must be at least 1, or auto")
     return value
@@ -716,13 +727,17 @@ class _ServeParser(argparse.ArgumentParser):
 
 
 def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
+    # No abbreviations: a mistyped flag (--tail-freshnes) is an error, never another flag.
     parser = argparse.ArgumentParser(
-        prog="edge", description="A caching edge proxy for the Durable Streams protocol."
+        prog="edge",
+        description="A caching edge proxy for the Durable Streams protocol.",
+        allow_abbrev=False,
     )
     parser.add_argument("--version", action="version", version=f"edge {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_ServeParser)
     serve = commands.add_parser(
         "serve",
+        allow_abbrev=False,
         help="run the edge in front of an origin",
         usage="edge serve --origin URL [options]  (edge serve --help: every option, by topic)",
         description="Run the edge. Every flag can also be set as EDGE_<FLAG> in the environment "

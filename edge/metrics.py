@@ -339,8 +339,8 @@ class Metrics:
             "edge_full_path_requests",
             "Stream requests the listener's connections handed to aiohttp's request handler, "
             "by kind: writes, relays and what the connection cannot answer without waiting "
-            "(a fill, a first live read of a stream, --auth); the rest is answered by the "
-            "connections themselves.",
+            "(a fill, a first live read of a stream); the rest, --auth reads and refusals "
+            "included, is answered by the connections themselves.",
             ["kind"],
             registry=self.registry,
         )

@@ -86,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
             "--timeline", str(timeline),
             "--csv", str(out / "locust"), "--html", str(out / "report.html"),
             # --json-file instead of locust's own end-of-run tables: the summary below says it.
-            "--json-file", str(out / "locust_stats.json"),
+            # Locust adds ".json" itself: this writes locust_stats.json.
+            "--json-file", str(out / "locust_stats"),
             "--only-summary", "--loglevel", "WARNING",
         ]  # fmt: skip
         if args.processes != 1:

@@ -206,6 +206,7 @@
     if (register) { names.set(id, shown); taken.add(shown); }
     return shown;
   }
+  w.nameOf = (id) => nameOf(id, false); // what the demo's summary calls a writer, for tests
   // In a sentence: "you" for this page, "the worker" for one of the run's agents, else a name.
   const AGENTS = new Set(["user", "worker", "reviewer"]);
   function who(id) {

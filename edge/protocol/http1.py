@@ -235,6 +235,16 @@ class HeadParser:
         )
 
 
+def header_value(head: bytes, name: bytes) -> str | None:
+    """The value of the field ``name`` (lower-case) of a head ``HeadParser`` parsed, as aiohttp
+    reads it: for the rare answer that needs a field the parser does not keep."""
+    for line in head.split(b"\r\n")[1:]:
+        field, colon, value = line.partition(b":")
+        if colon and field.lower() == name:
+            return _text(value)
+    return None
+
+
 def _text(value: bytes) -> str:
     """A header value as aiohttp gives it to the full path: stripped, then decoded as it is."""
     return value.strip(b" \t").decode(VALUE_ENCODING, VALUE_ERRORS)

@@ -4,6 +4,11 @@ stored hits itself (``edge.web.fastpath``) while aiohttp has nothing in hand.
 
 Rules this module owns:
 
+* With ``--auth jwt|forward`` every head it parses is the gate's first (``edge.web.own_gate``):
+  an admission is handed to each read of its own; a refusal it writes itself (or hands to
+  aiohttp, nothing written); what only a wait decides is decided in a task of the connection,
+  nothing after it read meanwhile, and the head is then read again with that decision
+  (``_waited``).
 * Answers leave in request order, by construction: a head the fast path cannot answer goes to
   aiohttp alone (``WAITING``), and nothing after it is read until aiohttp's answer is written
   (``request_done``, from the tracker's middleware).
@@ -38,13 +43,16 @@ from typing import assert_never, cast
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
+from edge.auth.gate import RequestAdmission
+from edge.auth.policy import Refusal
 from edge.live.polls import AlreadyWritten, Outcome
 from edge.protocol.half_close import AfterHalfClose, Holding, after_half_close
-from edge.protocol.http1 import MAX_HEAD_BYTES, Handoff, HeadParser
+from edge.protocol.http1 import MAX_HEAD_BYTES, Handoff, HeadParser, RequestHead
 from edge.protocol.reads import RequestKind, kind_of_request_line
 from edge.web.connection_tracker import ConnectionTracker, let_go
 from edge.web.fast_polls import AnsweredNow, Ending, HandedOff, HandOn, Parked, Waits
 from edge.web.fast_sse import Refused, Streaming
+from edge.web.own_gate import BAD_HEAD, BadHead, Decision, OwnGate, Undecided
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +101,7 @@ class _Connection(asyncio.Protocol):
         "_buffer",
         "_catchup",
         "_fast",
+        "_gate",
         "_handler_factory",
         "_held",
         "_in_hand",
@@ -111,6 +120,7 @@ class _Connection(asyncio.Protocol):
         "_streaming_live",
         "_tracker",
         "_transport",
+        "_waited",
         "_writable",
     )
 
@@ -123,6 +133,10 @@ class _Connection(asyncio.Protocol):
         fast = tracker.fast
         self._fast = fast if fast is not None and fast.enabled else None
         self._mode = _Mode.FAST if self._fast is not None else _Mode.DELEGATED
+        # With --auth jwt|forward: every read is the gate's first (``edge.web.own_gate``), and
+        # a head a wait decided is read again with that decision.
+        self._gate = tracker.gate if self._fast is not None else None
+        self._waited: tuple[bytes, RequestAdmission | Refusal | BadHead] | None = None
         polls = tracker.polls
         self._polls = polls if polls is not None and polls.enabled and self._fast else None
         # The long-poll of its own on the board, and its head (the full path's if it must
@@ -216,9 +230,8 @@ class _Connection(asyncio.Protocol):
 
     def _serve(self) -> None:
         """Answer the complete heads in the buffer, in order, until one is aiohttp's."""
-        fast, buffer, transport = self._fast, self._buffer, self._transport
+        fast, buffer = self._fast, self._buffer
         assert fast is not None
-        assert transport is not None
         while self._mode is _Mode.FAST and buffer and not self._paused:
             end = buffer.find(b"\r\n\r\n")
             if end < 0:
@@ -232,75 +245,178 @@ class _Connection(asyncio.Protocol):
             if isinstance(parsed, Handoff) and not parsed.once:
                 self._delegate()
                 return
-            answer = None if isinstance(parsed, Handoff) else fast.answer(parsed)
             del buffer[: end + 4]
-            if answer is None and self._catchup is not None and not isinstance(parsed, Handoff):
-                own = self._catchup.serve(parsed, head, self, self._answer_ended)
-                match own:
-                    case Streaming():
-                        self._tracker.request_started(transport)
-                        self._stream(own, live=False)
-                        return
-                    case HandedOff():
-                        pass
-                    case _:
-                        assert_never(own)
-            if answer is None and self._sse is not None and not isinstance(parsed, Handoff):
-                streaming = self._sse.serve(
-                    parsed, head, self, transport, self._answer_ended, self._admit_viewer
-                )
-                match streaming:
-                    case Streaming():
-                        self._stream(streaming, live=True)
-                        return
-                    case Refused():
-                        return
-                    case HandedOff():
-                        pass
-                    case _:
-                        assert_never(streaming)
-            if answer is None and self._polls is not None and not isinstance(parsed, Handoff):
-                step = self._polls.serve(parsed, self, self._released)
-                match step:
-                    case AnsweredNow(data=data):
-                        # A live read, admitted first as the full path admits it; answered at
-                        # once, it is admitted and ended in one step.
-                        if not self._tracker.table.live_room():
-                            self._admit_live(RequestKind.LONG_POLL, parsed.origin)  # refused
-                            return
-                        self._tracker.answered(transport)
-                        transport.write(data)
-                        self._polls.written(step)
-                        if not parsed.keep_alive:
-                            self._close_after_answer()
-                            return
-                        continue
-                    case Parked():
-                        self._park(step, head, parsed.origin)
-                        return
-                    case Waits(target=target):
-                        if self._admit_live(RequestKind.LONG_POLL, parsed.origin):
-                            task = self._polls.serve_later(target, head, self, self._answer_ended)
-                            self._stream(Streaming(task), live=True)
-                        return
-                    case HandedOff():
-                        pass
-                    case _:
-                        assert_never(step)
-            if answer is None or isinstance(parsed, Handoff):
+            if isinstance(parsed, Handoff):
                 # This one request is aiohttp's; the next head waits for its answer.
                 self._to_aiohttp(head)
                 return
-            self._tracker.answered(transport)
-            if len(answer) == 1:
-                transport.write(answer[0])
-            else:
-                transport.writelines(answer)
-            if not parsed.keep_alive:
-                self._mode = _Mode.CLOSED  # the close flushes the answer first
-                buffer.clear()
-                transport.close()
+            if not self._serve_head(parsed, head):
                 return
+
+    def _serve_head(self, parsed: RequestHead, head: bytes) -> bool:
+        """Answer one head (``head``: its bytes), after the ``--auth`` gate's decision if there
+        is a gate (``edge.web.own_gate``); True: the connection reads its next head now."""
+        own_gate = self._gate
+        if own_gate is None:
+            return self._serve_read(parsed, head, None, counted=False)
+        waited, self._waited = self._waited, None
+        if waited is not None and waited[0] == head:
+            decision: Decision = waited[1]  # what a wait decided (the gate counted it)
+            counted = True
+        else:
+            decision = own_gate.decide_now(parsed)
+            counted = False
+        match decision:
+            case RequestAdmission():
+                return self._serve_read(parsed, head, decision, counted=counted)
+            case Refusal():
+                return self._refuse(decision, parsed, head, counted=counted)
+            case Undecided():
+                self._decide_later(own_gate, parsed, head)
+                return False
+            case BadHead():
+                self._to_aiohttp(head)  # the full path's 400
+                return False
+            case _:
+                assert_never(decision)
+
+    def _serve_read(
+        self,
+        parsed: RequestHead,
+        head: bytes,
+        admission: RequestAdmission | None,
+        *,
+        counted: bool,
+    ) -> bool:
+        """Answer one read, with the gate's ``admission`` if there is a gate (``counted``: the
+        gate counted it already); True: the connection reads its next head now."""
+        fast, transport = self._fast, self._transport
+        assert fast is not None
+        assert transport is not None
+        answer = fast.answer(parsed, admission)
+        if answer is None and self._catchup is not None:
+            own = self._catchup.serve(parsed, head, self, self._answer_ended, admission)
+            match own:
+                case Streaming():
+                    self._served(admission, counted)
+                    self._tracker.request_started(transport)
+                    self._stream(own, live=False)
+                    return False
+                case HandedOff():
+                    pass
+                case _:
+                    assert_never(own)
+        if answer is None and self._sse is not None:
+            streaming = self._sse.serve(
+                parsed, head, self, transport, self._answer_ended, self._admit_viewer, admission
+            )
+            match streaming:
+                case Streaming():
+                    self._served(admission, counted)
+                    self._stream(streaming, live=True)
+                    return False
+                case Refused():
+                    self._served(admission, counted)
+                    return False
+                case HandedOff():
+                    pass
+                case _:
+                    assert_never(streaming)
+        if answer is None and self._polls is not None:
+            step = self._polls.serve(parsed, self, self._released, admission)
+            if not isinstance(step, HandedOff):
+                self._served(admission, counted)
+            match step:
+                case AnsweredNow(data=data):
+                    # A live read, admitted first as the full path admits it; answered at
+                    # once, it is admitted and ended in one step.
+                    if not self._tracker.table.live_room():
+                        self._admit_live(RequestKind.LONG_POLL, parsed.origin)  # refused
+                        return False
+                    self._tracker.answered(transport)
+                    transport.write(data)
+                    self._polls.written(step)
+                    if not parsed.keep_alive:
+                        self._close_after_answer()
+                        return False
+                    return True
+                case Parked():
+                    self._park(step, head, parsed.origin)
+                    return False
+                case Waits(target=target, expires_at=expires_at):
+                    if self._admit_live(RequestKind.LONG_POLL, parsed.origin):
+                        task = self._polls.serve_later(
+                            target, head, self, self._answer_ended, expires_at
+                        )
+                        self._stream(Streaming(task), live=True)
+                    return False
+                case HandedOff():
+                    pass
+                case _:
+                    assert_never(step)
+        if answer is None:
+            # This one request is aiohttp's; the next head waits for its answer.
+            self._to_aiohttp(head)
+            return False
+        if admission is not None:
+            self._served(admission, counted)
+        self._tracker.answered(transport)
+        if len(answer) == 1:
+            transport.write(answer[0])
+        else:
+            transport.writelines(answer)
+        if not parsed.keep_alive:
+            self._close_after_answer()  # the close flushes the answer first
+            return False
+        return True
+
+    def _served(self, admission: RequestAdmission | None, counted: bool) -> None:
+        """A read the gate allowed is served here: counted as the full path counts it."""
+        if admission is not None and not counted and self._gate is not None:
+            self._gate.served()
+
+    def _refuse(self, refusal: Refusal, parsed: RequestHead, head: bytes, *, counted: bool) -> bool:
+        """The gate refused it: the full path's answer, written here (or the full path's to
+        write); True: the connection reads its next head now."""
+        own_gate, transport = self._gate, self._transport
+        assert own_gate is not None
+        assert transport is not None
+        data = own_gate.refusal(refusal, parsed, counted=counted)
+        if data is None:
+            self._to_aiohttp(head)
+            return False
+        self._tracker.answered(transport)
+        transport.write(data)
+        if not parsed.keep_alive:
+            self._close_after_answer()
+            return False
+        return True
+
+    def _decide_later(self, own_gate: OwnGate, parsed: RequestHead, head: bytes) -> None:
+        """Only a wait decides it (forward mode's service, a key set to fetch): a task of the
+        connection's asks the gate as the full path would, then the head is read again with
+        that decision (``_waited``); nothing after it is read meanwhile."""
+        transport = self._transport
+        assert transport is not None
+        self._tracker.request_started(transport)
+
+        async def decide() -> None:
+            decision: RequestAdmission | Refusal | BadHead = BAD_HEAD
+            try:
+                decision = await own_gate.admit(parsed, head, transport)
+            except Exception:
+                logger.exception("the gate failed; the full path decides this read")
+            finally:
+                self._streaming = None
+                if self._mode is _Mode.STREAMING:
+                    self._tracker.request_finished(transport)
+            if self._mode is not _Mode.STREAMING or transport.is_closing():
+                return
+            self._waited = (head, decision)
+            self._buffer[:0] = head
+            self._read_on()
+
+        self._stream(Streaming(self._tracker.loop.create_task(decide())), live=False)
 
     def _close_after_answer(self) -> None:
         """The answer just written ends the connection: nothing more is read, and the close
@@ -357,7 +473,9 @@ class _Connection(asyncio.Protocol):
             return
         if outcome is None and parked is not None and polls is not None:
             # Still live (admitted): it looks again where it waits, in a task of its own.
-            task = polls.serve_later(parked.target, head, self, self._answer_ended)
+            task = polls.serve_later(
+                parked.target, head, self, self._answer_ended, parked.expires_at
+            )
             self._stream(Streaming(task), live=True)
             return
         self._tracker.request_finished(transport)

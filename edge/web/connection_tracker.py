@@ -54,6 +54,7 @@ from edge.web.fast_polls import FastPolls
 from edge.web.fast_sse import FastSse
 from edge.web.fastpath import FastPath
 from edge.web.front import Served
+from edge.web.own_gate import OwnGate
 
 logger = logging.getLogger(__name__)
 
@@ -120,6 +121,7 @@ class ConnectionTracker:
         polls: FastPolls | None = None,
         sse: FastSse | None = None,
         catchup: FastCatchup | None = None,
+        gate: OwnGate | None = None,
     ) -> None:
         self.table: ConnectionTable[asyncio.Transport] = ConnectionTable(limits)
         self.evicted = 0
@@ -140,6 +142,7 @@ class ConnectionTracker:
         self.polls = polls
         self.sse = sse  # and SSE reads (``edge.web.fast_sse``)
         self.catchup = catchup  # and catch-up reads stored hits do not answer
+        self.gate = gate  # with --auth: the gate's decision before each (``edge.web.own_gate``)
         self._connections: dict[asyncio.Transport, TrackedConnection] = {}
         self._found: dict[asyncio.Transport, Found] = {}
         self.middleware: Middleware = self._make_middleware()

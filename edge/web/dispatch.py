@@ -195,6 +195,7 @@ async def _handle(request: web.Request, handed: Handed) -> web.StreamResponse:
         decision = await admit(request, gate, cors)
         if isinstance(decision, web.StreamResponse):
             kind = classify(request.method, target.stream, target.query, ()).kind
+            metrics.full_path(kind).inc()  # aiohttp's handler was entered for it
             metrics.request_count(kind, decision.status).inc()
             return decision
         admitted, target = decision, decision.target  # its target without token parameters

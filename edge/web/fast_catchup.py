@@ -3,12 +3,15 @@ protocol: the same catch-up front as the full path, without aiohttp.
 
 Rules this module owns:
 
-* A plain catch-up ``GET`` (not a HEAD) is the connection's when no ``--auth`` gate stands
-  before it and its target is one the full path would cache (``parse_target`` accepts it and
+* A plain catch-up ``GET`` (not a HEAD) is the connection's when its target is one the full
+  path would cache (``parse_target`` accepts it and
   ``classify`` makes it a plain catch-up read at an offset other than ``now``). The answer is
   ``CatchupFront.answer``'s, the full path's own glue, with the request values the full path
   reads from the same head (``catchup_request``), written as aiohttp writes ``EdgeResponse``
-  (``edge.web.wire.encode_served``).
+  (``edge.web.wire.encode_served``). With ``--auth jwt|forward`` only once the gate allowed it
+  (``edge.web.own_gate``), with that admission's values as the full path takes them
+  (``edge.web.asked.asked_of``): its target without ``token`` parameters, the policy's scope,
+  the edge's own credential upstream, an answer ``private`` to its reader.
 * What the cache does not answer (``Bypass``) and an origin failure are the full path's: the
   connection hands it the head, nothing having been written, and the full path asks again and
   relays or answers the failure as it always has. (So a bypassed read costs the cache's look
@@ -24,6 +27,7 @@ import logging
 from typing import Protocol, assert_never
 
 from edge.answer import Bypass
+from edge.auth.gate import RequestAdmission
 from edge.config import Settings
 from edge.metrics import Metrics
 from edge.origin import OriginError
@@ -58,28 +62,40 @@ class FastCatchup:
         *,
         gated: bool,
     ) -> None:
-        self.enabled = settings.fast_path and not gated
+        self.enabled = settings.fast_path
+        self._gated = gated
         self._settings = settings
         self._metrics = metrics
         self._front = front
         self._cors = cors
 
     def serve(
-        self, head: RequestHead, raw: bytes, connection: AnswerConnection, done: Done
+        self,
+        head: RequestHead,
+        raw: bytes,
+        connection: AnswerConnection,
+        done: Done,
+        admission: RequestAdmission | None = None,
     ) -> CatchupStep:
         """Serve the catch-up ``head`` (``raw``: its bytes, handed to the full path if it must
-        answer after all)."""
-        if head.head or "live=" in head.query:
+        answer after all). With ``--auth``, ``admission`` is the gate's yes to it (None: the
+        full path's): its target without token parameters, its policy's scope, the edge's own
+        credential upstream, an answer for its reader alone."""
+        if head.head or "live=" in head.query or (self._gated and admission is None):
             return HANDED_OFF
-        target_text = head.path + ("?" + head.query if head.query else "")
-        try:
-            target = parse_target(target_text, "GET")
-        except BadTarget:
-            return HANDED_OFF  # the full path's 400
+        if admission is not None:
+            target = admission.target
+        else:
+            target_text = head.path + ("?" + head.query if head.query else "")
+            try:
+                target = parse_target(target_text, "GET")
+            except BadTarget:
+                return HANDED_OFF  # the full path's 400
         settings = self._settings
         classified = classify(
             "GET", target.stream, target.query, head.credentials,
             scope_headers=settings.scope_headers, scope_cookies=settings.scope_cookies,
+            scope=admission.scope if admission is not None else None,
         )  # fmt: skip
         read = classified.read
         if (
@@ -98,13 +114,18 @@ class FastCatchup:
             )
             if value is not None
         ]
-        request = catchup_request(
-            target, read, sent, version=(1, 1),
-            credentials=scope_credentials(
+        shared = admission is not None and admission.shared
+        credentials = (
+            admission.upstream
+            if admission is not None and shared
+            else scope_credentials(
                 head.credentials, scope_headers=settings.scope_headers,
                 scope_cookies=settings.scope_cookies,
-            ),
-            reader_only=False, cors=self._cors,
+            )
+        )  # fmt: skip
+        request = catchup_request(
+            target, read, sent, version=(1, 1), credentials=credentials, reader_only=shared,
+            cors=self._cors,
         )  # fmt: skip
         task = asyncio.get_running_loop().create_task(
             self._answer(request, head.keep_alive, raw, connection, done)

@@ -2,16 +2,21 @@
 
 Rules this module owns:
 
-* A plain long-poll of a stream's normalised path, with no ``--auth`` gate and the CORS answer
-  for its ``Origin`` known, is the connection's. It is served at once (``serve``) when
-  everything the full path would consult is known without waiting: a stream log whose
+* A plain long-poll of a stream's normalised path, with the CORS answer for its ``Origin``
+  known, is the connection's. With ``--auth jwt|forward`` only once the gate allowed it
+  (``edge.web.own_gate``), and then as the full path serves that admission
+  (``LiveTargets.admitted``: its target without ``token`` parameters, the policy's scope, the
+  edge's own credential upstream, an answer ``private`` to its reader), its wait ending when its
+  credential expires (``LiveHub.long_poll``'s ``max_seconds``). It is served at once (``serve``)
+  when everything the full path would consult is known without waiting: a stream log whose
   generation the shared tier confirmed within ``GENERATION_CHECK_SECONDS`` (with Redis) and
   whose plan from the offset (one the origin issued) is the cache's (``CatchupCache.plan``: a
   ``Hit``), and, to wait, a running upstream tail. Otherwise it ``Waits``: a task of the
   connection's runs the full path's own steps (``LiveHub.start``, ``LiveHub.long_poll``) and
-  writes their answer; only what they do not answer (a ``Bypass``, an origin failure, an
-  answer with headers only aiohttp rewrites) is handed to the full path, nothing having been
-  written. Anything else is the full path's (``HANDED_OFF``): a relay, or the gate's.
+  writes their answer; only what they do not answer (a ``Bypass``, an origin failure, an answer
+  with headers only aiohttp rewrites) is handed to the full path, nothing having been written.
+  Anything else is the full path's (``HANDED_OFF``): a relay, or a read with ``--auth`` the
+  connection has no admission for.
 * What it gets is the hub's own decision (``LiveHub.settle``, the same code the full path and a
   group's release run): the bytes behind the tail, a closed stream's 204, at once; or a wait on
   the board with every other long-poll there (``LongPollFanout.park``), released by the same
@@ -21,7 +26,10 @@ Rules this module owns:
 * A parked long-poll woken without an answer (its stream gone, a gap to fetch) has had nothing
   written: it looks again, as ``Waits``; one whose answer cannot be encoded is the full path's.
 * What a target gets is decided once a second: after each release every viewer re-polls with
-  the same head (``Decided`` says what else a decision was derived from). An answer's cursor is
+  the same head (``Decided`` says what else a decision was derived from). A target is its
+  scope and upstream credential too, so a decision is only reused for reads served alike; with
+  ``--auth`` every read is authorized before it is looked up, and the targets of admitted
+  heads are remembered under their admission. An answer's cursor is
   then one drawn jump for all of them, as valid as one each (``edge.protocol.cursor``).
 * A long-poll past ``--max-viewers`` is answered 503 with ``Retry-After`` and the origin's CORS
   headers for its ``Origin``, and its connection closes, as the full path answers it.
@@ -42,6 +50,7 @@ from typing import NamedTuple, assert_never
 from multidict import CIMultiDict
 
 from edge.answer import Answer, Bypass
+from edge.auth.gate import RequestAdmission
 from edge.catchup import CatchupCache
 from edge.config import Settings
 from edge.instances.generations import GENERATION_CHECK_SECONDS
@@ -127,6 +136,7 @@ class Parked:
     target: LiveTarget
     tail: Tail
     since: float  # the loop's time when it was parked
+    expires_at: float | None = None  # wall clock: the gate's credential ends its wait by then
     waiter: Waiter[Ticket] | None = None
     left: bool = field(default=False, init=False)
 
@@ -178,7 +188,8 @@ class LogsNow:
 
 
 class LiveTargets:
-    """``LiveTarget``s of heads, remembered: a pure function of the head and the settings,
+    """``LiveTarget``s of heads, remembered: a pure function of the head and the settings
+    (``of``), or with ``--auth`` of the head and the gate's admission of it (``admitted``),
     asked on every live read (after each release every viewer of a stream sends the same
     head)."""
 
@@ -186,21 +197,18 @@ class LiveTargets:
         self._scope_headers = settings.scope_headers
         self._scope_cookies = settings.scope_cookies
         self.of = functools.lru_cache(maxsize=MEMO_ENTRIES)(self._derive)
+        # Keyed by the admission too: a target is only ever what its own admission says (its
+        # scope, its upstream credential), never one another decision derived.
+        self.admitted = functools.lru_cache(maxsize=MEMO_ENTRIES)(self._derive_admitted)
 
     def _derive(self, head: RequestHead, mode: str) -> LiveTarget | None:
         """None: not a plain ``mode`` read of a stream's normalised path at an offset a client
         may give."""
         if head.head or mode not in head.query:
             return None
-        query = live_query(head.query)
-        if query is None or query.live != mode or not query.plain:
-            return None
-        offset = query.offset
-        if offset is None or not is_client_offset(offset):
-            return None
         path = head.path
         try:
-            if normalise_path(path) != path or names_control(path):
+            if normalise_path(path) != path:
                 return None
         except BadTarget:
             return None
@@ -218,7 +226,41 @@ class LiveTargets:
             )
         )
         framing = Framing(version=(1, 1), keep_alive=head.keep_alive, origin=head.origin)
-        return LiveTarget(LogKey(stream=path, scope=scope), offset, query.cursor, framing, upstream)
+        return _live_target(path, head.query, mode, scope, upstream, framing)
+
+    def _derive_admitted(
+        self, head: RequestHead, mode: str, admission: RequestAdmission
+    ) -> LiveTarget | None:
+        """``_derive`` for a read the gate allowed, as the full path classifies it: its target
+        without token parameters, the policy's scope, the edge's own credential upstream, and
+        an answer for its reader alone (``reader_only``)."""
+        scope = admission.scope
+        if head.head or mode not in head.query or scope is None:
+            return None
+        target = admission.target
+        if target.upstream.partition("?")[0] != target.stream:
+            return None  # as ``_derive``: a path the origin normalises is the full path's
+        framing = Framing(
+            version=(1, 1), keep_alive=head.keep_alive, reader_only=True, origin=head.origin
+        )
+        return _live_target(target.stream, target.query, mode, scope, admission.upstream, framing)
+
+
+def _live_target(
+    path: str,
+    query_text: str,
+    mode: str,
+    scope: str,
+    upstream: tuple[tuple[str, str], ...],
+    framing: Framing,
+) -> LiveTarget | None:
+    query = live_query(query_text)
+    if query is None or query.live != mode or not query.plain:
+        return None
+    offset = query.offset
+    if offset is None or not is_client_offset(offset) or names_control(path):
+        return None
+    return LiveTarget(LogKey(stream=path, scope=scope), offset, query.cursor, framing, upstream)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -247,6 +289,13 @@ class Waits:
     (``FastPolls.serve_later``)."""
 
     target: LiveTarget
+    expires_at: float | None = None  # wall clock: the gate's credential ends its wait by then
+
+
+def seconds_left(expires_at: float | None, now: float) -> float | None:
+    """How long a live read may still run on the credential the gate admitted it with
+    (``edge.web.live_reads.credential_left``'s rule)."""
+    return None if expires_at is None else max(0.0, expires_at - now)
 
 
 Step = AnsweredNow | Parked | Waits | HandedOff
@@ -266,8 +315,10 @@ class FastPolls:
         gated: bool,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        # With --auth every read is the gate's first: the full path's, for now.
-        self.enabled = settings.fast_path and not gated
+        # With --auth every read is the gate's first (``edge.web.own_gate``), then served
+        # with its admission.
+        self.enabled = settings.fast_path
+        self._gated = gated
         self._settings = settings
         self._hub = hub
         self._logs = logs
@@ -291,16 +342,27 @@ class FastPolls:
         self._folded_gone = 0
         self._folded_served = 0
 
-    def serve(self, head: RequestHead, sink: Sink, released: Released) -> Step:
+    def serve(
+        self,
+        head: RequestHead,
+        sink: Sink,
+        released: Released,
+        admission: RequestAdmission | None = None,
+    ) -> Step:
         """Serve the long-poll ``head`` (see the module rules); ``released`` hears how a parked
-        one ends, with what ``LongPollFanout.wait`` would return."""
-        target = self._targets.of(head, LONG_POLL)
+        one ends, with what ``LongPollFanout.wait`` would return. With ``--auth``,
+        ``admission`` is the gate's yes to it (None: the full path's)."""
+        if admission is None:
+            target = None if self._gated else self._targets.of(head, LONG_POLL)
+        else:
+            target = self._targets.admitted(head, LONG_POLL, admission)
         if target is None:
             return HANDED_OFF
+        expires_at = admission.expires_at if admission is not None else None
         key, offset, client_cursor, framing, _ = target
         if self._cors.unknown_for(framing.origin):
             return HANDED_OFF  # relayed: the origin's answer teaches the edge its CORS headers
-        waits = Waits(target)
+        waits = Waits(target, expires_at)
         if not is_offset_token(offset):
             return waits  # -1 and now: a fill, a probe
         now = self._clock()
@@ -335,7 +397,7 @@ class FastPolls:
             return waits  # ended or failing: another is started
         hub.tails.watch(key)
         loop = asyncio.get_running_loop()
-        parked = Parked(target=target, tail=tail, since=loop.time())
+        parked = Parked(target=target, tail=tail, since=loop.time(), expires_at=expires_at)
         self._open.inc()
 
         def on_release(outcome: Outcome) -> None:
@@ -344,7 +406,11 @@ class FastPolls:
                 self._count(outcome.status, 0)
             released(outcome)
 
-        deadline = loop.time() + self._settings.long_poll_timeout_seconds
+        wait = self._settings.long_poll_timeout_seconds
+        left = seconds_left(expires_at, now)
+        if left is not None:
+            wait = min(wait, left)  # as ``LiveHub.long_poll``'s ``max_seconds``
+        deadline = loop.time() + wait
         parked.waiter = hub.polls.park(
             key, tail, offset, cursor_class(client_cursor), deadline,
             Socket(sink=sink, framing=framing), on_release,
@@ -352,16 +418,25 @@ class FastPolls:
         return parked
 
     def serve_later(
-        self, target: LiveTarget, raw: bytes, sink: Sink, done: Done
+        self,
+        target: LiveTarget,
+        raw: bytes,
+        sink: Sink,
+        done: Done,
+        expires_at: float | None = None,
     ) -> asyncio.Task[None]:
         """Serve a long-poll that must wait first (a fill, a probe, a tail to start), as the
         full path does (``LiveHub.start``, ``LiveHub.long_poll``), in a task of its own.
         ``done`` hears how it ended: True, answered (the connection goes on); False, cut;
         ``raw`` (its head): nothing was written, and the full path is to answer it (a bypass
         relays it; an origin failure it answers as it always has)."""
-        return asyncio.get_running_loop().create_task(self._later(target, raw, sink, done))
+        return asyncio.get_running_loop().create_task(
+            self._later(target, raw, sink, done, expires_at)
+        )
 
-    async def _later(self, target: LiveTarget, raw: bytes, sink: Sink, done: Done) -> None:
+    async def _later(
+        self, target: LiveTarget, raw: bytes, sink: Sink, done: Done, expires_at: float | None
+    ) -> None:
         key, offset, client_cursor, framing, credentials = target
         hub = self._hub
         ended: Ending | HandOn = Ending.CUT
@@ -373,6 +448,7 @@ class FastPolls:
                 if isinstance(start, str):
                     outcome = await hub.long_poll(
                         key, start, client_cursor, credentials,
+                        max_seconds=seconds_left(expires_at, self._clock()),
                         socket=Socket(sink=sink, framing=framing),
                     )  # fmt: skip
                 else:

@@ -3,9 +3,10 @@
 Rules this module owns:
 
 * An SSE head is the connection's on the same terms as a long-poll (``edge.web.fast_polls``):
-  a plain read of a stream's normalised path, no ``--auth`` gate, the CORS answer for its
-  ``Origin`` known; a ``Last-Event-ID`` further on than the URL's offset is where it starts
-  (``LiveHub.start``'s rule: an EventSource reconnecting to its URL resumes exactly). When
+  a plain read of a stream's normalised path, the CORS answer for its ``Origin`` known, with
+  ``--auth`` once the gate allowed it and as that admission is served
+  (``LiveTargets.admitted``); a ``Last-Event-ID`` further on than the URL's offset is where it
+  starts (``LiveHub.start``'s rule: an EventSource reconnecting to its URL resumes exactly). When
   the log answers from its offset without a wait (a generation confirmed within
   ``GENERATION_CHECK_SECONDS`` with Redis, the cache's plan a ``Hit``; ``now`` while a live
   upstream vouches for the tail, ``LiveHub.start``'s own rule), its head and feed begin at once.
@@ -17,7 +18,8 @@ Rules this module owns:
   in chunks as aiohttp frames a ``StreamResponse`` to HTTP/1.1, then the same feed
   (``SseFanout.serve``), with flow control: a write waits while the connection's transport is
   above its high-water mark (``--sse-buffer-bytes``, as the full path bounds it).
-* The feed ends as the full path's does: ``Fed.ENDED`` ends the body (its last chunk) and the
+* The feed ends as the full path's does, at ``--sse-max-seconds`` or when the gate's
+  credential expires, whichever is first: ``Fed.ENDED`` ends the body (its last chunk) and the
   connection reads its next request; ``Fed.CUT`` and an origin failure cut the connection (the
   client resumes by offset); a client that leaves ends the feed.
 * A viewer past ``--max-viewers`` is answered 503 as a long-poll is (``FastPolls.refusal``).
@@ -34,6 +36,7 @@ from typing import Protocol, assert_never
 from multidict import CIMultiDict
 
 from edge.answer import Answer, Bypass
+from edge.auth.gate import RequestAdmission
 from edge.config import Settings
 from edge.live.answers import sse_encoding
 from edge.live.hub import LiveHub
@@ -53,6 +56,7 @@ from edge.web.fast_polls import (
     LiveTarget,
     LiveTargets,
     LogsNow,
+    seconds_left,
     written,
 )
 from edge.web.proxy import OriginCors
@@ -128,7 +132,8 @@ class FastSse:
         gated: bool,
         clock: Callable[[], float],
     ) -> None:
-        self.enabled = settings.fast_path and not gated
+        self.enabled = settings.fast_path
+        self._gated = gated
         self._settings = settings
         self._metrics = metrics
         self._hub = hub
@@ -146,13 +151,19 @@ class FastSse:
         transport: asyncio.Transport,
         ended: Ended,
         admit: Callable[[str | None], bool],
+        admission: RequestAdmission | None = None,
     ) -> SseStep:
         """Serve the SSE ``head`` (``raw``: its bytes; see the module rules). ``admit`` is
         asked, with the head's ``Origin``, once the read is known to be the connection's and
-        before anything is written: False, it was refused (and answered) at --max-viewers."""
-        target = self._targets.of(head, SSE)
+        before anything is written: False, it was refused (and answered) at --max-viewers.
+        With ``--auth``, ``admission`` is the gate's yes to it (None: the full path's)."""
+        if admission is None:
+            target = None if self._gated else self._targets.of(head, SSE)
+        else:
+            target = self._targets.admitted(head, SSE, admission)
         if target is None:
             return HANDED_OFF
+        expires_at = admission.expires_at if admission is not None else None
         key, offset, _, framing, credentials = target
         if self._cors.unknown_for(framing.origin):
             return HANDED_OFF  # relayed: the origin's answer teaches the edge its CORS headers
@@ -165,10 +176,10 @@ class FastSse:
             if not admit(framing.origin):
                 return REFUSED
             task = asyncio.get_running_loop().create_task(
-                self._later(target, resume, raw, connection, transport, ended)
+                self._later(target, resume, raw, connection, transport, ended, expires_at)
             )
             return Streaming(task)
-        viewer = self._open(log, target, start, connection, transport, admit)
+        viewer = self._open(log, target, start, connection, transport, admit, expires_at)
         if not isinstance(viewer, Viewer):
             return viewer
         task = asyncio.get_running_loop().create_task(
@@ -200,6 +211,7 @@ class FastSse:
         connection: SseConnection,
         transport: asyncio.Transport,
         admit: Callable[[str | None], bool],
+        expires_at: float | None,
     ) -> Viewer | Refused | HandedOff:
         """Write the answer's head and make its viewer, once admitted."""
         key, _, client_cursor, framing, _ = target
@@ -214,6 +226,10 @@ class FastSse:
         bound_buffers(transport, self._settings.sse_buffer_bytes)
         now = asyncio.get_running_loop().time()
         settings = self._settings
+        ends = [now + settings.sse_max_seconds] if settings.sse_max_seconds else []
+        left = seconds_left(expires_at, self._clock())
+        if left is not None:
+            ends.append(now + left)  # ended cleanly when its credential expires
         return Viewer(
             key=key,
             offset=offset,
@@ -221,7 +237,7 @@ class FastSse:
             chunked=True,
             client_cursor=client_cursor,
             fixed_cursor=self._hub.fixed_cursor(client_cursor),
-            rotate_at=now + settings.sse_max_seconds if settings.sse_max_seconds else None,
+            rotate_at=min(ends) if ends else None,
             last_write=now,
         )
 
@@ -233,6 +249,7 @@ class FastSse:
         connection: SseConnection,
         transport: asyncio.Transport,
         ended: Ended,
+        expires_at: float | None,
     ) -> None:
         """An SSE read that waits first, as the full path's does (``LiveHub.start``,
         ``LiveHub.known_from``): then its feed; the origin's refusal written as the full path
@@ -269,7 +286,13 @@ class FastSse:
                 case _:
                     assert_never(joined)
             viewer = self._open(
-                hub.known_log(key), target, joined, connection, transport, lambda _: True
+                hub.known_log(key),
+                target,
+                joined,
+                connection,
+                transport,
+                lambda _: True,
+                expires_at,
             )
             if not isinstance(viewer, Viewer):
                 return  # not serialisable: the full path's

@@ -39,8 +39,10 @@ Rules this module owns:
   (``Gate.decide_now``): a token whose signature the key set in hand has checked (once per token
   string and key set) and whose claims cover the stream now, or a verdict the auth service gave
   and the edge still keeps. Then the answer is looked up under the policy's scope, where the
-  full path stored its authorized readers' answer. Anything the gate cannot decide without
-  waiting, or refuses, is the full path's (which refuses it, or asks).
+  full path stored its authorized readers' answer. The connection asks the gate first
+  (``edge.web.own_gate``) and hands the admission in (``answer``'s ``admission``), so a head is
+  decided once; what the gate cannot decide without waiting, or refuses, the connection
+  handles there.
 * Counting is plain integers here; ``fold_into`` adds them to the Prometheus counters when
   ``/metrics`` is scraped, so a hit costs no ``labels()`` call.
 """
@@ -151,9 +153,14 @@ class FastPath:
             self._heads[head] = parsed
         return parsed
 
-    def key_of(self, head: RequestHead) -> AnswerKey | None:
-        """The head's ``AnswerKey``, by the full path's own functions."""
+    def key_of(
+        self, head: RequestHead, admission: RequestAdmission | None = None
+    ) -> AnswerKey | None:
+        """The head's ``AnswerKey``, by the full path's own functions (``admission``: the
+        gate's yes to it, when the connection asked the gate first)."""
         if self._gate is not None:
+            if admission is not None:
+                return self._key_of_admitted(head, admission)
             return self._admitted_key(head, self._gate)
         credentials = head.credentials
         scope = (
@@ -187,7 +194,12 @@ class FastPath:
             address=None,
         )  # fmt: skip
         decision = gate.decide_now(client, remember=True)
-        if not isinstance(decision, RequestAdmission) or decision.scope is None:
+        if not isinstance(decision, RequestAdmission):
+            return None
+        return self._key_of_admitted(head, decision)
+
+    def _key_of_admitted(self, head: RequestHead, decision: RequestAdmission) -> AnswerKey | None:
+        if decision.scope is None:
             return None
         admitted = decision.target
         return answer_key(
@@ -196,9 +208,12 @@ class FastPath:
             head.head,
         )  # fmt: skip
 
-    def answer(self, head: RequestHead) -> list[bytes] | None:
-        """The bytes to write for ``head``, or None: the full path answers it."""
-        key = self.key_of(head)
+    def answer(
+        self, head: RequestHead, admission: RequestAdmission | None = None
+    ) -> list[bytes] | None:
+        """The bytes to write for ``head``, or None: the full path answers it (with
+        ``--auth``, ``admission``: the gate's yes the connection already has for it)."""
+        key = self.key_of(head, admission)
         if key is None:
             return None
         entry = self._local.response(key)
@@ -228,8 +243,8 @@ class FastPath:
         trailer = KEEP_ALIVE_TRAILER if head.keep_alive else CLOSE_TRAILER
         if key.head and head.if_none_match is not None:
             return None  # a conditional HEAD is the origin's to judge (as on the full path)
-        if self._gate is not None:
-            self.admitted += 1
+        if self._gate is not None and admission is None:
+            self.admitted += 1  # (decided by the connection: counted there)
         if key.head:
             self.heads += 1
             return [entry.ok + self._date + trailer]

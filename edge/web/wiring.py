@@ -55,6 +55,7 @@ from edge.web.fast_polls import FastPolls, LiveTargets, LogsNow
 from edge.web.fast_sse import FastSse
 from edge.web.fastpath import FastPath
 from edge.web.front import CatchupFront
+from edge.web.own_gate import OwnGate
 from edge.web.proxy import OriginCors, Relay
 from edge.web.resume_pump import Pumps
 from edge.web.resume_routes import ResumeRoutes
@@ -221,10 +222,14 @@ def wire(
     )  # fmt: skip
     front = CatchupFront(catchup=parts.catchup, fast=fast, cors=cors)
     catchup = FastCatchup(settings, metrics, front, cors, gated=gate is not None)
+    # With --auth, the gate's decision before every read the connections serve.
+    own_gate = OwnGate(gate, cors) if gate is not None else None
+    if own_gate is not None:
+        metrics.fold_at_scrape(own_gate.fold_into)
     # The stream listener's connections answer every read they can themselves.
     connections = ConnectionTracker(
         limits if limits is not None else default_limits(settings), fast=fast, polls=polls,
-        sse=sse, catchup=catchup,
+        sse=sse, catchup=catchup, gate=own_gate,
     )  # fmt: skip
     purger = CdnPurger(settings, parts.forgetter, metrics) if settings.cdn_purge else None
     if purger is not None:

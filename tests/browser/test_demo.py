@@ -88,9 +88,12 @@ async def test_keep_running_a_person_takes_over_and_stops_the_run(
         result = await line_starting(demo, "RESULT", seen)
         assert result == "RESULT        ok"
         me = await page.watch("w.me")
-        assert f"people wrote  4 messages from watch pages; the run stopped by {me}:3" in seen, (
-            "\n".join(seen)
-        )
+        shown = await page.watch("w.nameOf(w.me)")
+        assert shown != me  # a first name, as every page shows it
+        assert (
+            f"people wrote  4 messages from watch pages; the run stopped by {shown} ({me}:3)"
+            in seen
+        ), "\n".join(seen)
         await page.until("w.ended")
         assert await page.page.locator(".state-stopped").count() == 1
         await line_starting(demo, "still running", seen)
@@ -98,6 +101,37 @@ async def test_keep_running_a_person_takes_over_and_stops_the_run(
         late = await open_page(browser, url)
         await late.until("w.ended")
         assert await late.transcript() == await page.transcript()
+    finally:
+        if demo.returncode is None:
+            demo.send_signal(signal.SIGINT)
+        await asyncio.wait_for(demo.communicate(), timeout=30)
+    assert demo.returncode == 0
+
+
+async def test_keep_running_starts_a_new_run_after_each_ends_for_people_who_come_late(
+    browser: Browser,
+) -> None:
+    """A person who opens the page after the first run ended finds a live one: ``/run/latest``
+    leads to the newest run, which the agents write while the page watches."""
+    demo = await start_demo(
+        "--viewers", "1", "--tokens", "20", "--rate", "40", "--keep-running",
+        "--next-run-pause", "1",
+    )  # fmt: skip
+    seen: list[str] = []
+    try:
+        first = (await line_starting(demo, "watch ", seen)).split(" ", 1)[1]
+        assert (await line_starting(demo, "RESULT", seen)) == "RESULT        ok"
+        still = await line_starting(demo, "still running", seen)
+        latest = re.search(r"open (http://\S+/run/latest) ", still)
+        assert latest is not None, still
+        second = (await line_starting(demo, "next run: watch ", seen)).split(" ", 3)[3]
+        assert second != first
+        page = await open_page(browser, latest.group(1))
+        assert page.page.url == second  # the redirect
+        await page.until("w.messages.some((m) => m.type === 'token')")
+        await page.until("w.ended")
+        assert await page.page.locator(".state-done").count() == 1
+        assert (await line_starting(demo, "run 2 ended", seen)) == "run 2 ended"
     finally:
         if demo.returncode is None:
             demo.send_signal(signal.SIGINT)

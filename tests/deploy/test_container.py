@@ -12,6 +12,7 @@ import asyncio
 import base64
 import hashlib
 import json
+import shutil
 import subprocess
 import time
 import tomllib
@@ -30,6 +31,7 @@ from devstack.image import Built, build_arguments, build_image, describe
 from devstack.processes import Origin
 from edge.protocol.sse import SseDecoder
 from tests.deploy.conftest import report
+from tests.deploy.test_manifests import HAPROXY_CFG, MOUNTED_CERT
 from tests.integration.live_support import append_all, view_sse
 
 pytestmark = [pytest.mark.container, pytest.mark.timeout(900)]
@@ -193,6 +195,33 @@ print(json.dumps({"dists": dists, "digests": sorted(digests), "env": env, "impor
     for secret in secrets:
         source = Path(secret.split("src=", 1)[1])
         assert hashlib.sha256(source.read_bytes()).hexdigest() not in in_image, source
+
+
+def test_compose_makes_haproxys_certificate_with_the_image(
+    image: tuple[Engine, Built], tmp_path: Path
+) -> None:
+    """What compose's ``tls-cert`` service runs before HAProxy when no certificate is given:
+    the shipped devstack/tls.py, in this image, writes one HAProxy's HTTPS frontend accepts."""
+    engine, built = image
+    compose = yaml.safe_load((ROOT / "deploy" / "docker-compose.yml").read_text())
+    command = compose["services"]["tls-cert"]["entrypoint"][-1]
+    # Compose mounts tls.py at /tls.py and the certificate directory at /certs; here the file
+    # is written from its text and the certificate printed, the service's command in between.
+    script = f'mkdir /certs && printf %s "$0" > /tls.py && {{ {command}; }} >/dev/null'
+    script += " && cat /certs/edge.pem"
+    source = (ROOT / "devstack" / "tls.py").read_text()
+    pem = run_once(engine, built.tag, "sh", "-c", script, source, user="0")
+    made = tmp_path / "edge.pem"
+    made.write_text(pem)
+    assert "BEGIN CERTIFICATE" in pem
+    assert "BEGIN PRIVATE KEY" in pem
+    config = tmp_path / "haproxy.cfg"
+    config.write_text(HAPROXY_CFG.read_text().replace(MOUNTED_CERT, str(made)))
+    checked = subprocess.run(
+        [shutil.which("haproxy") or "/usr/sbin/haproxy", "-c", "-f", str(config)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
 # --- the running container ---------------------------------------------------------------------

@@ -17,16 +17,20 @@ from typing import Any
 import pytest
 import yaml
 
-from devstack.cluster import deployed_routing
+from devstack.cluster import TLS_FRONTEND, deployed_routing
 from devstack.image import default_tag
+from devstack.tls import make_certificate
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 DOCKERFILE = ROOT / "Dockerfile"
 COMPOSE = DEPLOY / "docker-compose.yml"
 HAPROXY_CFG = DEPLOY / "haproxy" / "haproxy.cfg"
+# Where compose mounts deploy/haproxy/certs/edge.pem for the HTTPS frontend.
+MOUNTED_CERT = "/usr/local/etc/haproxy/certs/edge.pem"
 K8S = DEPLOY / "k8s"
-K8S_FILES = sorted(K8S.glob("*.yaml"))
+# The manifests `kubectl apply -f deploy/k8s/` applies, then the optional ingress (applied alone).
+K8S_FILES = sorted(K8S.glob("*.yaml")) + sorted((K8S / "ingress").glob("*.yaml"))
 YAMLLINT_CONFIG = ROOT / ".yamllint.yml"
 
 # The exact install command: the image gets the same pinned versions CI tests against.
@@ -220,12 +224,18 @@ def test_compose_and_kubernetes_run_the_image_make_image_builds() -> None:
 # --- HAProxy ---------------------------------------------------------------------------------
 
 
-def test_haproxy_config_is_valid() -> None:
+def test_haproxy_config_is_valid(tmp_path: Path) -> None:
     haproxy = shutil.which("haproxy") or (
         "/usr/sbin/haproxy" if Path("/usr/sbin/haproxy").exists() else None
     )
     assert haproxy is not None, "haproxy is not installed (make bootstrap installs it)"
-    result = run(haproxy, "-c", "-f", str(HAPROXY_CFG))
+    # The certificate is the operator's (mounted in compose): checked with a throwaway one in
+    # its place, every other line as shipped.
+    cfg = HAPROXY_CFG.read_text()
+    assert cfg.count(MOUNTED_CERT) == 1
+    checked = tmp_path / "haproxy.cfg"
+    checked.write_text(cfg.replace(MOUNTED_CERT, str(make_certificate(tmp_path / "edge.pem"))))
+    result = run(haproxy, "-c", "-f", str(checked))
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
     # Only what comes from running outside compose is allowed: its host names do not resolve
@@ -253,9 +263,66 @@ def test_haproxy_checks_readiness_and_allows_long_streams() -> None:
     timeouts = dict(re.findall(r"^\s*timeout (server|client|tunnel) (\d+)s$", cfg, re.MULTILINE))
     for name in ("server", "client", "tunnel"):
         assert int(timeouts[name]) >= 120, name
+    # Nothing holds a request (a read has no body to wait for) or buffers an answer.
+    assert not re.search(r"^\s*option http-buffer-request", cfg, re.MULTILINE)
+
+
+def test_haproxy_serves_https_with_http2_to_browsers() -> None:
+    cfg = HAPROXY_CFG.read_text()
+    assert re.search(
+        rf"^\s*bind :8443 ssl crt {re.escape(MOUNTED_CERT)} alpn h2,http/1\.1$", cfg, re.MULTILINE
+    )
+    # The same replicas behind, spoken to in HTTP/1.1 (no `proto h2` on the servers).
+    frontend = cfg.split("frontend streams_tls", 1)[1].split("\n\n", 1)[0]
+    assert "default_backend edges" in frontend
+    assert " proto h2" not in cfg
+    services = load_all(COMPOSE)[0]["services"]
+    assert "8443:8443" in services["haproxy"]["ports"]
+    assert f"./haproxy/certs:{Path(MOUNTED_CERT).parent}:ro" in services["haproxy"]["volumes"]
+    # `docker compose up` works with no certificate given: one is made there first (yours is
+    # kept), by the shipped devstack/tls.py run in the edge image.
+    maker = services["tls-cert"]
+    assert maker["image"] == services["edge-1"]["image"]
+    assert services["haproxy"]["depends_on"]["tls-cert"] == {
+        "condition": "service_completed_successfully"
+    }
+    assert "./haproxy/certs:/certs" in maker["volumes"]
+    assert "../devstack/tls.py:/tls.py:ro" in maker["volumes"]
+    assert (COMPOSE.parent / "../devstack/tls.py").exists()
+    assert maker["entrypoint"][-1] == (
+        "test -s /certs/edge.pem || /opt/edge/bin/python /tls.py /certs/edge.pem"
+    )
+    # `make cluster --tls` binds its HTTPS frontend the same way (its certificate aside).
+    deployed = re.search(r"^\s*bind :8443 (.*)$", cfg, re.MULTILINE)
+    twin = re.search(r"^\s*bind \S+ (.*)$", TLS_FRONTEND, re.MULTILINE)
+    assert deployed is not None
+    assert twin is not None
+    assert re.sub(r"crt \S+", "crt", twin[1]) == re.sub(r"crt \S+", "crt", deployed[1])
+    # The certificate's directory ships with its instructions, and no key ever goes into git.
+    certs = DEPLOY / "haproxy" / "certs"
+    assert (certs / "README.md").exists()
+    assert "*.pem" in (certs / ".gitignore").read_text().splitlines()
 
 
 # --- Kubernetes ------------------------------------------------------------------------------
+
+
+def test_the_ingress_serves_https_with_http2_and_routes_by_stream() -> None:
+    ingress = k8s_object("Ingress")
+    annotations = ingress["metadata"]["annotations"]
+    assert annotations["nginx.ingress.kubernetes.io/upstream-hash-by"] == "$uri"
+    assert annotations["nginx.ingress.kubernetes.io/proxy-buffering"] == "off"
+    assert int(annotations["nginx.ingress.kubernetes.io/proxy-read-timeout"]) >= 120
+    assert "use-http2" not in str(annotations)  # ingress-nginx's default (on) is kept
+    (tls,) = ingress["spec"]["tls"]
+    (rule,) = ingress["spec"]["rules"]
+    assert tls["hosts"] == [rule["host"]]
+    (path,) = rule["http"]["paths"]
+    service = k8s_object("Service")
+    assert path["backend"]["service"]["name"] == service["metadata"]["name"]
+    assert path["backend"]["service"]["port"]["name"] in {
+        p["name"] for p in service["spec"]["ports"]
+    }
 
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)

@@ -98,6 +98,8 @@ class AuthService:
     delay: float = 5.0
     max_age: int | None = 30
     asked: list[tuple[str | None, str, str]] = field(default_factory=list)
+    # What each question said of the request besides: its X-Forwarded-Host and -For.
+    forwarded: list[tuple[str | None, str | None]] = field(default_factory=list)
     server: ThreadedServer | None = None
 
     async def _check(self, request: web.Request) -> web.StreamResponse:
@@ -105,6 +107,10 @@ class AuthService:
         method = request.headers.get("X-Forwarded-Method", "")
         uri = request.headers.get("X-Forwarded-Uri", "")
         self.asked.append((cookie, method, uri))
+        headers_in = request.headers
+        self.forwarded.append(
+            (headers_in.get("X-Forwarded-Host"), headers_in.get("X-Forwarded-For"))
+        )
         if self.mode == "slow":
             await asyncio.sleep(self.delay)
         if self.mode == "broken":

@@ -28,6 +28,7 @@ def test_a_short_locust_run_has_no_failures(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     (run_dir,) = tmp_path.iterdir()
     assert (run_dir / "report.html").exists()
+    assert sorted(p.name for p in run_dir.glob("*.json")) == ["cluster.json", "locust_stats.json"]
     out = result.stdout.splitlines()
     # While it ran: progress lines (not a terminal here: one every few seconds), then the end.
     progress = [line for line in out if re.match(r"^\d+:\d\d / 0:10", line)]

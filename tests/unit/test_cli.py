@@ -317,6 +317,12 @@ def test_an_unknown_flag_gets_serves_usage() -> None:
     assert "unrecognized arguments: --no-such-flag" in result.stderr
 
 
+def test_an_abbreviated_flag_is_refused_never_taken_for_another() -> None:
+    result = run_edge("--tail-freshnes", "2s")
+    assert result.returncode == 2
+    assert "unrecognized arguments: --tail-freshnes 2s" in result.stderr
+
+
 def test_new_defaults() -> None:
     settings = parse_settings(["serve", "--origin", "http://o"], {})
     assert settings.header_timeout_seconds == 10
@@ -352,6 +358,9 @@ def test_every_setting_has_exactly_one_flag() -> None:
         (["--upstream-connect-timeout", "0"], "--upstream-connect-timeout must be positive"),
         (["--long-poll-timeout", "0"], "--long-poll-timeout must be positive"),
         (["--max-viewers", "-1"], "--max-viewers='-1': must be >= 0"),
+        (["--max-viewers", "many"], "--max-viewers='many': a whole number"),
+        (["--workers", "two"], "--workers='two': a whole number of workers, or auto"),
+        (["--workers", "0"], "--workers='0': must be at least 1, or auto"),
         (["--redis-url", "redis://r:port"], "--redis-url has an invalid port"),
         (["--purge-token", "caf\u00e9"], "--admin-token must be printable ASCII"),
     ],

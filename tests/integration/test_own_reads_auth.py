@@ -1,0 +1,409 @@
+"""Reads the connection protocol serves itself with ``--auth jwt|forward``, against the real
+origin: long-polls (released, at once, at the timeout), SSE (open and frames) and catch-up
+misses, each authorized by the gate's own code and byte for byte the answer of an edge with
+``--fast-path off`` beside it; refusals (no credential, a bad one, another stream's) identical;
+and no aiohttp handler entered for any of them (``edge_full_path_requests_total``).
+
+Three ways in: a JWT as ``Authorization: Bearer``, a JWT as a ``token`` query parameter, and a
+forward-auth service's session cookie; the service's verdicts kept (decided at once after the
+first) or never kept (``--auth-cache-seconds 0``: every read waits for the service, in a task
+of its connection's)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from devstack.processes import Edge, Origin
+from tests.auth_support import hs_key, jwks, token
+from tests.integration.auth_services import AuthService
+from tests.integration.test_fast_path import (
+    Raw,
+    edge_pair,
+    exchange,
+    host_port,
+    make_stream,
+    request,
+)
+from tests.integration.test_own_reads import CORS_ORIGIN, append, tail_of
+from tests.integration.test_passthrough import call, metric_value
+
+HS = hs_key("hs-own")
+EDGE_SECRET = "Bearer edge-secret"
+TIMEOUT_SECONDS = 2
+ARGS = (
+    "--workers", "1", "--long-poll-timeout", str(TIMEOUT_SECONDS),
+    "--origin-header", f"Authorization: {EDGE_SECRET}",
+)  # fmt: skip
+KINDS = ("long_poll", "sse", "catchup", "head")
+
+
+@dataclass(frozen=True)
+class Way:
+    """How a reader presents its credential to a pair of edges."""
+
+    name: str
+    fast: Edge
+    full: Edge
+    service: AuthService | None = None
+
+    def credential(self, path: str, *, sub: str = "viewer", lifetime: float = 300.0) -> str:
+        """What a reader of ``path`` sends: a header line, or ``token=...`` for the query."""
+        if self.name == "jwt-query":
+            return "token=" + token(HS, path, sub=sub, lifetime=lifetime)
+        if self.name == "jwt":
+            return f"Authorization: Bearer {token(HS, path, sub=sub, lifetime=lifetime)}"
+        return "Cookie: session=reader"
+
+    def target(self, path: str, query: str, credential: str) -> str:
+        if credential.startswith("token="):
+            return f"{path}?{query}&{credential}" if query else f"{path}?{credential}"
+        return f"{path}?{query}" if query else path
+
+    def headers(self, credential: str, *extra: str) -> tuple[str, ...]:
+        return extra if credential.startswith("token=") else (credential, *extra)
+
+
+@pytest.fixture(scope="module")
+def jwt_pair(
+    origin: Origin, logs_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Edge, Edge]]:
+    keys = tmp_path_factory.mktemp("jwks-own") / "jwks.json"
+    keys.write_bytes(jwks(HS))
+    args = ("--auth", "jwt", "--jwt-jwks", str(keys), "--jwt-leeway", "0", *ARGS)
+    with edge_pair(origin, logs_dir, "own-jwt", *args) as pair:
+        yield pair
+
+
+@pytest.fixture(scope="module")
+def service() -> Iterator[AuthService]:
+    started = AuthService(sessions={"reader": "/v1/stream/"}).start()
+    yield started
+    assert started.server is not None
+    started.server.close()
+
+
+@pytest.fixture(scope="module")
+def forward_pair(
+    origin: Origin, logs_dir: Path, service: AuthService
+) -> Iterator[tuple[Edge, Edge]]:
+    args = ("--auth", "forward", "--auth-url", service.url, *ARGS)
+    with edge_pair(origin, logs_dir, "own-forward", *args) as pair:
+        yield pair
+
+
+@pytest.fixture(scope="module")
+def asking_pair(
+    origin: Origin, logs_dir: Path, service: AuthService
+) -> Iterator[tuple[Edge, Edge]]:
+    """Edges that keep no verdict: every read waits for the service."""
+    args = ("--auth", "forward", "--auth-url", service.url, "--auth-cache-seconds", "0", *ARGS)
+    with edge_pair(origin, logs_dir, "own-asking", *args) as pair:
+        yield pair
+
+
+WAYS = ("jwt", "jwt-query", "forward", "forward-asking")
+
+
+@pytest.fixture(params=WAYS)
+def way(request: pytest.FixtureRequest, service: AuthService) -> Way:
+    name = request.param
+    if name.startswith("jwt"):
+        fast, full = request.getfixturevalue("jwt_pair")
+        return Way(name, fast, full)
+    fixture = "asking_pair" if name == "forward-asking" else "forward_pair"
+    fast, full = request.getfixturevalue(fixture)
+    return Way(name, fast, full, service)
+
+
+def full_path(edge: Edge) -> dict[str, float]:
+    text = edge.metrics_text()
+    return {kind: metric_value(text, "edge_full_path_requests_total", kind=kind) for kind in KINDS}
+
+
+async def both(way: Way, target: str, *headers: str) -> list[Raw]:
+    """The one request, sent to both edges at once."""
+    answers = await asyncio.gather(
+        *(exchange(e.url, request(target, *headers), ["GET"]) for e in (way.fast, way.full))
+    )
+    return [a[0] for a in answers]
+
+
+@pytest.mark.parametrize("cors", [False, True])
+async def test_authorized_reads_are_the_full_paths_answers_and_enter_no_handler(
+    http: aiohttp.ClientSession, origin: Origin, way: Way, stream_path: str, cors: bool
+) -> None:
+    fast, full = way.fast, way.full
+    credential = way.credential(stream_path)
+    headers = way.headers(credential, *((CORS_ORIGIN,) if cors else ()))
+
+    def at(query: str) -> str:
+        return way.target(stream_path, query, credential)
+
+    url = origin.url + stream_path
+    await make_stream(http, url, "text/plain", b"first ", close=False)
+    middle = await tail_of(http, url)
+    tail = await append(http, url, b"second")
+    # A first catch-up and long-poll: the first ones fill the log and start the tail, and a
+    # CORS Origin is learnt from the origin's answer (relayed, by the full path).
+    for edge in (fast, full):
+        await exchange(edge.url, request(at("offset=-1"), *headers), ["GET"])
+        first = await exchange(
+            edge.url, request(at(f"offset={tail}&live=long-poll"), *headers), ["GET"]
+        )
+        assert first[0].status_line.split()[1] in (b"200", b"204"), first
+    entered = full_path(fast)
+    allowed = [decisions(e, allowed=True) for e in (fast, full)]
+
+    # Catch-up misses and their revalidation.
+    middle_reads = await both(way, at(f"offset={middle}"), *headers)
+    assert middle_reads[0].status_line == b"HTTP/1.1 200 OK"
+    assert middle_reads[0].body == b"second"
+    assert middle_reads[0].comparable() == middle_reads[1].comparable()
+    assert b"private" in (middle_reads[0].header(b"Cache-Control") or b"")
+
+    # At the tail: parked, then released by an append.
+    poll = at(f"offset={tail}&live=long-poll")
+    waiting = [
+        asyncio.ensure_future(exchange(e.url, request(poll, *headers), ["GET"]))
+        for e in (fast, full)
+    ]
+    await asyncio.sleep(0.3)
+    assert not any(w.done() for w in waiting)
+    new_tail = await append(http, url, b"third")
+    released = [a[0] for a in await asyncio.wait_for(asyncio.gather(*waiting), 10)]
+    assert released[0].body == b"third"
+    assert released[0].comparable() == released[1].comparable()
+
+    # Behind the tail: at once.
+    behind = await both(way, poll, *headers)
+    assert behind[0].body == b"third"
+    assert behind[0].comparable() == behind[1].comparable()
+
+    # Nothing arrives: 204 at the timeout.
+    timed_out = await both(way, at(f"offset={new_tail}&live=long-poll"), *headers)
+    assert timed_out[0].status_line == b"HTTP/1.1 204 No Content"
+    assert timed_out[0].comparable() == timed_out[1].comparable()
+
+    # SSE: open, catch-up frames, a live append, the closure.
+    live = [
+        asyncio.ensure_future(exchange(e.url, request(at("offset=-1&live=sse"), *headers), ["GET"]))
+        for e in (fast, full)
+    ]
+    await asyncio.sleep(0.5)
+    await append(http, url, b" fourth")
+    await asyncio.sleep(0.3)
+    status, _, _ = await call(http, "POST", url, headers={"Stream-Closed": "true"})
+    assert status == 204
+    streamed = [a[0] for a in await asyncio.wait_for(asyncio.gather(*live), 15)]
+    assert streamed[0].status_line == b"HTTP/1.1 200 OK"
+    assert b"first second" in streamed[0].body
+    assert b" fourth" in streamed[0].body
+    assert b'"streamClosed":true' in streamed[0].body
+    assert streamed[0].comparable()[1] == streamed[1].comparable()[1]  # headers, in order
+
+    assert full_path(fast) == entered
+    assert full_path(full) != entered
+    # Every read was allowed once, on either edge: counted where the full path counts it.
+    now_allowed = [decisions(e, allowed=True) for e in (fast, full)]
+    assert now_allowed[0] - allowed[0] == now_allowed[1] - allowed[1] == 5
+    if way.service is not None:
+        # The service was asked about both edges' readers alike: the same Host, the same
+        # client address.
+        assert set(way.service.forwarded) == {("edge.test", "127.0.0.1")}
+
+
+def decisions(edge: Edge, *, allowed: bool) -> float:
+    """``edge_auth_decisions_total``: the allowed ones, or every refusal."""
+    total = 0.0
+    for line in edge.metrics_text().splitlines():
+        counted = line.startswith("edge_auth_decisions_total{")
+        if counted and ('result="allowed"' in line) == allowed:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def refusals(edge: Edge) -> float:
+    text = edge.metrics_text()
+    return sum(
+        metric_value(text, "edge_requests_total", kind=kind, code=code)
+        for kind in KINDS
+        for code in ("401", "403")
+    )
+
+
+async def test_refusals_are_the_full_paths_and_written_by_the_connection(
+    http: aiohttp.ClientSession, origin: Origin, way: Way, stream_path: str
+) -> None:
+    fast, full = way.fast, way.full
+    url = origin.url + stream_path
+    await make_stream(http, url, "text/plain", b"kept ", close=False)
+    tail = await tail_of(http, url)
+    other = stream_path + "-other"
+    if way.name.startswith("jwt"):
+        bad = "Authorization: Bearer " + token(HS, stream_path)[:-4] + "AAAA"
+        wrong = "Authorization: Bearer " + token(HS, other)
+        # A key the edge does not hold: decided after a look at the key set, in a task.
+        stranger = "Authorization: Bearer " + token(hs_key("stranger"), stream_path)
+        unknown = [bad, wrong, stranger]
+    else:
+        assert way.service is not None
+        way.service.sessions["elsewhere"] = other
+        unknown = ["Cookie: session=stranger", "Cookie: session=elsewhere"]
+    # Both edges learn the origin's CORS headers alike (a refusal carries them).
+    credential = way.credential(stream_path)
+    for origin_sent in ((), (CORS_ORIGIN,)):
+        target = way.target(stream_path, "offset=-1", credential)
+        await both(way, target, *way.headers(credential), *origin_sent)
+    entered = full_path(fast)
+    refused_before = refusals(fast)
+    decided_before = [decisions(e, allowed=False) for e in (fast, full)]
+    count = 0
+    for query in ("offset=-1", f"offset={tail}&live=long-poll", "offset=-1&live=sse"):
+        for sent in ([], *([u] for u in unknown)):
+            for extra in ((), (CORS_ORIGIN,)):
+                answers = await both(way, f"{stream_path}?{query}", *sent, *extra)
+                assert answers[0].status_line.split()[1] in (b"401", b"403"), (query, sent)
+                assert answers[0].comparable() == answers[1].comparable(), (query, sent)
+                count += 1
+    for sent in ([], *([u] for u in unknown)):  # a HEAD: the GET's head, no body
+        heads = await asyncio.gather(
+            *(
+                exchange(e.url, request(stream_path, *sent, method="HEAD"), ["HEAD"])
+                for e in (fast, full)
+            )
+        )
+        assert heads[0][0].status_line.split()[1] in (b"401", b"403"), sent
+        assert heads[0][0].comparable() == heads[1][0].comparable(), sent
+        count += 1
+    decided = [decisions(e, allowed=False) for e in (fast, full)]
+    assert decided[0] - decided_before[0] == decided[1] - decided_before[1] == count
+    # Pipelined behind a refusal, an allowed read is answered on the same connection.
+    payload = request(f"{stream_path}?offset=-1") + request(
+        way.target(stream_path, "offset=-1", credential), *way.headers(credential)
+    )
+    refused, allowed = await exchange(fast.url, payload, ["GET", "GET"])
+    assert refused.status_line.split()[1] == b"401"
+    assert allowed.status_line == b"HTTP/1.1 200 OK"
+    assert allowed.body == b"kept "
+    assert full_path(fast) == entered
+    assert refusals(fast) == refused_before + count + 1
+
+
+async def test_a_credential_that_expires_ends_its_live_reads_as_the_full_path_does(
+    http: aiohttp.ClientSession, origin: Origin, jwt_pair: tuple[Edge, Edge], stream_path: str
+) -> None:
+    """A long-poll parked on a JWT that expires before the timeout is answered then (204), and
+    an SSE viewer's body ends cleanly then; the next read with it is refused."""
+    fast, full = jwt_pair
+    way = Way("jwt", fast, full)
+    url = origin.url + stream_path
+    await make_stream(http, url, "text/plain", b"soon ", close=False)
+    tail = await tail_of(http, url)
+    lasting = way.credential(stream_path, sub="lasting")
+    for edge in (fast, full):  # the log filled and the tail started
+        await exchange(edge.url, request(f"{stream_path}?offset=-1", lasting), ["GET"])
+        await exchange(
+            edge.url, request(f"{stream_path}?offset={tail}&live=long-poll", lasting), ["GET"]
+        )
+    entered = full_path(fast)
+    brief = way.credential(stream_path, sub="brief", lifetime=1.5)
+    polls = await both(way, f"{stream_path}?offset={tail}&live=long-poll", brief)
+    assert polls[0].status_line == b"HTTP/1.1 204 No Content"
+    assert polls[0].comparable() == polls[1].comparable()
+    # An SSE body would go on for --sse-max-seconds: it ends (and ``exchange`` reads it
+    # whole) only because its credential expires.
+    brief = way.credential(stream_path, sub="brief-sse", lifetime=1.5)
+    viewers = await both(way, f"{stream_path}?offset=-1&live=sse", brief)
+    assert viewers[0].status_line == b"HTTP/1.1 200 OK"
+    assert b"soon " in viewers[0].body
+    assert viewers[0].comparable()[1] == viewers[1].comparable()[1]
+    await asyncio.sleep(1.6)
+    late = await both(way, f"{stream_path}?offset={tail}&live=long-poll", brief)
+    assert late[0].status_line == b"HTTP/1.1 401 Unauthorized"
+    assert late[0].comparable() == late[1].comparable()
+    assert full_path(fast) == entered
+
+
+async def test_a_missing_stream_and_pipelined_reads_are_answered_as_the_full_path_does(
+    http: aiohttp.ClientSession, origin: Origin, way: Way, stream_path: str
+) -> None:
+    """The origin's 404 to an authorized reader (each kind of read), and reads pipelined on
+    one connection, each decided in turn (in the asking mode each waits for the service while
+    the ones behind it wait unread)."""
+    fast, full = way.fast, way.full
+    missing = stream_path + "-never"
+    credential = way.credential(missing)
+    for query in ("offset=-1", "offset=-1&live=long-poll", "offset=-1&live=sse"):
+        answers = await both(way, way.target(missing, query, credential), *way.headers(credential))
+        assert answers[0].status_line.split()[1] == b"404", query
+        assert answers[0].comparable() == answers[1].comparable(), query
+    # (The origin's 404 carries its own Date, which only aiohttp writes as it came: those are
+    # handed on, nothing written, as without --auth.)
+    url = origin.url + stream_path
+    await make_stream(http, url, "text/plain", b"one ", close=False)
+    middle = await tail_of(http, url)
+    tail = await append(http, url, b"two")
+    credential = way.credential(stream_path)
+    sent = way.headers(credential)
+    entered = full_path(fast)
+
+    def at(query: str) -> bytes:
+        return request(way.target(stream_path, query, credential), *sent)
+
+    for edge in (fast, full):
+        await exchange(edge.url, at(f"offset={tail}&live=long-poll"), ["GET"])
+    payload = (
+        at(f"offset={middle}&live=long-poll")
+        + request(f"{stream_path}?offset=-1")  # refused: no credential
+        + at("offset=-1")
+        + at(f"offset={tail}&live=long-poll")
+        + at(f"offset={middle}")
+    )
+    methods = ["GET"] * 5
+    answers = await asyncio.gather(*(exchange(e.url, payload, methods) for e in (fast, full)))
+    assert [a.body for a in answers[0]][::2] == [b"two", b"one two", b"two"]
+    assert [a.status_line.split()[1] for a in answers[0]][1::2] == [b"401", b"204"]
+    for got, want in zip(answers[0], answers[1], strict=True):
+        assert got.comparable() == want.comparable()
+    assert full_path(fast) == entered
+
+
+async def test_a_reader_waiting_for_the_service_may_half_close_or_leave(
+    origin: Origin,
+    service: AuthService,
+    asking_pair: tuple[Edge, Edge],
+    http: aiohttp.ClientSession,
+    stream_path: str,
+) -> None:
+    """While the service is slow: a reader that half-closes after its request gets its answer,
+    then the close; one that leaves is let go, and the edge serves the next reader."""
+    fast, _ = asking_pair
+    await make_stream(http, origin.url + stream_path, "text/plain", b"patient", close=True)
+    entered = full_path(fast)
+    service.mode, service.delay = "slow", 0.5
+    try:
+        reader, writer = await asyncio.open_connection(*host_port(fast.url))
+        writer.write(request(f"{stream_path}?offset=-1", "Cookie: session=reader"))
+        await writer.drain()
+        writer.write_eof()  # half-closed while the gate waits for the service
+        answered = await asyncio.wait_for(reader.read(), 10)  # to the close
+        assert answered.startswith(b"HTTP/1.1 200 OK")
+        assert answered.endswith(b"patient")
+        writer.close()
+        _, leaving = await asyncio.open_connection(*host_port(fast.url))
+        leaving.write(request(f"{stream_path}?offset=-1", "Cookie: session=reader"))
+        await leaving.drain()
+        leaving.transport.abort()  # gone before the service answers
+    finally:
+        service.mode = "ok"
+    after = await exchange(
+        fast.url, request(f"{stream_path}?offset=-1", "Cookie: session=reader"), ["GET"]
+    )
+    assert after[0].body == b"patient"
+    assert full_path(fast) == entered
