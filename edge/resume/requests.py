@@ -8,8 +8,11 @@ Rules this module owns:
 * A ``GET`` with a ``Last-Event-ID`` is a resume (``Resume``) when the id is one of the edge's,
   and refused (``NotFound``) otherwise: the upstream never sees a ``Last-Event-ID``, and an id
   the edge did not mint (an upstream's own, a guess) finds nothing, exactly as an expired one.
-* ``POST`` and ``GET`` are relayed with their SSE answer kept (``Keep``); every other method
-  (``DELETE`` ends an MCP session) is relayed as it is.
+* A ``POST`` is relayed with its SSE answer kept (``Keep``). Every other method is relayed as
+  it is: ``DELETE`` ends an MCP session, and a ``GET`` without an id opens a stream with no end
+  of its own (MCP's standalone stream: the SDK's stateless server holds it open for as long as
+  its client does), which a pump detached from its client would hold forever: keeping those
+  waits for caps and leases (docs/resume.md).
 * What goes upstream: the client's headers by the relay's hop-by-hop rules, its
   ``Authorization`` included, without ``Last-Event-ID`` (always) and, when the answer may be
   kept, without ``Accept-Encoding`` (the edge reads the events).
@@ -69,7 +72,7 @@ def asked_of(method: str, headers: Sequence[tuple[str, str]]) -> Asked:
     if method == "GET" and last_event_id is not None:
         point = parse_id(last_event_id)
         return NotFound() if point is None else Resume(point)
-    if method in ("POST", "GET"):
+    if method == "POST":
         return Keep()
     return Relay()
 

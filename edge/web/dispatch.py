@@ -19,7 +19,8 @@ Rules this module owns:
   never as an answered request (``edge_requests_total``), and logged at DEBUG: leaving is what
   viewers do, and a dashboard must not read it as failing.
 * A request on a resume route (``--resume-route``) is the resume routes' alone, before the gate
-  and the classification: it is about an agent backend, not a stream.
+  and the classification: it is about an agent backend, not a stream. The connection table
+  holds it as a live reader (its answer may stream as long as the backend works).
 * The origin's control API is relayed as it is; a live read whose CORS answer is unknown for its
   ``Origin`` is relayed so that the origin's answer teaches the edge.
 """
@@ -36,6 +37,7 @@ from aiohttp.typedefs import Handler
 
 from edge.answer import Answer, Bypass, Result
 from edge.auth.gate import RequestAdmission
+from edge.config import ResumeRoute
 from edge.origin import OriginError
 from edge.protocol.headers import names_this_proxy
 from edge.protocol.paths import BadTarget
@@ -177,18 +179,9 @@ async def _handle(request: web.Request, handed: Handed) -> web.StreamResponse:
         server_options = EdgeResponse(status=204)
         cors.add_missing(server_options.headers, origin)
         return server_options
-    resume = request.app[RESUME]
-    route = resume.route_for(target.stream)
+    route = request.app[RESUME].route_for(target.stream)
     if route is not None:
-        # An agent backend's, not a stream of the origin: relayed (and kept) by the resume
-        # routes, whose backend authorizes its own callers (edge.web.resume_routes).
-        try:
-            response = await resume.handle(request, route)
-        except ClientGone:
-            metrics.client_gone(RequestKind.OTHER).inc()
-            return EdgeResponse(status=CLIENT_CLOSED)  # never sent (see ``_handle`` below)
-        metrics.request_count(RequestKind.OTHER, response.status).inc()
-        return response
+        return await _on_resume_route(request, route, origin)
     admitted: RequestAdmission | None = None
     gate = request.app.get(GATE)
     if gate is not None:
@@ -246,6 +239,36 @@ async def _handle(request: web.Request, handed: Handed) -> web.StreamResponse:
         metrics.duration(kind).observe(time.perf_counter() - started)
         if code is not None:
             metrics.request_count(kind, code).inc()
+
+
+async def _on_resume_route(
+    request: web.Request, route: ResumeRoute, origin: str | None
+) -> web.StreamResponse:
+    """An agent backend's request, not a stream of the origin: relayed (and kept) by the resume
+    routes, whose backend authorizes its own callers. Its answer may stream for as long as the
+    backend works, so the connection table holds it as a live reader: the cap, and a client's
+    half-close ends it."""
+    metrics, connections, transport = (
+        request.app[METRICS],
+        request.app[CONNECTIONS],
+        request.transport,
+    )
+    if transport is not None and connections.request_kind(transport, RequestKind.SSE) is not None:
+        metrics.request_count(RequestKind.OTHER, 503).inc()
+        return refuse_for_room(request, origin)
+    try:
+        response = await request.app[RESUME].handle(request, route)
+    except ClientGone:
+        metrics.client_gone(RequestKind.OTHER).inc()
+        return EdgeResponse(status=CLIENT_CLOSED)  # never sent (see ``_handle``)
+    except asyncio.CancelledError:
+        metrics.client_gone(RequestKind.OTHER).inc()
+        raise
+    finally:
+        if transport is not None:
+            connections.live_ended(transport)
+    metrics.request_count(RequestKind.OTHER, response.status).inc()
+    return response
 
 
 @web.middleware

@@ -286,6 +286,20 @@ async def test_what_is_relayed_as_it_is(stand: Stand, client: aiohttp.ClientSess
         assert plain.status == 200
         assert "Edge-Resume-Stream" not in plain.headers
         assert await plain.json() == {"jsonrpc": "2.0", "id": 1, "result": {}}
+    # A GET's stream (MCP's standalone stream, which the SDK's stateless server holds open) is
+    # relayed, never pumped: it has no end of its own. A DELETE is relayed as it is.
+    async with client.get(stand.a.url + "/mcp", headers=MCP_HEADERS) as standalone:
+        assert standalone.status == 200
+        assert standalone.headers["Content-Type"].startswith("text/event-stream")
+        assert "Edge-Resume-Stream" not in standalone.headers
+    # Its client gone, the relay ends (and with it the backend's request).
+    gone = re.compile(r'^edge_clients_gone_total\{kind="other"\} [1-9]', re.MULTILINE)
+    await until(lambda: gone.search(stand.a.metrics_text()) is not None)
+    async with client.delete(stand.a.url + "/mcp", headers=MCP_HEADERS) as deleted:
+        assert "Edge-Resume-Stream" not in deleted.headers
+    methods = [line["method"] for line in stand.seen_lines() if "method" in line]
+    assert methods[-2:] == ["GET", "DELETE"]
+    assert "edge_resume_pumps 0.0" in stand.a.metrics_text()
 
 
 @pytest.fixture
@@ -383,6 +397,14 @@ async def test_an_answer_outlives_the_edges_sse_rotation(
     )
     assert sse_reads is not None
     assert float(sse_reads.group(1)) >= 2  # it did cross a rotation
+
+
+async def until(check: Callable[[], bool]) -> None:
+    """Wait for what ``check`` looks for (a process's doing, seen from outside)."""
+    while True:
+        if check():
+            return
+        await asyncio.sleep(0.05)
 
 
 async def slow_ended(stand: Stand, tag: str) -> str:

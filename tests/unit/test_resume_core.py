@@ -203,7 +203,7 @@ def test_notifications_and_other_bodies_owe_nothing() -> None:
 def test_what_a_request_asks_for() -> None:
     point = ResumePoint(token=mint_token(), offset="0000_0001", skip=2)
     assert asked_of("POST", [("Content-Type", "application/json")]) == Keep()
-    assert asked_of("GET", [("Accept", "text/event-stream")]) == Keep()
+    assert asked_of("GET", [("Accept", "text/event-stream")]) == Relay()
     assert asked_of("GET", [("Last-Event-ID", encode_id(point))]) == Resume(point)
     assert asked_of("GET", [("Last-Event-ID", "upstream-17")]) == NotFound()
     assert asked_of("DELETE", [("Mcp-Session-Id", "s")]) == Relay()
