@@ -220,6 +220,14 @@ class Edge:
         return self.process.stop()
 
 
+def start_mcp_upstream(logs_dir: Path, seen_file: Path, *, name: str = "mcp-upstream") -> Process:
+    """The official MCP SDK's server with a slow tool (``tests/integration/mcp_upstream.py``),
+    an agent backend for resume routes; ``ready["url"]`` is its endpoint. Every request it
+    receives is recorded in ``seen_file``."""
+    script = REPO / "tests" / "integration" / "mcp_upstream.py"
+    return _spawn(name, [sys.executable, str(script), "0", str(seen_file)], logs_dir)
+
+
 def workers_under_test() -> str:
     """How many worker processes launched edges run: ``EDGE_TEST_WORKERS`` (``make
     test-workers2`` sets 2), else 1, so tests see one process unless asked. Explicit, never the

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from edge import __version__
-from edge.config import REDIS_MODES, Address, ConfigError, Settings
+from edge.config import REDIS_MODES, Address, ConfigError, ResumeRoute, Settings
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
@@ -194,6 +194,19 @@ def _kind_targets(text: str) -> tuple[tuple[str, str], ...]:
             raise ValueError("expected KIND=TARGET")
         pairs.append((kind.strip().lower(), target.strip()))
     return tuple(pairs)
+
+
+def _resume_routes(text: str) -> tuple[ResumeRoute, ...]:
+    """``PATH=URL`` pairs, one per line (each use of a repeatable flag is one line)."""
+    routes: list[ResumeRoute] = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        path, sep, url = line.strip().partition("=")
+        if not sep or not path.strip() or not url.strip():
+            raise ValueError("expected PATH=URL")
+        routes.append(ResumeRoute(path=path.strip(), url=url.strip()))
+    return tuple(routes)
 
 
 SERVE_OPTIONS = (
@@ -577,6 +590,30 @@ SERVE_OPTIONS = (
         "Base URL of Cloudflare's API (--cdn-purge cloudflare=): another for a stand-in or a "
         "proxy.",
     ),
+    Option(
+        "--resume-route",
+        _resume_routes,
+        "",
+        "PATH=URL: requests at PATH or under it are relayed to URL (an MCP server, an agent "
+        "endpoint); an SSE answer there is kept in a durable stream at the origin, so a client "
+        "that drops resumes with Last-Event-ID on any replica (docs/resume.md). Repeatable; the "
+        "environment variable takes one per line.",
+        field="resume_routes",
+        repeatable=True,
+    ),
+    Option(
+        "--resume-retention",
+        _duration,
+        "600",
+        "How long a finished answer on a resume route stays resumable (its stream's TTL).",
+        field="resume_retention_seconds",
+    ),
+    Option(
+        "--resume-stream-prefix",
+        str,
+        "/_edge/resume/",
+        "Path at the origin under which the answers of resume routes are kept, one stream each.",
+    ),
 )
 
 FLAG_OF_SETTING = {option.setting: option.flag for option in SERVE_OPTIONS}
@@ -636,6 +673,7 @@ TOPICS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "--cloudflare-api-url", "--browser-max-age",
         ),
     ),
+    ("resume routes", ("--resume-route", "--resume-retention", "--resume-stream-prefix")),
     ("observability", ("--log-level", "--origin-health-path")),
     ("admin", ("--admin-token", "--admin-protect")),
 )  # fmt: skip
@@ -655,6 +693,7 @@ _METAVARS: dict[Callable[[str], Any], str] = {
     _name_list: "NAME,...",
     _header_lines: "'NAME: VALUE'",
     _kind_targets: "KIND=TARGET",
+    _resume_routes: "PATH=URL",
 }
 
 

@@ -97,6 +97,24 @@ def redis_urls(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ResumeRoute:
+    """``--resume-route PATH=URL``: requests at ``path`` or under it are relayed to ``url`` (the
+    rest of the path appended), and their SSE answers kept resumable (``edge.resume``)."""
+
+    path: str
+    url: str
+
+    def holds(self, request_path: str) -> bool:
+        base = self.path.rstrip("/")
+        return request_path == self.path or request_path.startswith(base + "/")
+
+    def upstream(self, request_path: str, query: str) -> str:
+        rest = request_path[len(self.path.rstrip("/")) :]
+        base = self.url.rstrip("/") + rest if rest not in ("", "/") else self.url
+        return base + ("?" + query if query else "")
+
+
 # ``--cdn-purge`` kinds: an HTTP PURGE by key to the shipped VCL, a POST of the keys to any URL,
 # and the purge-by-key APIs of Fastly (a service id) and Cloudflare (a zone id).
 CDN_PURGE_KINDS = ("varnish", "webhook", "fastly", "cloudflare")
@@ -218,6 +236,12 @@ class Settings:
     # How long a browser (any cache nobody can purge) may keep an answer that can never change:
     # a deleted stream's bytes stay visible there that long (edge.log.freshness).
     browser_max_age_seconds: int = 60
+    # Resume routes (``--resume-route PATH=URL``, repeatable) and how long a finished answer
+    # stays resumable (the TTL of the stream it is kept in at the origin).
+    resume_routes: tuple[ResumeRoute, ...] = ()
+    resume_retention_seconds: float = 600 * SECONDS
+    # Where those streams live at the origin: one path segment per answer is added.
+    resume_stream_prefix: str = "/_edge/resume/"
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.origin)
@@ -296,6 +320,26 @@ class Settings:
             )
         self._check_auth()
         self._check_cdn_purge()
+        self._check_resume()
+
+    def _check_resume(self) -> None:
+        if self.resume_retention_seconds < 1:
+            raise ConfigError("{resume_retention_seconds} must be at least a second")
+        prefix = self.resume_stream_prefix
+        if not prefix.startswith("/") or not prefix.endswith("/") or "?" in prefix:
+            raise ConfigError("{resume_stream_prefix} must be a path that starts and ends with /")
+        for route in self.resume_routes:
+            parts = urlsplit(route.url)
+            if parts.scheme not in ("http", "https") or not parts.hostname or parts.fragment:
+                raise ConfigError("{resume_routes} URL must be http(s)", f", got {route.url!r}")
+            if not route.path.startswith("/") or "?" in route.path:
+                raise ConfigError("{resume_routes} PATH must start with /", f": {route.path!r}")
+            if route.holds(prefix) or prefix.startswith(route.path.rstrip("/") + "/"):
+                # The answers' own streams are read through the edge: never a resume route.
+                raise ConfigError(
+                    "{resume_routes} PATH must not hold {resume_stream_prefix}",
+                    f": {route.path!r}",
+                )
 
     def _check_redis(self) -> None:
         if self.redis_mode not in REDIS_MODES:

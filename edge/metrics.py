@@ -29,6 +29,9 @@ ORIGIN_ERRORS = ("connect", "timeout", "reset", "protocol")
 CACHE_RESULTS = ("hit", "delta", "miss", "bypass")
 # What became of a stream's purge at a CDN target (edge.cdn.purger).
 CDN_PURGE_RESULTS = ("ok", "error", "dropped", "gave_up", "abandoned")
+# What became of a request carrying one of the edge's ids on a resume route (edge.resume):
+# served from its stream, or found nothing (unknown, expired, another credential's, not an id).
+RESUME_RESULTS = ("served", "not_found", "error")
 
 # A readable pass of the stream listener accepts at most edge.web.backlog.ACCEPTS_PER_PASS.
 ACCEPTS_PER_PASS_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128)
@@ -149,6 +152,33 @@ class Metrics:
             "edge_requests",
             "Client requests answered, by kind and status code.",
             ["kind", "code"],
+            registry=self.registry,
+        )
+        self.resume_streams = Counter(
+            "edge_resume_streams",
+            "SSE answers on resume routes kept in a stream at the origin (edge.resume).",
+            registry=self.registry,
+        )
+        self.resume_unkept = Counter(
+            "edge_resume_unkept",
+            "SSE answers on resume routes relayed without ids: the origin refused their stream.",
+            registry=self.registry,
+        )
+        self.resumes = Counter(
+            "edge_resumes",
+            "Requests on resume routes carrying a Last-Event-ID, by result.",
+            ["result"],
+            registry=self.registry,
+        )
+        self.resume_append_seconds = Histogram(
+            "edge_resume_append_seconds",
+            "Time the origin took to take one append of a resume route's events.",
+            buckets=DURATION_BUCKETS,
+            registry=self.registry,
+        )
+        self.resume_pumps = Gauge(
+            "edge_resume_pumps",
+            "Upstream answers being copied into their streams now.",
             registry=self.registry,
         )
         # Apart from the answered requests, so a dashboard never reads leaving as failing:

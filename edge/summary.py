@@ -5,9 +5,9 @@ Rules this module owns:
 
 * The lines state what decides how the edge behaves, each on one topic: where it listens, the
   origin, the workers (and what they mean for caching), the cache, the shared tier, reader
-  authorization and the connection limits (how many viewers and short requests the stream
-  listener holds and what limits it: ``edge.web.descriptors.holds_line``). Secrets (the admin
-  token, ``--origin-header`` values, a Redis password) are never shown.
+  authorization, resume routes and the connection limits (how many viewers and short requests
+  the stream listener holds and what limits it: ``edge.web.descriptors.holds_line``). Secrets
+  (the admin token, ``--origin-header`` values, a Redis password, one in a URL) are never shown.
 * The machine-readable ``{"event": "listening"}`` line on stdout is the launchers' and is not
   made here.
 
@@ -105,6 +105,14 @@ def startup_lines(
         lines.append(
             f"  cdn      purges sent to: {kinds}; closed ranges kept a year there, "
             f"{_seconds(settings.browser_max_age_seconds)} by browsers (--browser-max-age)"
+        )
+    if settings.resume_routes:
+        routes = ", ".join(
+            f"{route.path} to {redacted_url(route.url)}" for route in settings.resume_routes
+        )
+        lines.append(
+            f"  resume   {routes}; SSE answers kept resumable at the origin under "
+            f"{settings.resume_stream_prefix} for {_seconds(settings.resume_retention_seconds)}"
         )
     if limits is not None:
         lines.append(f"  limits   {limits}")

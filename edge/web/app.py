@@ -22,7 +22,7 @@ from edge.web.connection_table import Limits
 from edge.web.connection_tracker import CONNECTIONS
 from edge.web.dispatch import asterisk_form, handle_stream_request
 from edge.web.gatekeeper import GATE
-from edge.web.keys import CORS, FAST, FRONT, HUB, METRICS, PURGER, RELAY, SETTINGS
+from edge.web.keys import CORS, FAST, FRONT, HUB, METRICS, PURGER, RELAY, RESUME, SETTINGS
 from edge.web.wiring import WIRED, lifetime, wire
 
 
@@ -49,6 +49,7 @@ def create_app(
     app[RELAY] = wired.relay
     app[FAST] = wired.fast
     app[FRONT] = wired.front
+    app[RESUME] = wired.resume
     if wired.gate is not None:
         app[GATE] = wired.gate
     if wired.purger is not None:

@@ -18,6 +18,9 @@ Rules this module owns:
 * A client that leaves before its answer is written is counted in ``edge_clients_gone_total``,
   never as an answered request (``edge_requests_total``), and logged at DEBUG: leaving is what
   viewers do, and a dashboard must not read it as failing.
+* A request on a resume route (``--resume-route``) is the resume routes' alone, before the gate
+  and the classification: it is about an agent backend, not a stream. The connection table
+  holds it as a live reader (its answer may stream as long as the backend works).
 * The origin's control API is relayed as it is; a live read whose CORS answer is unknown for its
   ``Origin`` is relayed so that the origin's answer teaches the edge: what becomes of a
   classified request is ``edge.web.own_relay.route_of``'s one decision, the connection's own
@@ -37,6 +40,7 @@ from aiohttp.typedefs import Handler
 
 from edge.answer import Result
 from edge.auth.gate import RequestAdmission
+from edge.config import ResumeRoute
 from edge.protocol.headers import names_this_proxy
 from edge.protocol.paths import BadTarget
 from edge.protocol.reads import Classified, RequestKind, classify
@@ -44,7 +48,7 @@ from edge.web.asked import Asked, asked_of
 from edge.web.catchup_reads import serve_catchup, serve_head
 from edge.web.connection_tracker import CONNECTIONS
 from edge.web.gatekeeper import GATE, admit
-from edge.web.keys import CORS, METRICS, RELAY, SETTINGS
+from edge.web.keys import CORS, METRICS, RELAY, RESUME, SETTINGS
 from edge.web.live_reads import serve_long_poll, serve_sse
 from edge.web.own_relay import RELAYED_HEAD, Relayed, Serve, route_of
 from edge.web.proxy import ClientGone, EdgeResponse, edge_answer, request_origin, request_target
@@ -118,6 +122,9 @@ async def handle_stream_request(request: web.Request) -> web.StreamResponse:
         server_options = EdgeResponse(status=204)
         cors.add_missing(server_options.headers, origin)
         return server_options
+    route = request.app[RESUME].route_for(target.stream)
+    if route is not None:
+        return await _on_resume_route(request, route, origin)
     admitted: RequestAdmission | None = None
     gate = request.app.get(GATE)
     if gate is not None:
@@ -175,6 +182,36 @@ async def handle_stream_request(request: web.Request) -> web.StreamResponse:
         metrics.duration(kind).observe(time.perf_counter() - started)
         if code is not None:
             metrics.request_count(kind, code).inc()
+
+
+async def _on_resume_route(
+    request: web.Request, route: ResumeRoute, origin: str | None
+) -> web.StreamResponse:
+    """An agent backend's request, not a stream of the origin: relayed (and kept) by the resume
+    routes, whose backend authorizes its own callers. Its answer may stream for as long as the
+    backend works, so the connection table holds it as a live reader: the cap, and a client's
+    half-close ends it."""
+    metrics, connections, transport = (
+        request.app[METRICS],
+        request.app[CONNECTIONS],
+        request.transport,
+    )
+    if transport is not None and connections.request_kind(transport, RequestKind.SSE) is not None:
+        metrics.request_count(RequestKind.OTHER, 503).inc()
+        return refuse_for_room(request, origin)
+    try:
+        response = await request.app[RESUME].handle(request, route)
+    except ClientGone:
+        metrics.client_gone(RequestKind.OTHER).inc()
+        return EdgeResponse(status=CLIENT_CLOSED)  # never sent (see ``_handle``)
+    except asyncio.CancelledError:
+        metrics.client_gone(RequestKind.OTHER).inc()
+        raise
+    finally:
+        if transport is not None:
+            connections.live_ended(transport)
+    metrics.request_count(RequestKind.OTHER, response.status).inc()
+    return response
 
 
 @web.middleware

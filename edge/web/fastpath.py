@@ -71,6 +71,7 @@ from edge.protocol.headers import AUTHORIZATION
 from edge.protocol.http1 import (
     CLOSE_TRAILER,
     KEEP_ALIVE_TRAILER,
+    ONE_REQUEST,
     Handoff,
     HeadParser,
     RequestHead,
@@ -123,6 +124,8 @@ class FastPath:
         self._refresh_after = due_after(self._freshness)
         self._authority = live_authority_seconds(settings)
         self._heads: dict[bytes, RequestHead] = {}
+        # Resume routes are relayed to their backend by the full path, every method of them.
+        self._resume_routes = settings.resume_routes
         self._date_second = -1
         self._date = b""
         # Plain counters, folded into the Prometheus ones at scrape time.
@@ -147,6 +150,10 @@ class FastPath:
         if known is not None:
             return known
         parsed = parser.parse(head)
+        if isinstance(parsed, RequestHead) and any(
+            route.holds(parsed.path) for route in self._resume_routes
+        ):
+            return ONE_REQUEST
         if isinstance(parsed, RequestHead) and len(head) <= REMEMBERED_HEAD_BYTES:
             if len(self._heads) >= REMEMBERED_HEADS:
                 self._heads.clear()  # a new audience's heads are met again at once

@@ -16,6 +16,7 @@ from edge.metrics import Metrics
 from edge.web.fastpath import FastPath
 from edge.web.front import CatchupFront
 from edge.web.proxy import OriginCors, Relay
+from edge.web.resume_routes import ResumeRoutes
 
 SETTINGS = web.AppKey("settings", Settings)
 METRICS = web.AppKey("metrics", Metrics)
@@ -25,3 +26,4 @@ CORS = web.AppKey("cors", OriginCors)
 FAST = web.AppKey("fast", FastPath)
 FRONT = web.AppKey("front", CatchupFront)
 PURGER = web.AppKey("purger", CdnPurger)  # only with --cdn-purge
+RESUME = web.AppKey("resume", ResumeRoutes)

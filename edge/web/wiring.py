@@ -8,8 +8,8 @@ Rules this module owns:
   ticket), the fill budget, the compressor, the fills, the catch-up service, the live hub,
   the refresh-ahead (handed to both the catch-up service and the fast path), the relay, the
   gate, the fast path, the stream listener's connection tracker (handed the
-  fast path), the catch-up front and the CDN purger. Each gets the parts it uses; none reaches
-  through another for them.
+  fast path), the catch-up front, the CDN purger and the resume routes. Each gets the parts it
+  uses; none reaches through another for them.
 * Who hears of a forgetting is decided here, in the order given: the live hub (its tails and
   readers end: ``LiveHub`` subscribes to the forgetter it is handed), the CDN purger (with
   ``--cdn-purge``), then whatever a worker adds (``edge.workers.siblings``). These are
@@ -60,6 +60,8 @@ from edge.web.front import CatchupFront
 from edge.web.own_gate import OwnGate
 from edge.web.own_relay import OwnRelay
 from edge.web.proxy import OriginCors, Relay
+from edge.web.resume_pump import Pumps
+from edge.web.resume_routes import ResumeRoutes
 from edge.web.wire import encode
 
 
@@ -161,6 +163,7 @@ class Wired:
     fast: FastPath
     front: CatchupFront
     purger: CdnPurger | None
+    resume: ResumeRoutes
 
 
 def default_limits(settings: Settings) -> Limits:
@@ -261,6 +264,7 @@ def wire(
         fast=fast,
         front=front,
         purger=purger,
+        resume=ResumeRoutes(settings, metrics, Pumps(settings, metrics, origin)),
     )
 
 
@@ -275,7 +279,9 @@ async def lifetime(wired: Wired) -> AsyncIterator[None]:
         shared.listen_for_purges(wired.forgetter.forgotten_elsewhere, wired.forgetter.resync)
     if purger is not None:
         await purger.start()
+    await wired.resume.start()
     yield
+    await wired.resume.close()  # pumps still running end here (no lease yet: docs/resume.md)
     if purger is not None:
         await purger.close()
     await wired.hub.close()

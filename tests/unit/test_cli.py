@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from edge.cli import FLAG_OF_SETTING, SERVE_OPTIONS, TOPICS, build_parser, parse_settings
-from edge.config import Address, ConfigError, RedisTarget, Settings
+from edge.config import Address, ConfigError, RedisTarget, ResumeRoute, Settings
 from edge.web.admin import purge_refusal
 
 REPO = Path(__file__).resolve().parents[2]
@@ -81,6 +81,9 @@ def test_every_flag_reads_its_env_and_the_flag_wins() -> None:
         "EDGE_CLOUDFLARE_TOKEN": "cloudflare-secret",
         "EDGE_FASTLY_API_URL": "http://fastly-stand-in:1/",
         "EDGE_CLOUDFLARE_API_URL": "http://cloudflare-stand-in:2/client/v4",
+        "EDGE_RESUME_ROUTE": "/mcp=http://agent:8000/mcp\n/chat/=http://chat:7000/v1/",
+        "EDGE_RESUME_RETENTION": "2m",
+        "EDGE_RESUME_STREAM_PREFIX": "/v1/stream/resume/",
     }
     assert {option.env for option in SERVE_OPTIONS} == set(env)
     settings = parse_settings(["serve", "--listen", "0.0.0.0:82"], env)
@@ -89,6 +92,12 @@ def test_every_flag_reads_its_env_and_the_flag_wins() -> None:
     assert settings.admin_listen == Address(host="0.0.0.0", port=9999)
     assert settings.log_level == "DEBUG"
     assert settings.cdn_purge == (("varnish", "http://varnish:6081/"), ("fastly", "svc-1"))
+    assert settings.resume_routes == (
+        ResumeRoute(path="/mcp", url="http://agent:8000/mcp"),
+        ResumeRoute(path="/chat/", url="http://chat:7000/v1/"),
+    )
+    assert settings.resume_retention_seconds == 120
+    assert settings.resume_stream_prefix == "/v1/stream/resume/"
     assert settings.fastly_token == "fastly-secret"
     assert settings.cloudflare_token == "cloudflare-secret"
     assert settings.fastly_api_url == "http://fastly-stand-in:1/"
@@ -504,3 +513,19 @@ def test_the_configuration_reference_names_every_flag_and_variable() -> None:
     for option in SERVE_OPTIONS:
         assert f"`{option.flag}`" in reference, option.flag
         assert f"`{option.env}`" in reference, option.env
+
+
+def test_resume_routes_hold_their_paths_and_never_the_answers_streams() -> None:
+    route = ResumeRoute(path="/mcp", url="http://agent:8000/mcp")
+    assert route.holds("/mcp")
+    assert route.holds("/mcp/tools")
+    assert not route.holds("/mcpx")
+    assert route.upstream("/mcp", "") == "http://agent:8000/mcp"
+    assert route.upstream("/mcp/sub", "a=1") == "http://agent:8000/mcp/sub?a=1"
+    argv = ["serve", "--origin", "http://o", "--resume-route", "/=http://agent/"]
+    with pytest.raises(ConfigError, match="must not hold"):
+        parse_settings(argv, {})
+    with pytest.raises(ConfigError, match="PATH=URL"):
+        parse_settings(["serve", "--origin", "http://o", "--resume-route", "/mcp"], {})
+    with pytest.raises(ConfigError, match="http"):
+        parse_settings(["serve", "--origin", "http://o", "--resume-route", "/mcp=ftp://x"], {})

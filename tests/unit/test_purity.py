@@ -15,6 +15,7 @@ import edge.log
 import edge.log.policy
 import edge.protocol
 import edge.protocol.paths
+import edge.resume
 import edge.store.shared_codec
 import edge.summary
 import edge.web.backlog
@@ -23,6 +24,7 @@ import edge.web.connection_table
 FORBIDDEN = ("aiohttp", "redis", "asyncio", "prometheus_client", "socket", "uvloop")
 # The protocol and the cache core (segments, logs, the read policy, the one intake).
 PURE_PACKAGES = [Path(edge.protocol.__file__).parent, Path(edge.log.__file__).parent]
+PURE_PACKAGES.append(Path(edge.resume.__file__).parent)  # resume routes' core (edge.resume)
 AUTH = Path(edge.protocol.__file__).parent.parent / "auth"
 # Pure modules that live beside their adapters.
 PURE_MODULES = [AUTH / "credentials.py", AUTH / "policy.py", AUTH / "keys.py"]

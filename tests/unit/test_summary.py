@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from edge.config import Address, Settings
+from edge.config import Address, ResumeRoute, Settings
 from edge.summary import redacted_url, startup_lines
 
 BASE = Settings(
@@ -82,3 +82,18 @@ def test_the_redis_line_names_the_mode_and_shows_no_password() -> None:
 def test_urls_without_a_password_are_unchanged() -> None:
     assert redacted_url("redis://redis:6379/0") == "redis://redis:6379/0"
     assert redacted_url("rediss://:pw@h/1") == "rediss://:***@h/1"
+
+
+def test_resume_routes_are_named_without_their_passwords() -> None:
+    settings = replace(
+        BASE,
+        resume_routes=(ResumeRoute(path="/mcp", url="http://agent:s3cret@agent:8000/mcp"),),
+        resume_retention_seconds=120,
+    )
+    text = lines(settings, limits="at most 10 client connections")
+    topics = [line.split()[0] for line in text[1:]]
+    assert topics == ["origin", "workers", "cache", "redis", "auth", "resume", "limits"]
+    joined = "\n".join(text)
+    assert "s3cret" not in joined
+    assert "resume   /mcp to http://agent:***@agent:8000/mcp; SSE answers kept" in joined
+    assert "under /_edge/resume/ for 120 s" in joined

@@ -1,0 +1,180 @@
+"""What a resume route keeps of an upstream SSE answer, and how it is given back as events.
+
+Rules this module owns:
+
+* Each upstream event with data is kept as one JSON message ``{"event": NAME, "data": TEXT}`` of
+  an ``application/json`` stream: JSON messages are atomic at the origin, so an event is never
+  split or merged by a read, and an event id can count messages (``edge.resume.ids``).
+* The upstream's own ids never reach the stream (they name a store on one upstream process);
+  events with empty data (an MCP server's "priming" event, which exists only to carry such an
+  id) are not kept; ``retry`` and comments are the upstream's own business and are dropped.
+* For a JSON-RPC request (MCP), the answer is complete once a response for every request id in
+  the request body was kept (``Finale``); an upstream that ends before that gets a JSON-RPC error
+  for each id still owed, kept like any event, so no reader waits for an answer that will not
+  come. A body with no request ids (notifications, not JSON) owes nothing.
+* The reader's side (``Replay``) turns the stream's Durable Streams SSE (``data`` events holding
+  JSON arrays of messages, ``control`` events with ``streamNextOffset``) into the upstream's
+  events again, each with the edge's id: the offset where the read of its batch started and how
+  many messages from there it is. A resume point's ``skip`` drops the events already seen.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from edge.protocol.sse import SseEvent, encode_event
+from edge.resume.ids import ResumePoint, encode_id
+
+JsonRpcId = int | str
+# JSON-RPC 2.0 §5.1: reserved for implementation-defined server errors.
+UPSTREAM_ENDED_CODE = -32000
+UPSTREAM_ENDED = "the upstream ended before answering; the edge closed the resumable answer"
+
+
+def kept_message(event: SseEvent) -> dict[str, str] | None:
+    """What is appended for one upstream event, or None for one that is not kept."""
+    if event.data == "":
+        return None
+    return {"event": event.event, "data": event.data}
+
+
+def append_body(messages: Sequence[dict[str, str]]) -> bytes:
+    """One append of ``messages`` to a JSON stream (an array appends each element)."""
+    return json.dumps(list(messages), separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _request_ids(value: Any) -> list[JsonRpcId]:
+    items = value if isinstance(value, list) else [value]
+    ids: list[JsonRpcId] = []
+    for item in items:
+        if not isinstance(item, dict) or not isinstance(item.get("method"), str):
+            continue
+        request_id = item.get("id")
+        if isinstance(request_id, (int, str)) and not isinstance(request_id, bool):
+            ids.append(request_id)
+    return ids
+
+
+@dataclass(kw_only=True, slots=True)
+class Finale:
+    """The JSON-RPC responses an answer still owes its request."""
+
+    owed: list[JsonRpcId] = field(default_factory=list)
+
+    @classmethod
+    def of_request(cls, body: bytes) -> Finale:
+        try:
+            value = json.loads(body)
+        except ValueError:
+            return cls()
+        return cls(owed=_request_ids(value))
+
+    def heard(self, message: dict[str, str]) -> None:
+        """A kept message: a response to an owed id pays it."""
+        try:
+            value = json.loads(message["data"])
+        except ValueError:
+            return
+        for item in value if isinstance(value, list) else [value]:
+            if (
+                isinstance(item, dict)
+                and "method" not in item
+                and ("result" in item or "error" in item)
+                and item.get("id") in self.owed
+            ):
+                self.owed.remove(item["id"])
+
+    def still_owed(self) -> list[dict[str, str]]:
+        """The error messages that end an answer whose upstream ended early."""
+        return [
+            {
+                "event": "message",
+                "data": json.dumps(
+                    {
+                        "jsonrpc": "2.0",
+                        "id": request_id,
+                        "error": {"code": UPSTREAM_ENDED_CODE, "message": UPSTREAM_ENDED},
+                    },
+                    separators=(",", ":"),
+                ),
+            }
+            for request_id in self.owed
+        ]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Replayed:
+    """What one stream event gives the client: frames to write, and whether the answer ended."""
+
+    frames: list[bytes]
+    ended: bool = False
+
+
+def _messages(data: str) -> list[Any]:
+    try:
+        value = json.loads(data)
+    except ValueError:
+        return []
+    return value if isinstance(value, list) else [value]
+
+
+class Replay:
+    """One reader's way through an answer's stream, from a resume point."""
+
+    def __init__(self, point: ResumePoint) -> None:
+        self._token = point.token
+        self._batch_offset = point.offset
+        self._read_in_batch = 0
+        self._skip = point.skip
+
+    def rewind(self) -> ResumePoint:
+        """Where a new read of the stream starts, to go on exactly where this one is."""
+        self._skip += self._read_in_batch
+        self._read_in_batch = 0
+        return ResumePoint(token=self._token, offset=self._batch_offset, skip=self._skip)
+
+    def feed(self, events: Iterable[SseEvent]) -> Replayed:
+        frames: list[bytes] = []
+        for event in events:
+            if event.event == "data":
+                frames.extend(self._data(event.data))
+            elif event.event == "control" and self._control(event.data):
+                return Replayed(frames=frames, ended=True)
+        return Replayed(frames=frames)
+
+    def _data(self, data: str) -> list[bytes]:
+        frames: list[bytes] = []
+        for message in _messages(data):
+            self._read_in_batch += 1
+            if self._skip > 0:
+                self._skip -= 1
+                continue
+            if not (
+                isinstance(message, dict)
+                and isinstance(message.get("event"), str)
+                and isinstance(message.get("data"), str)
+            ):
+                continue  # not one the edge kept: counted (it has an offset), never shown
+            point = ResumePoint(
+                token=self._token, offset=self._batch_offset, skip=self._read_in_batch
+            )
+            frames.append(
+                encode_event(message["event"], message["data"], event_id=encode_id(point))
+            )
+        return frames
+
+    def _control(self, data: str) -> bool:
+        """Whether the control event ends the stream."""
+        try:
+            control = json.loads(data)
+        except ValueError:
+            return False
+        if not isinstance(control, dict):
+            return False
+        next_offset = control.get("streamNextOffset")
+        if isinstance(next_offset, str) and next_offset != self._batch_offset:
+            self._batch_offset, self._read_in_batch = next_offset, 0
+        return control.get("streamClosed") is True

@@ -1,0 +1,253 @@
+"""The pump of a resume route: an upstream SSE answer copied, detached from its client, into
+the durable stream that keeps it (``edge.resume``).
+
+Rules this module owns:
+
+* A kept answer's stream is created at the origin (``PUT``, ``application/json``,
+  ``Stream-TTL`` = ``--resume-retention``) before anything of it is read; one the origin will not
+  create is not kept (the caller relays the answer without ids, ``edge_resume_unkept_total``).
+* The pump runs in a task of its own: a client that leaves cancels none of it (MCP 2025-11-25:
+  a disconnect is not a cancellation). It copies the upstream answer to its end, one append per
+  upstream chunk, each answered by the origin before the next chunk is read; then it appends
+  what a JSON-RPC request is still owed and closes the stream (``Stream-Closed: true``).
+* The pump writes as one idempotent producer (``StreamWriter``): a write the origin did not
+  answer is sent again, for some 16 s, with the same ``Producer-Seq``, so the origin
+  takes each event once; a write it refuses (or never answers) stops the pump: what was kept
+  stays, nothing is invented.
+* On ``close`` (the process stopping), pumps get ``--drain-seconds`` to finish; the rest end
+  their answers with what they still owe, so no reader elsewhere waits for them. A process
+  killed outright cannot: a lease is for later (docs/resume.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import aiohttp
+
+from edge.config import Settings
+from edge.metrics import Metrics
+from edge.origin import OriginClient, OriginError
+from edge.protocol.headers import strip_hop_by_hop
+from edge.protocol.sse import SseDecoder
+from edge.resume.events import Finale, append_body, kept_message
+from edge.resume.ids import ResumePoint, mint_token, stream_name
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+JSON = "application/json"
+# Attempts of one write the origin did not answer (or answered 5xx) before the pump gives up;
+# the waits between them double from RETRY_FIRST_SECONDS (0.25 s ... 8 s: about 16 s in all,
+# long enough for an origin's restart).
+WRITE_ATTEMPTS = 7
+RETRY_FIRST_SECONDS = 0.25
+
+# Response headers of the upstream a kept answer does not pass on: the body is the edge's.
+NOT_PASSED_ON = frozenset(
+    {"content-length", "content-encoding", "transfer-encoding", "cache-control", "etag",
+     "content-type"}
+)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Kept:
+    """The upstream answer is being pumped into ``path``; its client reads from ``point``,
+    with ``headers`` of the upstream's answer passed on (an MCP session id, say)."""
+
+    path: str
+    point: ResumePoint
+    headers: list[tuple[str, str]]
+
+
+class Pumps:
+    """Every pump of this process, and the tasks that outlive the requests that began them."""
+
+    def __init__(self, settings: Settings, metrics: Metrics, origin: OriginClient) -> None:
+        self._settings = settings
+        self._metrics = metrics
+        self._origin = origin
+        self._tasks: set[asyncio.Future[Any]] = set()
+
+    def detached(self, work: Awaitable[T]) -> asyncio.Future[T]:
+        """Run ``work`` to its end whatever happens to the request that started it."""
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def close(self) -> None:
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=self._settings.drain_seconds)
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def keep(
+        self,
+        response: aiohttp.ClientResponse,
+        body: bytes,
+        scope: str,
+        credentials: list[tuple[str, str]],
+    ) -> Kept | None:
+        """Keep the SSE ``response`` to the request ``body`` made in ``scope``: its stream
+        created and its pump started; None if the origin would not create the stream."""
+        token = mint_token()
+        path = self._settings.resume_stream_prefix + stream_name(token, scope)
+        if not await self._create(path, credentials):
+            self._metrics.resume_unkept.inc()
+            return None
+        self._metrics.resume_streams.inc()
+        self.detached(self._pump(response, path, credentials, Finale.of_request(body)))
+        passed_on = [
+            (name, value)
+            for name, value in strip_hop_by_hop(list(response.headers.items()))
+            if name.lower() not in NOT_PASSED_ON
+        ]
+        return Kept(path, ResumePoint(token=token, offset="-1", skip=0), passed_on)
+
+    async def _create(self, path: str, credentials: list[tuple[str, str]]) -> bool:
+        ttl = str(max(1, round(self._settings.resume_retention_seconds)))
+        headers = [*credentials, ("Content-Type", JSON), ("Stream-TTL", ttl)]
+        status = await write_once(self._origin, "PUT", path, headers)
+        if status not in (200, 201):
+            logger.warning("resume stream %s: the origin answered its creation %d", path, status)
+            return False
+        return True
+
+    async def _pump(
+        self,
+        response: aiohttp.ClientResponse,
+        path: str,
+        credentials: list[tuple[str, str]],
+        finale: Finale,
+    ) -> None:
+        self._metrics.resume_pumps.inc()
+        writer = StreamWriter(self._origin, self._metrics, path, credentials)
+        try:
+            if await self._copy(response, writer, finale):
+                await self._end(writer, finale)
+        except asyncio.CancelledError:
+            # This process is stopping: what was kept stays, and the answer ends with what it
+            # still owes, so no reader waits for it (a replica killed outright cannot: a lease
+            # is for later, docs/resume.md).
+            await asyncio.shield(self._end(writer, finale))
+            raise
+        finally:
+            response.close()
+            self._metrics.resume_pumps.dec()
+
+    async def _copy(
+        self, response: aiohttp.ClientResponse, writer: StreamWriter, finale: Finale
+    ) -> bool:
+        """The upstream answer into the stream, to its end; False if the origin refused it
+        (what was kept stays, nothing is invented)."""
+        decoder = SseDecoder()
+        try:
+            async for chunk in response.content.iter_any():
+                messages = [
+                    message
+                    for event in decoder.feed(chunk)
+                    if (message := kept_message(event)) is not None
+                ]
+                for message in messages:
+                    finale.heard(message)
+                if messages and not await writer.append(messages):
+                    return False
+        except (aiohttp.ClientError, OSError, TimeoutError) as error:
+            logger.info("resume stream %s: the upstream answer broke off: %r", writer.path, error)
+        return True
+
+    async def _end(self, writer: StreamWriter, finale: Finale) -> None:
+        """What the request is still owed, then the stream's close."""
+        owed = finale.still_owed()
+        finale.owed.clear()
+        if not await writer.settle():
+            return
+        if owed and not await writer.append(owed):
+            return
+        await writer.close()
+
+
+class StreamWriter:
+    """One answer's writes to its stream, as one idempotent producer (``Producer-Id`` the
+    stream's name, epoch 0, one sequence number per write): a write the origin may or may not
+    have taken (no answer, a 5xx, a pump stopped mid-write) is sent again with the same number,
+    and the origin takes it once."""
+
+    def __init__(
+        self, origin: OriginClient, metrics: Metrics, path: str, credentials: list[tuple[str, str]]
+    ) -> None:
+        self.path = path
+        self._origin = origin
+        self._metrics = metrics
+        self._credentials = credentials
+        self._producer = path.rsplit("/", 1)[-1]
+        self._seq = 0
+        self._pending: tuple[tuple[tuple[str, str], ...], bytes] | None = None
+
+    async def append(self, messages: list[dict[str, str]]) -> bool:
+        started = time.perf_counter()
+        taken = await self._send((), append_body(messages))
+        self._metrics.resume_append_seconds.observe(time.perf_counter() - started)
+        return taken
+
+    async def close(self) -> bool:
+        return await self._send((("Stream-Closed", "true"),), b"")
+
+    async def settle(self) -> bool:
+        """The write a stopped pump left unanswered, sent again (taken once either way)."""
+        if self._pending is None:
+            return True
+        extra, body = self._pending
+        return await self._send(extra, body)
+
+    async def _send(self, extra: tuple[tuple[str, str], ...], body: bytes) -> bool:
+        self._pending = (extra, body)
+        headers = [
+            *self._credentials, ("Content-Type", JSON), ("Producer-Id", self._producer),
+            ("Producer-Epoch", "0"), ("Producer-Seq", str(self._seq)), *extra,
+        ]  # fmt: skip
+        status = 0
+        for attempt in range(WRITE_ATTEMPTS):
+            if attempt:
+                await asyncio.sleep(RETRY_FIRST_SECONDS * 2 ** (attempt - 1))
+            status = await write_once(self._origin, "POST", self.path, headers, body)
+            if 0 < status < 500:
+                break
+        if status not in (200, 204):  # 200 taken, 204 taken before (or the close)
+            logger.warning("resume stream %s: the origin answered a write %d", self.path, status)
+            return False
+        self._pending = None
+        self._seq += 1
+        return True
+
+
+async def write_once(
+    origin: OriginClient, method: str, path: str, headers: list[tuple[str, str]], body: bytes = b""
+) -> int:
+    """One write to the origin; its status (0: no answer)."""
+    try:
+        response = await origin.open(
+            method, path, headers, _body(body) if body else None, live=False
+        )
+    except OriginError as error:
+        logger.warning("resume stream %s: %s to the origin failed: %r", path, method, error)
+        return 0
+    try:
+        await response.read()
+    except (aiohttp.ClientError, OSError, TimeoutError):
+        return 0
+    finally:
+        response.close()
+    return response.status
+
+
+async def _body(body: bytes) -> AsyncIterator[bytes]:
+    yield body

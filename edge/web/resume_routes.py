@@ -1,0 +1,401 @@
+"""Resume routes (``--resume-route PATH=URL``): the relay to an agent backend, and the answers
+served from the durable streams that keep its SSE answers (``edge.web.resume_pump`` keeps them).
+
+Rules this module owns:
+
+* What a request asks for is ``edge.resume.requests``'s decision; what is kept and how it is
+  given back is ``edge.resume.events``'s; ids and stream names ``edge.resume.ids``'s. This
+  module only carries them out.
+* A request whose answer may be kept is begun in a task of its own (``_begin``: the upstream
+  request, then the pump's ``keep``), so a client that leaves at any point cancels none of it;
+  the answer it began, if it is not kept, is closed.
+* Every client, the answer's own included, is answered by reading the answer's stream: an event
+  is in the log before any client sees its id. The stream is read through this edge's own
+  listener, as an SSE viewer with the client's credential headers, so the edge's one tail per
+  stream, its cache and its shared tier serve every reader; a read that ends before the stream
+  does (the edge rotates its SSE viewers) is followed by the next, from where it stopped.
+* An SSE answer whose stream the origin would not create is relayed as it came, without ids
+  (it works; it is not resumable).
+* A resume whose stream does not exist (unknown, expired, another credential's) is a 404, the
+  same for each; ``Last-Event-ID`` never goes upstream.
+* Everything else is a plain relay that streams both ways; a client that leaves cancels it, and
+  a body cut short upstream is cut short to the client (it never looks complete).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import assert_never
+from urllib.parse import quote
+
+import aiohttp
+from aiohttp import hdrs, web
+from multidict import CIMultiDict
+
+from edge.config import ResumeRoute, Settings
+from edge.metrics import Metrics
+from edge.protocol.headers import strip_hop_by_hop, upstream_request_headers
+from edge.protocol.reads import auth_scope, scope_credentials
+from edge.protocol.sse import SseDecoder, encode_comment, encode_retry
+from edge.resume.events import Replay
+from edge.resume.ids import ResumePoint, stream_name
+from edge.resume.requests import Keep, NotFound, Relay, Resume, asked_of, upstream_headers
+from edge.web.proxy import ClientGone
+from edge.web.resume_pump import Kept, Pumps
+
+logger = logging.getLogger(__name__)
+
+# Where a kept answer's stream is named to its client (another device with the same credential
+# can follow it there as an ordinary stream).
+STREAM_HEADER = "Edge-Resume-Stream"
+# A request body is read whole before it goes upstream (a JSON-RPC message is small).
+MAX_BODY_BYTES = 4 * 1024 * 1024
+# Reads of an answer's stream in a row that failed (or brought nothing) before its client is cut
+# short (it resumes with its last id).
+MAX_FAILED_READS = 3
+RETRY_MS = 1000
+EVENT_STREAM = "text/event-stream"
+
+
+@dataclass(frozen=True, slots=True)
+class Plain:
+    """The upstream answer, to relay as it is (the caller closes it)."""
+
+    response: aiohttp.ClientResponse
+
+
+Began = Kept | Plain
+
+
+class ReadEnd(enum.Enum):
+    """How one read of an answer's stream ended."""
+
+    ENDED = "ended"  # the stream's close: the answer is whole
+    ROTATED = "rotated"  # the edge's SSE viewer ended (it rotates): read on from there
+    MISSING = "missing"  # no such stream (unknown, expired, another credential's)
+    FAILED = "failed"  # refused, broken off, or ended having brought nothing at all
+
+
+@dataclass(kw_only=True, slots=True)
+class Reading:
+    """One client's answer being read from its stream."""
+
+    request: web.Request
+    path: str
+    replay: Replay
+    passed_on: Sequence[tuple[str, str]]
+    resuming: bool  # a Last-Event-ID's (edge_resumes_total), not an answer's own first read
+    answer: web.StreamResponse | None = None
+
+
+def keepable(response: aiohttp.ClientResponse) -> bool:
+    """An event stream the edge can read: a 200, ``text/event-stream``, not encoded (it was
+    asked for none; one that came encoded all the same is relayed as it is)."""
+    encoding = response.headers.get(hdrs.CONTENT_ENCODING, "identity").strip().lower()
+    return (
+        response.status == 200 and response.content_type == EVENT_STREAM and encoding == "identity"
+    )
+
+
+class ResumeRoutes:
+    def __init__(self, settings: Settings, metrics: Metrics, pumps: Pumps) -> None:
+        self._settings = settings
+        self._metrics = metrics
+        self._pumps = pumps
+        self._upstream: aiohttp.ClientSession | None = None
+        self._own: aiohttp.ClientSession | None = None
+
+    @property
+    def routes(self) -> tuple[ResumeRoute, ...]:
+        return self._settings.resume_routes
+
+    def route_for(self, path: str) -> ResumeRoute | None:
+        return next((route for route in self.routes if route.holds(path)), None)
+
+    async def start(self) -> None:
+        if not self.routes:
+            return
+        timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=self._settings.upstream_connect_timeout_seconds
+        )
+        self._upstream = aiohttp.ClientSession(auto_decompress=False, timeout=timeout)
+        self._own = aiohttp.ClientSession(timeout=timeout)
+
+    async def close(self) -> None:
+        await self._pumps.close()
+        for session in (self._upstream, self._own):
+            if session is not None:
+                await session.close()
+
+    # --- a request on a route ---------------------------------------------------------------
+
+    async def handle(self, request: web.Request, route: ResumeRoute) -> web.StreamResponse:
+        headers = list(request.headers.items())
+        asked = asked_of(request.method, headers)
+        match asked:
+            case Resume(point=point):
+                return await self._resume(request, point)
+            case NotFound():
+                self._metrics.resumes.labels("not_found").inc()
+                return _not_found()
+            case Relay():
+                return await self._relay(request, route, keep=False)
+            case Keep():
+                return await self._relay(request, route, keep=True)
+            case _:
+                assert_never(asked)
+
+    def _scope(self, request: web.Request) -> str:
+        settings = self._settings
+        return auth_scope(
+            request.headers.items(),
+            scope_headers=settings.scope_headers,
+            scope_cookies=settings.scope_cookies,
+        )
+
+    def _credentials(self, request: web.Request) -> list[tuple[str, str]]:
+        settings = self._settings
+        return scope_credentials(
+            request.headers.items(),
+            scope_headers=settings.scope_headers,
+            scope_cookies=settings.scope_cookies,
+        )
+
+    async def _relay(
+        self, request: web.Request, route: ResumeRoute, *, keep: bool
+    ) -> web.StreamResponse:
+        upstream = self._upstream
+        assert upstream is not None, "ResumeRoutes.start() was not awaited"
+        body = await _read_body(request)
+        if body is None:
+            return web.Response(status=413, text="request body too large for a resume route\n")
+        peer = request.transport.get_extra_info("peername") if request.transport else None
+        relayed = upstream_request_headers(
+            list(request.headers.items()),
+            client_address=peer[0] if peer else None,
+            scheme=request.scheme,
+            host=request.headers.get(hdrs.HOST),
+        )
+        sent = upstream_headers(relayed, keep=keep)
+        url = route.upstream(request.path, request.query_string)
+        if not keep:
+            try:
+                response = await upstream.request(
+                    request.method, url, headers=CIMultiDict(sent), data=body or None,
+                    allow_redirects=False,
+                )  # fmt: skip
+            except (aiohttp.ClientError, OSError, TimeoutError) as error:
+                logger.warning("resume route %s: upstream failed: %r", route.path, error)
+                return web.Response(status=502, text="upstream unreachable\n")
+            try:
+                return await _stream_back(request, response)
+            finally:
+                response.close()
+        begin = self._pumps.detached(
+            self._begin(request.method, url, sent, body, self._scope(request),
+                        self._credentials(request))
+        )  # fmt: skip
+        try:
+            began = await asyncio.shield(begin)
+        except asyncio.CancelledError:
+            # The client left; a plain answer nobody will read is closed, a kept one goes on.
+            begin.add_done_callback(_close_if_plain)
+            raise
+        except (aiohttp.ClientError, OSError, TimeoutError) as error:
+            logger.warning("resume route %s: upstream failed: %r", route.path, error)
+            return web.Response(status=502, text="upstream unreachable\n")
+        match began:
+            case Plain(response=response):
+                try:
+                    return await _stream_back(request, response)
+                finally:
+                    response.close()
+            case Kept(path=path, point=point, headers=passed_on):
+                return await self._serve(request, path, point, passed_on)
+            case _:
+                assert_never(began)
+
+    async def _begin(
+        self,
+        method: str,
+        url: str,
+        headers: Sequence[tuple[str, str]],
+        body: bytes,
+        scope: str,
+        credentials: list[tuple[str, str]],
+    ) -> Began:
+        upstream = self._upstream
+        assert upstream is not None
+        response = await upstream.request(
+            method, url, headers=CIMultiDict(headers), data=body or None, allow_redirects=False
+        )
+        if not keepable(response):
+            return Plain(response)
+        kept = await self._pumps.keep(response, body, scope, credentials)
+        return Plain(response) if kept is None else kept
+
+    # --- answers read from the stream -------------------------------------------------------
+
+    async def _resume(self, request: web.Request, point: ResumePoint) -> web.StreamResponse:
+        path = self._settings.resume_stream_prefix + stream_name(point.token, self._scope(request))
+        return await self._serve(request, path, point, [])
+
+    async def _serve(
+        self,
+        request: web.Request,
+        path: str,
+        point: ResumePoint,
+        passed_on: Sequence[tuple[str, str]],
+    ) -> web.StreamResponse:
+        """The answer's events from ``point`` on, read from its stream to the stream's end:
+        through as many reads as it takes (the edge's SSE viewers are rotated)."""
+        resuming = request.headers.get("Last-Event-ID") is not None
+        reading = Reading(
+            request=request, path=path, replay=Replay(point), passed_on=passed_on,
+            resuming=resuming,
+        )  # fmt: skip
+        failures = 0
+        while failures < MAX_FAILED_READS:
+            end = await self._read_once(reading)
+            match end:
+                case ReadEnd.ENDED:
+                    assert reading.answer is not None
+                    return reading.answer
+                case ReadEnd.MISSING if reading.answer is None:
+                    if resuming:
+                        self._metrics.resumes.labels("not_found").inc()
+                    return _not_found()
+                case ReadEnd.ROTATED:
+                    failures = 0
+                case ReadEnd.MISSING | ReadEnd.FAILED:
+                    failures += 1
+                    await asyncio.sleep(RETRY_MS / 1000)
+                case _:
+                    assert_never(end)
+        if reading.answer is None:
+            if resuming:
+                self._metrics.resumes.labels("error").inc()
+            return web.Response(status=502, text="the answer's stream could not be read\n")
+        # Cut short, so that the client's reconnection (with its last id) resumes it.
+        if request.transport is not None:
+            request.transport.close()
+        return reading.answer
+
+    async def _read_once(self, reading: Reading) -> ReadEnd:
+        """One SSE read of the stream through this edge's own listener, from where the reader
+        is; its events written to the client as they come."""
+        own = self._own
+        assert own is not None
+        request = reading.request
+        at = reading.replay.rewind()
+        url = _own_url(request, reading.path, at.offset)
+        moved = False  # events written, or a heartbeat: a read that was alive, not one refused
+        try:
+            async with own.get(url, headers=self._credentials(request)) as read:
+                if read.status == 404:
+                    return ReadEnd.MISSING
+                if read.status != 200:
+                    logger.warning("resume stream %s: own read got %d", reading.path, read.status)
+                    return ReadEnd.FAILED
+                if reading.answer is None:
+                    reading.answer = await self._open_answer(
+                        request, reading.path, reading.passed_on
+                    )
+                    if reading.resuming:
+                        self._metrics.resumes.labels("served").inc()
+                answer, decoder = reading.answer, SseDecoder()
+                async for chunk in read.content.iter_any():
+                    heartbeats = decoder.comments
+                    replayed = reading.replay.feed(decoder.feed(chunk))
+                    if replayed.frames:
+                        moved = True
+                        await answer.write(b"".join(replayed.frames))
+                    elif decoder.comments > heartbeats:
+                        moved = True
+                        await answer.write(encode_comment("keep-alive"))
+                    if replayed.ended:
+                        await answer.write_eof()
+                        return ReadEnd.ENDED
+        except (aiohttp.ClientError, OSError, TimeoutError) as error:
+            if request.transport is None or request.transport.is_closing():
+                raise ClientGone from error
+            logger.info("resume stream %s: own read broke off: %r", reading.path, error)
+            return ReadEnd.FAILED
+        return ReadEnd.ROTATED if moved else ReadEnd.FAILED
+
+    async def _open_answer(
+        self, request: web.Request, path: str, passed_on: Sequence[tuple[str, str]]
+    ) -> web.StreamResponse:
+        answer = web.StreamResponse(status=200)
+        for name, value in passed_on:
+            answer.headers.add(name, value)
+        answer.headers[hdrs.CONTENT_TYPE] = EVENT_STREAM
+        answer.headers[hdrs.CACHE_CONTROL] = "private, no-store, no-transform"
+        answer.headers["X-Accel-Buffering"] = "no"
+        answer.headers[STREAM_HEADER] = path
+        await answer.prepare(request)
+        await answer.write(encode_retry(RETRY_MS))
+        return answer
+
+
+def _not_found() -> web.Response:
+    return web.Response(
+        status=404, text="no such answer\n", headers={hdrs.CACHE_CONTROL: "no-store"}
+    )
+
+
+def _own_url(request: web.Request, path: str, offset: str) -> str:
+    """This edge's own listener, as the client reached it, reading ``path`` from ``offset``."""
+    transport = request.transport
+    sockname = transport.get_extra_info("sockname") if transport is not None else None
+    assert sockname is not None, "a resume route's request came on a socket"
+    host, port = sockname[0], sockname[1]
+    authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return f"http://{authority}{quote(path)}?offset={quote(offset, safe='')}&live=sse"
+
+
+async def _read_body(request: web.Request) -> bytes | None:
+    """The request's body, or None past ``MAX_BODY_BYTES``."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.content.iter_any():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _close_if_plain(begin: asyncio.Future[Began]) -> None:
+    if begin.cancelled() or begin.exception() is not None:
+        return
+    began = begin.result()
+    if isinstance(began, Plain):
+        began.response.close()
+
+
+async def _stream_back(
+    request: web.Request, response: aiohttp.ClientResponse
+) -> web.StreamResponse:
+    """The upstream answer, relayed as it streams (hop-by-hop aside)."""
+    answer = web.StreamResponse(status=response.status, reason=response.reason)
+    for name, value in strip_hop_by_hop(list(response.headers.items())):
+        if name.lower() not in ("content-length", "transfer-encoding"):
+            answer.headers.add(name, value)
+    if response.headers.get(hdrs.CONTENT_LENGTH) is not None:
+        answer.content_length = int(response.headers[hdrs.CONTENT_LENGTH])
+    await answer.prepare(request)
+    try:
+        async for chunk in response.content.iter_any():
+            await answer.write(chunk)
+    except (aiohttp.ClientError, OSError, TimeoutError):
+        # A truncated body must never look complete: the client's connection ends unfinished.
+        if request.transport is not None:
+            request.transport.abort()
+        return answer
+    await answer.write_eof()
+    return answer

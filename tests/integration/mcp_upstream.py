@@ -1,0 +1,130 @@
+"""An agent backend for the resume-route tests: the official MCP SDK's streamable-HTTP server
+(stateless, no event store: on its own, a dropped call is lost) with one slow tool.
+
+    python tests/integration/mcp_upstream.py PORT SEEN_FILE    (PORT 0: any free port)
+
+``count(n, delay)`` reports progress n times, ``delay`` seconds apart, and returns
+``"counted n"``. Every request the server receives is recorded as one JSON line in SEEN_FILE
+(method, path, ``Last-Event-ID``, ``Authorization``), so a test can prove what reached it. It
+prints one JSON line, ``{"url": ".../mcp"}``, once it listens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from typing import Any
+
+import uvicorn
+from mcp.server.mcpserver import Context, MCPServer
+
+server = MCPServer("slow-counter")
+SEEN_FILE = [""]
+# A backend that is not the SDK: its own ids, a priming event, and no final message.
+ENDS_EARLY = (
+    b"id: up-0\nretry: 500\ndata:\n\n"
+    b"id: up-1\nevent: message\n"
+    b'data: {"jsonrpc":"2.0","method":"notifications/progress","params":{"progress":1}}\n\n'
+)
+
+
+@server.tool()
+async def count(n: int, delay: float, ctx: Context) -> str:
+    _record(SEEN_FILE[0], {"tool": "count", "n": str(n)})
+    for step in range(1, n + 1):
+        await asyncio.sleep(delay)
+        await ctx.report_progress(step, n, f"step {step}")
+    return f"counted {n}"
+
+
+def _record(seen_file: str, line: dict[str, str | None]) -> None:
+    with open(seen_file, "a") as seen:
+        seen.write(json.dumps(line) + "\n")
+
+
+def recording(app: Any, seen_file: str) -> Any:
+    async def recorded(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            headers = {name.decode().lower(): value.decode() for name, value in scope["headers"]}
+            line = {
+                "method": scope["method"],
+                "path": scope["path"],
+                "last_event_id": headers.get("last-event-id"),
+                "authorization": headers.get("authorization"),
+            }
+            _record(seen_file, line)
+        if scope["type"] == "http" and scope["path"].startswith("/raw"):
+            await raw(scope, receive, send)
+            return
+        await app(scope, receive, send)
+
+    return recorded
+
+
+async def raw(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """``/raw/ends-early``: an SSE answer with the backend's own ids that ends before its final
+    message; ``/raw/json``: a JSON answer; ``/raw/slow?tag=T``: 20 events 50 ms apart with the
+    backend's own ids, then the final message (``id`` 42), recording ``{"slow": T, "end":
+    "finished"}`` or ``"disconnected"`` (the client left first)."""
+    while (await receive()).get("more_body"):
+        pass
+    if scope["path"] == "/raw/slow":
+        await slow(scope["query_string"].decode().removeprefix("tag="), receive, send)
+        return
+    if scope["path"] == "/raw/json":
+        head = [(b"content-type", b"application/json")]
+        body = b'{"jsonrpc":"2.0","id":1,"result":{}}'
+    else:
+        head = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+        body = ENDS_EARLY
+    await send({"type": "http.response.start", "status": 200, "headers": head})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def slow(tag: str, receive: Any, send: Any) -> None:
+    head = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+
+    async def events() -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": head})
+        for step in range(1, 21):
+            progress = {"jsonrpc": "2.0", "method": "notifications/progress"}
+            progress["params"] = {"progress": step}  # type: ignore[assignment]
+            frame = f"id: up-{step}\ndata: {json.dumps(progress)}\n\n"
+            await send({"type": "http.response.body", "body": frame.encode(), "more_body": True})
+            await asyncio.sleep(0.05)
+        final = 'data: {"jsonrpc":"2.0","id":42,"result":{}}\n\n'
+        await send({"type": "http.response.body", "body": final.encode()})
+
+    async def disconnect() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    streaming = asyncio.ensure_future(events())
+    leaving = asyncio.ensure_future(disconnect())
+    done, _ = await asyncio.wait({streaming, leaving}, return_when=asyncio.FIRST_COMPLETED)
+    # Once the answer is whole, uvicorn reports a disconnect at once: whole is finished.
+    end = "finished" if streaming in done and streaming.exception() is None else "disconnected"
+    for task in (streaming, leaving):
+        task.cancel()
+    _record(SEEN_FILE[0], {"slow": tag, "end": end})
+
+
+async def main(port: int, seen_file: str) -> None:
+    SEEN_FILE[0] = seen_file
+    app = server.streamable_http_app(stateless_http=True)
+    config = uvicorn.Config(
+        recording(app, seen_file), host="127.0.0.1", port=port, log_level="warning",
+        lifespan="on",
+    )  # fmt: skip
+    served = uvicorn.Server(config)
+    task = asyncio.create_task(served.serve())
+    while not served.started:  # noqa: ASYNC110 (uvicorn sets a flag, it has no event)
+        await asyncio.sleep(0.05)
+    port = served.servers[0].sockets[0].getsockname()[1]
+    print(json.dumps({"url": f"http://127.0.0.1:{port}/mcp"}), flush=True)
+    await task
+
+
+if __name__ == "__main__":
+    asyncio.run(main(int(sys.argv[1]), sys.argv[2]))

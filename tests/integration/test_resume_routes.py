@@ -1,0 +1,501 @@
+"""Resume routes end to end, with real processes: the official MCP SDK's server (stateless, no
+event store: alone, a dropped call is lost) and its client, the reference origin, two edges.
+
+A call dropped on one edge resumes on the other: what was missed is replayed, then the rest
+comes live, then the result; nothing twice. Two sessions never see each other's events; another
+credential finds nothing; no ``Last-Event-ID`` reaches the upstream."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import mcp.types as types
+import pytest
+from mcp.client.session import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.message import ClientMessageMetadata
+from yarl import URL
+
+from devstack.processes import (
+    Edge,
+    Origin,
+    Process,
+    free_port,
+    start_edge,
+    start_mcp_upstream,
+    start_origin,
+)
+from edge.protocol.reads import PUBLIC_SCOPE
+from edge.protocol.sse import SseDecoder, SseEvent
+from edge.resume.ids import parse_id, stream_name
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@dataclass
+class Stand:
+    upstream: Process
+    seen: Path
+    a: Edge
+    b: Edge
+
+    def seen_lines(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.seen.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def stand(origin: Origin, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stand]:
+    logs = tmp_path_factory.mktemp("resume")
+    seen = logs / "seen.jsonl"
+    seen.touch()
+    upstream = start_mcp_upstream(logs, seen)
+    mcp_url = str(upstream.ready["url"])
+    raw_url = mcp_url.removesuffix("/mcp") + "/raw"
+    routes = ["--resume-route", f"/mcp={mcp_url}", "--resume-route", f"/raw={raw_url}"]
+    a = start_edge(origin.url, logs, *routes, name="edge-a")
+    b = start_edge(origin.url, logs, *routes, name="edge-b")
+    yield Stand(upstream=upstream, seen=seen, a=a, b=b)
+    for process in (a, b):
+        process.stop()
+    upstream.stop()
+
+
+def count_call(n: int, delay: float) -> types.CallToolRequest:
+    return types.CallToolRequest(
+        params=types.CallToolRequestParams(name="count", arguments={"n": n, "delay": delay})
+    )
+
+
+@dataclass
+class Heard:
+    progress: list[float]
+    tokens: list[str]
+
+    async def message(self, message: object) -> None:
+        if isinstance(message, types.ProgressNotification):
+            self.progress.append(message.params.progress)
+
+    async def asked(self, progress: float, total: float | None, message: str | None) -> None:
+        """The SDK asks the server for progress only for a request with a progress callback;
+        what arrives is heard by ``message`` (a resumed call's carry the first call's token)."""
+
+    async def token(self, token: str) -> None:
+        self.tokens.append(token)
+
+
+async def session_call(
+    url: str, request: types.CallToolRequest, heard: Heard, *, resume_from: str | None = None
+) -> types.CallToolResult:
+    """One SDK session through ``url``: initialize, then the call (or its resumption)."""
+    async with (
+        streamable_http_client(url) as (read, write, *_),
+        ClientSession(read, write, message_handler=heard.message) as session,
+    ):
+        await session.initialize()
+        return await session.send_request(
+            request,
+            types.CallToolResult,
+            metadata=ClientMessageMetadata(
+                resumption_token=resume_from, on_resumption_token_update=heard.token
+            ),
+            progress_callback=heard.asked,
+        )
+
+
+def result_text(result: types.CallToolResult) -> str:
+    (block,) = result.content
+    assert isinstance(block, types.TextContent)
+    return block.text
+
+
+async def kept_so_far(origin: Origin, token: str) -> tuple[list[Any], bool]:
+    """The messages an answer's stream holds at the origin now, and whether it is closed."""
+    path = "/_edge/resume/" + stream_name(token, PUBLIC_SCOPE)
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"{origin.url}{path}?offset=-1") as read,
+    ):
+        assert read.status == 200
+        return await read.json(), read.headers.get("Stream-Closed") == "true"
+
+
+async def test_a_call_dropped_on_one_edge_resumes_on_the_other(
+    stand: Stand, origin: Origin
+) -> None:
+    calls_before = sum(1 for line in stand.seen_lines() if line.get("tool") == "count")
+    first = Heard(progress=[], tokens=[])
+    call = asyncio.create_task(session_call(stand.a.url + "/mcp", count_call(8, 0.4), first))
+    while len(first.tokens) < 3:
+        assert not call.done(), call
+        await asyncio.sleep(0.05)
+    call.cancel()  # the lift: the client's connection to edge A is gone mid-call
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    dropped_after = first.tokens[2]
+    point = parse_id(dropped_after)
+    assert point is not None
+    # The call goes on without its client: wait until two events it missed are kept, so the
+    # resume replays them and hears the rest live.
+    kept, closed = await kept_so_far(origin, point.token)
+    while len(kept) < 5:
+        await asyncio.sleep(0.05)
+        kept, closed = await kept_so_far(origin, point.token)
+    assert not closed
+    second = Heard(progress=[], tokens=[])
+    result = await session_call(
+        stand.b.url + "/mcp", count_call(8, 0.3), second, resume_from=dropped_after
+    )
+    assert result_text(result) == "counted 8"
+    # Everything after the third event, once each, in order (4 and 5 replayed, the rest live),
+    # then the result.
+    assert second.progress == [4.0, 5.0, 6.0, 7.0, 8.0]
+    kept, closed = await kept_so_far(origin, point.token)
+    assert closed
+    assert len(kept) == 9  # 8 progress notifications and the result, each kept once
+    assert all(parse_id(token) is not None for token in [*first.tokens, *second.tokens])
+    seen = stand.seen_lines()
+    assert sum(1 for line in seen if line.get("tool") == "count") == calls_before + 1
+    assert all(line.get("last_event_id") is None for line in seen if "method" in line)
+
+
+async def test_sixteen_sessions_never_see_each_others_events(stand: Stand) -> None:
+    sessions = 16
+    heard = [Heard(progress=[], tokens=[]) for _ in range(sessions)]
+    steps = [3 + index % 4 for index in range(sessions)]
+    results = await asyncio.gather(
+        *(
+            session_call(
+                (stand.a if index % 2 else stand.b).url + "/mcp",
+                count_call(steps[index], 0.05),
+                heard[index],
+            )
+            for index in range(sessions)
+        )
+    )
+    for index, result in enumerate(results):
+        assert result_text(result) == f"counted {steps[index]}"
+        assert heard[index].progress == [float(step) for step in range(1, steps[index] + 1)]
+    answers = []
+    for each in heard:
+        points = [parse_id(token) for token in each.tokens]
+        assert all(point is not None for point in points)
+        answers.append({point.token for point in points if point is not None})
+    assert all(len(own) == 1 for own in answers)  # each session heard its own answer only
+    assert len(set().union(*answers)) == sessions
+
+
+async def read_events(response: aiohttp.ClientResponse) -> list[SseEvent]:
+    decoder, events = SseDecoder(), []
+    async for chunk in response.content.iter_any():
+        events.extend(decoder.feed(chunk))
+    return events
+
+
+CALL = {
+    "jsonrpc": "2.0",
+    "id": 42,
+    "method": "tools/call",
+    "params": {"name": "count", "arguments": {"n": 3, "delay": 0.05}},
+}
+MCP_HEADERS = {
+    "Accept": "application/json, text/event-stream",
+    "Content-Type": "application/json",
+    "MCP-Protocol-Version": "2025-11-25",
+}
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        yield session
+
+
+async def test_another_credential_finds_nothing(
+    stand: Stand, client: aiohttp.ClientSession
+) -> None:
+    alice = {**MCP_HEADERS, "Authorization": "Bearer alice"}
+    async with client.post(stand.a.url + "/mcp", json=CALL, headers=alice) as answer:
+        assert answer.status == 200
+        assert answer.headers["Edge-Resume-Stream"].startswith("/_edge/resume/")
+        events = await read_events(answer)
+    assert [json.loads(e.data).get("id") for e in events][-1] == 42
+    first_id = events[0].id
+    assert first_id is not None
+    assert parse_id(first_id) is not None
+    for who in ({"Authorization": "Bearer mallory"}, {}):
+        async with client.get(
+            stand.b.url + "/mcp", headers={**who, "Last-Event-ID": first_id}
+        ) as refused:
+            assert refused.status == 404
+    # Every alias of the route's path is the route's, on the fast path as on the full one.
+    for alias in ("/./mcp", "/x/../mcp", "/%2e/mcp"):
+        async with client.get(
+            URL(stand.b.url + alias, encoded=True), headers={"Last-Event-ID": first_id}
+        ) as aliased:
+            assert aliased.status == 404
+            assert await aliased.text() == "no such answer\n"
+    tampered = "A" * 24 + first_id[24:]
+    async with client.get(
+        stand.b.url + "/mcp", headers={"Authorization": "Bearer alice", "Last-Event-ID": tampered}
+    ) as unknown:
+        assert unknown.status == 404
+    async with client.get(
+        stand.b.url + "/mcp", headers={"Authorization": "Bearer alice", "Last-Event-ID": first_id}
+    ) as resumed:
+        assert resumed.status == 200
+        again = await read_events(resumed)
+    assert [(e.data, e.id) for e in again] == [(e.data, e.id) for e in events[1:]]
+    counted = stand.b.metrics_text()
+    assert re.search(r'^edge_resumes_total\{result="served"\} [1-9]', counted, re.MULTILINE)
+    assert re.search(r'^edge_resumes_total\{result="not_found"\} [1-9]', counted, re.MULTILINE)
+    assert all(line.get("last_event_id") is None for line in stand.seen_lines())
+
+
+async def test_an_upstream_that_ends_early_owes_an_error_and_keeps_its_ids(
+    stand: Stand, client: aiohttp.ClientSession
+) -> None:
+    async with client.post(
+        stand.a.url + "/raw/ends-early", json=CALL, headers=MCP_HEADERS
+    ) as answer:
+        assert answer.status == 200
+        events = await read_events(answer)
+    progress, ending = events
+    assert json.loads(progress.data)["method"] == "notifications/progress"
+    error = json.loads(ending.data)
+    assert error["id"] == 42
+    assert error["error"]["code"] == -32000
+    # The upstream's own ids and its priming event never reach the client.
+    assert all(e.id is not None and parse_id(e.id) is not None for e in events)
+    assert all(e.data != "" for e in events)
+
+
+async def test_what_is_relayed_as_it_is(stand: Stand, client: aiohttp.ClientSession) -> None:
+    modern = {**MCP_HEADERS, "MCP-Protocol-Version": "2026-07-28"}
+    async with client.post(stand.a.url + "/raw/ends-early", json=CALL, headers=modern) as answer:
+        assert "Edge-Resume-Stream" not in answer.headers
+        events = await read_events(answer)
+    assert [e.id for e in events] == ["up-0", "up-1"]  # the upstream's, untouched
+    async with client.post(stand.a.url + "/raw/json", json=CALL, headers=MCP_HEADERS) as plain:
+        assert plain.status == 200
+        assert "Edge-Resume-Stream" not in plain.headers
+        assert await plain.json() == {"jsonrpc": "2.0", "id": 1, "result": {}}
+    # A GET's stream (MCP's standalone stream, which the SDK's stateless server holds open) is
+    # relayed, never pumped: it has no end of its own. A DELETE is relayed as it is.
+    async with client.get(stand.a.url + "/mcp", headers=MCP_HEADERS) as standalone:
+        assert standalone.status == 200
+        assert standalone.headers["Content-Type"].startswith("text/event-stream")
+        assert "Edge-Resume-Stream" not in standalone.headers
+    # Its client gone, the relay ends (and with it the backend's request).
+    gone = re.compile(r'^edge_clients_gone_total\{kind="other"\} [1-9]', re.MULTILINE)
+    await until(lambda: gone.search(stand.a.metrics_text()) is not None)
+    async with client.delete(stand.a.url + "/mcp", headers=MCP_HEADERS) as deleted:
+        assert "Edge-Resume-Stream" not in deleted.headers
+    methods = [line["method"] for line in stand.seen_lines() if "method" in line]
+    assert methods[-2:] == ["GET", "DELETE"]
+    assert "edge_resume_pumps 0.0" in stand.a.metrics_text()
+
+
+@pytest.fixture
+def own_edge(
+    origin: Origin, stand: Stand, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Callable[..., Edge]]:
+    """Edges of the test's own, on the stand's routes, which it may stop."""
+    started: list[Edge] = []
+    mcp_url = str(stand.upstream.ready["url"])
+
+    def start(*extra: str) -> Edge:
+        logs = tmp_path_factory.mktemp("own-edge")
+        edge = start_edge(
+            origin.url, logs, "--resume-route", f"/mcp={mcp_url}", *extra, name="edge-own"
+        )
+        started.append(edge)
+        return edge
+
+    yield start
+    for edge in started:
+        if edge.process.alive():
+            edge.stop()
+
+
+async def test_a_stopped_edge_ends_its_answers_with_what_they_owe(
+    stand: Stand, own_edge: Callable[..., Edge], client: aiohttp.ClientSession
+) -> None:
+    relaying = own_edge("--drain-seconds", "0")
+    alice = {**MCP_HEADERS, "Authorization": "Bearer alice"}
+    call = {
+        **CALL,
+        "params": {
+            "name": "count",
+            "arguments": {"n": 40, "delay": 0.1},
+            "_meta": {"progressToken": "t"},
+        },
+    }
+    decoder, events = SseDecoder(), []
+    async with client.post(relaying.url + "/mcp", json=call, headers=alice) as answer:
+        async for chunk in answer.content.iter_any():
+            events.extend(decoder.feed(chunk))
+            if len(events) >= 2:
+                break
+    relaying.stop()  # SIGTERM while the call is still running
+    assert events[1].id is not None
+    async with client.get(
+        stand.b.url + "/mcp",
+        headers={"Authorization": "Bearer alice", "Last-Event-ID": events[1].id},
+    ) as resumed:
+        assert resumed.status == 200
+        rest = await read_events(resumed)
+    *progress, ending = [json.loads(event.data) for event in rest]
+    steps = [message["params"]["progress"] for message in progress]
+    assert steps == list(range(3, 3 + len(steps)))  # what was kept, none twice, none missing
+    assert len(steps) < 38  # the call was cut short by the stop
+    assert ending["id"] == 42
+    assert ending["error"]["code"] == -32000
+
+
+async def test_an_answer_expires_after_its_retention(
+    own_edge: Callable[..., Edge], client: aiohttp.ClientSession
+) -> None:
+    edge = own_edge("--resume-retention", "1s")
+    async with client.post(edge.url + "/mcp", json=CALL, headers=MCP_HEADERS) as answer:
+        events = await read_events(answer)
+    last_id = events[-1].id
+    assert last_id is not None
+    async with client.get(edge.url + "/mcp", headers={"Last-Event-ID": last_id}) as kept:
+        assert kept.status == 200
+    await asyncio.sleep(2.5)  # past the retention (a wait, not a measurement)
+    async with client.get(edge.url + "/mcp", headers={"Last-Event-ID": last_id}) as expired:
+        assert expired.status == 404
+
+
+async def test_an_answer_outlives_the_edges_sse_rotation(
+    own_edge: Callable[..., Edge], client: aiohttp.ClientSession
+) -> None:
+    # The answer is read through the edge's own SSE viewers, which end every --sse-max-seconds:
+    # the reader goes on from where the last one stopped, nothing lost or doubled.
+    edge = own_edge("--sse-max-seconds", "5")
+    arguments = {"n": 13, "delay": 0.5}
+    call = {
+        **CALL,
+        "params": {"name": "count", "arguments": arguments, "_meta": {"progressToken": 1}},
+    }
+    async with client.post(edge.url + "/mcp", json=call, headers=MCP_HEADERS) as answer:
+        events = await read_events(answer)
+    *progress, result = [json.loads(event.data) for event in events]
+    assert [message["params"]["progress"] for message in progress] == list(range(1, 14))
+    assert result["id"] == 42
+    assert result["result"]["content"][0]["text"] == "counted 13"
+    assert len({event.id for event in events}) == len(events)
+    sse_reads = re.search(
+        r'^edge_requests_total\{code="200",kind="sse"\} (\S+)$', edge.metrics_text(), re.MULTILINE
+    )
+    assert sse_reads is not None
+    assert float(sse_reads.group(1)) >= 2  # it did cross a rotation
+
+
+async def until(check: Callable[[], bool]) -> None:
+    """Wait for what ``check`` looks for (a process's doing, seen from outside)."""
+    while True:
+        if check():
+            return
+        await asyncio.sleep(0.05)
+
+
+async def slow_ended(stand: Stand, tag: str) -> str:
+    """How the upstream's ``/raw/slow`` answer tagged ``tag`` ended, once it has."""
+    while True:
+        ends = [line["end"] for line in stand.seen_lines() if line.get("slow") == tag]
+        if ends:
+            return str(ends[0])
+        await asyncio.sleep(0.05)
+
+
+async def first_events(response: aiohttp.ClientResponse, count: int) -> list[SseEvent]:
+    decoder, events = SseDecoder(), []
+    async for chunk in response.content.iter_any():
+        events.extend(decoder.feed(chunk))
+        if len(events) >= count:
+            break
+    return events
+
+
+async def test_a_client_that_leaves_cancels_only_what_is_not_kept(
+    stand: Stand, client: aiohttp.ClientSession
+) -> None:
+    # MCP 2026-07-28: a closed response stream is the client's cancellation, relayed upstream,
+    # and the answer carries the backend's own ids.
+    modern = {**MCP_HEADERS, "MCP-Protocol-Version": "2026-07-28"}
+    url = stand.a.url + "/raw/slow?tag="
+    async with client.post(url + "modern", json=CALL, headers=modern) as answer:
+        assert "Edge-Resume-Stream" not in answer.headers
+        events = await first_events(answer, 2)
+        answer.close()
+    assert [event.id for event in events[:2]] == ["up-1", "up-2"]
+    assert await slow_ended(stand, "modern") == "disconnected"
+    # 2025-11-25: leaving is not a cancellation; the upstream answer is kept to its end.
+    async with client.post(url + "kept", json=CALL, headers=MCP_HEADERS) as answer:
+        assert "Edge-Resume-Stream" in answer.headers
+        events = await first_events(answer, 2)
+        answer.close()
+    assert all(parse_id(event.id) is not None for event in events)  # type: ignore[arg-type]
+    assert await slow_ended(stand, "kept") == "finished"
+
+
+async def test_without_its_origin_an_answer_is_relayed_without_ids(
+    stand: Stand, own_origin: Origin, tmp_path: Path, client: aiohttp.ClientSession
+) -> None:
+    raw_url = str(stand.upstream.ready["url"]).removesuffix("/mcp") + "/raw"
+    edge = start_edge(own_origin.url, tmp_path, "--resume-route", f"/raw={raw_url}", name="edge-x")
+    try:
+        own_origin.stop()  # the stream cannot be created: the answer still works, unresumable
+        async with client.post(
+            edge.url + "/raw/slow?tag=unkept", json=CALL, headers=MCP_HEADERS
+        ) as answer:
+            assert answer.status == 200
+            assert "Edge-Resume-Stream" not in answer.headers
+            events = await read_events(answer)
+        assert [event.id for event in events[:20]] == [f"up-{step}" for step in range(1, 21)]
+        assert json.loads(events[-1].data)["id"] == 42
+        assert "edge_resume_unkept_total 1.0" in edge.metrics_text()
+    finally:
+        edge.stop()
+
+
+async def test_an_origin_restart_while_pumping_loses_and_doubles_nothing(
+    stand: Stand, tmp_path: Path, client: aiohttp.ClientSession
+) -> None:
+    port, data = free_port(), tmp_path / "data"
+    first = start_origin(tmp_path, data_dir=data, port=port, name="restarted-origin")
+    raw_url = str(stand.upstream.ready["url"]).removesuffix("/mcp") + "/raw"
+    edge = start_edge(first.url, tmp_path, "--resume-route", f"/raw={raw_url}", name="edge-r")
+    again: Origin | None = None
+    try:
+        async with client.post(
+            edge.url + "/raw/slow?tag=restart", json=CALL, headers=MCP_HEADERS
+        ) as answer:
+            path = answer.headers["Edge-Resume-Stream"]
+            seen = await first_events(answer, 2)
+            answer.close()
+        first.stop()  # the origin goes away mid-answer; the pump's writes wait for it
+        again = start_origin(tmp_path, data_dir=data, port=port, name="restarted-origin-2")
+        assert await slow_ended(stand, "restart") == "finished"
+        last_id = seen[1].id
+        assert last_id is not None
+        async with client.get(edge.url + "/raw", headers={"Last-Event-ID": last_id}) as resumed:
+            assert resumed.status == 200
+            rest = [json.loads(event.data) for event in await read_events(resumed)]
+        *progress, final = rest
+        assert [message["params"]["progress"] for message in progress] == list(range(3, 21))
+        assert final["id"] == 42
+        async with client.get(f"{again.url}{path}?offset=-1") as whole:
+            kept = await whole.json()
+        assert len(kept) == 21  # each event once, though writes were sent again
+    finally:
+        edge.stop()
+        (again or first).stop()

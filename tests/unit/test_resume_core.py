@@ -1,0 +1,262 @@
+"""The pure core of resume routes (edge.resume): ids, what is kept of an upstream SSE answer,
+and how a reader gets it back from a stream, from any point, however the reads are batched."""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from edge.protocol.sse import SseDecoder, SseEvent
+from edge.resume.events import Finale, Replay, append_body, kept_message
+from edge.resume.ids import (
+    TOKEN_CHARS,
+    ResumePoint,
+    encode_id,
+    mint_token,
+    parse_id,
+    stream_name,
+)
+from edge.resume.requests import Keep, NotFound, Relay, Resume, asked_of, upstream_headers
+
+offsets = st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=1, max_size=60)
+tokens = st.builds(lambda _: mint_token(), st.integers())
+
+
+@given(tokens, offsets, st.integers(min_value=0, max_value=10**9))
+def test_an_id_names_its_point_again(token: str, offset: str, skip: int) -> None:
+    point = ResumePoint(token=token, offset=offset, skip=skip)
+    assert parse_id(encode_id(point)) == point
+
+
+@given(st.text(max_size=120))
+def test_only_the_edges_own_ids_are_read(text: str) -> None:
+    point = parse_id(text)
+    if point is not None:
+        assert encode_id(point) == text.strip()
+
+
+def test_an_upstream_id_is_not_the_edges() -> None:
+    for upstream_id in ("1", "abc_123", "session-1:17", "x.y.z", f"{'a' * TOKEN_CHARS}.@@.1"):
+        assert parse_id(upstream_id) is None
+
+
+def test_tokens_are_unguessable_and_bound_to_the_credential() -> None:
+    minted = {mint_token() for _ in range(1000)}
+    assert len(minted) == 1000
+    assert all(len(token) == TOKEN_CHARS for token in minted)
+    token = mint_token()
+    assert stream_name(token, "public") == stream_name(token, "public")
+    assert stream_name(token, "public") != stream_name(token, "cred:abc")
+    assert stream_name(token, "cred:abc") != stream_name(token, "cred:abd")
+
+
+# --- an upstream answer, kept, then read back by a model of a Durable Streams JSON stream ---
+
+data_text = st.text(
+    st.characters(blacklist_categories=("Cs",), blacklist_characters="\r\x00"), max_size=40
+)
+upstream_events = st.lists(
+    st.tuples(
+        st.sampled_from(["message", "progress"]),
+        data_text,
+        st.one_of(
+            st.none(),
+            st.text(st.characters(min_codepoint=0x30, max_codepoint=0x7A), min_size=1, max_size=8),
+        ),
+    ),
+    max_size=12,
+)
+
+
+def upstream_bytes(events: list[tuple[str, str, str | None]]) -> bytes:
+    out = ""
+    for name, data, upstream_id in events:
+        out += f"event: {name}\n" if name != "message" else ""
+        if upstream_id is not None:
+            out += f"id: {upstream_id}\n"
+        out += "".join(f"data: {line}\n" for line in data.split("\n"))
+        out += "\n"
+    return out.encode()
+
+
+def chunked(data: bytes, cuts: list[int]) -> list[bytes]:
+    points = sorted({cut % (len(data) + 1) for cut in cuts})
+    pieces, start = [], 0
+    for point in points:
+        pieces.append(data[start:point])
+        start = point
+    pieces.append(data[start:])
+    return pieces
+
+
+def offset_of(index: int) -> str:
+    return f"{index:016d}_{index * 7:016d}"
+
+
+def index_of(offset: str) -> int:
+    return 0 if offset == "-1" else int(offset.split("_")[0])
+
+
+def stream_sse(messages: list[dict[str, str]], offset: str, cuts: list[int]) -> list[bytes]:
+    """What a Durable Streams origin (or the edge) sends an SSE reader of a closed JSON stream
+    from ``offset``: batches of messages, each followed by a control event."""
+    start = index_of(offset)
+    rest = list(range(start, len(messages)))
+    ends = sorted({start + cut % (len(rest) + 1) for cut in cuts} - {start} | {len(messages)})
+    frames, at = [], start
+    for end in ends:
+        if end > at:
+            batch = json.dumps(messages[at:end])
+            frames.append(f"event: data\ndata: {batch}\n\n")
+        closed = end == len(messages)
+        control = {"streamNextOffset": offset_of(end) if end else offset, "streamClosed": closed}
+        frames.append(f"event: control\ndata: {json.dumps(control)}\n\n")
+        at = end
+    return chunked("".join(frames).encode(), cuts)
+
+
+def read_back(
+    point: ResumePoint, messages: list[dict[str, str]], cuts: list[int]
+) -> list[SseEvent]:
+    replay, decoder, client = Replay(point), SseDecoder(), SseDecoder()
+    events: list[SseEvent] = []
+    at = replay.rewind()
+    for chunk in stream_sse(messages, at.offset, cuts):
+        replayed = replay.feed(decoder.feed(chunk))
+        for frame in replayed.frames:
+            events.extend(client.feed(frame))
+        if replayed.ended:
+            return events
+    raise AssertionError("the stream ended without its closing control event")
+
+
+@given(upstream_events, st.lists(st.integers(min_value=0), max_size=6), st.data())
+def test_every_kept_event_is_read_once_from_any_point(
+    events: list[tuple[str, str, str | None]], cuts: list[int], data: st.DataObject
+) -> None:
+    decoder = SseDecoder()
+    kept = []
+    for piece in chunked(upstream_bytes(events), cuts):
+        for event in decoder.feed(piece):
+            message = kept_message(event)
+            if message is not None:
+                kept.append(message)
+    # Empty-data events (an MCP server's priming event) are not kept; the rest all are, in order.
+    assert kept == [{"event": name, "data": text} for name, text, _ in events if text != ""]
+    token = mint_token()
+    read_cuts = data.draw(st.lists(st.integers(min_value=0), max_size=6))
+    whole = read_back(ResumePoint(token=token, offset="-1", skip=0), kept, read_cuts)
+    assert [{"event": e.event, "data": e.data} for e in whole] == kept
+    upstream_ids = {upstream_id for _, _, upstream_id in events if upstream_id is not None}
+    for event in whole:
+        assert event.id not in upstream_ids
+        point = parse_id(event.id)
+        assert point is not None
+        assert point.token == token
+    # A reader that resumes at any event's id reads exactly what came after it.
+    if whole:
+        at = data.draw(st.integers(min_value=0, max_value=len(whole) - 1))
+        resumed_point = parse_id(whole[at].id)
+        assert resumed_point is not None
+        again = read_back(
+            resumed_point, kept, data.draw(st.lists(st.integers(min_value=0), max_size=6))
+        )
+        assert [(e.event, e.data) for e in again] == [(e.event, e.data) for e in whole[at + 1 :]]
+        # and its ids name the same points as the first reader's
+        assert [index_after(parse_id(e.id)) for e in again] == [
+            index_after(parse_id(e.id)) for e in whole[at + 1 :]
+        ]
+
+
+def index_after(point: ResumePoint | None) -> int:
+    assert point is not None
+    return index_of(point.offset) + point.skip
+
+
+def test_append_body_is_one_message_per_event() -> None:
+    body = append_body([{"event": "message", "data": "a"}, {"event": "x", "data": "b\nc"}])
+    assert json.loads(body) == [{"event": "message", "data": "a"}, {"event": "x", "data": "b\nc"}]
+
+
+def test_a_json_rpc_request_is_owed_its_response() -> None:
+    request = b'{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{}}'
+    finale = Finale.of_request(request)
+    finale.heard(
+        {"event": "message", "data": '{"jsonrpc":"2.0","method":"notifications/progress"}'}
+    )
+    (error,) = finale.still_owed()
+    owed = json.loads(error["data"])
+    assert owed["id"] == 7
+    assert owed["error"]["code"] == -32000
+    finale.heard({"event": "message", "data": '{"jsonrpc":"2.0","id":7,"result":{}}'})
+    assert finale.still_owed() == []
+
+
+def test_notifications_and_other_bodies_owe_nothing() -> None:
+    assert Finale.of_request(b'{"jsonrpc":"2.0","method":"notifications/initialized"}').owed == []
+    assert Finale.of_request(b"not json").owed == []
+    assert Finale.of_request(b'[{"jsonrpc":"2.0","id":"a","method":"x"},{"id":true}]').owed == ["a"]
+
+
+def test_what_a_request_asks_for() -> None:
+    point = ResumePoint(token=mint_token(), offset="0000_0001", skip=2)
+    assert asked_of("POST", [("Content-Type", "application/json")]) == Keep()
+    assert asked_of("GET", [("Accept", "text/event-stream")]) == Relay()
+    assert asked_of("GET", [("Last-Event-ID", encode_id(point))]) == Resume(point)
+    assert asked_of("GET", [("Last-Event-ID", "upstream-17")]) == NotFound()
+    assert asked_of("DELETE", [("Mcp-Session-Id", "s")]) == Relay()
+    assert asked_of("POST", [("MCP-Protocol-Version", "2026-07-28")]) == Relay()
+    assert (
+        asked_of("GET", [("mcp-protocol-version", "2026-07-28"), ("Last-Event-ID", "x")]) == Relay()
+    )
+    assert asked_of("POST", [("MCP-Protocol-Version", "2025-11-25")]) == Keep()
+
+
+def test_last_event_id_never_goes_upstream() -> None:
+    sent = upstream_headers(
+        [("Last-Event-ID", "x"), ("Authorization", "Bearer t"), ("Accept-Encoding", "gzip")],
+        keep=True,
+    )
+    assert sent == [("Authorization", "Bearer t")]
+    assert ("Accept-Encoding", "gzip") in upstream_headers(
+        [("Accept-Encoding", "gzip")], keep=False
+    )
+
+
+@given(
+    st.lists(
+        st.text(st.characters(blacklist_characters="\r\x00"), max_size=5), min_size=1, max_size=15
+    ),
+    st.lists(st.integers(min_value=0), min_size=1, max_size=6),
+    st.lists(st.integers(min_value=2, max_value=8), min_size=1, max_size=20),
+)
+def test_reads_cut_anywhere_go_on_from_where_they_stopped(
+    texts: list[str], cuts: list[int], frames_per_read: list[int]
+) -> None:
+    # A read may end anywhere between two frames (the edge rotates its SSE viewers; a
+    # connection breaks), even between a batch and its control event: the next read starts
+    # from ``rewind()`` and the reader sees every event once, in order. (Each read brings two
+    # frames at least: a read that brought less every time would never move, here or live.)
+    kept = [{"event": "message", "data": f"{index}:{text}"} for index, text in enumerate(texts)]
+    replay, client = Replay(ResumePoint(token=mint_token(), offset="-1", skip=0)), SseDecoder()
+    seen: list[SseEvent] = []
+    reads = iter(frames_per_read * 50)
+    for _ in range(1000):
+        at = replay.rewind()
+        frames = b"".join(stream_sse(kept, at.offset, cuts)).split(b"\n\n")
+        taking = [frame + b"\n\n" for frame in frames if frame][: next(reads)]
+        decoder, ended = SseDecoder(), False
+        for frame in taking:
+            replayed = replay.feed(decoder.feed(frame))
+            for out in replayed.frames:
+                seen.extend(client.feed(out))
+            if replayed.ended:
+                ended = True
+                break
+        if ended:
+            break
+    else:
+        raise AssertionError("never ended")
+    assert [{"event": e.event, "data": e.data} for e in seen] == kept
