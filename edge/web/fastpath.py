@@ -78,7 +78,7 @@ from edge.protocol.http1 import (
     date_line,
     serialise_parts,
 )
-from edge.protocol.paths import BadTarget, parse_target
+from edge.protocol.paths import BadTarget, normalise_path, parse_target
 from edge.protocol.reads import PUBLIC_SCOPE, RequestKind
 from edge.refresh_ahead import RefreshAhead
 from edge.store.local import LocalTier, StoredHit
@@ -150,8 +150,10 @@ class FastPath:
         if known is not None:
             return known
         parsed = parser.parse(head)
-        if isinstance(parsed, RequestHead) and any(
-            route.holds(parsed.path) for route in self._resume_routes
+        if (
+            isinstance(parsed, RequestHead)
+            and self._resume_routes
+            and self._on_resume_route(parsed)
         ):
             return ONE_REQUEST
         if isinstance(parsed, RequestHead) and len(head) <= REMEMBERED_HEAD_BYTES:
@@ -159,6 +161,16 @@ class FastPath:
                 self._heads.clear()  # a new audience's heads are met again at once
             self._heads[head] = parsed
         return parsed
+
+    def _on_resume_route(self, head: RequestHead) -> bool:
+        """The full path's: a head on a resume route, by the path it routes to (every alias
+        of the route's path, as ``dispatch`` matches its normalised target), or one whose path
+        the full path refuses (its 400)."""
+        try:
+            path = normalise_path(head.path)
+        except BadTarget:
+            return True
+        return any(route.holds(path) for route in self._resume_routes)
 
     def key_of(
         self, head: RequestHead, admission: RequestAdmission | None = None
