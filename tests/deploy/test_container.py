@@ -172,7 +172,8 @@ print(json.dumps({"dists": dists, "digests": sorted(digests), "env": env, "impor
     optional = PYPROJECT["project"]["optional-dependencies"]
     dev = {canonicalize_name(Requirement(spec).name) for spec in optional["dev"]}
     assert not dev & set(installed), dev & set(installed)
-    assert set(installed) == needed | {"edge"}, set(installed) ^ (needed | {"edge"})
+    itself = canonicalize_name(PYPROJECT["project"]["name"])
+    assert set(installed) == needed | {itself}, set(installed) ^ (needed | {itself})
 
     # Every file of edge/ is in the image; none of the tests, tools or deployment files is.
     def digests(*parts: str) -> set[str]:

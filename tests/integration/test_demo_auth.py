@@ -112,7 +112,7 @@ def test_the_watch_pages_token_covers_its_own_run_only_and_its_controls_still_wr
         # The page still works: it reads its run and appends its controls, as watch.js does.
         run = edge + config["path"]
         assert _call("GET", f"{run}?offset=-1", token)[0] == 200
-        me = "page-test"
+        me = "page-7e57"  # a page's id: the pages (and the summary) call it Charlie
         stop = json.dumps({"type": "control", "from": me, "seq": 0, "action": "stop"}).encode()
         status, _ = _call(
             "POST", run, token, stop, **{"Content-Type": "application/json",
@@ -122,7 +122,7 @@ def test_the_watch_pages_token_covers_its_own_run_only_and_its_controls_still_wr
         # The agents obey the page's Stop: the run ends and the demo reports it.
         out, _ = demo.communicate(timeout=60)
         assert demo.returncode == 0, out
-        assert f"the run stopped by {me}:0" in out
+        assert f"the run stopped by Charlie ({me}:0)" in out
     finally:
         if demo.poll() is None:
             demo.send_signal(signal.SIGINT)
