@@ -135,15 +135,21 @@ MICRO = "proxy_cache_valid 200 1s;\n            proxy_cache_use_stale updating;"
 PASS = """proxy_buffering off;
             proxy_cache off;
             proxy_read_timeout 120s;"""
+# The ceiling: nginx answering from its config, nothing proxied (``loadtest.ceiling``).
+FIXED = """default_type text/plain;
+            return 200 "{body}";"""
 CACHE_KEEPALIVE = 16
 # Every parked long-poll holds an upstream connection: keep them all for the re-polls, or each
 # release would close thousands and the next re-polls open them again.
 PASS_KEEPALIVE = 8192
 
 
-def start_nginx(origin_url: str, *, micro: bool = False, cache: bool = True) -> Nginx:
+def start_nginx(
+    origin_url: str, *, micro: bool = False, cache: bool = True, fixed: bytes | None = None
+) -> Nginx:
     """nginx in front of ``origin_url``: a forced cache (``micro``: the 1 s micro-cache), or,
-    ``cache=False``, a plain unbuffered proxy (``PASS``) for live reads."""
+    ``cache=False``, a plain unbuffered proxy (``PASS``) for live reads; ``fixed``: no proxy at
+    all, every request answered ``return 200`` with these bytes (the per-core HTTP ceiling)."""
     binary = nginx_binary()
     if binary is None:
         raise NginxFailed("nginx not found (make bootstrap installs Debian's nginx)")
@@ -156,6 +162,8 @@ def start_nginx(origin_url: str, *, micro: bool = False, cache: bool = True) -> 
         port = free_port()
         conf = prefix / "nginx.conf"
         location = CACHED.format(validity=MICRO if micro else FORCED) if cache else PASS
+        if fixed is not None:
+            location = FIXED.format(body=fixed.decode("ascii"))
         keepalive = CACHE_KEEPALIVE if cache else PASS_KEEPALIVE
         conf.write_text(
             CONF.format(

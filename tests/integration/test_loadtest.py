@@ -108,6 +108,30 @@ def test_the_hits_benchmark_prints_a_table_of_checked_figures(tmp_path: Path) ->
     assert _row(written, "100 B") == cells
 
 
+def test_the_ceiling_benchmark_prints_the_edge_beside_nginx_return_200(tmp_path: Path) -> None:
+    """A smoke test of the script, not of speed: one short run per server."""
+    _need_wrk_and_nginx()
+    output = tmp_path / "benchmarks.md"
+    output.write_text("# Benchmarks\n\nFigures.\n")
+    command = [sys.executable, "-m", "loadtest.ceiling", "--duration", "1", "--runs", "1"]
+    command += ["--connections", "8", "--output", str(output)]
+    result = subprocess.run(
+        command, cwd=REPO, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    edge, nginx = (
+        _row(result.stdout, "edge, a stored 100 B hit"),
+        _row(result.stdout, "nginx `return 200` (100 B)"),
+    )
+    rps = [float(row[1].replace(",", "")) for row in (edge, nginx)]
+    assert all(x > 0 for x in rps)
+    assert all(float(row[3]) > 0 for row in (edge, nginx))
+    ratio = re.search(r"edge / nginx `return 200`: \*\*([\d.]+)\u00d7\*\*", result.stdout)
+    assert ratio is not None, result.stdout
+    assert float(ratio.group(1)) == pytest.approx(rps[0] / rps[1], rel=0.02, abs=0.01)
+    assert "## A 100 B hit against the per-core ceiling" in output.read_text()
+
+
 def test_the_hits_benchmark_times_the_tail_and_an_auth_edge(tmp_path: Path) -> None:
     """The at-tail cell (nginx: the micro-cache) and a cell on an edge of its own (--auth jwt,
     nginx n/a), checked and timed briefly; --no-write leaves docs/benchmarks.md alone."""
