@@ -614,6 +614,15 @@ SERVE_OPTIONS = (
         "/_edge/resume/",
         "Path at the origin under which the answers of resume routes are kept, one stream each.",
     ),
+    Option(
+        "--resume-lease",
+        _duration,
+        "30",
+        "A pump appends a lease to its answer's stream while its upstream is quiet; a reader "
+        "that sees nothing in an open answer for this long ends it with a JSON-RPC error (its "
+        "replica died, or the origin refuses its writes). Longer than an origin's restart.",
+        field="resume_lease_seconds",
+    ),
 )
 
 FLAG_OF_SETTING = {option.setting: option.flag for option in SERVE_OPTIONS}
@@ -673,7 +682,10 @@ TOPICS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "--cloudflare-api-url", "--browser-max-age",
         ),
     ),
-    ("resume routes", ("--resume-route", "--resume-retention", "--resume-stream-prefix")),
+    (
+        "resume routes",
+        ("--resume-route", "--resume-retention", "--resume-stream-prefix", "--resume-lease"),
+    ),
     ("observability", ("--log-level", "--origin-health-path")),
     ("admin", ("--admin-token", "--admin-protect")),
 )  # fmt: skip

@@ -32,6 +32,10 @@ CDN_PURGE_RESULTS = ("ok", "error", "dropped", "gave_up", "abandoned")
 # What became of a request carrying one of the edge's ids on a resume route (edge.resume):
 # served from its stream, or found nothing (unknown, expired, another credential's, not an id).
 RESUME_RESULTS = ("served", "not_found", "error")
+# How an answer whose pump went silent past its lease was ended by a reader: the reader wrote
+# the owed errors and the close (fencing the pump off), or the origin refused even that and the
+# reader gave its client the errors itself.
+RESUME_LAPSED_RESULTS = ("fenced", "unwritable")
 
 # A readable pass of the stream listener accepts at most edge.web.backlog.ACCEPTS_PER_PASS.
 ACCEPTS_PER_PASS_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128)
@@ -174,6 +178,13 @@ class Metrics:
             "edge_resume_append_seconds",
             "Time the origin took to take one append of a resume route's events.",
             buckets=DURATION_BUCKETS,
+            registry=self.registry,
+        )
+        self.resume_lapsed = Counter(
+            "edge_resume_lapsed",
+            "Answers on resume routes whose pump went silent past --resume-lease, ended by a "
+            "reader, by how.",
+            ["result"],
             registry=self.registry,
         )
         self.resume_pumps = Gauge(

@@ -4,8 +4,14 @@ the durable stream that keeps it (``edge.resume``).
 Rules this module owns:
 
 * A kept answer's stream is created at the origin (``PUT``, ``application/json``,
-  ``Stream-TTL`` = ``--resume-retention``) before anything of it is read; one the origin will not
-  create is not kept (the caller relays the answer without ids, ``edge_resume_unkept_total``).
+  ``Stream-TTL`` = ``--resume-retention``) before anything of it is read, holding the request
+  ids it owes (``request_message``); one the origin will not create is not kept (the caller
+  relays the answer without ids, ``edge_resume_unkept_total``).
+* While the upstream is quiet, the pump appends a lease (``LEASE``) every third of
+  ``--resume-lease``: an open stream with nothing new for a whole lease has lost its pump.
+  ``end_lapsed`` is what a reader then does: it writes what the request is still owed and the
+  close as the same producer with epoch 1, which fences the lost pump's writes off (the origin
+  refuses a lower epoch), so the answer ends once and nothing more is appended.
 * The pump runs in a task of its own: a client that leaves cancels none of it (MCP 2025-11-25:
   a disconnect is not a cancellation). It copies the upstream answer to its end, one append per
   upstream chunk, each answered by the origin before the next chunk is read; then it appends
@@ -13,10 +19,11 @@ Rules this module owns:
 * The pump writes as one idempotent producer (``StreamWriter``): a write the origin did not
   answer is sent again, for some 16 s, with the same ``Producer-Seq``, so the origin
   takes each event once; a write it refuses (or never answers) stops the pump: what was kept
-  stays, nothing is invented.
+  stays, and it tries to end the answer with what it still owes (if the origin refuses that
+  too, the lease lapses and readers end it).
 * On ``close`` (the process stopping), pumps get ``--drain-seconds`` to finish; the rest end
   their answers with what they still owe, so no reader elsewhere waits for them. A process
-  killed outright cannot: a lease is for later (docs/resume.md).
+  killed outright cannot: its leases lapse.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -35,7 +42,7 @@ from edge.metrics import Metrics
 from edge.origin import OriginClient, OriginError
 from edge.protocol.headers import strip_hop_by_hop
 from edge.protocol.sse import SseDecoder
-from edge.resume.events import Finale, append_body, kept_message
+from edge.resume.events import LEASE, Finale, append_body, kept_message, request_message
 from edge.resume.ids import ResumePoint, mint_token, stream_name
 
 logger = logging.getLogger(__name__)
@@ -100,11 +107,12 @@ class Pumps:
         created and its pump started; None if the origin would not create the stream."""
         token = mint_token()
         path = self._settings.resume_stream_prefix + stream_name(token, scope)
-        if not await self._create(path, credentials):
+        finale = Finale.of_request(body)
+        if not await self._create(path, credentials, finale):
             self._metrics.resume_unkept.inc()
             return None
         self._metrics.resume_streams.inc()
-        self.detached(self._pump(response, path, credentials, Finale.of_request(body)))
+        self.detached(self._pump(response, path, credentials, finale))
         passed_on = [
             (name, value)
             for name, value in strip_hop_by_hop(list(response.headers.items()))
@@ -112,10 +120,11 @@ class Pumps:
         ]
         return Kept(path, ResumePoint(token=token, offset="-1", skip=0), passed_on)
 
-    async def _create(self, path: str, credentials: list[tuple[str, str]]) -> bool:
+    async def _create(self, path: str, credentials: list[tuple[str, str]], finale: Finale) -> bool:
         ttl = str(max(1, round(self._settings.resume_retention_seconds)))
         headers = [*credentials, ("Content-Type", JSON), ("Stream-TTL", ttl)]
-        status = await write_once(self._origin, "PUT", path, headers)
+        first = append_body([request_message(finale.owed)])
+        status = await write_once(self._origin, "PUT", path, headers, first)
         if status not in (200, 201):
             logger.warning("resume stream %s: the origin answered its creation %d", path, status)
             return False
@@ -131,12 +140,12 @@ class Pumps:
         self._metrics.resume_pumps.inc()
         writer = StreamWriter(self._origin, self._metrics, path, credentials)
         try:
-            if await self._copy(response, writer, finale):
-                await self._end(writer, finale)
+            await self._copy(response, writer, finale)
+            await self._end(writer, finale)
         except asyncio.CancelledError:
             # This process is stopping: what was kept stays, and the answer ends with what it
-            # still owes, so no reader waits for it (a replica killed outright cannot: a lease
-            # is for later, docs/resume.md).
+            # still owes, so no reader waits for it (a replica killed outright cannot: its
+            # lease lapses, and a reader ends it).
             await asyncio.shield(self._end(writer, finale))
             raise
         finally:
@@ -146,20 +155,26 @@ class Pumps:
     async def _copy(
         self, response: aiohttp.ClientResponse, writer: StreamWriter, finale: Finale
     ) -> bool:
-        """The upstream answer into the stream, to its end; False if the origin refused it
-        (what was kept stays, nothing is invented)."""
+        """The upstream answer into the stream, to its end, with a lease appended while it is
+        quiet; False if the origin refused a write (what was kept stays)."""
         decoder = SseDecoder()
+        quiet = self._settings.resume_lease_seconds / 3
+        written = time.monotonic()  # the stream's creation
         try:
-            async for chunk in response.content.iter_any():
-                messages = [
+            async for chunk in _chunks_or_silence(response, quiet):
+                messages: list[dict[str, Any]] = [
                     message
-                    for event in decoder.feed(chunk)
+                    for event in decoder.feed(chunk or b"")
                     if (message := kept_message(event)) is not None
                 ]
                 for message in messages:
                     finale.heard(message)
-                if messages and not await writer.append(messages):
-                    return False
+                if not messages and time.monotonic() - written >= quiet:
+                    messages = [LEASE]  # quiet (or only comments): the pump is alive all the same
+                if messages:
+                    if not await writer.append(messages):
+                        return False
+                    written = time.monotonic()
         except (aiohttp.ClientError, OSError, TimeoutError) as error:
             logger.info("resume stream %s: the upstream answer broke off: %r", writer.path, error)
         return True
@@ -173,6 +188,90 @@ class Pumps:
         if owed and not await writer.append(owed):
             return
         await writer.close()
+
+    async def end_lapsed(self, path: str, credentials: list[tuple[str, str]]) -> Lapsed:
+        """End an open answer whose pump went silent past its lease: the owed errors and the
+        close, written with epoch 1 (the lost pump, at epoch 0, is fenced off)."""
+        log = await _read_whole(self._origin, path, credentials)
+        match log:
+            case None:
+                return Unwritable(owed=[])
+            case (_, True):
+                return Ended()
+            case (messages, False):
+                owed = Finale.of_log(messages).still_owed()
+        headers = [
+            *credentials, ("Content-Type", JSON), ("Producer-Id", path.rsplit("/", 1)[-1]),
+            ("Producer-Epoch", "1"), ("Producer-Seq", "0"), ("Stream-Closed", "true"),
+        ]  # fmt: skip
+        status = await write_once(
+            self._origin, "POST", path, headers, append_body(owed) if owed else b""
+        )
+        if status in (200, 204):
+            self._metrics.resume_lapsed.labels("fenced").inc()
+            return Ended()
+        again = await _read_whole(self._origin, path, credentials)
+        if again is not None and again[1]:
+            return Ended()  # another reader ended it first
+        self._metrics.resume_lapsed.labels("unwritable").inc()
+        return Unwritable(owed=owed)
+
+
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """The answer's stream is closed now: read on to its end."""
+
+
+@dataclass(frozen=True, slots=True)
+class Unwritable:
+    """The origin would not end the answer: the reader gives its client ``owed`` itself."""
+
+    owed: list[dict[str, str]]
+
+
+Lapsed = Ended | Unwritable
+
+
+async def _chunks_or_silence(
+    response: aiohttp.ClientResponse, quiet: float
+) -> AsyncIterator[bytes | None]:
+    """The upstream answer's chunks, and None for each ``quiet`` seconds without one."""
+    pending: asyncio.Task[bytes] | None = None
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(response.content.readany())
+            done, _ = await asyncio.wait({pending}, timeout=quiet)
+            if not done:
+                yield None
+                continue
+            chunk, pending = pending.result(), None
+            if not chunk:
+                return
+            yield chunk
+    finally:
+        if pending is not None:
+            pending.cancel()
+
+
+async def _read_whole(
+    origin: OriginClient, path: str, credentials: list[tuple[str, str]]
+) -> tuple[list[Any], bool] | None:
+    """An answer's stream as kept so far, and whether it is closed; None if unreadable."""
+    try:
+        response = await origin.open("GET", f"{path}?offset=-1", credentials, live=False)
+    except OriginError:
+        return None
+    try:
+        if response.status != 200:
+            return None
+        messages = await response.json(content_type=None)
+    except (aiohttp.ClientError, OSError, TimeoutError, ValueError):
+        return None
+    finally:
+        response.close()
+    closed = response.headers.get("Stream-Closed", "").lower() == "true"
+    return (messages if isinstance(messages, list) else []), closed
 
 
 class StreamWriter:
@@ -192,7 +291,7 @@ class StreamWriter:
         self._seq = 0
         self._pending: tuple[tuple[tuple[str, str], ...], bytes] | None = None
 
-    async def append(self, messages: list[dict[str, str]]) -> bool:
+    async def append(self, messages: Sequence[dict[str, Any]]) -> bool:
         started = time.perf_counter()
         taken = await self._send((), append_body(messages))
         self._metrics.resume_append_seconds.observe(time.perf_counter() - started)

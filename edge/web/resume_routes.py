@@ -14,6 +14,11 @@ Rules this module owns:
   listener, as an SSE viewer with the client's credential headers, so the edge's one tail per
   stream, its cache and its shared tier serve every reader; a read that ends before the stream
   does (the edge rotates its SSE viewers) is followed by the next, from where it stopped.
+* A reader that sees nothing new in an open answer's stream for ``--resume-lease`` (no event, no
+  lease: the edge's own SSE heartbeats do not count) takes its pump for lost and ends the answer
+  (``Pumps.end_lapsed``): the owed errors and the close written for every reader, or, if the
+  origin will not take them, given to its own client, which is then ended. No reader waits
+  without end.
 * An SSE answer whose stream the origin would not create is relayed as it came, without ids
   (it works; it is not resumable).
 * A resume whose stream does not exist (unknown, expired, another credential's) is a 404, the
@@ -27,8 +32,9 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import assert_never
 from urllib.parse import quote
 
@@ -40,12 +46,12 @@ from edge.config import ResumeRoute, Settings
 from edge.metrics import Metrics
 from edge.protocol.headers import strip_hop_by_hop, upstream_request_headers
 from edge.protocol.reads import auth_scope, scope_credentials
-from edge.protocol.sse import SseDecoder, encode_comment, encode_retry
+from edge.protocol.sse import SseDecoder, encode_comment, encode_event, encode_retry
 from edge.resume.events import Replay
 from edge.resume.ids import ResumePoint, stream_name
 from edge.resume.requests import Keep, NotFound, Relay, Resume, asked_of, upstream_headers
 from edge.web.proxy import ClientGone
-from edge.web.resume_pump import Kept, Pumps
+from edge.web.resume_pump import Ended, Kept, Pumps, Unwritable
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +84,7 @@ class ReadEnd(enum.Enum):
     ROTATED = "rotated"  # the edge's SSE viewer ended (it rotates): read on from there
     MISSING = "missing"  # no such stream (unknown, expired, another credential's)
     FAILED = "failed"  # refused, broken off, or ended having brought nothing at all
+    LAPSED = "lapsed"  # nothing new for a whole lease in an open stream: its pump is lost
 
 
 @dataclass(kw_only=True, slots=True)
@@ -90,6 +97,7 @@ class Reading:
     passed_on: Sequence[tuple[str, str]]
     resuming: bool  # a Last-Event-ID's (edge_resumes_total), not an answer's own first read
     answer: web.StreamResponse | None = None
+    news_at: float = field(default_factory=time.monotonic)  # when the log last moved on
 
 
 def keepable(response: aiohttp.ClientResponse) -> bool:
@@ -274,6 +282,21 @@ class ResumeRoutes:
                 case ReadEnd.MISSING | ReadEnd.FAILED:
                     failures += 1
                     await asyncio.sleep(RETRY_MS / 1000)
+                case ReadEnd.LAPSED:
+                    assert reading.answer is not None
+                    lapsed = await self._pumps.end_lapsed(path, self._credentials(request))
+                    match lapsed:
+                        case Ended():
+                            reading.news_at, failures = time.monotonic(), 0  # read on to the end
+                        case Unwritable(owed=owed):
+                            for message in owed:
+                                await reading.answer.write(
+                                    encode_event(message["event"], message["data"])
+                                )
+                            await reading.answer.write_eof()
+                            return reading.answer
+                        case _:
+                            assert_never(lapsed)
                 case _:
                     assert_never(end)
         if reading.answer is None:
@@ -308,9 +331,20 @@ class ResumeRoutes:
                     if reading.resuming:
                         self._metrics.resumes.labels("served").inc()
                 answer, decoder = reading.answer, SseDecoder()
-                async for chunk in read.content.iter_any():
+                lease = self._settings.resume_lease_seconds
+                while True:
+                    try:
+                        chunk = await asyncio.wait_for(
+                            read.content.readany(), reading.news_at + lease - time.monotonic()
+                        )
+                    except TimeoutError:
+                        return ReadEnd.LAPSED
+                    if not chunk:
+                        break
                     heartbeats = decoder.comments
                     replayed = reading.replay.feed(decoder.feed(chunk))
+                    if replayed.news:
+                        reading.news_at = time.monotonic()
                     if replayed.frames:
                         moved = True
                         await answer.write(b"".join(replayed.frames))
