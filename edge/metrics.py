@@ -36,6 +36,8 @@ RESUME_RESULTS = ("served", "not_found", "error")
 # the owed errors and the close (fencing the pump off), or the origin refused even that and the
 # reader gave its client the errors itself.
 RESUME_LAPSED_RESULTS = ("fenced", "unwritable")
+# Why an SSE answer on a resume route was not kept (wholly, or past a cap).
+RESUME_UNKEPT_REASONS = ("origin", "pumps", "bytes", "seconds")
 
 # A readable pass of the stream listener accepts at most edge.web.backlog.ACCEPTS_PER_PASS.
 ACCEPTS_PER_PASS_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128)
@@ -165,7 +167,9 @@ class Metrics:
         )
         self.resume_unkept = Counter(
             "edge_resume_unkept",
-            "SSE answers on resume routes relayed without ids: the origin refused their stream.",
+            "SSE answers on resume routes relayed without ids (wholly, or past a cap), by why: "
+            "the origin refused their stream, or a --resume-max-* cap.",
+            ["reason"],
             registry=self.registry,
         )
         self.resumes = Counter(

@@ -41,6 +41,9 @@ UPSTREAM_ENDED = "the upstream ended before answering; the edge closed the resum
 
 # The pump's heartbeat in the log: it is alive though its upstream says nothing.
 LEASE: dict[str, Any] = {"edge": "lease"}
+# The answer outgrew the edge's caps: kept no further (its own client gets the rest directly;
+# other readers read on to the owed errors and the close).
+UNKEPT: dict[str, Any] = {"edge": "unkept"}
 
 
 def request_message(owed: Sequence[JsonRpcId]) -> dict[str, Any]:
@@ -144,6 +147,7 @@ class Replayed:
     frames: list[bytes]
     ended: bool = False
     news: int = 0  # messages past the resume point (the edge's own too): the log moved on
+    handed_over: bool = False  # reached ``UNKEPT`` as the answer's own client: the rest is direct
 
 
 def _messages(data: str) -> list[Any]:
@@ -157,7 +161,11 @@ def _messages(data: str) -> list[Any]:
 class Replay:
     """One reader's way through an answer's stream, from a resume point."""
 
-    def __init__(self, point: ResumePoint) -> None:
+    def __init__(self, point: ResumePoint, *, own: bool = False) -> None:
+        """``own``: the answer's own client, which stops at ``UNKEPT`` (the rest comes to it
+        directly); any other reader reads on to the errors and the close."""
+        self._own = own
+        self._handed_over = False
         self._token = point.token
         self._batch_offset = point.offset
         self._read_in_batch = 0
@@ -175,6 +183,8 @@ class Replay:
         for event in events:
             if event.event == "data":
                 news += self._data(event.data, frames)
+                if self._handed_over:
+                    return Replayed(frames=frames, news=news, handed_over=True)
             elif event.event == "control" and self._control(event.data):
                 return Replayed(frames=frames, ended=True, news=news)
         return Replayed(frames=frames, news=news)
@@ -188,6 +198,9 @@ class Replay:
                 self._skip -= 1
                 continue
             news += 1
+            if self._own and message == UNKEPT:
+                self._handed_over = True
+                return news
             if not (
                 isinstance(message, dict)
                 and isinstance(message.get("event"), str)

@@ -21,6 +21,12 @@ Rules this module owns:
   takes each event once; a write it refuses (or never answers) stops the pump: what was kept
   stays, and it tries to end the answer with what it still owes (if the origin refuses that
   too, the lease lapses and readers end it).
+* Caps (``--resume-max-pumps``, ``--resume-max-bytes``, ``--resume-max-seconds``): past the
+  pumps cap a new answer is not kept (relayed without ids); an answer that outgrows the bytes or
+  seconds cap is kept no further: the pump appends ``UNKEPT``, what the request is owed and the
+  close (readers elsewhere end with the error), and hands the rest of the upstream answer to its
+  own client on this process (``Handoff``), without ids; if that client is gone, the upstream
+  answer is closed. Each is counted in ``edge_resume_unkept_total{reason}``.
 * On ``close`` (the process stopping), pumps get ``--drain-seconds`` to finish; the rest end
   their answers with what they still owe, so no reader elsewhere waits for them. A process
   killed outright cannot: its leases lapse.
@@ -33,16 +39,23 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, assert_never
 
 import aiohttp
 
 from edge.config import Settings
-from edge.metrics import Metrics
+from edge.metrics import RESUME_UNKEPT_REASONS, Metrics
 from edge.origin import OriginClient, OriginError
 from edge.protocol.headers import strip_hop_by_hop
 from edge.protocol.sse import SseDecoder
-from edge.resume.events import LEASE, Finale, append_body, kept_message, request_message
+from edge.resume.events import (
+    LEASE,
+    UNKEPT,
+    Finale,
+    append_body,
+    kept_message,
+    request_message,
+)
 from edge.resume.ids import ResumePoint, mint_token, stream_name
 
 logger = logging.getLogger(__name__)
@@ -70,6 +83,60 @@ class Kept:
     path: str
     point: ResumePoint
     headers: list[tuple[str, str]]
+    handoff: Handoff
+
+
+# How many upstream events past a cap wait for the answer's own client before the pump waits.
+HANDOFF_EVENTS = 64
+
+
+class Handoff:
+    """The rest of an answer that outgrew its caps, for the answer's own client on this process:
+    upstream messages, then None at the end. A client gone (``leave``) takes nothing more."""
+
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue[dict[str, str] | None] = asyncio.Queue(HANDOFF_EVENTS)
+        self._gone = asyncio.Event()
+
+    async def put(self, message: dict[str, str] | None) -> bool:
+        """False if the client is gone (the caller stops)."""
+        if self._gone.is_set():
+            return False
+        put = asyncio.ensure_future(self._queue.put(message))
+        gone = asyncio.ensure_future(self._gone.wait())
+        try:
+            await asyncio.wait({put, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            put.cancel()
+            gone.cancel()
+        return not self._gone.is_set()
+
+    async def get(self) -> dict[str, str] | None:
+        return await self._queue.get()
+
+    def leave(self) -> None:
+        self._gone.set()
+
+
+@dataclass(frozen=True, slots=True)
+class Copied:
+    """The upstream answer ended (or broke off): end the stream."""
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """The origin refused a write: what was kept stays; try to end the stream."""
+
+
+@dataclass(frozen=True, slots=True)
+class Outgrown:
+    """A cap was reached (``reason``): ``pending`` and the rest go to the client, not kept."""
+
+    reason: str
+    pending: list[dict[str, str]]
+
+
+CopyEnd = Copied | Refused | Outgrown
 
 
 class Pumps:
@@ -80,6 +147,9 @@ class Pumps:
         self._metrics = metrics
         self._origin = origin
         self._tasks: set[asyncio.Future[Any]] = set()
+        self._pumping = 0
+        for reason in RESUME_UNKEPT_REASONS:
+            metrics.resume_unkept.labels(reason)
 
     def detached(self, work: Awaitable[T]) -> asyncio.Future[T]:
         """Run ``work`` to its end whatever happens to the request that started it."""
@@ -104,21 +174,32 @@ class Pumps:
         credentials: list[tuple[str, str]],
     ) -> Kept | None:
         """Keep the SSE ``response`` to the request ``body`` made in ``scope``: its stream
-        created and its pump started; None if the origin would not create the stream."""
+        created and its pump started; None if it is not kept (the origin would not create the
+        stream, or this process keeps ``--resume-max-pumps`` answers already)."""
+        if self._pumping >= self._settings.resume_max_pumps:
+            self._metrics.resume_unkept.labels("pumps").inc()
+            return None
         token = mint_token()
         path = self._settings.resume_stream_prefix + stream_name(token, scope)
         finale = Finale.of_request(body)
-        if not await self._create(path, credentials, finale):
-            self._metrics.resume_unkept.inc()
+        self._pumping += 1  # counted from here: creations in flight count against the cap
+        try:
+            created = await self._create(path, credentials, finale)
+        finally:
+            self._pumping -= 1
+        if not created:
+            self._metrics.resume_unkept.labels("origin").inc()
             return None
         self._metrics.resume_streams.inc()
-        self.detached(self._pump(response, path, credentials, finale))
+        handoff = Handoff()
+        self._pumping += 1
+        self.detached(self._pump(response, path, credentials, finale, handoff))
         passed_on = [
             (name, value)
             for name, value in strip_hop_by_hop(list(response.headers.items()))
             if name.lower() not in NOT_PASSED_ON
         ]
-        return Kept(path, ResumePoint(token=token, offset="-1", skip=0), passed_on)
+        return Kept(path, ResumePoint(token=token, offset="-1", skip=0), passed_on, handoff)
 
     async def _create(self, path: str, credentials: list[tuple[str, str]], finale: Finale) -> bool:
         ttl = str(max(1, round(self._settings.resume_retention_seconds)))
@@ -136,30 +217,53 @@ class Pumps:
         path: str,
         credentials: list[tuple[str, str]],
         finale: Finale,
+        handoff: Handoff,
     ) -> None:
         self._metrics.resume_pumps.inc()
         writer = StreamWriter(self._origin, self._metrics, path, credentials)
+        decoder = SseDecoder()
+        ended = False
         try:
-            await self._copy(response, writer, finale)
-            await self._end(writer, finale)
+            copied = await self._copy(response, writer, finale, decoder)
+            match copied:
+                case Copied() | Refused():
+                    ended = True
+                    await self._end(writer, finale)
+                case Outgrown(reason=reason, pending=pending):
+                    self._metrics.resume_unkept.labels(reason).inc()
+                    logger.info("resume stream %s: kept no further (%s cap)", path, reason)
+                    ended = True
+                    await writer.append([UNKEPT])
+                    await self._end(writer, finale)
+                    await _hand_over(response, decoder, pending, handoff)
+                case _:
+                    assert_never(copied)
         except asyncio.CancelledError:
             # This process is stopping: what was kept stays, and the answer ends with what it
             # still owes, so no reader waits for it (a replica killed outright cannot: its
             # lease lapses, and a reader ends it).
-            await asyncio.shield(self._end(writer, finale))
+            if not ended:
+                await asyncio.shield(self._end(writer, finale))
             raise
         finally:
+            handoff.leave()
             response.close()
+            self._pumping -= 1
             self._metrics.resume_pumps.dec()
 
     async def _copy(
-        self, response: aiohttp.ClientResponse, writer: StreamWriter, finale: Finale
-    ) -> bool:
-        """The upstream answer into the stream, to its end, with a lease appended while it is
-        quiet; False if the origin refused a write (what was kept stays)."""
-        decoder = SseDecoder()
-        quiet = self._settings.resume_lease_seconds / 3
-        written = time.monotonic()  # the stream's creation
+        self,
+        response: aiohttp.ClientResponse,
+        writer: StreamWriter,
+        finale: Finale,
+        decoder: SseDecoder,
+    ) -> CopyEnd:
+        """The upstream answer into the stream, to its end or a cap, with a lease appended
+        while it is quiet."""
+        settings = self._settings
+        quiet = settings.resume_lease_seconds / 3
+        started = written = time.monotonic()  # the stream's creation
+        kept_bytes = 0
         try:
             async for chunk in _chunks_or_silence(response, quiet):
                 messages: list[dict[str, Any]] = [
@@ -167,17 +271,23 @@ class Pumps:
                     for event in decoder.feed(chunk or b"")
                     if (message := kept_message(event)) is not None
                 ]
+                size = sum(len(message["data"]) for message in messages)
+                if kept_bytes + size > settings.resume_max_bytes:
+                    return Outgrown("bytes", messages)
+                if time.monotonic() - started > settings.resume_max_seconds:
+                    return Outgrown("seconds", messages)
+                kept_bytes += size
                 for message in messages:
                     finale.heard(message)
                 if not messages and time.monotonic() - written >= quiet:
                     messages = [LEASE]  # quiet (or only comments): the pump is alive all the same
                 if messages:
                     if not await writer.append(messages):
-                        return False
+                        return Refused()
                     written = time.monotonic()
         except (aiohttp.ClientError, OSError, TimeoutError) as error:
             logger.info("resume stream %s: the upstream answer broke off: %r", writer.path, error)
-        return True
+        return Copied()
 
     async def _end(self, writer: StreamWriter, finale: Finale) -> None:
         """What the request is still owed, then the stream's close."""
@@ -215,6 +325,28 @@ class Pumps:
             return Ended()  # another reader ended it first
         self._metrics.resume_lapsed.labels("unwritable").inc()
         return Unwritable(owed=owed)
+
+
+async def _hand_over(
+    response: aiohttp.ClientResponse,
+    decoder: SseDecoder,
+    pending: list[dict[str, str]],
+    handoff: Handoff,
+) -> None:
+    """The rest of an outgrown answer to its own client, not kept; the upstream answer is
+    closed (by the caller) once the client is gone."""
+    for waiting in pending:
+        if not await handoff.put(waiting):
+            return
+    try:
+        async for chunk in response.content.iter_any():
+            for event in decoder.feed(chunk):
+                message = kept_message(event)
+                if message is not None and not await handoff.put(message):
+                    return
+    except (aiohttp.ClientError, OSError, TimeoutError) as error:
+        logger.info("resume route: an unkept answer broke off upstream: %r", error)
+    await handoff.put(None)
 
 
 @dataclass(frozen=True, slots=True)

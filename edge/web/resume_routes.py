@@ -19,8 +19,10 @@ Rules this module owns:
   (``Pumps.end_lapsed``): the owed errors and the close written for every reader, or, if the
   origin will not take them, given to its own client, which is then ended. No reader waits
   without end.
-* An SSE answer whose stream the origin would not create is relayed as it came, without ids
-  (it works; it is not resumable).
+* An SSE answer whose stream the origin would not create (or past ``--resume-max-pumps``) is
+  relayed as it came, without ids (it works; it is not resumable). One that outgrows a cap
+  midway is read from its stream up to ``UNKEPT``, then its own client gets the rest from the
+  pump (``Handoff``) as events without ids; a resume elsewhere ends with the owed error.
 * A resume whose stream does not exist (unknown, expired, another credential's) is a 404, the
   same for each; ``Last-Event-ID`` never goes upstream.
 * Everything else is a plain relay that streams both ways; a client that leaves cancels it, and
@@ -51,7 +53,7 @@ from edge.resume.events import Replay
 from edge.resume.ids import ResumePoint, stream_name
 from edge.resume.requests import Keep, NotFound, Relay, Resume, asked_of, upstream_headers
 from edge.web.proxy import ClientGone
-from edge.web.resume_pump import Ended, Kept, Pumps, Unwritable
+from edge.web.resume_pump import Ended, Handoff, Kept, Pumps, Unwritable
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +87,7 @@ class ReadEnd(enum.Enum):
     MISSING = "missing"  # no such stream (unknown, expired, another credential's)
     FAILED = "failed"  # refused, broken off, or ended having brought nothing at all
     LAPSED = "lapsed"  # nothing new for a whole lease in an open stream: its pump is lost
+    HANDED_OVER = "handed_over"  # the answer outgrew its caps: its own client gets the rest
 
 
 @dataclass(kw_only=True, slots=True)
@@ -98,6 +101,7 @@ class Reading:
     resuming: bool  # a Last-Event-ID's (edge_resumes_total), not an answer's own first read
     answer: web.StreamResponse | None = None
     news_at: float = field(default_factory=time.monotonic)  # when the log last moved on
+    handoff: Handoff | None = None  # the answer's own client's: the rest past a cap
 
 
 def keepable(response: aiohttp.ClientResponse) -> bool:
@@ -222,8 +226,11 @@ class ResumeRoutes:
                     return await _stream_back(request, response)
                 finally:
                     response.close()
-            case Kept(path=path, point=point, headers=passed_on):
-                return await self._serve(request, path, point, passed_on)
+            case Kept(path=path, point=point, headers=passed_on, handoff=handoff):
+                try:
+                    return await self._serve(request, path, point, passed_on, handoff)
+                finally:
+                    handoff.leave()
             case _:
                 assert_never(began)
 
@@ -250,7 +257,7 @@ class ResumeRoutes:
 
     async def _resume(self, request: web.Request, point: ResumePoint) -> web.StreamResponse:
         path = self._settings.resume_stream_prefix + stream_name(point.token, self._scope(request))
-        return await self._serve(request, path, point, [])
+        return await self._serve(request, path, point, [], None)
 
     async def _serve(
         self,
@@ -258,13 +265,15 @@ class ResumeRoutes:
         path: str,
         point: ResumePoint,
         passed_on: Sequence[tuple[str, str]],
+        handoff: Handoff | None,
     ) -> web.StreamResponse:
         """The answer's events from ``point`` on, read from its stream to the stream's end:
-        through as many reads as it takes (the edge's SSE viewers are rotated)."""
+        through as many reads as it takes (the edge's SSE viewers are rotated). ``handoff``:
+        this is the answer's own client, which gets what outgrows the caps directly."""
         resuming = request.headers.get("Last-Event-ID") is not None
         reading = Reading(
-            request=request, path=path, replay=Replay(point), passed_on=passed_on,
-            resuming=resuming,
+            request=request, path=path, replay=Replay(point, own=handoff is not None),
+            passed_on=passed_on, resuming=resuming, handoff=handoff,
         )  # fmt: skip
         failures = 0
         while failures < MAX_FAILED_READS:
@@ -282,6 +291,13 @@ class ResumeRoutes:
                 case ReadEnd.MISSING | ReadEnd.FAILED:
                     failures += 1
                     await asyncio.sleep(RETRY_MS / 1000)
+                case ReadEnd.HANDED_OVER:
+                    assert reading.answer is not None
+                    assert handoff is not None
+                    while (message := await handoff.get()) is not None:
+                        await reading.answer.write(encode_event(message["event"], message["data"]))
+                    await reading.answer.write_eof()
+                    return reading.answer
                 case ReadEnd.LAPSED:
                     assert reading.answer is not None
                     lapsed = await self._pumps.end_lapsed(path, self._credentials(request))
@@ -351,6 +367,8 @@ class ResumeRoutes:
                     elif decoder.comments > heartbeats:
                         moved = True
                         await answer.write(encode_comment("keep-alive"))
+                    if replayed.handed_over:
+                        return ReadEnd.HANDED_OVER
                     if replayed.ended:
                         await answer.write_eof()
                         return ReadEnd.ENDED

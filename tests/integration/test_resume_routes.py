@@ -464,7 +464,7 @@ async def test_without_its_origin_an_answer_is_relayed_without_ids(
             events = await read_events(answer)
         assert [event.id for event in events[:20]] == [f"up-{step}" for step in range(1, 21)]
         assert json.loads(events[-1].data)["id"] == 42
-        assert "edge_resume_unkept_total 1.0" in edge.metrics_text()
+        assert 'edge_resume_unkept_total{reason="origin"} 1.0' in edge.metrics_text()
     finally:
         edge.stop()
 
@@ -608,3 +608,52 @@ async def test_a_killed_pumping_edge_is_noticed_and_its_answer_ended_elsewhere(
         headers={"Authorization": "Bearer alice", "Last-Event-ID": events[1].id},
     ) as again:
         assert [event.data for event in await read_events(again)] == [event.data for event in rest]
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "reason"),
+    [("--resume-max-bytes", "1000", "bytes"), ("--resume-max-seconds", "1", "seconds")],
+)
+async def test_an_answer_past_a_cap_works_unkept(
+    stand: Stand,
+    own_edge: Callable[..., Edge],
+    client: aiohttp.ClientSession,
+    flag: str,
+    value: str,
+    reason: str,
+) -> None:
+    # Past a cap the answer is kept no further: its own client gets the rest directly, without
+    # ids (it works, it is not resumable), and a resume elsewhere ends with the error.
+    edge = own_edge(flag, value)
+    async with client.post(
+        edge.url + "/mcp", json=long_call(20, 0.1), headers=MCP_HEADERS
+    ) as answer:
+        events = await read_events(answer)
+    steps, ending = progress_then_end(events)
+    assert steps == list(range(1, 21))
+    assert ending["id"] == 42
+    assert ending["result"]["content"][0]["text"] == "counted 20"
+    ids = [event.id for event in events]
+    kept = [event_id for event_id in ids if event_id is not None]
+    assert 0 < len(kept) < len(ids)
+    assert ids[: len(kept)] == kept  # ids up to the cap, none after
+    assert all(parse_id(event_id) is not None for event_id in kept)
+    assert f'edge_resume_unkept_total{{reason="{reason}"}} 1.0' in edge.metrics_text()
+    async with client.get(stand.b.url + "/mcp", headers={"Last-Event-ID": kept[-1]}) as resumed:
+        assert resumed.status == 200
+        rest = [json.loads(event.data) for event in await read_events(resumed)]
+    assert [(message["id"], message["error"]["code"]) for message in rest] == [(42, -32000)]
+
+
+async def test_past_the_pumps_cap_an_answer_is_relayed_without_ids(
+    own_edge: Callable[..., Edge], client: aiohttp.ClientSession
+) -> None:
+    edge = own_edge("--resume-max-pumps", "0")
+    async with client.post(
+        edge.url + "/mcp", json=long_call(3, 0.05), headers=MCP_HEADERS
+    ) as answer:
+        assert "Edge-Resume-Stream" not in answer.headers
+        events = await read_events(answer)
+    assert json.loads(events[-1].data)["result"]["content"][0]["text"] == "counted 3"
+    assert all(event.id is None or parse_id(event.id) is None for event in events)
+    assert 'edge_resume_unkept_total{reason="pumps"} 1.0' in edge.metrics_text()
