@@ -37,7 +37,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, TypeVar, assert_never
 
@@ -227,14 +228,14 @@ class Pumps:
             copied = await self._copy(response, writer, finale, decoder)
             match copied:
                 case Copied() | Refused():
-                    ended = True
                     await self._end(writer, finale)
+                    ended = True
                 case Outgrown(reason=reason, pending=pending):
                     self._metrics.resume_unkept.labels(reason).inc()
                     logger.info("resume stream %s: kept no further (%s cap)", path, reason)
-                    ended = True
                     await writer.append([UNKEPT])
                     await self._end(writer, finale)
+                    ended = True
                     await _hand_over(response, decoder, pending, handoff)
                 case _:
                     assert_never(copied)
@@ -265,26 +266,30 @@ class Pumps:
         started = written = time.monotonic()  # the stream's creation
         kept_bytes = 0
         try:
-            async for chunk in _chunks_or_silence(response, quiet):
-                messages: list[dict[str, Any]] = [
-                    message
-                    for event in decoder.feed(chunk or b"")
-                    if (message := kept_message(event)) is not None
-                ]
-                size = sum(len(message["data"]) for message in messages)
-                if kept_bytes + size > settings.resume_max_bytes:
-                    return Outgrown("bytes", messages)
-                if time.monotonic() - started > settings.resume_max_seconds:
-                    return Outgrown("seconds", messages)
-                kept_bytes += size
-                for message in messages:
-                    finale.heard(message)
-                if not messages and time.monotonic() - written >= quiet:
-                    messages = [LEASE]  # quiet (or only comments): the pump is alive all the same
-                if messages:
-                    if not await writer.append(messages):
-                        return Refused()
-                    written = time.monotonic()
+            # aclosing: a return midway (a cap, a refusal) ends the read it has waiting, so the
+            # answer can be read on (the hand-over) without two reads at once.
+            async with aclosing(_chunks_or_silence(response, quiet)) as chunks:
+                async for chunk in chunks:
+                    messages: list[dict[str, Any]] = [
+                        message
+                        for event in decoder.feed(chunk or b"")
+                        if (message := kept_message(event)) is not None
+                    ]
+                    size = sum(len(message["data"]) for message in messages)
+                    if kept_bytes + size > settings.resume_max_bytes:
+                        return Outgrown("bytes", messages)
+                    if time.monotonic() - started > settings.resume_max_seconds:
+                        return Outgrown("seconds", messages)
+                    kept_bytes += size
+                    for message in messages:
+                        finale.heard(message)
+                    if not messages and time.monotonic() - written >= quiet:
+                        # Quiet (or only comments): the pump is alive all the same.
+                        messages = [LEASE]
+                    if messages:
+                        if not await writer.append(messages):
+                            return Refused()
+                        written = time.monotonic()
         except (aiohttp.ClientError, OSError, TimeoutError) as error:
             logger.info("resume stream %s: the upstream answer broke off: %r", writer.path, error)
         return Copied()
@@ -366,7 +371,7 @@ Lapsed = Ended | Unwritable
 
 async def _chunks_or_silence(
     response: aiohttp.ClientResponse, quiet: float
-) -> AsyncIterator[bytes | None]:
+) -> AsyncGenerator[bytes | None]:
     """The upstream answer's chunks, and None for each ``quiet`` seconds without one."""
     pending: asyncio.Task[bytes] | None = None
     try:

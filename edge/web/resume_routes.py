@@ -66,6 +66,7 @@ MAX_BODY_BYTES = 4 * 1024 * 1024
 # short (it resumes with its last id).
 MAX_FAILED_READS = 3
 RETRY_MS = 1000
+LEASE_GRACE_SECONDS = 1.0
 EVENT_STREAM = "text/event-stream"
 
 
@@ -350,8 +351,11 @@ class ResumeRoutes:
                 lease = self._settings.resume_lease_seconds
                 while True:
                     try:
+                        # At least a second: a reader held up writing to a slow client
+                        # finds what arrived meanwhile before it calls the log silent.
                         chunk = await asyncio.wait_for(
-                            read.content.readany(), reading.news_at + lease - time.monotonic()
+                            read.content.readany(),
+                            max(LEASE_GRACE_SECONDS, reading.news_at + lease - time.monotonic()),
                         )
                     except TimeoutError:
                         return ReadEnd.LAPSED

@@ -611,28 +611,35 @@ async def test_a_killed_pumping_edge_is_noticed_and_its_answer_ended_elsewhere(
 
 
 @pytest.mark.parametrize(
-    ("flag", "value", "reason"),
-    [("--resume-max-bytes", "1000", "bytes"), ("--resume-max-seconds", "1", "seconds")],
+    ("flags", "n", "delay", "reason"),
+    [
+        (("--resume-max-bytes", "1000"), 20, 0.1, "bytes"),
+        (("--resume-max-seconds", "1"), 20, 0.1, "seconds"),
+        # Reached while the upstream is silent (the pump's lease tick, 1 s after the first
+        # event), its read of the upstream waiting: the hand-over reads on from there.
+        (("--resume-max-seconds", "2", "--resume-lease", "3"), 3, 1.5, "seconds"),
+    ],
 )
 async def test_an_answer_past_a_cap_works_unkept(
     stand: Stand,
     own_edge: Callable[..., Edge],
     client: aiohttp.ClientSession,
-    flag: str,
-    value: str,
+    flags: tuple[str, ...],
+    n: int,
+    delay: float,
     reason: str,
 ) -> None:
     # Past a cap the answer is kept no further: its own client gets the rest directly, without
     # ids (it works, it is not resumable), and a resume elsewhere ends with the error.
-    edge = own_edge(flag, value)
+    edge = own_edge(*flags)
     async with client.post(
-        edge.url + "/mcp", json=long_call(20, 0.1), headers=MCP_HEADERS
+        edge.url + "/mcp", json=long_call(n, delay), headers=MCP_HEADERS
     ) as answer:
         events = await read_events(answer)
     steps, ending = progress_then_end(events)
-    assert steps == list(range(1, 21))
+    assert steps == list(range(1, n + 1))
     assert ending["id"] == 42
-    assert ending["result"]["content"][0]["text"] == "counted 20"
+    assert ending["result"]["content"][0]["text"] == f"counted {n}"
     ids = [event.id for event in events]
     kept = [event_id for event_id in ids if event_id is not None]
     assert 0 < len(kept) < len(ids)
