@@ -95,17 +95,21 @@ class Finale:
         message names, less the responses kept since."""
         finale = cls()
         for message in messages:
-            if not isinstance(message, dict):
-                continue
-            if message.get("edge") == "request" and isinstance(message.get("owed"), list):
-                finale.owed = [
-                    item
-                    for item in message["owed"]
-                    if isinstance(item, (int, str)) and not isinstance(item, bool)
-                ]
-            elif isinstance(message.get("data"), str):
-                finale.heard(message)
+            finale.note(message)
         return finale
+
+    def note(self, message: Any) -> None:
+        """One message of an answer's stream, read in order."""
+        if not isinstance(message, dict):
+            return
+        if message.get("edge") == "request" and isinstance(message.get("owed"), list):
+            self.owed = [
+                item
+                for item in message["owed"]
+                if isinstance(item, (int, str)) and not isinstance(item, bool)
+            ]
+        elif isinstance(message.get("data"), str):
+            self.heard(message)
 
     def heard(self, message: dict[str, Any]) -> None:
         """A kept message: a response to an owed id pays it."""
@@ -166,6 +170,8 @@ class Replay:
         directly); any other reader reads on to the errors and the close."""
         self._own = own
         self._handed_over = False
+        # What the messages this reader has read owe (all of it if it read from the start).
+        self.read_so_far = Finale()
         self._token = point.token
         self._batch_offset = point.offset
         self._read_in_batch = 0
@@ -194,6 +200,7 @@ class Replay:
         news = 0
         for message in _messages(data):
             self._read_in_batch += 1
+            self.read_so_far.note(message)
             if self._skip > 0:
                 self._skip -= 1
                 continue

@@ -310,7 +310,7 @@ class Pumps:
         log = await _read_whole(self._origin, path, credentials)
         match log:
             case None:
-                return Unwritable(owed=[])
+                return Unwritable(owed=None)
             case (_, True):
                 return Ended()
             case (messages, False):
@@ -361,9 +361,10 @@ class Ended:
 
 @dataclass(frozen=True, slots=True)
 class Unwritable:
-    """The origin would not end the answer: the reader gives its client ``owed`` itself."""
+    """The origin would not end the answer: the reader gives its client ``owed`` itself
+    (None: the log could not be read to tell; the reader goes by what it has read)."""
 
-    owed: list[dict[str, str]]
+    owed: list[dict[str, str]] | None
 
 
 Lapsed = Ended | Unwritable

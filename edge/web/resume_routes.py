@@ -306,6 +306,8 @@ class ResumeRoutes:
                         case Ended():
                             reading.news_at, failures = time.monotonic(), 0  # read on to the end
                         case Unwritable(owed=owed):
+                            if owed is None:
+                                owed = reading.replay.read_so_far.still_owed()
                             for message in owed:
                                 await reading.answer.write(
                                     encode_event(message["event"], message["data"])
