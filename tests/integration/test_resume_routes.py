@@ -664,3 +664,43 @@ async def test_past_the_pumps_cap_an_answer_is_relayed_without_ids(
     assert json.loads(events[-1].data)["result"]["content"][0]["text"] == "counted 3"
     assert all(event.id is None or parse_id(event.id) is None for event in events)
     assert 'edge_resume_unkept_total{reason="pumps"} 1.0' in edge.metrics_text()
+
+
+async def test_a_pump_that_gives_up_on_its_origin_ends_the_answer_when_it_can(
+    stand: Stand, tmp_path: Path, client: aiohttp.ClientSession
+) -> None:
+    # The origin stays away past the pump's write retries: the pump gives up on the upstream
+    # answer, and ends the log (what it still had to write, the owed error, the close) once the
+    # origin is back, so a resume gets what was kept, then the error, then the end.
+    port, data = free_port(), tmp_path / "data"
+    first = start_origin(tmp_path, data_dir=data, port=port, name="away-origin")
+    raw_url = str(stand.upstream.ready["url"]).removesuffix("/mcp") + "/raw"
+    edge = start_edge(first.url, tmp_path, "--resume-route", f"/raw={raw_url}", name="edge-g")
+    again: Origin | None = None
+    try:
+        async with client.post(
+            edge.url + "/raw/slow?tag=gives-up", json=CALL, headers=MCP_HEADERS
+        ) as answer:
+            path = answer.headers["Edge-Resume-Stream"]
+            seen = await first_events(answer, 2)
+            answer.close()
+        first.stop()
+        await until(lambda: "answered a write 0" in edge.process.log.read_text())  # gave up
+        again = start_origin(tmp_path, data_dir=data, port=port, name="away-origin-2")
+        last_id = seen[1].id
+        assert last_id is not None
+        async with client.get(edge.url + "/raw", headers={"Last-Event-ID": last_id}) as resumed:
+            assert resumed.status == 200
+            rest = [json.loads(event.data) for event in await read_events(resumed)]
+        *progress, ending = rest
+        steps = [message["params"]["progress"] for message in progress]
+        assert steps == list(range(3, 3 + len(steps)))
+        assert len(steps) < 18
+        assert ending["id"] == 42
+        assert ending["error"]["code"] == -32000
+        _, closed = await kept_so_far_at(client, again, path)
+        assert closed
+        assert 'edge_resume_lapsed_total{result="fenced"}' not in edge.metrics_text()
+    finally:
+        edge.stop()
+        (again or first).stop()
