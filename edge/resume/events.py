@@ -20,7 +20,9 @@ Rules this module owns:
   never given an id: the first (``request_message``) names the JSON-RPC ids the request is owed,
   so a replica that never saw the request can end the answer (``Finale.of_log``); a lease
   (``LEASE``) is appended while the upstream is quiet, so readers can tell a quiet pump from a
-  dead one (``edge.web.resume_pump``).
+  dead one (``edge.web.resume_pump``); ``UNKEPT`` marks where an answer outgrew the caps: the
+  answer's own reader (``Replay(own=True)``) stops there (the rest comes to it directly), any
+  other reads on to the owed errors and the close.
 """
 
 from __future__ import annotations
