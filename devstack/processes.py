@@ -220,12 +220,15 @@ class Edge:
         return self.process.stop()
 
 
-def start_mcp_upstream(logs_dir: Path, seen_file: Path, *, name: str = "mcp-upstream") -> Process:
+def start_mcp_upstream(
+    logs_dir: Path, seen_file: Path, *, name: str = "mcp-upstream", stateful: bool = False
+) -> Process:
     """The official MCP SDK's server with a slow tool (``tests/integration/mcp_upstream.py``),
     an agent backend for resume routes; ``ready["url"]`` is its endpoint. Every request it
-    receives is recorded in ``seen_file``."""
+    receives is recorded in ``seen_file``. ``stateful``: sessions in memory, not stateless."""
     script = REPO / "tests" / "integration" / "mcp_upstream.py"
-    return _spawn(name, [sys.executable, str(script), "0", str(seen_file)], logs_dir)
+    argv = [sys.executable, str(script), "0", str(seen_file)]
+    return _spawn(name, [*argv, "--stateful"] if stateful else argv, logs_dir)
 
 
 def workers_under_test() -> str:

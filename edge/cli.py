@@ -614,6 +614,36 @@ SERVE_OPTIONS = (
         "/_edge/resume/",
         "Path at the origin under which the answers of resume routes are kept, one stream each.",
     ),
+    Option(
+        "--resume-lease",
+        _duration,
+        "30",
+        "A pump appends a lease to its answer's stream while its upstream is quiet; a reader "
+        "that sees nothing in an open answer for this long ends it with a JSON-RPC error (its "
+        "replica died, or the origin refuses its writes). Longer than an origin's restart.",
+        field="resume_lease_seconds",
+    ),
+    Option(
+        "--resume-max-pumps",
+        _whole_number,
+        "1000",
+        "Answers this process keeps at once; past it, a new answer is relayed without ids (it "
+        'works, it is not resumable), counted in edge_resume_unkept_total{reason="pumps"}.',
+    ),
+    Option(
+        "--resume-max-bytes",
+        _byte_size,
+        "16MiB",
+        "Bytes of one answer's events kept; past it the rest goes to its own client without ids "
+        "and a resume elsewhere ends with the JSON-RPC error.",
+    ),
+    Option(
+        "--resume-max-seconds",
+        _duration,
+        "3600",
+        "How long one answer is kept; past it the rest goes to its own client without ids and a "
+        "resume elsewhere ends with the JSON-RPC error.",
+    ),
 )
 
 FLAG_OF_SETTING = {option.setting: option.flag for option in SERVE_OPTIONS}
@@ -673,7 +703,13 @@ TOPICS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "--cloudflare-api-url", "--browser-max-age",
         ),
     ),
-    ("resume routes", ("--resume-route", "--resume-retention", "--resume-stream-prefix")),
+    (
+        "resume routes",
+        (
+            "--resume-route", "--resume-retention", "--resume-stream-prefix", "--resume-lease",
+            "--resume-max-pumps", "--resume-max-bytes", "--resume-max-seconds",
+        ),
+    ),
     ("observability", ("--log-level", "--origin-health-path")),
     ("admin", ("--admin-token", "--admin-protect")),
 )  # fmt: skip

@@ -242,6 +242,16 @@ class Settings:
     resume_retention_seconds: float = 600 * SECONDS
     # Where those streams live at the origin: one path segment per answer is added.
     resume_stream_prefix: str = "/_edge/resume/"
+    # A pump appends a lease while its upstream is quiet (every third of this); a reader that
+    # sees nothing in an open answer's stream for this long takes the pump for dead and ends the
+    # answer. Longer than a pump's write retries (~16 s), so an origin's restart is not a death.
+    resume_lease_seconds: float = 30 * SECONDS
+    # Caps on what this process keeps: past them an answer goes on to its own client without
+    # ids (it works, it is not resumable): a pump per answer at once, the bytes of one answer's
+    # events, and how long one answer is kept.
+    resume_max_pumps: int = 1000
+    resume_max_bytes: int = 16 * 1024 * 1024
+    resume_max_seconds: float = 3600 * SECONDS
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.origin)
@@ -325,6 +335,10 @@ class Settings:
     def _check_resume(self) -> None:
         if self.resume_retention_seconds < 1:
             raise ConfigError("{resume_retention_seconds} must be at least a second")
+        if self.resume_max_pumps < 0 or self.resume_max_bytes < 0 or self.resume_max_seconds < 0:
+            raise ConfigError("the resume caps must not be negative")
+        if self.resume_lease_seconds < 1:
+            raise ConfigError("{resume_lease_seconds} must be at least a second")
         prefix = self.resume_stream_prefix
         if not prefix.startswith("/") or not prefix.endswith("/") or "?" in prefix:
             raise ConfigError("{resume_stream_prefix} must be a path that starts and ends with /")

@@ -32,6 +32,12 @@ CDN_PURGE_RESULTS = ("ok", "error", "dropped", "gave_up", "abandoned")
 # What became of a request carrying one of the edge's ids on a resume route (edge.resume):
 # served from its stream, or found nothing (unknown, expired, another credential's, not an id).
 RESUME_RESULTS = ("served", "not_found", "error")
+# How an answer whose pump went silent past its lease was ended by a reader: the reader wrote
+# the owed errors and the close (fencing the pump off), or the origin refused even that and the
+# reader gave its client the errors itself.
+RESUME_LAPSED_RESULTS = ("fenced", "unwritable")
+# Why an SSE answer on a resume route was not kept (wholly, or past a cap).
+RESUME_UNKEPT_REASONS = ("origin", "pumps", "bytes", "seconds")
 
 # A readable pass of the stream listener accepts at most edge.web.backlog.ACCEPTS_PER_PASS.
 ACCEPTS_PER_PASS_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128)
@@ -161,7 +167,9 @@ class Metrics:
         )
         self.resume_unkept = Counter(
             "edge_resume_unkept",
-            "SSE answers on resume routes relayed without ids: the origin refused their stream.",
+            "SSE answers on resume routes relayed without ids (wholly, or past a cap), by why: "
+            "the origin refused their stream, or a --resume-max-* cap.",
+            ["reason"],
             registry=self.registry,
         )
         self.resumes = Counter(
@@ -174,6 +182,13 @@ class Metrics:
             "edge_resume_append_seconds",
             "Time the origin took to take one append of a resume route's events.",
             buckets=DURATION_BUCKETS,
+            registry=self.registry,
+        )
+        self.resume_lapsed = Counter(
+            "edge_resume_lapsed",
+            "Answers on resume routes whose pump went silent past --resume-lease, ended by a "
+            "reader, by how.",
+            ["result"],
             registry=self.registry,
         )
         self.resume_pumps = Gauge(

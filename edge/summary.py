@@ -112,7 +112,11 @@ def startup_lines(
         )
         lines.append(
             f"  resume   {routes}; SSE answers kept resumable at the origin under "
-            f"{settings.resume_stream_prefix} for {_seconds(settings.resume_retention_seconds)}"
+            f"{settings.resume_stream_prefix} for {_seconds(settings.resume_retention_seconds)}; "
+            f"lease {_seconds(settings.resume_lease_seconds)}, at most "
+            f"{settings.resume_max_pumps} at once, each up to "
+            f"{settings.resume_max_bytes // 1024} KiB and "
+            f"{_seconds(settings.resume_max_seconds)}"
         )
     if limits is not None:
         lines.append(f"  limits   {limits}")

@@ -16,6 +16,13 @@ Rules this module owns:
   JSON arrays of messages, ``control`` events with ``streamNextOffset``) into the upstream's
   events again, each with the edge's id: the offset where the read of its batch started and how
   many messages from there it is. A resume point's ``skip`` drops the events already seen.
+* An answer's stream also holds the edge's own messages (``{"edge": ...}``), never shown and
+  never given an id: the first (``request_message``) names the JSON-RPC ids the request is owed,
+  so a replica that never saw the request can end the answer (``Finale.of_log``); a lease
+  (``LEASE``) is appended while the upstream is quiet, so readers can tell a quiet pump from a
+  dead one (``edge.web.resume_pump``); ``UNKEPT`` marks where an answer outgrew the caps: the
+  answer's own reader (``Replay(own=True)``) stops there (the rest comes to it directly), any
+  other reads on to the owed errors and the close.
 """
 
 from __future__ import annotations
@@ -34,6 +41,18 @@ UPSTREAM_ENDED_CODE = -32000
 UPSTREAM_ENDED = "the upstream ended before answering; the edge closed the resumable answer"
 
 
+# The pump's heartbeat in the log: it is alive though its upstream says nothing.
+LEASE: dict[str, Any] = {"edge": "lease"}
+# The answer outgrew the edge's caps: kept no further (its own client gets the rest directly;
+# other readers read on to the owed errors and the close).
+UNKEPT: dict[str, Any] = {"edge": "unkept"}
+
+
+def request_message(owed: Sequence[JsonRpcId]) -> dict[str, Any]:
+    """The first message of an answer's stream: the request ids it owes."""
+    return {"edge": "request", "owed": list(owed)}
+
+
 def kept_message(event: SseEvent) -> dict[str, str] | None:
     """What is appended for one upstream event, or None for one that is not kept."""
     if event.data == "":
@@ -41,7 +60,7 @@ def kept_message(event: SseEvent) -> dict[str, str] | None:
     return {"event": event.event, "data": event.data}
 
 
-def append_body(messages: Sequence[dict[str, str]]) -> bytes:
+def append_body(messages: Sequence[dict[str, Any]]) -> bytes:
     """One append of ``messages`` to a JSON stream (an array appends each element)."""
     return json.dumps(list(messages), separators=(",", ":"), ensure_ascii=False).encode()
 
@@ -72,7 +91,29 @@ class Finale:
             return cls()
         return cls(owed=_request_ids(value))
 
-    def heard(self, message: dict[str, str]) -> None:
+    @classmethod
+    def of_log(cls, messages: Iterable[Any]) -> Finale:
+        """What an answer's whole stream, as kept so far, is still owed: the ids its first
+        message names, less the responses kept since."""
+        finale = cls()
+        for message in messages:
+            finale.note(message)
+        return finale
+
+    def note(self, message: Any) -> None:
+        """One message of an answer's stream, read in order."""
+        if not isinstance(message, dict):
+            return
+        if message.get("edge") == "request" and isinstance(message.get("owed"), list):
+            self.owed = [
+                item
+                for item in message["owed"]
+                if isinstance(item, (int, str)) and not isinstance(item, bool)
+            ]
+        elif isinstance(message.get("data"), str):
+            self.heard(message)
+
+    def heard(self, message: dict[str, Any]) -> None:
         """A kept message: a response to an owed id pays it."""
         try:
             value = json.loads(message["data"])
@@ -111,6 +152,8 @@ class Replayed:
 
     frames: list[bytes]
     ended: bool = False
+    news: int = 0  # messages past the resume point (the edge's own too): the log moved on
+    handed_over: bool = False  # reached ``UNKEPT`` as the answer's own client: the rest is direct
 
 
 def _messages(data: str) -> list[Any]:
@@ -124,7 +167,13 @@ def _messages(data: str) -> list[Any]:
 class Replay:
     """One reader's way through an answer's stream, from a resume point."""
 
-    def __init__(self, point: ResumePoint) -> None:
+    def __init__(self, point: ResumePoint, *, own: bool = False) -> None:
+        """``own``: the answer's own client, which stops at ``UNKEPT`` (the rest comes to it
+        directly); any other reader reads on to the errors and the close."""
+        self._own = own
+        self._handed_over = False
+        # What the messages this reader has read owe (all of it if it read from the start).
+        self.read_so_far = Finale()
         self._token = point.token
         self._batch_offset = point.offset
         self._read_in_batch = 0
@@ -138,20 +187,29 @@ class Replay:
 
     def feed(self, events: Iterable[SseEvent]) -> Replayed:
         frames: list[bytes] = []
+        news = 0
         for event in events:
             if event.event == "data":
-                frames.extend(self._data(event.data))
+                news += self._data(event.data, frames)
+                if self._handed_over:
+                    return Replayed(frames=frames, news=news, handed_over=True)
             elif event.event == "control" and self._control(event.data):
-                return Replayed(frames=frames, ended=True)
-        return Replayed(frames=frames)
+                return Replayed(frames=frames, ended=True, news=news)
+        return Replayed(frames=frames, news=news)
 
-    def _data(self, data: str) -> list[bytes]:
-        frames: list[bytes] = []
+    def _data(self, data: str, frames: list[bytes]) -> int:
+        """The frames of a data event's messages, added to ``frames``; how many were new."""
+        news = 0
         for message in _messages(data):
             self._read_in_batch += 1
+            self.read_so_far.note(message)
             if self._skip > 0:
                 self._skip -= 1
                 continue
+            news += 1
+            if self._own and message == UNKEPT:
+                self._handed_over = True
+                return news
             if not (
                 isinstance(message, dict)
                 and isinstance(message.get("event"), str)
@@ -164,7 +222,7 @@ class Replay:
             frames.append(
                 encode_event(message["event"], message["data"], event_id=encode_id(point))
             )
-        return frames
+        return news
 
     def _control(self, data: str) -> bool:
         """Whether the control event ends the stream."""

@@ -4,8 +4,14 @@ the durable stream that keeps it (``edge.resume``).
 Rules this module owns:
 
 * A kept answer's stream is created at the origin (``PUT``, ``application/json``,
-  ``Stream-TTL`` = ``--resume-retention``) before anything of it is read; one the origin will not
-  create is not kept (the caller relays the answer without ids, ``edge_resume_unkept_total``).
+  ``Stream-TTL`` = ``--resume-retention``) before anything of it is read, holding the request
+  ids it owes (``request_message``); one the origin will not create is not kept (the caller
+  relays the answer without ids, ``edge_resume_unkept_total``).
+* While the upstream is quiet, the pump appends a lease (``LEASE``) every third of
+  ``--resume-lease``: an open stream with nothing new for a whole lease has lost its pump.
+  ``end_lapsed`` is what a reader then does: it writes what the request is still owed and the
+  close as the same producer with epoch 1, which fences the lost pump's writes off (the origin
+  refuses a lower epoch), so the answer ends once and nothing more is appended.
 * The pump runs in a task of its own: a client that leaves cancels none of it (MCP 2025-11-25:
   a disconnect is not a cancellation). It copies the upstream answer to its end, one append per
   upstream chunk, each answered by the origin before the next chunk is read; then it appends
@@ -13,10 +19,17 @@ Rules this module owns:
 * The pump writes as one idempotent producer (``StreamWriter``): a write the origin did not
   answer is sent again, for some 16 s, with the same ``Producer-Seq``, so the origin
   takes each event once; a write it refuses (or never answers) stops the pump: what was kept
-  stays, nothing is invented.
+  stays, and it tries to end the answer with what it still owes (if the origin refuses that
+  too, the lease lapses and readers end it).
+* Caps (``--resume-max-pumps``, ``--resume-max-bytes``, ``--resume-max-seconds``): past the
+  pumps cap a new answer is not kept (relayed without ids); an answer that outgrows the bytes or
+  seconds cap is kept no further: the pump appends ``UNKEPT``, what the request is owed and the
+  close (readers elsewhere end with the error), and hands the rest of the upstream answer to its
+  own client on this process (``Handoff``), without ids; if that client is gone, the upstream
+  answer is closed. Each is counted in ``edge_resume_unkept_total{reason}``.
 * On ``close`` (the process stopping), pumps get ``--drain-seconds`` to finish; the rest end
   their answers with what they still owe, so no reader elsewhere waits for them. A process
-  killed outright cannot: a lease is for later (docs/resume.md).
+  killed outright cannot: its leases lapse.
 """
 
 from __future__ import annotations
@@ -24,18 +37,26 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, assert_never
 
 import aiohttp
 
 from edge.config import Settings
-from edge.metrics import Metrics
+from edge.metrics import RESUME_UNKEPT_REASONS, Metrics
 from edge.origin import OriginClient, OriginError
 from edge.protocol.headers import strip_hop_by_hop
 from edge.protocol.sse import SseDecoder
-from edge.resume.events import Finale, append_body, kept_message
+from edge.resume.events import (
+    LEASE,
+    UNKEPT,
+    Finale,
+    append_body,
+    kept_message,
+    request_message,
+)
 from edge.resume.ids import ResumePoint, mint_token, stream_name
 
 logger = logging.getLogger(__name__)
@@ -63,6 +84,60 @@ class Kept:
     path: str
     point: ResumePoint
     headers: list[tuple[str, str]]
+    handoff: Handoff
+
+
+# How many upstream events past a cap wait for the answer's own client before the pump waits.
+HANDOFF_EVENTS = 64
+
+
+class Handoff:
+    """The rest of an answer that outgrew its caps, for the answer's own client on this process:
+    upstream messages, then None at the end. A client gone (``leave``) takes nothing more."""
+
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue[dict[str, str] | None] = asyncio.Queue(HANDOFF_EVENTS)
+        self._gone = asyncio.Event()
+
+    async def put(self, message: dict[str, str] | None) -> bool:
+        """False if the client is gone (the caller stops)."""
+        if self._gone.is_set():
+            return False
+        put = asyncio.ensure_future(self._queue.put(message))
+        gone = asyncio.ensure_future(self._gone.wait())
+        try:
+            await asyncio.wait({put, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            put.cancel()
+            gone.cancel()
+        return not self._gone.is_set()
+
+    async def get(self) -> dict[str, str] | None:
+        return await self._queue.get()
+
+    def leave(self) -> None:
+        self._gone.set()
+
+
+@dataclass(frozen=True, slots=True)
+class Copied:
+    """The upstream answer ended (or broke off): end the stream."""
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """The origin refused a write: what was kept stays; try to end the stream."""
+
+
+@dataclass(frozen=True, slots=True)
+class Outgrown:
+    """A cap was reached (``reason``): ``pending`` and the rest go to the client, not kept."""
+
+    reason: str
+    pending: list[dict[str, str]]
+
+
+CopyEnd = Copied | Refused | Outgrown
 
 
 class Pumps:
@@ -73,6 +148,9 @@ class Pumps:
         self._metrics = metrics
         self._origin = origin
         self._tasks: set[asyncio.Future[Any]] = set()
+        self._pumping = 0
+        for reason in RESUME_UNKEPT_REASONS:
+            metrics.resume_unkept.labels(reason)
 
     def detached(self, work: Awaitable[T]) -> asyncio.Future[T]:
         """Run ``work`` to its end whatever happens to the request that started it."""
@@ -97,25 +175,38 @@ class Pumps:
         credentials: list[tuple[str, str]],
     ) -> Kept | None:
         """Keep the SSE ``response`` to the request ``body`` made in ``scope``: its stream
-        created and its pump started; None if the origin would not create the stream."""
+        created and its pump started; None if it is not kept (the origin would not create the
+        stream, or this process keeps ``--resume-max-pumps`` answers already)."""
+        if self._pumping >= self._settings.resume_max_pumps:
+            self._metrics.resume_unkept.labels("pumps").inc()
+            return None
         token = mint_token()
         path = self._settings.resume_stream_prefix + stream_name(token, scope)
-        if not await self._create(path, credentials):
-            self._metrics.resume_unkept.inc()
+        finale = Finale.of_request(body)
+        self._pumping += 1  # counted from here: creations in flight count against the cap
+        try:
+            created = await self._create(path, credentials, finale)
+        finally:
+            self._pumping -= 1
+        if not created:
+            self._metrics.resume_unkept.labels("origin").inc()
             return None
         self._metrics.resume_streams.inc()
-        self.detached(self._pump(response, path, credentials, Finale.of_request(body)))
+        handoff = Handoff()
+        self._pumping += 1
+        self.detached(self._pump(response, path, credentials, finale, handoff))
         passed_on = [
             (name, value)
             for name, value in strip_hop_by_hop(list(response.headers.items()))
             if name.lower() not in NOT_PASSED_ON
         ]
-        return Kept(path, ResumePoint(token=token, offset="-1", skip=0), passed_on)
+        return Kept(path, ResumePoint(token=token, offset="-1", skip=0), passed_on, handoff)
 
-    async def _create(self, path: str, credentials: list[tuple[str, str]]) -> bool:
+    async def _create(self, path: str, credentials: list[tuple[str, str]], finale: Finale) -> bool:
         ttl = str(max(1, round(self._settings.resume_retention_seconds)))
         headers = [*credentials, ("Content-Type", JSON), ("Stream-TTL", ttl)]
-        status = await write_once(self._origin, "PUT", path, headers)
+        first = append_body([request_message(finale.owed)])
+        status = await write_once(self._origin, "PUT", path, headers, first)
         if status not in (200, 201):
             logger.warning("resume stream %s: the origin answered its creation %d", path, status)
             return False
@@ -127,42 +218,81 @@ class Pumps:
         path: str,
         credentials: list[tuple[str, str]],
         finale: Finale,
+        handoff: Handoff,
     ) -> None:
         self._metrics.resume_pumps.inc()
         writer = StreamWriter(self._origin, self._metrics, path, credentials)
+        decoder = SseDecoder()
+        ended = False
         try:
-            if await self._copy(response, writer, finale):
-                await self._end(writer, finale)
+            copied = await self._copy(response, writer, finale, decoder)
+            match copied:
+                case Copied() | Refused():
+                    await self._end(writer, finale)
+                    ended = True
+                case Outgrown(reason=reason, pending=pending):
+                    self._metrics.resume_unkept.labels(reason).inc()
+                    logger.info("resume stream %s: kept no further (%s cap)", path, reason)
+                    await writer.append([UNKEPT])
+                    await self._end(writer, finale)
+                    ended = True
+                    await _hand_over(response, decoder, pending, handoff)
+                case _:
+                    assert_never(copied)
         except asyncio.CancelledError:
             # This process is stopping: what was kept stays, and the answer ends with what it
-            # still owes, so no reader waits for it (a replica killed outright cannot: a lease
-            # is for later, docs/resume.md).
-            await asyncio.shield(self._end(writer, finale))
+            # still owes, so no reader waits for it (a replica killed outright cannot: its
+            # lease lapses, and a reader ends it).
+            if not ended:
+                await asyncio.shield(self._end(writer, finale))
             raise
         finally:
+            handoff.leave()
             response.close()
+            self._pumping -= 1
             self._metrics.resume_pumps.dec()
 
     async def _copy(
-        self, response: aiohttp.ClientResponse, writer: StreamWriter, finale: Finale
-    ) -> bool:
-        """The upstream answer into the stream, to its end; False if the origin refused it
-        (what was kept stays, nothing is invented)."""
-        decoder = SseDecoder()
+        self,
+        response: aiohttp.ClientResponse,
+        writer: StreamWriter,
+        finale: Finale,
+        decoder: SseDecoder,
+    ) -> CopyEnd:
+        """The upstream answer into the stream, to its end or a cap, with a lease appended
+        while it is quiet."""
+        settings = self._settings
+        quiet = settings.resume_lease_seconds / 3
+        started = written = time.monotonic()  # the stream's creation
+        kept_bytes = 0
         try:
-            async for chunk in response.content.iter_any():
-                messages = [
-                    message
-                    for event in decoder.feed(chunk)
-                    if (message := kept_message(event)) is not None
-                ]
-                for message in messages:
-                    finale.heard(message)
-                if messages and not await writer.append(messages):
-                    return False
+            # aclosing: a return midway (a cap, a refusal) ends the read it has waiting, so the
+            # answer can be read on (the hand-over) without two reads at once.
+            async with aclosing(_chunks_or_silence(response, quiet)) as chunks:
+                async for chunk in chunks:
+                    messages: list[dict[str, Any]] = [
+                        message
+                        for event in decoder.feed(chunk or b"")
+                        if (message := kept_message(event)) is not None
+                    ]
+                    size = sum(len(message["data"]) for message in messages)
+                    if kept_bytes + size > settings.resume_max_bytes:
+                        return Outgrown("bytes", messages)
+                    if time.monotonic() - started > settings.resume_max_seconds:
+                        return Outgrown("seconds", messages)
+                    kept_bytes += size
+                    for message in messages:
+                        finale.heard(message)
+                    if not messages and time.monotonic() - written >= quiet:
+                        # Quiet (or only comments): the pump is alive all the same.
+                        messages = [LEASE]
+                    if messages:
+                        if not await writer.append(messages):
+                            return Refused()
+                        written = time.monotonic()
         except (aiohttp.ClientError, OSError, TimeoutError) as error:
             logger.info("resume stream %s: the upstream answer broke off: %r", writer.path, error)
-        return True
+        return Copied()
 
     async def _end(self, writer: StreamWriter, finale: Finale) -> None:
         """What the request is still owed, then the stream's close."""
@@ -173,6 +303,113 @@ class Pumps:
         if owed and not await writer.append(owed):
             return
         await writer.close()
+
+    async def end_lapsed(self, path: str, credentials: list[tuple[str, str]]) -> Lapsed:
+        """End an open answer whose pump went silent past its lease: the owed errors and the
+        close, written with epoch 1 (the lost pump, at epoch 0, is fenced off)."""
+        log = await _read_whole(self._origin, path, credentials)
+        match log:
+            case None:
+                return Unwritable(owed=None)
+            case (_, True):
+                return Ended()
+            case (messages, False):
+                owed = Finale.of_log(messages).still_owed()
+        headers = [
+            *credentials, ("Content-Type", JSON), ("Producer-Id", path.rsplit("/", 1)[-1]),
+            ("Producer-Epoch", "1"), ("Producer-Seq", "0"), ("Stream-Closed", "true"),
+        ]  # fmt: skip
+        status = await write_once(
+            self._origin, "POST", path, headers, append_body(owed) if owed else b""
+        )
+        if status in (200, 204):
+            self._metrics.resume_lapsed.labels("fenced").inc()
+            return Ended()
+        again = await _read_whole(self._origin, path, credentials)
+        if again is not None and again[1]:
+            return Ended()  # another reader ended it first
+        self._metrics.resume_lapsed.labels("unwritable").inc()
+        return Unwritable(owed=owed)
+
+
+async def _hand_over(
+    response: aiohttp.ClientResponse,
+    decoder: SseDecoder,
+    pending: list[dict[str, str]],
+    handoff: Handoff,
+) -> None:
+    """The rest of an outgrown answer to its own client, not kept; the upstream answer is
+    closed (by the caller) once the client is gone."""
+    for waiting in pending:
+        if not await handoff.put(waiting):
+            return
+    try:
+        async for chunk in response.content.iter_any():
+            for event in decoder.feed(chunk):
+                message = kept_message(event)
+                if message is not None and not await handoff.put(message):
+                    return
+    except (aiohttp.ClientError, OSError, TimeoutError) as error:
+        logger.info("resume route: an unkept answer broke off upstream: %r", error)
+    await handoff.put(None)
+
+
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """The answer's stream is closed now: read on to its end."""
+
+
+@dataclass(frozen=True, slots=True)
+class Unwritable:
+    """The origin would not end the answer: the reader gives its client ``owed`` itself
+    (None: the log could not be read to tell; the reader goes by what it has read)."""
+
+    owed: list[dict[str, str]] | None
+
+
+Lapsed = Ended | Unwritable
+
+
+async def _chunks_or_silence(
+    response: aiohttp.ClientResponse, quiet: float
+) -> AsyncGenerator[bytes | None]:
+    """The upstream answer's chunks, and None for each ``quiet`` seconds without one."""
+    pending: asyncio.Task[bytes] | None = None
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(response.content.readany())
+            done, _ = await asyncio.wait({pending}, timeout=quiet)
+            if not done:
+                yield None
+                continue
+            chunk, pending = pending.result(), None
+            if not chunk:
+                return
+            yield chunk
+    finally:
+        if pending is not None:
+            pending.cancel()
+
+
+async def _read_whole(
+    origin: OriginClient, path: str, credentials: list[tuple[str, str]]
+) -> tuple[list[Any], bool] | None:
+    """An answer's stream as kept so far, and whether it is closed; None if unreadable."""
+    try:
+        response = await origin.open("GET", f"{path}?offset=-1", credentials, live=False)
+    except OriginError:
+        return None
+    try:
+        if response.status != 200:
+            return None
+        messages = await response.json(content_type=None)
+    except (aiohttp.ClientError, OSError, TimeoutError, ValueError):
+        return None
+    finally:
+        response.close()
+    closed = response.headers.get("Stream-Closed", "").lower() == "true"
+    return (messages if isinstance(messages, list) else []), closed
 
 
 class StreamWriter:
@@ -192,7 +429,7 @@ class StreamWriter:
         self._seq = 0
         self._pending: tuple[tuple[tuple[str, str], ...], bytes] | None = None
 
-    async def append(self, messages: list[dict[str, str]]) -> bool:
+    async def append(self, messages: Sequence[dict[str, Any]]) -> bool:
         started = time.perf_counter()
         taken = await self._send((), append_body(messages))
         self._metrics.resume_append_seconds.observe(time.perf_counter() - started)

@@ -14,8 +14,15 @@ Rules this module owns:
   listener, as an SSE viewer with the client's credential headers, so the edge's one tail per
   stream, its cache and its shared tier serve every reader; a read that ends before the stream
   does (the edge rotates its SSE viewers) is followed by the next, from where it stopped.
-* An SSE answer whose stream the origin would not create is relayed as it came, without ids
-  (it works; it is not resumable).
+* A reader that sees nothing new in an open answer's stream for ``--resume-lease`` (no event, no
+  lease: the edge's own SSE heartbeats do not count) takes its pump for lost and ends the answer
+  (``Pumps.end_lapsed``): the owed errors and the close written for every reader, or, if the
+  origin will not take them, given to its own client, which is then ended. No reader waits
+  without end.
+* An SSE answer whose stream the origin would not create (or past ``--resume-max-pumps``) is
+  relayed as it came, without ids (it works; it is not resumable). One that outgrows a cap
+  midway is read from its stream up to ``UNKEPT``, then its own client gets the rest from the
+  pump (``Handoff``) as events without ids; a resume elsewhere ends with the owed error.
 * A resume whose stream does not exist (unknown, expired, another credential's) is a 404, the
   same for each; ``Last-Event-ID`` never goes upstream.
 * Everything else is a plain relay that streams both ways; a client that leaves cancels it, and
@@ -27,8 +34,9 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import assert_never
 from urllib.parse import quote
 
@@ -40,12 +48,12 @@ from edge.config import ResumeRoute, Settings
 from edge.metrics import Metrics
 from edge.protocol.headers import strip_hop_by_hop, upstream_request_headers
 from edge.protocol.reads import auth_scope, scope_credentials
-from edge.protocol.sse import SseDecoder, encode_comment, encode_retry
+from edge.protocol.sse import SseDecoder, encode_comment, encode_event, encode_retry
 from edge.resume.events import Replay
 from edge.resume.ids import ResumePoint, stream_name
 from edge.resume.requests import Keep, NotFound, Relay, Resume, asked_of, upstream_headers
 from edge.web.proxy import ClientGone
-from edge.web.resume_pump import Kept, Pumps
+from edge.web.resume_pump import Ended, Handoff, Kept, Pumps, Unwritable
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +66,7 @@ MAX_BODY_BYTES = 4 * 1024 * 1024
 # short (it resumes with its last id).
 MAX_FAILED_READS = 3
 RETRY_MS = 1000
+LEASE_GRACE_SECONDS = 1.0
 EVENT_STREAM = "text/event-stream"
 
 
@@ -78,6 +87,8 @@ class ReadEnd(enum.Enum):
     ROTATED = "rotated"  # the edge's SSE viewer ended (it rotates): read on from there
     MISSING = "missing"  # no such stream (unknown, expired, another credential's)
     FAILED = "failed"  # refused, broken off, or ended having brought nothing at all
+    LAPSED = "lapsed"  # nothing new for a whole lease in an open stream: its pump is lost
+    HANDED_OVER = "handed_over"  # the answer outgrew its caps: its own client gets the rest
 
 
 @dataclass(kw_only=True, slots=True)
@@ -90,6 +101,8 @@ class Reading:
     passed_on: Sequence[tuple[str, str]]
     resuming: bool  # a Last-Event-ID's (edge_resumes_total), not an answer's own first read
     answer: web.StreamResponse | None = None
+    news_at: float = field(default_factory=time.monotonic)  # when the log last moved on
+    handoff: Handoff | None = None  # the answer's own client's: the rest past a cap
 
 
 def keepable(response: aiohttp.ClientResponse) -> bool:
@@ -214,8 +227,11 @@ class ResumeRoutes:
                     return await _stream_back(request, response)
                 finally:
                     response.close()
-            case Kept(path=path, point=point, headers=passed_on):
-                return await self._serve(request, path, point, passed_on)
+            case Kept(path=path, point=point, headers=passed_on, handoff=handoff):
+                try:
+                    return await self._serve(request, path, point, passed_on, handoff)
+                finally:
+                    handoff.leave()
             case _:
                 assert_never(began)
 
@@ -242,7 +258,7 @@ class ResumeRoutes:
 
     async def _resume(self, request: web.Request, point: ResumePoint) -> web.StreamResponse:
         path = self._settings.resume_stream_prefix + stream_name(point.token, self._scope(request))
-        return await self._serve(request, path, point, [])
+        return await self._serve(request, path, point, [], None)
 
     async def _serve(
         self,
@@ -250,13 +266,15 @@ class ResumeRoutes:
         path: str,
         point: ResumePoint,
         passed_on: Sequence[tuple[str, str]],
+        handoff: Handoff | None,
     ) -> web.StreamResponse:
         """The answer's events from ``point`` on, read from its stream to the stream's end:
-        through as many reads as it takes (the edge's SSE viewers are rotated)."""
+        through as many reads as it takes (the edge's SSE viewers are rotated). ``handoff``:
+        this is the answer's own client, which gets what outgrows the caps directly."""
         resuming = request.headers.get("Last-Event-ID") is not None
         reading = Reading(
-            request=request, path=path, replay=Replay(point), passed_on=passed_on,
-            resuming=resuming,
+            request=request, path=path, replay=Replay(point, own=handoff is not None),
+            passed_on=passed_on, resuming=resuming, handoff=handoff,
         )  # fmt: skip
         failures = 0
         while failures < MAX_FAILED_READS:
@@ -274,6 +292,30 @@ class ResumeRoutes:
                 case ReadEnd.MISSING | ReadEnd.FAILED:
                     failures += 1
                     await asyncio.sleep(RETRY_MS / 1000)
+                case ReadEnd.HANDED_OVER:
+                    assert reading.answer is not None
+                    assert handoff is not None
+                    while (message := await handoff.get()) is not None:
+                        await reading.answer.write(encode_event(message["event"], message["data"]))
+                    await reading.answer.write_eof()
+                    return reading.answer
+                case ReadEnd.LAPSED:
+                    assert reading.answer is not None
+                    lapsed = await self._pumps.end_lapsed(path, self._credentials(request))
+                    match lapsed:
+                        case Ended():
+                            reading.news_at, failures = time.monotonic(), 0  # read on to the end
+                        case Unwritable(owed=owed):
+                            if owed is None:
+                                owed = reading.replay.read_so_far.still_owed()
+                            for message in owed:
+                                await reading.answer.write(
+                                    encode_event(message["event"], message["data"])
+                                )
+                            await reading.answer.write_eof()
+                            return reading.answer
+                        case _:
+                            assert_never(lapsed)
                 case _:
                     assert_never(end)
         if reading.answer is None:
@@ -308,15 +350,31 @@ class ResumeRoutes:
                     if reading.resuming:
                         self._metrics.resumes.labels("served").inc()
                 answer, decoder = reading.answer, SseDecoder()
-                async for chunk in read.content.iter_any():
+                lease = self._settings.resume_lease_seconds
+                while True:
+                    try:
+                        # At least a second: a reader held up writing to a slow client
+                        # finds what arrived meanwhile before it calls the log silent.
+                        chunk = await asyncio.wait_for(
+                            read.content.readany(),
+                            max(LEASE_GRACE_SECONDS, reading.news_at + lease - time.monotonic()),
+                        )
+                    except TimeoutError:
+                        return ReadEnd.LAPSED
+                    if not chunk:
+                        break
                     heartbeats = decoder.comments
                     replayed = reading.replay.feed(decoder.feed(chunk))
+                    if replayed.news:
+                        reading.news_at = time.monotonic()
                     if replayed.frames:
                         moved = True
                         await answer.write(b"".join(replayed.frames))
                     elif decoder.comments > heartbeats:
                         moved = True
                         await answer.write(encode_comment("keep-alive"))
+                    if replayed.handed_over:
+                        return ReadEnd.HANDED_OVER
                     if replayed.ended:
                         await answer.write_eof()
                         return ReadEnd.ENDED

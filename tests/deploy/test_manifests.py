@@ -245,6 +245,19 @@ def test_haproxy_config_is_valid(tmp_path: Path) -> None:
     assert all(any(reason in line for reason in allowed) for line in warnings), warnings
 
 
+def test_haproxy_places_resume_routes_anywhere_and_sessions_on_one_upstream() -> None:
+    cfg = HAPROXY_CFG.read_text()
+    # Any replica resumes any answer: resume routes are round-robin, on both frontends.
+    assert cfg.count("use_backend edges_any if resume_route") == 2
+    any_backend = cfg.split("\nbackend edges_any", 1)[1].split("\nbackend ", 1)[0]
+    assert re.search(r"^\s*balance roundrobin$", any_backend, re.MULTILINE)
+    # A stateful MCP upstream's session sticks to the process that minted its id
+    # (tests/integration/test_resume_placement.py runs these lines).
+    sessions = cfg.split("backend mcp_servers", 1)[1]
+    assert "stick store-response res.hdr(Mcp-Session-Id)" in sessions
+    assert "stick on req.hdr(Mcp-Session-Id)" in sessions
+
+
 def test_haproxy_checks_readiness_and_allows_long_streams() -> None:
     cfg = HAPROXY_CFG.read_text()
     assert "option httpchk GET /readyz" in cfg

@@ -1,7 +1,10 @@
 """An agent backend for the resume-route tests: the official MCP SDK's streamable-HTTP server
 (stateless, no event store: on its own, a dropped call is lost) with one slow tool.
 
-    python tests/integration/mcp_upstream.py PORT SEEN_FILE    (PORT 0: any free port)
+    python tests/integration/mcp_upstream.py PORT SEEN_FILE [--stateful]   (PORT 0: any port)
+
+``--stateful``: the SDK's sessions in memory (``Mcp-Session-Id``), so a session's requests
+must reach this one process (a stateful upstream behind a balancer).
 
 ``count(n, delay)`` reports progress n times, ``delay`` seconds apart, and returns
 ``"counted n"``. Every request the server receives is recorded as one JSON line in SEEN_FILE
@@ -110,9 +113,9 @@ async def slow(tag: str, receive: Any, send: Any) -> None:
     _record(SEEN_FILE[0], {"slow": tag, "end": end})
 
 
-async def main(port: int, seen_file: str) -> None:
+async def main(port: int, seen_file: str, *, stateful: bool) -> None:
     SEEN_FILE[0] = seen_file
-    app = server.streamable_http_app(stateless_http=True)
+    app = server.streamable_http_app(stateless_http=not stateful)
     config = uvicorn.Config(
         recording(app, seen_file), host="127.0.0.1", port=port, log_level="warning",
         lifespan="on",
@@ -127,4 +130,4 @@ async def main(port: int, seen_file: str) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(int(sys.argv[1]), sys.argv[2]))
+    asyncio.run(main(int(sys.argv[1]), sys.argv[2], stateful="--stateful" in sys.argv[3:]))

@@ -116,14 +116,16 @@ def result_text(result: types.CallToolResult) -> str:
 
 
 async def kept_so_far(origin: Origin, token: str) -> tuple[list[Any], bool]:
-    """The messages an answer's stream holds at the origin now, and whether it is closed."""
+    """The upstream's events an answer's stream holds at the origin now (not the edge's own
+    messages), and whether it is closed."""
     path = "/_edge/resume/" + stream_name(token, PUBLIC_SCOPE)
     async with (
         aiohttp.ClientSession() as session,
         session.get(f"{origin.url}{path}?offset=-1") as read,
     ):
         assert read.status == 200
-        return await read.json(), read.headers.get("Stream-Closed") == "true"
+        kept = [message for message in await read.json() if "event" in message]
+        return kept, read.headers.get("Stream-Closed") == "true"
 
 
 async def test_a_call_dropped_on_one_edge_resumes_on_the_other(
@@ -462,7 +464,7 @@ async def test_without_its_origin_an_answer_is_relayed_without_ids(
             events = await read_events(answer)
         assert [event.id for event in events[:20]] == [f"up-{step}" for step in range(1, 21)]
         assert json.loads(events[-1].data)["id"] == 42
-        assert "edge_resume_unkept_total 1.0" in edge.metrics_text()
+        assert 'edge_resume_unkept_total{reason="origin"} 1.0' in edge.metrics_text()
     finally:
         edge.stop()
 
@@ -494,8 +496,211 @@ async def test_an_origin_restart_while_pumping_loses_and_doubles_nothing(
         assert [message["params"]["progress"] for message in progress] == list(range(3, 21))
         assert final["id"] == 42
         async with client.get(f"{again.url}{path}?offset=-1") as whole:
-            kept = await whole.json()
+            kept = [message for message in await whole.json() if "event" in message]
         assert len(kept) == 21  # each event once, though writes were sent again
+    finally:
+        edge.stop()
+        (again or first).stop()
+
+
+def long_call(n: int, delay: float) -> dict[str, Any]:
+    return {
+        **CALL,
+        "params": {
+            "name": "count",
+            "arguments": {"n": n, "delay": delay},
+            "_meta": {"progressToken": "t"},
+        },
+    }
+
+
+def progress_then_end(events: list[SseEvent]) -> tuple[list[float], dict[str, Any]]:
+    *progress, ending = [json.loads(event.data) for event in events]
+    return [message["params"]["progress"] for message in progress], ending
+
+
+async def test_a_pump_the_origin_refuses_ends_its_readers_with_the_error(
+    origin: Origin, own_edge: Callable[..., Edge], client: aiohttp.ClientSession
+) -> None:
+    # The origin refuses the pump's writes for good: another writer took the answer's producer
+    # to a higher epoch, so every write of the pump (epoch 0) and of a reader ending it (epoch
+    # 1) is refused. Nothing more can be logged; readers still end, with the error.
+    edge = own_edge("--resume-lease", "2")
+    async with client.post(
+        edge.url + "/mcp", json=long_call(40, 0.2), headers=MCP_HEADERS
+    ) as answer:
+        path = answer.headers["Edge-Resume-Stream"]
+        decoder, events = SseDecoder(), []
+        async for chunk in answer.content.iter_any():
+            events.extend(decoder.feed(chunk))
+            if len(events) >= 2:
+                break
+        async with client.post(
+            origin.url + path,
+            data=b'[{"outsider":true}]',
+            headers={
+                "Content-Type": "application/json",
+                "Producer-Id": path.rsplit("/", 1)[-1],
+                "Producer-Epoch": "5",
+                "Producer-Seq": "0",
+            },
+        ) as taken_over:
+            assert taken_over.status == 200
+        async for chunk in answer.content.iter_any():
+            events.extend(decoder.feed(chunk))
+    steps, ending = progress_then_end(events)
+    assert steps == list(range(1, 1 + len(steps)))
+    assert len(steps) < 40
+    assert ending["id"] == 42
+    assert ending["error"]["code"] == -32000
+    # A resume of it ends the same way, though its stream stays open at the origin.
+    last_id = events[-2].id
+    assert last_id is not None
+    async with client.get(
+        edge.url + "/mcp", headers={**MCP_HEADERS, "Last-Event-ID": last_id}
+    ) as resumed:
+        assert resumed.status == 200
+        again = [json.loads(event.data) for event in await read_events(resumed)]
+    assert [message["id"] for message in again] == [42]
+    _, closed = await kept_so_far_at(client, origin, path)
+    assert not closed
+    assert 'edge_resume_lapsed_total{result="unwritable"} 2.0' in edge.metrics_text()
+
+
+async def kept_so_far_at(
+    client: aiohttp.ClientSession, origin: Origin, path: str
+) -> tuple[list[Any], bool]:
+    async with client.get(f"{origin.url}{path}?offset=-1") as read:
+        assert read.status == 200
+        return await read.json(), read.headers.get("Stream-Closed") == "true"
+
+
+async def test_a_killed_pumping_edge_is_noticed_and_its_answer_ended_elsewhere(
+    origin: Origin, own_edge: Callable[..., Edge], client: aiohttp.ClientSession
+) -> None:
+    relaying = own_edge("--resume-lease", "2")
+    other = own_edge("--resume-lease", "2")
+    alice = {**MCP_HEADERS, "Authorization": "Bearer alice"}
+    async with client.post(relaying.url + "/mcp", json=long_call(40, 0.2), headers=alice) as answer:
+        path = answer.headers["Edge-Resume-Stream"]
+        events = await first_events(answer, 2)
+    relaying.process.kill()  # SIGKILL mid-call: no drain, no goodbye
+    assert events[1].id is not None
+    async with client.get(
+        other.url + "/mcp",
+        headers={"Authorization": "Bearer alice", "Last-Event-ID": events[1].id},
+    ) as resumed:
+        assert resumed.status == 200
+        rest = await read_events(resumed)
+    steps, ending = progress_then_end(rest)
+    assert steps == list(range(3, 3 + len(steps)))  # what was logged, none twice, none missing
+    assert len(steps) < 38
+    assert ending["id"] == 42
+    assert ending["error"]["code"] == -32000
+    kept, closed = await kept_so_far_at(client, origin, path)
+    assert closed  # ended for every reader, the dead pump fenced off
+    errors = [message for message in kept if "error" in message.get("data", "")]
+    assert len(errors) == 1
+    assert 'edge_resume_lapsed_total{result="fenced"} 1.0' in other.metrics_text()
+    # A second resume reads the same end from the log.
+    async with client.get(
+        other.url + "/mcp",
+        headers={"Authorization": "Bearer alice", "Last-Event-ID": events[1].id},
+    ) as again:
+        assert [event.data for event in await read_events(again)] == [event.data for event in rest]
+
+
+@pytest.mark.parametrize(
+    ("flags", "n", "delay", "reason"),
+    [
+        (("--resume-max-bytes", "1000"), 20, 0.1, "bytes"),
+        (("--resume-max-seconds", "1"), 20, 0.1, "seconds"),
+        # Reached while the upstream is silent (the pump's lease tick, 1 s after the first
+        # event), its read of the upstream waiting: the hand-over reads on from there.
+        (("--resume-max-seconds", "2", "--resume-lease", "3"), 3, 1.5, "seconds"),
+    ],
+)
+async def test_an_answer_past_a_cap_works_unkept(
+    stand: Stand,
+    own_edge: Callable[..., Edge],
+    client: aiohttp.ClientSession,
+    flags: tuple[str, ...],
+    n: int,
+    delay: float,
+    reason: str,
+) -> None:
+    # Past a cap the answer is kept no further: its own client gets the rest directly, without
+    # ids (it works, it is not resumable), and a resume elsewhere ends with the error.
+    edge = own_edge(*flags)
+    async with client.post(
+        edge.url + "/mcp", json=long_call(n, delay), headers=MCP_HEADERS
+    ) as answer:
+        events = await read_events(answer)
+    steps, ending = progress_then_end(events)
+    assert steps == list(range(1, n + 1))
+    assert ending["id"] == 42
+    assert ending["result"]["content"][0]["text"] == f"counted {n}"
+    ids = [event.id for event in events]
+    kept = [event_id for event_id in ids if event_id is not None]
+    assert 0 < len(kept) < len(ids)
+    assert ids[: len(kept)] == kept  # ids up to the cap, none after
+    assert all(parse_id(event_id) is not None for event_id in kept)
+    assert f'edge_resume_unkept_total{{reason="{reason}"}} 1.0' in edge.metrics_text()
+    async with client.get(stand.b.url + "/mcp", headers={"Last-Event-ID": kept[-1]}) as resumed:
+        assert resumed.status == 200
+        rest = [json.loads(event.data) for event in await read_events(resumed)]
+    assert [(message["id"], message["error"]["code"]) for message in rest] == [(42, -32000)]
+
+
+async def test_past_the_pumps_cap_an_answer_is_relayed_without_ids(
+    own_edge: Callable[..., Edge], client: aiohttp.ClientSession
+) -> None:
+    edge = own_edge("--resume-max-pumps", "0")
+    async with client.post(
+        edge.url + "/mcp", json=long_call(3, 0.05), headers=MCP_HEADERS
+    ) as answer:
+        assert "Edge-Resume-Stream" not in answer.headers
+        events = await read_events(answer)
+    assert json.loads(events[-1].data)["result"]["content"][0]["text"] == "counted 3"
+    assert all(event.id is None or parse_id(event.id) is None for event in events)
+    assert 'edge_resume_unkept_total{reason="pumps"} 1.0' in edge.metrics_text()
+
+
+async def test_a_pump_that_gives_up_on_its_origin_ends_the_answer_when_it_can(
+    stand: Stand, tmp_path: Path, client: aiohttp.ClientSession
+) -> None:
+    # The origin stays away past the pump's write retries: the pump gives up on the upstream
+    # answer, and ends the log (what it still had to write, the owed error, the close) once the
+    # origin is back, so a resume gets what was kept, then the error, then the end.
+    port, data = free_port(), tmp_path / "data"
+    first = start_origin(tmp_path, data_dir=data, port=port, name="away-origin")
+    raw_url = str(stand.upstream.ready["url"]).removesuffix("/mcp") + "/raw"
+    edge = start_edge(first.url, tmp_path, "--resume-route", f"/raw={raw_url}", name="edge-g")
+    again: Origin | None = None
+    try:
+        async with client.post(
+            edge.url + "/raw/slow?tag=gives-up", json=CALL, headers=MCP_HEADERS
+        ) as answer:
+            path = answer.headers["Edge-Resume-Stream"]
+            seen = await first_events(answer, 2)
+            answer.close()
+        first.stop()
+        await until(lambda: "answered a write 0" in edge.process.log.read_text())  # gave up
+        again = start_origin(tmp_path, data_dir=data, port=port, name="away-origin-2")
+        last_id = seen[1].id
+        assert last_id is not None
+        async with client.get(edge.url + "/raw", headers={"Last-Event-ID": last_id}) as resumed:
+            assert resumed.status == 200
+            rest = [json.loads(event.data) for event in await read_events(resumed)]
+        *progress, ending = rest
+        steps = [message["params"]["progress"] for message in progress]
+        assert steps == list(range(3, 3 + len(steps)))
+        assert len(steps) < 18
+        assert ending["id"] == 42
+        assert ending["error"]["code"] == -32000
+        _, closed = await kept_so_far_at(client, again, path)
+        assert closed
+        assert 'edge_resume_lapsed_total{result="fenced"}' not in edge.metrics_text()
     finally:
         edge.stop()
         (again or first).stop()

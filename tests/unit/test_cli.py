@@ -84,6 +84,10 @@ def test_every_flag_reads_its_env_and_the_flag_wins() -> None:
         "EDGE_RESUME_ROUTE": "/mcp=http://agent:8000/mcp\n/chat/=http://chat:7000/v1/",
         "EDGE_RESUME_RETENTION": "2m",
         "EDGE_RESUME_STREAM_PREFIX": "/v1/stream/resume/",
+        "EDGE_RESUME_LEASE": "45s",
+        "EDGE_RESUME_MAX_PUMPS": "12",
+        "EDGE_RESUME_MAX_BYTES": "2MiB",
+        "EDGE_RESUME_MAX_SECONDS": "5m",
     }
     assert {option.env for option in SERVE_OPTIONS} == set(env)
     settings = parse_settings(["serve", "--listen", "0.0.0.0:82"], env)
@@ -98,6 +102,10 @@ def test_every_flag_reads_its_env_and_the_flag_wins() -> None:
     )
     assert settings.resume_retention_seconds == 120
     assert settings.resume_stream_prefix == "/v1/stream/resume/"
+    assert settings.resume_lease_seconds == 45
+    assert settings.resume_max_pumps == 12
+    assert settings.resume_max_bytes == 2 * 1024 * 1024
+    assert settings.resume_max_seconds == 300
     assert settings.fastly_token == "fastly-secret"
     assert settings.cloudflare_token == "cloudflare-secret"
     assert settings.fastly_api_url == "http://fastly-stand-in:1/"

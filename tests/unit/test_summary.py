@@ -97,3 +97,4 @@ def test_resume_routes_are_named_without_their_passwords() -> None:
     assert "s3cret" not in joined
     assert "resume   /mcp to http://agent:***@agent:8000/mcp; SSE answers kept" in joined
     assert "under /_edge/resume/ for 120 s" in joined
+    assert "lease 30 s, at most 1000 at once, each up to 16384 KiB and 3600 s" in joined
