@@ -83,6 +83,16 @@ class OriginTimeout(OriginError):
     ending = Ending.TIMED_OUT
 
 
+class OriginMalformed(OriginError):
+    """An answer whose head cannot be passed on (a control character in a header): the
+    origin is there and answered, so nothing is forgotten of it."""
+
+    status = 502
+    reason = "protocol"
+    public_text = "origin answer cannot be relayed"
+    ending = Ending.ANSWERED
+
+
 class OriginBroken(OriginError):
     status = 502
     reason = "reset"

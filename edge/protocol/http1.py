@@ -326,8 +326,7 @@ def serialise_parts(
             added.append(f"Content-Length: {body_length}\r\n")
         if body_length and "content-type" not in names:
             added.append("Content-Type: application/octet-stream\r\n")
-    # UTF-8, as aiohttp encodes headers.
-    return ("\r\n".join(lines) + "\r\n").encode("utf-8"), "".join(added).encode("utf-8")
+    return _wire(lines) + b"\r\n", "".join(added).encode("utf-8")
 
 
 def trailer(version: tuple[int, int], keep_alive: bool) -> bytes:
@@ -366,6 +365,14 @@ class BodyFraming(Enum):
     CHUNKED = "chunked"  # in chunks (``chunk``), ended by ``LAST_CHUNK``
 
 
+def _wire(lines: list[str]) -> bytes:
+    """Head lines as bytes: UTF-8, as aiohttp encodes headers, and a value the origin sent as
+    bytes that are not UTF-8 (HTTP's obs-text: aiohttp's client decodes them with
+    ``surrogateescape``) goes out as the very bytes it came as. ``ValueError`` (a
+    ``UnicodeEncodeError``) for text no bytes stand behind."""
+    return "\r\n".join(lines).encode("utf-8", "surrogateescape")
+
+
 def _check(status_line: str, headers: Sequence[tuple[str, str]]) -> None:
     if _FORBIDDEN.search(status_line + "".join([text for pair in headers for text in pair])):
         raise ValueError("a control character in the answer's head")
@@ -382,7 +389,7 @@ def _closing(lines: list[str], names: set[str], version: tuple[int, int], keep_a
             lines.append("Connection: keep-alive")
         elif not keep_alive and version == (1, 1):
             lines.append("Connection: close")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8")
+    return _wire(lines) + b"\r\n\r\n"
 
 
 def dated_answer_head(

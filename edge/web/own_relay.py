@@ -48,7 +48,7 @@ from edge.answer import Answer, Bypass, Result
 from edge.config import Settings
 from edge.memory import TRIMMER
 from edge.metrics import Metrics
-from edge.origin import OriginClient, OriginError
+from edge.origin import OriginClient, OriginError, OriginMalformed
 from edge.protocol.headers import first_value
 from edge.protocol.http1 import (
     LAST_CHUNK,
@@ -255,7 +255,15 @@ class OwnRelay:
         code: int | None = None  # None: the client left (or it failed) first
         ended = Ending.CUT
         try:
-            code, whole = await self._answer(planned, connection)
+            try:
+                code, whole = await self._answer(planned, connection)
+            except OriginMalformed as malformed:
+                # Raised before any of its answer was written: the edge's 502 instead.
+                metrics.origin_errors.labels(reason=malformed.reason).inc()
+                logger.warning(
+                    "origin answer for %r not passed on: %s", planned.ask.target.upstream, malformed
+                )
+                code, whole = self._write_error(malformed, planned, connection), True
             ended = written(planned.keep_alive) if whole else Ending.CUT
         except asyncio.CancelledError:
             metrics.client_gone(kind).inc()  # its connection was lost
@@ -337,10 +345,15 @@ class OwnRelay:
     def _dated(
         self, status: int, served: Served, length: int, planned: Planned, *, head: bool = False
     ) -> bytes:
-        return dated_answer_head(
-            status, list(served.headers.items()), length, keep_alive=planned.keep_alive,
-            now_seconds=int(self._clock()), head=head,
-        )  # fmt: skip
+        """The head of an answer the edge passes on; ``OriginMalformed`` if its headers (the
+        origin's) cannot be written."""
+        try:
+            return dated_answer_head(
+                status, list(served.headers.items()), length, keep_alive=planned.keep_alive,
+                now_seconds=int(self._clock()), head=head,
+            )  # fmt: skip
+        except ValueError as unwritable:
+            raise OriginMalformed(str(unwritable)) from unwritable
 
     def _write_answer(
         self, answer: Answer, served: Served, planned: Planned, connection: RelayConnection
@@ -394,10 +407,14 @@ class OwnRelay:
         headers = relay.relayed_head(
             ask, upstream, planned.kind, relayed.cache_status, validators=relayed.validators
         )
-        head, framing = relayed_answer_head(
-            upstream.status, upstream.reason, list(headers.items()), head=ask.method == "HEAD",
-            keep_alive=planned.keep_alive, now_seconds=int(self._clock()),
-        )  # fmt: skip
+        try:
+            head, framing = relayed_answer_head(
+                upstream.status, upstream.reason, list(headers.items()),
+                head=ask.method == "HEAD", keep_alive=planned.keep_alive,
+                now_seconds=int(self._clock()),
+            )  # fmt: skip
+        except ValueError as unwritable:
+            raise OriginMalformed(str(unwritable)) from unwritable
         connection.send(head)
         left = declared_length(headers.get("Content-Length"))
         try:

@@ -354,3 +354,76 @@ async def test_a_body_the_origin_cuts_short_ends_the_connection_as_the_full_path
     assert len(ours.split(b"\r\n\r\n", 1)[1]) < 100
     assert ours.count(b"HTTP/1.1 ") == 1
     assert full_path_requests(fast) == dict.fromkeys(KINDS, 0.0)
+
+
+# --- an origin whose heads carry bytes that are not UTF-8, or a control character ---
+
+ODD = b"caf\xe9 \xff\x80"  # HTTP's obs-text: bytes a header value may carry, not UTF-8
+
+
+async def raw_origin(answer_for: dict[str, bytes]) -> tuple[asyncio.Server, str]:
+    """A raw-socket origin: each request's path picks the head it is answered with (bytes as
+    written, so a header may carry what no aiohttp server would write)."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while head := await reader.readuntil(b"\r\n\r\n"):
+                path = head.split(b" ", 2)[1].split(b"?")[0].decode()
+                body = b"body"
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n"
+                    + answer_for[path.rsplit("/", 1)[1]]
+                    + b"Stream-Next-Offset: 0000_0004\r\nStream-Up-To-Date: true\r\n"
+                    + b"Access-Control-Allow-Origin: *\r\n"
+                    + b"Content-Length: %d\r\n\r\n" % len(body)
+                    + body
+                )
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+
+
+async def test_an_origin_head_with_odd_bytes_passes_as_sent_and_a_control_character_is_a_502(
+    logs_dir: Path,
+) -> None:
+    """Bytes that are not UTF-8 in an origin's header value reach the client as the origin
+    sent them, relayed (``offset=now``, a bypassed stream) or kept (a catch-up read twice);
+    a header the edge cannot write (a control character) is the edge's 502, and the
+    connection answers what follows."""
+    server, url = await raw_origin(
+        {
+            "odd": b"X-Odd: " + ODD + b"\r\n",
+            "oddbypass": b"X-Odd: " + ODD + b"\r\nCache-Control: no-store\r\n",
+            "ctl": b"X-Ctl: a\x01b\r\nCache-Control: no-store\r\n",
+        }
+    )
+    edge = await asyncio.to_thread(start_edge, url, logs_dir, *ARGS, name="own-odd-bytes")
+    try:
+        targets = [
+            "/v1/stream/odd?offset=now", "/v1/stream/oddbypass?offset=-1",
+            "/v1/stream/odd?offset=-1", "/v1/stream/odd?offset=-1", "/v1/stream/ctl?offset=-1",
+            "/v1/stream/odd?offset=now",
+        ]  # fmt: skip
+        answers = await exchange(
+            edge.url, b"".join(request(t) for t in targets), ["GET"] * len(targets)
+        )
+        for target, answer in zip(targets, answers, strict=True):
+            if "ctl" in target:
+                assert answer.status_line == b"HTTP/1.1 502 Bad Gateway", answer
+                assert answer.body == b"origin answer cannot be relayed\n"
+            else:
+                assert answer.status_line == b"HTTP/1.1 200 OK", (target, answer)
+                assert answer.header(b"X-Odd") == ODD, (target, answer.headers)
+                assert answer.body == b"body"
+        assert (
+            metric_value(edge.metrics_text(), "edge_full_path_requests_total", kind="catchup") == 0
+        )
+    finally:
+        await asyncio.to_thread(edge.stop)
+        server.close()
+        await server.wait_closed()
