@@ -32,9 +32,11 @@ from tests.integration.test_fast_path import (
     request,
 )
 from tests.integration.test_own_reads import CORS_ORIGIN, append, tail_of
+from tests.integration.test_own_relay import StandIn, stand_in
 from tests.integration.test_passthrough import call, metric_value
 
 build_request = request  # a test's own ``request`` is pytest's fixture request
+__all__ = ["stand_in"]  # ``test_own_relay``'s stand-in origin, a fixture here too
 
 HS = hs_key("hs-own")
 EDGE_SECRET = "Bearer edge-secret"
@@ -623,3 +625,39 @@ async def test_a_mixed_gated_read_load_enters_no_aiohttp_handler(
     assert decisions(fast, allowed=True) - allowed == reads
     if way.service is not None:
         assert 0 < asked_of_service(way) - asked <= reads
+
+
+async def test_a_bypassed_stream_is_relayed_with_the_edges_credential_and_decided_once(
+    stand_in: StandIn, logs_dir: Path, tmp_path: Path
+) -> None:
+    """A stream the origin forbids keeping (``no-store``), read with a JWT: relayed by the
+    connection without validators, upstream with the edge's ``--origin-header`` (never the
+    reader's token), its answer the full path's byte for byte, each read allowed once."""
+    keys = tmp_path / "jwks.json"
+    keys.write_bytes(jwks(HS))
+    args = ("--auth", "jwt", "--jwt-jwks", str(keys), *ARGS)
+    fast = await asyncio.to_thread(start_edge, stand_in.url, logs_dir, *args, name="own-auth-ns")
+    try:
+        full = await asyncio.to_thread(
+            start_edge, stand_in.url, logs_dir, *args, "--fast-path", "off",
+            name="own-auth-ns-full",
+        )  # fmt: skip
+        try:
+            path = "/v1/stream/no-store"
+            reader = f"Authorization: Bearer {token(HS, path)}"
+            for _ in range(3):  # the first answer says no-store; those after are bypassed
+                answers = await asyncio.gather(
+                    *(exchange(e.url, request(f"{path}?offset=-1", reader), ["GET"])
+                      for e in (fast, full))
+                )  # fmt: skip
+                assert answers[0][0].body == b"kept nowhere"
+                assert answers[0][0].comparable() == answers[1][0].comparable()
+            assert set(stand_in.authorizations) == {EDGE_SECRET}
+            text = fast.metrics_text()
+            assert metric_value(text, "edge_cache_requests_total", result="bypass") >= 2
+            assert full_path(fast) == dict.fromkeys(KINDS, 0.0)
+            assert decisions(fast, allowed=True) == decisions(full, allowed=True) == 3
+        finally:
+            await asyncio.to_thread(full.stop)
+    finally:
+        await asyncio.to_thread(fast.stop)
