@@ -155,14 +155,14 @@ async def test_authorized_reads_are_the_full_paths_answers_and_enter_no_handler(
     middle = await tail_of(http, url)
     tail = await append(http, url, b"second")
     # A first catch-up and long-poll: the first ones fill the log and start the tail, and a
-    # CORS Origin is learnt from the origin's answer (relayed, by the full path).
+    # CORS Origin is learnt from the origin's answer (relayed, by the connection's own relay).
+    entered = full_path(fast)
     for edge in (fast, full):
         await exchange(edge.url, request(at("offset=-1"), *headers), ["GET"])
         first = await exchange(
             edge.url, request(at(f"offset={tail}&live=long-poll"), *headers), ["GET"]
         )
         assert first[0].status_line.split()[1] in (b"200", b"204"), first
-    entered = full_path(fast)
     allowed = [decisions(e, allowed=True) for e in (fast, full)]
 
     # Catch-up misses and their revalidation.
