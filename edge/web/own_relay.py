@@ -175,7 +175,7 @@ class Planned:
     keep_alive: bool
     step: Step
     client_headers: tuple[tuple[str, str], ...]  # as sent (``ask``'s are as sent upstream)
-    credentials: tuple[tuple[str, str], ...]  # what the cache's origin requests carry for it
+    admission: RequestAdmission | None  # the gate's yes to it (``--auth``)
 
     @property
     def live(self) -> bool:
@@ -252,20 +252,10 @@ class OwnRelay:
             or any(n.lower() in ("authorization", "cookie") for n, _ in headers),
             reader_only=shared,
         )  # fmt: skip
-        if shared:
-            assert admission is not None
-            credentials = admission.upstream
-        else:
-            credentials = tuple(
-                scope_credentials(
-                    headers, scope_headers=settings.scope_headers,
-                    scope_cookies=settings.scope_cookies,
-                )
-            )  # fmt: skip
         return Planned(
             kind=kind, origin=origin, ask=ask, classified=classified,
             keep_alive=whole.keep_alive, step=step, client_headers=tuple(headers),
-            credentials=credentials,
+            admission=admission,
         )  # fmt: skip
 
     def start(
@@ -363,8 +353,18 @@ class OwnRelay:
             return None
         if self._cors.unknown_for(planned.origin):
             return None
+        admission, settings = planned.admission, self._settings
+        # What the cache's origin requests carry for it (``asked_of``'s rule): for a shared
+        # read the edge authorized, the edge's own credential.
+        credentials = (
+            admission.upstream
+            if admission is not None and admission.shared
+            else scope_credentials(
+                sent, scope_headers=settings.scope_headers, scope_cookies=settings.scope_cookies
+            )
+        )
         request = catchup_request(
-            ask.target, read, sent, version=ask.version, credentials=planned.credentials,
+            ask.target, read, sent, version=ask.version, credentials=credentials,
             reader_only=ask.reader_only, cors=self._cors, head=True,
         )  # fmt: skip
         return await self._front.head(request)

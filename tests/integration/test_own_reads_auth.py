@@ -419,6 +419,14 @@ async def test_a_reader_waiting_for_the_service_may_half_close_or_leave(
 # --- reads the connection relays, with the admission its gate decided (issue 29) ---
 
 
+def origin_heads(edge: Edge) -> float:
+    text = edge.metrics_text()
+    return sum(
+        metric_value(text, "edge_origin_requests_total", kind="head", code=code)
+        for code in ("200", "404")
+    )
+
+
 def asked_of_service(way: Way) -> int:
     return 0 if way.service is None else len(way.service.asked)
 
@@ -474,9 +482,19 @@ async def test_relayed_reads_are_decided_once_and_are_the_full_paths(
     taught = await both(way, poll, *sent, f"Origin: https://relay-{way.name}.example")
     assert taught[0].status_line.split()[1] in (b"200", b"204")
     assert taught[0].comparable() == taught[1].comparable()
+    # Closed and read whole: a HEAD is then the edge's own answer, looked up in the policy's
+    # scope (the origin is not asked).
+    status, _, _ = await call(http, "POST", url, headers={"Stream-Closed": "true"})
+    assert status == 204
+    await both(way, way.target(stream_path, "offset=-1", credential), *sent)
+    heads_asked = [origin_heads(e) for e in (fast, full)]
+    known = await asyncio.gather(*(exchange(e.url, reads[0][0], ["HEAD"]) for e in (fast, full)))
+    assert known[0][0].header(b"Stream-Closed") == b"true"
+    assert known[0][0].comparable() == known[1][0].comparable()
+    assert [origin_heads(e) for e in (fast, full)] == heads_asked
     assert full_path(fast) == entered
     now_allowed = [decisions(e, allowed=True) for e in (fast, full)]
-    count = 2 * len(reads) + 1
+    count = 2 * len(reads) + 3
     assert now_allowed[0] - allowed[0] == now_allowed[1] - allowed[1] == count
 
 
