@@ -8,7 +8,8 @@ Rules this module owns:
   (``fast_catchup``, ``fast_polls``, ``fast_sse``), and what those hand off or hand on
   (``HandOn``) is relayed or written by its own relay (``edge.web.own_relay``), admitted first
   as the full path admits it (a live read at ``--max-viewers`` is refused). With ``--auth``
-  the relay is aiohttp's for now: what is handed on is let go, and aiohttp asks again.
+  the relay is handed the admission the gate gave the head (``_admission``, the head in hand's):
+  a read is decided once, and finished by the connection.
 * With ``--auth jwt|forward`` every head it parses is the gate's first (``edge.web.own_gate``):
   an admission is handed to each read of its own; a refusal it writes itself (or hands to
   aiohttp, nothing written); what only a wait decides is decided in a task of the connection,
@@ -104,6 +105,7 @@ class _Connection(asyncio.Protocol):
     """One client connection, in one ``_Mode`` at a time (the module's rules say which)."""
 
     __slots__ = (
+        "_admission",
         "_buffer",
         "_catchup",
         "_fast",
@@ -144,6 +146,8 @@ class _Connection(asyncio.Protocol):
         # a head a wait decided is read again with that decision.
         self._gate = tracker.gate if self._fast is not None else None
         self._waited: tuple[bytes, RequestAdmission | Refusal | BadHead] | None = None
+        # The gate's admission of the read in hand: what an own path hands on is relayed with it.
+        self._admission: RequestAdmission | None = None
         polls = tracker.polls
         self._polls = polls if polls is not None and polls.enabled and self._fast else None
         # The long-poll of its own on the board, and its head (the full path's if it must
@@ -302,6 +306,7 @@ class _Connection(asyncio.Protocol):
         fast, transport = self._fast, self._transport
         assert fast is not None
         assert transport is not None
+        self._admission = admission
         answer = fast.answer(parsed, admission)
         if answer is None and self._catchup is not None:
             own = self._catchup.serve(parsed, head, self, self._answer_ended, admission)
@@ -364,7 +369,8 @@ class _Connection(asyncio.Protocol):
                 case _:
                     assert_never(step)
         if answer is None:
-            if admission is None and self._relay_own(head, None):
+            if self._relay_own(head, None, admission):
+                self._served(admission, counted)
                 return False  # relayed (or the edge's own HEAD) by the connection
             # This one request is aiohttp's; the next head waits for its answer.
             self._to_aiohttp(head)
@@ -557,22 +563,27 @@ class _Connection(asyncio.Protocol):
     def _hand_on(self, hand_on: HandOn) -> None:
         """An answer of its own was not begun: what it found is written (or relayed) by the
         connection's own relay; only what it cannot serve is aiohttp's, which asks again."""
-        if self._relay_own(hand_on.head, hand_on.found):
+        # Its admission was counted when the own path took the read.
+        if self._relay_own(hand_on.head, hand_on.found, self._admission):
             return
         if hand_on.found is not None:
             let_go(hand_on.found)
         self._to_aiohttp(hand_on.head)
 
-    def _relay_own(self, head: bytes, found: Found | None) -> bool:
-        """Serve ``head`` by the connection's own relay (``edge.web.own_relay``), admitted
-        first as the full path admits it; False: it is aiohttp's."""
+    def _relay_own(
+        self, head: bytes, found: Found | None, admission: RequestAdmission | None
+    ) -> bool:
+        """Serve ``head`` by the connection's own relay (``edge.web.own_relay``), with the
+        gate's ``admission`` of it (``--auth``), admitted first as the full path admits it;
+        False: it is aiohttp's."""
         relay, transport = self._relay, self._transport
         assert transport is not None
         if relay is None:
             return False
         peer = transport.get_extra_info("peername")
         try:
-            planned = relay.plan(head, found, peer[0] if isinstance(peer, tuple) else None)
+            address = peer[0] if isinstance(peer, tuple) else None
+            planned = relay.plan(head, found, address, admission)
         except Exception:
             # A fault of the relay's own must not cost the client its answer: aiohttp's.
             logger.exception("the connection's relay failed to plan; aiohttp answers the head")

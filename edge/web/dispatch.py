@@ -24,8 +24,10 @@ Rules this module owns:
 * The origin's control API is relayed as it is; a live read whose CORS answer is unknown for its
   ``Origin`` is relayed so that the origin's answer teaches the edge: what becomes of a
   classified request is ``edge.web.own_relay.route_of``'s one decision, the connection's own
-  relay's too. (Reads reach this handler only with ``--fast-path off``, with ``--auth``, or as
-  what the connection cannot serve: a target it refuses, a loop, ``OPTIONS *``.)
+  relay's too. (Reads reach this handler only with ``--fast-path off``, or as what the
+  connection cannot serve: a target it refuses, a loop, ``OPTIONS *``, a head whose gate
+  decision the connection could not make or write. With ``--auth`` the connection decides the
+  gate once and finishes every read it decided, relays included: ``edge.web.own_relay``.)
 """
 
 from __future__ import annotations

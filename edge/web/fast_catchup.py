@@ -15,7 +15,7 @@ Rules this module owns:
 * What the cache does not answer (``Bypass``), an origin failure, and an answer whose headers
   carry the origin's ``Date`` are handed on (``HandOn``), nothing having been written: the
   connection's own relay (``edge.web.own_relay``) relays or writes them as the full path does,
-  and counts them (with ``--auth``, aiohttp's handler asks again).
+  and counts them (with ``--auth``, with the admission the gate gave the read).
 * Bytes fresh from the origin count in ``--fill-buffer-bytes`` until written: the share is
   given back once the transport has taken them (or the client left).
 """

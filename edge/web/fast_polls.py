@@ -97,8 +97,9 @@ HANDED_OFF = HandedOff()
 class HandOn:
     """Nothing was written: the connection's own relay (``edge.web.own_relay``) answers
     ``head`` with what the connection found (``found``: the cache's ``Bypass``, the origin's
-    failure, or an answer carrying the origin's own ``Date``), so that nothing is asked twice;
-    None: aiohttp's handler asks again."""
+    failure, or an answer carrying the origin's own ``Date``), so that nothing is asked twice,
+    with ``--auth`` with the admission the connection's gate gave the read; None: the relay
+    plans it afresh (what its route leaves to the own paths is aiohttp's, which asks again)."""
 
     head: bytes
     found: Bypass | OriginError | Answer | Served | None = None

@@ -18,8 +18,10 @@ Rules this module owns:
   ``edge_auth_decisions_total``. A refusal whose headers only aiohttp writes (``ValueError``)
   is the full path's (nothing of it was written).
 * An admission decided now is counted allowed when the connection serves the read
-  (``served``); one ``Gate.admit`` made is counted by it. A read the connection hands to
-  aiohttp after all is decided and counted there again.
+  (``served``); one ``Gate.admit`` made is counted by it. The admission goes with the read
+  to whatever finishes it on the connection, its own relay included (``edge.web.own_relay``),
+  so it is decided once; only a read the connection hands to aiohttp after all (one its own
+  paths and relay do not serve) is decided and counted there again.
 * Counting is plain integers here, folded into the Prometheus counters at scrape time.
 """
 

@@ -11,8 +11,14 @@ Rules this module owns:
   connection's when its route is a relay (``offset=now``, a read with unknown parameters, a
   live read whose CORS answer is unknown for its ``Origin``, a control path) or a HEAD (the
   edge's own answer when it knows the whole stream, ``CatchupFront.head``, else relayed). A
-  target ``parse_target`` refuses, and anything with ``--auth``, stays aiohttp's (its 400, the
-  gate's decision).
+  target ``parse_target`` refuses stays aiohttp's (its 400).
+* With ``--auth jwt|forward`` a read is the relay's only with the admission the connection's
+  gate decided for it (``edge.web.own_gate``), served as the full path serves that admission
+  (``edge.web.proxy.ask_of``, ``edge.web.asked.asked_of``): its target without ``token``
+  parameters, classified into the policy's scope, upstream with the headers
+  ``RequestAdmission.relay_headers`` gives (the edge's credential for a read), its answer
+  ``private`` to its reader (``Relay.relayed_head``'s ``reader_only``, ``client_headers``'s), the
+  edge's own HEAD looked up with the edge's credential. Nothing is decided again here.
 * What an own path found and could not write (``HandOn.found``) is written here as the full
   path writes it: a ``Bypass`` relayed without validators (counted a cache bypass for a
   catch-up), an origin failure as ``origin_error_response``, an answer whose headers carry the
@@ -45,6 +51,7 @@ from typing import Literal, Protocol, assert_never
 import aiohttp
 
 from edge.answer import Answer, Bypass, Result
+from edge.auth.gate import RequestAdmission
 from edge.config import Settings
 from edge.memory import TRIMMER
 from edge.metrics import Metrics
@@ -167,6 +174,8 @@ class Planned:
     classified: Classified
     keep_alive: bool
     step: Step
+    client_headers: tuple[tuple[str, str], ...]  # as sent (``ask``'s are as sent upstream)
+    admission: RequestAdmission | None  # the gate's yes to it (``--auth``)
 
     @property
     def live(self) -> bool:
@@ -185,8 +194,9 @@ class OwnRelay:
         gated: bool,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        # With --auth every read is the gate's first: the full path's, for now.
-        self.enabled = settings.fast_path and not gated
+        self.enabled = settings.fast_path
+        # With --auth every read is the gate's first: one without an admission is aiohttp's.
+        self._gated = gated
         self._settings = settings
         self._metrics = metrics
         # Replaced by a worker's (``edge.workers.siblings``: its observer tells the others).
@@ -195,10 +205,19 @@ class OwnRelay:
         self._cors = cors
         self._clock = clock
 
-    def plan(self, raw: bytes, found: Found | None, peer: str | None) -> Planned | None:
+    def plan(
+        self,
+        raw: bytes,
+        found: Found | None,
+        peer: str | None,
+        admission: RequestAdmission | None = None,
+    ) -> Planned | None:
         """What the connection does with the head ``raw`` (from ``peer``'s address): with
         nothing ``found``, a read no own path answered; else what an own path found for it.
-        None: aiohttp's handler answers it (the caller lets ``found`` go)."""
+        With ``--auth``, ``admission`` is the gate's yes to it (see the module rules). None:
+        aiohttp's handler answers it (the caller lets ``found`` go)."""
+        if self._gated and admission is None:
+            return None  # the gate's decision is the full path's
         whole = parse_whole_head(raw)
         try:
             target = parse_target(whole.target, whole.method)
@@ -206,10 +225,13 @@ class OwnRelay:
             target = None
         if target is None or target.asterisk:
             return None
+        if admission is not None:
+            target = admission.target  # without its token parameters
         settings, headers = self._settings, whole.headers
         classified = classify(
             whole.method, target.stream, target.query, headers,
             scope_headers=settings.scope_headers, scope_cookies=settings.scope_cookies,
+            scope=admission.scope if admission is not None else None,
         )  # fmt: skip
         kind, origin = classified.kind, first_value(headers, "origin")
         step: Step
@@ -220,15 +242,20 @@ class OwnRelay:
             if route is Serve.CATCHUP or route is Serve.LIVE:
                 return None  # the own paths handed it off: the full path's to serve
             step = route
+        # An authorized read goes upstream with the edge's credential (``ask_of``'s rule).
+        shared = admission is not None and admission.shared
         ask = RelayAsk(
-            method=whole.method, target=target, headers=headers, client_address=peer,
-            scheme="http", host=first_value(headers, "host"), version=(1, 1),
-            credentialed=any(n.lower() in ("authorization", "cookie") for n, _ in headers),
-            reader_only=False,
+            method=whole.method, target=target,
+            headers=headers if admission is None else admission.relay_headers(headers),
+            client_address=peer, scheme="http", host=first_value(headers, "host"), version=(1, 1),
+            credentialed=shared
+            or any(n.lower() in ("authorization", "cookie") for n, _ in headers),
+            reader_only=shared,
         )  # fmt: skip
         return Planned(
             kind=kind, origin=origin, ask=ask, classified=classified,
-            keep_alive=whole.keep_alive, step=step,
+            keep_alive=whole.keep_alive, step=step, client_headers=tuple(headers),
+            admission=admission,
         )  # fmt: skip
 
     def start(
@@ -308,7 +335,9 @@ class OwnRelay:
                 )
                 return self._write_error(step, planned, connection), True
             case Answer():
-                headers = client_headers(step, self._cors, planned.origin)
+                headers = client_headers(
+                    step, self._cors, planned.origin, reader_only=planned.ask.reader_only
+                )
                 return self._write_answer(step, Served(answer=step, headers=headers), planned,
                                           connection), True  # fmt: skip
             case Served(answer=answer):
@@ -327,18 +356,24 @@ class OwnRelay:
     async def _known_head(self, planned: Planned) -> Served | None:
         """The edge's own answer to a HEAD, when it knows the whole stream; a conditional
         HEAD, or one whose CORS answer is unknown, is the origin's to judge."""
-        ask, read = planned.ask, planned.classified.read
-        if read is None or first_value(ask.headers, "if-none-match") is not None:
+        ask, read, sent = planned.ask, planned.classified.read, planned.client_headers
+        if read is None or first_value(sent, "if-none-match") is not None:
             return None
         if self._cors.unknown_for(planned.origin):
             return None
-        settings = self._settings
-        credentials = scope_credentials(
-            ask.headers, scope_headers=settings.scope_headers, scope_cookies=settings.scope_cookies
+        admission, settings = planned.admission, self._settings
+        # What the cache's origin requests carry for it (``asked_of``'s rule): for a shared
+        # read the edge authorized, the edge's own credential.
+        credentials = (
+            admission.upstream
+            if admission is not None and admission.shared
+            else scope_credentials(
+                sent, scope_headers=settings.scope_headers, scope_cookies=settings.scope_cookies
+            )
         )
         request = catchup_request(
-            ask.target, read, ask.headers, version=ask.version, credentials=credentials,
-            reader_only=False, cors=self._cors, head=True,
+            ask.target, read, sent, version=ask.version, credentials=credentials,
+            reader_only=ask.reader_only, cors=self._cors, head=True,
         )  # fmt: skip
         return await self._front.head(request)
 

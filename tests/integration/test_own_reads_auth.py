@@ -19,7 +19,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from devstack.processes import Edge, Origin
+from devstack.processes import Edge, Origin, start_edge
 from tests.auth_support import hs_key, jwks, token
 from tests.integration.auth_services import AuthService
 from tests.integration.test_fast_path import (
@@ -28,10 +28,15 @@ from tests.integration.test_fast_path import (
     exchange,
     host_port,
     make_stream,
+    read_answers,
     request,
 )
 from tests.integration.test_own_reads import CORS_ORIGIN, append, tail_of
+from tests.integration.test_own_relay import StandIn, stand_in
 from tests.integration.test_passthrough import call, metric_value
+
+build_request = request  # a test's own ``request`` is pytest's fixture request
+__all__ = ["stand_in"]  # ``test_own_relay``'s stand-in origin, a fixture here too
 
 HS = hs_key("hs-own")
 EDGE_SECRET = "Bearer edge-secret"
@@ -150,14 +155,14 @@ async def test_authorized_reads_are_the_full_paths_answers_and_enter_no_handler(
     middle = await tail_of(http, url)
     tail = await append(http, url, b"second")
     # A first catch-up and long-poll: the first ones fill the log and start the tail, and a
-    # CORS Origin is learnt from the origin's answer (relayed, by the full path).
+    # CORS Origin is learnt from the origin's answer (relayed, by the connection's own relay).
+    entered = full_path(fast)
     for edge in (fast, full):
         await exchange(edge.url, request(at("offset=-1"), *headers), ["GET"])
         first = await exchange(
             edge.url, request(at(f"offset={tail}&live=long-poll"), *headers), ["GET"]
         )
         assert first[0].status_line.split()[1] in (b"200", b"204"), first
-    entered = full_path(fast)
     allowed = [decisions(e, allowed=True) for e in (fast, full)]
 
     # Catch-up misses and their revalidation.
@@ -339,12 +344,14 @@ async def test_a_missing_stream_and_pipelined_reads_are_answered_as_the_full_pat
     fast, full = way.fast, way.full
     missing = stream_path + "-never"
     credential = way.credential(missing)
+    entered = full_path(fast)
     for query in ("offset=-1", "offset=-1&live=long-poll", "offset=-1&live=sse"):
         answers = await both(way, way.target(missing, query, credential), *way.headers(credential))
         assert answers[0].status_line.split()[1] == b"404", query
         assert answers[0].comparable() == answers[1].comparable(), query
-    # (The origin's 404 carries its own Date, which only aiohttp writes as it came: those are
-    # handed on, nothing written, as without --auth.)
+    # (The origin's 404 carries its own Date: handed on, nothing written, and written by the
+    # connection's own relay with it, with the read's admission.)
+    assert full_path(fast) == entered
     url = origin.url + stream_path
     await make_stream(http, url, "text/plain", b"one ", close=False)
     middle = await tail_of(http, url)
@@ -407,3 +414,268 @@ async def test_a_reader_waiting_for_the_service_may_half_close_or_leave(
     )
     assert after[0].body == b"patient"
     assert full_path(fast) == entered
+
+
+# --- reads the connection relays, with the admission its gate decided (issue 29) ---
+
+
+def origin_heads(edge: Edge) -> float:
+    text = edge.metrics_text()
+    return sum(
+        metric_value(text, "edge_origin_requests_total", kind="head", code=code)
+        for code in ("200", "404")
+    )
+
+
+def asked_of_service(way: Way) -> int:
+    return 0 if way.service is None else len(way.service.asked)
+
+
+async def test_relayed_reads_are_decided_once_and_are_the_full_paths(
+    http: aiohttp.ClientSession, origin: Origin, way: Way, stream_path: str
+) -> None:
+    """A HEAD miss, a HEAD of a missing stream, ``offset=now`` (a read and a long-poll), and
+    live reads whose CORS answer is unknown for their ``Origin``, all with the gate's
+    admission: relayed by the connection (no aiohttp handler entered), byte for byte the full
+    path's, each decided once (``edge_auth_decisions_total``; without kept verdicts, the
+    service asked once per read)."""
+    fast, full = way.fast, way.full
+    url = origin.url + stream_path
+    await make_stream(http, url, "text/plain", b"relayed ", close=False)
+    credential = way.credential(stream_path)
+    missing = stream_path + "-never"
+    missing_credential = way.credential(missing)
+    sent = way.headers(credential)
+    reads: list[tuple[bytes, str, bytes]] = [
+        (request(way.target(stream_path, "", credential), *sent, method="HEAD"), "HEAD", b"200"),
+        (
+            request(way.target(missing, "", missing_credential), *way.headers(missing_credential),
+                    method="HEAD"),
+            "HEAD",
+            b"404",
+        ),
+        (request(way.target(stream_path, "offset=now", credential), *sent), "GET", b"200"),
+        (
+            request(way.target(stream_path, "offset=now&live=long-poll", credential), *sent),
+            "GET",
+            b"204",
+        ),
+    ]  # fmt: skip
+    entered = full_path(fast)
+    allowed = [decisions(e, allowed=True) for e in (fast, full)]
+    for edge in (fast, full):
+        # One edge at a time, so that the service's questions are each edge's own.
+        before = asked_of_service(way)
+        for payload, method, status in reads:
+            answer = (await exchange(edge.url, payload, [method]))[0]
+            assert answer.status_line.split()[1] == status, (edge.url, payload)
+        if way.name == "forward-asking":
+            assert asked_of_service(way) - before == len(reads), edge.url
+    # Byte for byte (a HEAD both edges now know is the edge's own answer: asked again, alike).
+    for payload, method, _ in reads:
+        answers = await asyncio.gather(*(exchange(e.url, payload, [method]) for e in (fast, full)))
+        assert answers[0][0].comparable() == answers[1][0].comparable(), payload
+    # A live read from an Origin neither edge has asked the origin about: relayed so that the
+    # origin's answer teaches the edge.
+    tail = await tail_of(http, url)
+    poll = way.target(stream_path, f"offset={tail}&live=long-poll", credential)
+    taught = await both(way, poll, *sent, f"Origin: https://relay-{way.name}.example")
+    assert taught[0].status_line.split()[1] in (b"200", b"204")
+    assert taught[0].comparable() == taught[1].comparable()
+    # Closed and read whole: a HEAD is then the edge's own answer, looked up in the policy's
+    # scope (the origin is not asked).
+    status, _, _ = await call(http, "POST", url, headers={"Stream-Closed": "true"})
+    assert status == 204
+    await both(way, way.target(stream_path, "offset=-1", credential), *sent)
+    heads_asked = [origin_heads(e) for e in (fast, full)]
+    known = await asyncio.gather(*(exchange(e.url, reads[0][0], ["HEAD"]) for e in (fast, full)))
+    assert known[0][0].header(b"Stream-Closed") == b"true"
+    assert known[0][0].comparable() == known[1][0].comparable()
+    assert [origin_heads(e) for e in (fast, full)] == heads_asked
+    assert full_path(fast) == entered
+    now_allowed = [decisions(e, allowed=True) for e in (fast, full)]
+    count = 2 * len(reads) + 3
+    assert now_allowed[0] - allowed[0] == now_allowed[1] - allowed[1] == count
+
+
+async def test_an_origin_that_is_down_is_a_502_relayed_with_the_admission(
+    logs_dir: Path, service: AuthService, tmp_path: Path
+) -> None:
+    """jwt and forward: every kind of read to an origin that is down is the full path's 502,
+    written by the connection, and nothing enters aiohttp's handler."""
+    down = "http://127.0.0.1:9"  # nothing listens there
+    keys = tmp_path / "jwks.json"
+    keys.write_bytes(jwks(HS))
+    path = "/v1/stream/down"
+    modes = {
+        "jwt": (("--auth", "jwt", "--jwt-jwks", str(keys)), "jwt"),
+        "forward": (("--auth", "forward", "--auth-url", service.url,
+                     "--auth-cache-seconds", "0"), "forward"),
+    }  # fmt: skip
+    for mode, (args, way_name) in modes.items():
+        fast = await asyncio.to_thread(
+            start_edge, down, logs_dir, *args, *ARGS, name=f"own-auth-down-{mode}"
+        )
+        try:
+            full = await asyncio.to_thread(
+                start_edge, down, logs_dir, *args, *ARGS, "--fast-path", "off",
+                name=f"own-auth-down-{mode}-full",
+            )  # fmt: skip
+            try:
+                way = Way(way_name, fast, full)
+                credential = way.credential(path)
+                payload = b"".join(
+                    request(way.target(path, query, credential), *way.headers(credential),
+                            method=method)
+                    for query, method in (("offset=now", "GET"), ("", "HEAD"),
+                                          ("offset=-1", "GET"), ("offset=-1&live=long-poll", "GET"),
+                                          ("offset=-1&live=sse", "GET"))
+                )  # fmt: skip
+                methods = ["GET", "HEAD", "GET", "GET", "GET"]
+                answers = await asyncio.gather(
+                    *(exchange(e.url, payload, methods) for e in (fast, full))
+                )
+                assert {a.status_line for a in answers[0]} == {b"HTTP/1.1 502 Bad Gateway"}, mode
+                for got, want in zip(answers[0], answers[1], strict=True):
+                    assert got.comparable() == want.comparable(), mode
+                assert full_path(fast) == dict.fromkeys(KINDS, 0.0), mode
+                assert decisions(fast, allowed=True) == decisions(full, allowed=True) == 5
+            finally:
+                await asyncio.to_thread(full.stop)
+        finally:
+            await asyncio.to_thread(fast.stop)
+
+
+@pytest.mark.parametrize("name", ["jwt", "forward-asking"])
+async def test_a_mixed_gated_read_load_enters_no_aiohttp_handler(
+    http: aiohttp.ClientSession,
+    origin: Origin,
+    service: AuthService,
+    stream_path: str,
+    name: str,
+    request: pytest.FixtureRequest,
+) -> None:
+    """Authorized readers read one run every way at once while an agent appends: catch-ups
+    from the start and each offset they learn, long-polls following the tail, SSE viewers,
+    HEADs and reads at ``now``. aiohttp's request handler sees none of them, and every
+    follower gets every byte once, in order."""
+    fast, full = request.getfixturevalue("jwt_pair" if name == "jwt" else "asking_pair")
+    way = Way(name, fast, full, None if name == "jwt" else service)
+    url = origin.url + stream_path
+    await make_stream(http, url, "text/plain", b"0;", close=False)
+    credential = way.credential(stream_path)
+    sent = way.headers(credential)
+
+    def at(query: str, *, method: str = "GET") -> bytes:
+        return build_request(way.target(stream_path, query, credential), *sent, method=method)
+
+    entered = full_path(fast)
+    allowed = decisions(fast, allowed=True)
+    asked = asked_of_service(way)
+    reads = 0
+
+    async def follow_by_long_poll() -> bytes:
+        nonlocal reads
+        seen, offset = b"", "-1"
+        reader, writer = await asyncio.open_connection(*host_port(fast.url))
+        try:
+            while True:
+                writer.write(at(f"offset={offset}&live=long-poll"))
+                reads += 1
+                answer = (await asyncio.wait_for(read_answers(reader, ["GET"]), 10))[0]
+                assert answer.status_line.split()[1] in (b"200", b"204"), answer.status_line
+                seen += answer.body
+                offset = (answer.header(b"Stream-Next-Offset") or b"").decode()
+                if answer.header(b"Stream-Closed") == b"true":
+                    return seen
+        finally:
+            writer.close()
+
+    async def catch_up_repeatedly() -> None:
+        nonlocal reads
+        for _ in range(10):
+            offset = "-1"
+            while True:
+                reads += 1
+                answer = (await exchange(fast.url, at(f"offset={offset}"), ["GET"]))[0]
+                offset = (answer.header(b"Stream-Next-Offset") or b"").decode()
+                if answer.header(b"Stream-Up-To-Date"):
+                    break
+            payload = at("", method="HEAD") + at("offset=now")
+            reads += 2
+            answers = await exchange(fast.url, payload, ["HEAD", "GET"])
+            assert [a.status_line.split()[1] for a in answers] == [b"200", b"200"]
+            await asyncio.sleep(0.05)
+
+    async def agent() -> bytes:
+        written = b"0;"
+        for i in range(1, 20):
+            part = f"{i};".encode()
+            await append(http, url, part)
+            written += part
+            await asyncio.sleep(0.05)
+        status, _, _ = await call(http, "POST", url, headers={"Stream-Closed": "true"})
+        assert status == 204
+        return written
+
+    pollers = [asyncio.ensure_future(follow_by_long_poll()) for _ in range(4)]
+    viewers = [
+        asyncio.ensure_future(exchange(fast.url, at("offset=-1&live=sse"), ["GET"]))
+        for _ in range(2)
+    ]
+    reads += len(viewers)
+    readers = [asyncio.ensure_future(catch_up_repeatedly()) for _ in range(2)]
+    await asyncio.sleep(0.3)
+    written = await agent()
+    followed_bytes = await asyncio.wait_for(asyncio.gather(*pollers), 30)
+    sse_answers = await asyncio.wait_for(asyncio.gather(*viewers), 30)
+    await asyncio.wait_for(asyncio.gather(*readers), 60)
+    assert all(seen == written for seen in followed_bytes)
+    for answer in sse_answers:
+        data = b"".join(
+            line[5:] for line in answer[0].body.split(b"\n") if line.startswith(b"data:")
+            and not line.startswith(b"data:{")
+        )  # fmt: skip
+        assert data == written
+    assert full_path(fast) == entered
+    # Every read decided once: allowed once each; without kept verdicts the service is asked
+    # at most once a read (identical questions in flight at once share one answer).
+    assert decisions(fast, allowed=True) - allowed == reads
+    if way.service is not None:
+        assert 0 < asked_of_service(way) - asked <= reads
+
+
+async def test_a_bypassed_stream_is_relayed_with_the_edges_credential_and_decided_once(
+    stand_in: StandIn, logs_dir: Path, tmp_path: Path
+) -> None:
+    """A stream the origin forbids keeping (``no-store``), read with a JWT: relayed by the
+    connection without validators, upstream with the edge's ``--origin-header`` (never the
+    reader's token), its answer the full path's byte for byte, each read allowed once."""
+    keys = tmp_path / "jwks.json"
+    keys.write_bytes(jwks(HS))
+    args = ("--auth", "jwt", "--jwt-jwks", str(keys), *ARGS)
+    fast = await asyncio.to_thread(start_edge, stand_in.url, logs_dir, *args, name="own-auth-ns")
+    try:
+        full = await asyncio.to_thread(
+            start_edge, stand_in.url, logs_dir, *args, "--fast-path", "off",
+            name="own-auth-ns-full",
+        )  # fmt: skip
+        try:
+            path = "/v1/stream/no-store"
+            reader = f"Authorization: Bearer {token(HS, path)}"
+            for _ in range(3):  # the first answer says no-store; those after are bypassed
+                answers = await asyncio.gather(
+                    *(exchange(e.url, request(f"{path}?offset=-1", reader), ["GET"])
+                      for e in (fast, full))
+                )  # fmt: skip
+                assert answers[0][0].body == b"kept nowhere"
+                assert answers[0][0].comparable() == answers[1][0].comparable()
+            assert set(stand_in.authorizations) == {EDGE_SECRET}
+            text = fast.metrics_text()
+            assert metric_value(text, "edge_cache_requests_total", result="bypass") >= 2
+            assert full_path(fast) == dict.fromkeys(KINDS, 0.0)
+            assert decisions(fast, allowed=True) == decisions(full, allowed=True) == 3
+        finally:
+            await asyncio.to_thread(full.stop)
+    finally:
+        await asyncio.to_thread(fast.stop)

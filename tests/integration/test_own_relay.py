@@ -191,10 +191,13 @@ async def test_an_origin_that_is_down_is_a_502_written_by_the_connection(
 class StandIn:
     url: str = ""
     gone: asyncio.Event = field(default_factory=asyncio.Event)
+    # The Authorization of every request it was sent (None: none).
+    authorizations: list[str | None] = field(default_factory=list)
 
 
 def stand_in_app(state: StandIn) -> web.Application:
     async def read(request: web.Request) -> web.StreamResponse:
+        state.authorizations.append(request.headers.get("Authorization"))
         headers = {"Content-Type": "text/plain", "Access-Control-Allow-Origin": "*"}
         if request.query.get("offset") == "now" and request.path.endswith("/endless"):
             # Headers, then a body that never ends: only a client that leaves ends it.
