@@ -12,6 +12,7 @@ click to acknowledgement, reconnects) are printed, not asserted.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import re
@@ -462,3 +463,36 @@ async def test_values_that_are_not_messages_are_shown_raw_and_the_page_goes_on(
     assert await page.watch("w.offset") == tail
     assert await page.page.get_attribute("#position", "data-offset") == tail
     await assert_position(page)
+
+
+async def test_on_a_phone_the_stats_wrap_without_a_gap_and_nothing_overflows(
+    stack: Stack, browser: Browser, agents_http: aiohttp.ClientSession
+) -> None:
+    """A 375 px phone: the status row may wrap, but its lines sit as close as lines of text
+    (the row gap is not the column gap), and nothing is wider than the screen, the message
+    box included once a person takes the run over."""
+    name = run_name("phone")
+    page = await open_page(browser, stack.page_url(name))
+    await page.page.set_viewport_size({"width": 375, "height": 740})
+    run = await start(stack, agents_http, name, count=20, rate=40)
+    await page.until("w.viewers !== null")
+    await page.page.click("#take")
+    await page.until("w.messages.some((m) => m.type === 'status' && m.state === 'yielded')")
+    lines = await page.page.evaluate(
+        """() => {
+          const tops = [...document.querySelectorAll('.status > span:not([hidden])')]
+            .map((e) => e.getBoundingClientRect())
+            .map((r) => [Math.round(r.top), Math.round(r.bottom)]);
+          return tops;
+        }"""
+    )
+    rows = sorted(dict(lines).items())  # one (top, bottom) per line of the row
+    for (_, bottom), (next_top, _) in itertools.pairwise(rows):
+        assert next_top - bottom <= 4, rows  # was 1.4rem (~21 px) between wrapped lines
+    wide = await page.page.evaluate(
+        "() => [document.documentElement.scrollWidth, window.innerWidth]"
+    )
+    assert wide[0] <= wide[1], wide
+    await page.page.click("#release")
+    await run.wait(60)
+    await page.until("w.ended")
