@@ -204,16 +204,15 @@ class LiveTargets:
         self.admitted = functools.lru_cache(maxsize=MEMO_ENTRIES)(self._derive_admitted)
 
     def _derive(self, head: RequestHead, mode: str) -> LiveTarget | None:
-        """None: not a plain ``mode`` read of a stream's normalised path at an offset a client
-        may give."""
+        """None: not a plain ``mode`` read of a stream at an offset a client may give. The
+        stream is the path the origin routes to (``normalise_path``), as the full path's
+        classification names it: ``/v1/stream/./x`` reads ``/v1/stream/x``."""
         if head.head or mode not in head.query:
             return None
-        path = head.path
         try:
-            if normalise_path(path) != path:
-                return None
+            path = normalise_path(head.path)
         except BadTarget:
-            return None
+            return None  # the full path's 400
         credentials = head.credentials
         scope = (
             scope_of(
@@ -240,8 +239,6 @@ class LiveTargets:
         if head.head or mode not in head.query or scope is None:
             return None
         target = admission.target
-        if target.upstream.partition("?")[0] != target.stream:
-            return None  # as ``_derive``: a path the origin normalises is the full path's
         framing = Framing(
             version=(1, 1), keep_alive=head.keep_alive, reader_only=True, origin=head.origin
         )

@@ -3,7 +3,7 @@
 Rules this module owns:
 
 * An SSE head is the connection's on the same terms as a long-poll (``edge.web.fast_polls``):
-  a plain read of a stream's normalised path, the CORS answer for its ``Origin`` known, with
+  a plain read of a stream (by the path the origin routes to), the CORS answer for its ``Origin`` known, with
   ``--auth`` once the gate allowed it and as that admission is served
   (``LiveTargets.admitted``); a ``Last-Event-ID`` further on than the URL's offset is where it
   starts (``LiveHub.start``'s rule: an EventSource reconnecting to its URL resumes exactly). When

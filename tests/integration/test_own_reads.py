@@ -616,3 +616,33 @@ async def test_an_eventsource_resuming_by_last_event_id_is_served_by_the_connect
         assert b"data:one;" not in answers[0][0].body
         assert b"data:three;" in answers[0][0].body
     assert full_path_sse(fast) == entered
+
+
+async def test_a_live_read_of_a_path_the_origin_normalises_is_the_connections(
+    http: aiohttp.ClientSession, origin: Origin, edges: tuple[Edge, Edge], stream_path: str
+) -> None:
+    """``/v1/x/../stream/s`` and ``/v1/stream/./s`` read ``/v1/stream/s`` (the path the origin
+    routes to), long-polled and by SSE: the full path's answers, no handler entered."""
+    fast, _ = edges
+    url = origin.url + stream_path
+    await make_stream(http, url, "text/plain", b"first ", close=False)
+    tail = await append(http, url, b"second")
+    name = stream_path.rsplit("/", 1)[1]
+    aliases = [f"/v1/x/../stream/{name}", f"/v1/stream/./{name}"]
+    entered = (full_path_long_polls(fast), full_path_sse(fast))
+    for alias in aliases:
+        behind = await asyncio.gather(*(poll(e.url, alias, "-1") for e in edges))
+        assert behind[0].status_line == b"HTTP/1.1 200 OK"
+        assert behind[0].body == b"first second"
+        assert behind[0].comparable() == behind[1].comparable(), alias
+    await call(http, "POST", url, headers={"Stream-Closed": "true"})
+    for alias in aliases:
+        read = await asyncio.gather(
+            *(
+                exchange(e.url, sse(alias, tail, "Origin: https://app.example"), ["GET"])
+                for e in edges
+            )
+        )
+        assert b'"streamClosed":true' in read[0][0].body
+        assert read[0][0].comparable() == read[1][0].comparable(), alias
+    assert (full_path_long_polls(fast), full_path_sse(fast)) == entered
