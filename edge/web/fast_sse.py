@@ -3,8 +3,8 @@
 Rules this module owns:
 
 * An SSE head is the connection's on the same terms as a long-poll (``edge.web.fast_polls``):
-  a plain read of a stream (by the path the origin routes to), the CORS answer for its ``Origin`` known, with
-  ``--auth`` once the gate allowed it and as that admission is served
+  a plain read of a stream (by the path the origin routes to), the CORS answer for its
+  ``Origin`` known, with ``--auth`` once the gate allowed it and as that admission is served
   (``LiveTargets.admitted``); a ``Last-Event-ID`` further on than the URL's offset is where it
   starts (``LiveHub.start``'s rule: an EventSource reconnecting to its URL resumes exactly). When
   the log answers from its offset without a wait (a generation confirmed within
