@@ -173,7 +173,10 @@ def test_an_admitted_live_target_is_the_admissions_not_the_heads() -> None:
     other = targets.admitted(head, "long-poll", admission("offset=5&live=long-poll", scope="x"))
     assert other is not None
     assert other.key.scope == "x"
-    # What the full path would not serve as a plain live read of a normalised path is its own.
+    # Not a plain read in this mode: the full path's.
     assert targets.admitted(head, "sse", admission("offset=5&live=long-poll")) is None
+    # A path the origin normalises reads the stream it names, as the full path classifies it.
     dotted = admission("offset=5&live=long-poll", upstream="/v1/stream/./run")
-    assert targets.admitted(head, "long-poll", dotted) is None
+    served = targets.admitted(head, "long-poll", dotted)
+    assert served is not None
+    assert served.key.stream == dotted.target.stream
