@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 from typing import Any
+from urllib.parse import parse_qsl
 
 import uvicorn
 from mcp.server.mcpserver import Context, MCPServer
@@ -73,7 +75,8 @@ async def raw(scope: dict[str, Any], receive: Any, send: Any) -> None:
     while (await receive()).get("more_body"):
         pass
     if scope["path"] == "/raw/slow":
-        await slow(scope["query_string"].decode().removeprefix("tag="), receive, send)
+        query = dict(parse_qsl(scope["query_string"].decode()))
+        await slow(query.get("tag", ""), query.get("hold"), receive, send)
         return
     if scope["path"] == "/raw/json":
         head = [(b"content-type", b"application/json")]
@@ -85,7 +88,7 @@ async def raw(scope: dict[str, Any], receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-async def slow(tag: str, receive: Any, send: Any) -> None:
+async def slow(tag: str, hold: str | None, receive: Any, send: Any) -> None:
     head = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 
     async def events() -> None:
@@ -96,6 +99,8 @@ async def slow(tag: str, receive: Any, send: Any) -> None:
             frame = f"id: up-{step}\ndata: {json.dumps(progress)}\n\n"
             await send({"type": "http.response.body", "body": frame.encode(), "more_body": True})
             await asyncio.sleep(0.05)
+            while step == 2 and hold and not os.path.exists(hold):  # noqa: ASYNC110, ASYNC240 (a local file)
+                await asyncio.sleep(0.02)
         final = 'data: {"jsonrpc":"2.0","id":42,"result":{}}\n\n'
         await send({"type": "http.response.body", "body": final.encode()})
 

@@ -401,21 +401,23 @@ async def test_an_answer_outlives_the_edges_sse_rotation(
     assert float(sse_reads.group(1)) >= 2  # it did cross a rotation
 
 
-async def until(check: Callable[[], bool]) -> None:
-    """Wait for what ``check`` looks for (a process's doing, seen from outside)."""
-    while True:
-        if check():
-            return
+async def until(check: Callable[[], bool], seconds: float = 60) -> None:
+    """Wait for what ``check`` looks for (a process's doing, seen from outside), failing after
+    ``seconds``."""
+    deadline = asyncio.get_running_loop().time() + seconds
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline, f"not seen in {seconds} s"
         await asyncio.sleep(0.05)
 
 
 async def slow_ended(stand: Stand, tag: str) -> str:
     """How the upstream's ``/raw/slow`` answer tagged ``tag`` ended, once it has."""
-    while True:
-        ends = [line["end"] for line in stand.seen_lines() if line.get("slow") == tag]
-        if ends:
-            return str(ends[0])
-        await asyncio.sleep(0.05)
+
+    def ends() -> list[str]:
+        return [line["end"] for line in stand.seen_lines() if line.get("slow") == tag]
+
+    await until(lambda: bool(ends()))
+    return str(ends()[0])
 
 
 async def first_events(response: aiohttp.ClientResponse, count: int) -> list[SseEvent]:
@@ -671,20 +673,24 @@ async def test_a_pump_that_gives_up_on_its_origin_ends_the_answer_when_it_can(
 ) -> None:
     # The origin stays away past the pump's write retries: the pump gives up on the upstream
     # answer, and ends the log (what it still had to write, the owed error, the close) once the
-    # origin is back, so a resume gets what was kept, then the error, then the end.
+    # origin is back, so a resume gets what was kept, then the error, then the end. The upstream
+    # holds its third event until the origin is down, so the pump's next write meets no origin
+    # however slowly this machine runs.
     port, data = free_port(), tmp_path / "data"
+    hold = tmp_path / "origin-is-down"
     first = start_origin(tmp_path, data_dir=data, port=port, name="away-origin")
     raw_url = str(stand.upstream.ready["url"]).removesuffix("/mcp") + "/raw"
     edge = start_edge(first.url, tmp_path, "--resume-route", f"/raw={raw_url}", name="edge-g")
     again: Origin | None = None
     try:
         async with client.post(
-            edge.url + "/raw/slow?tag=gives-up", json=CALL, headers=MCP_HEADERS
+            edge.url + f"/raw/slow?tag=gives-up&hold={hold}", json=CALL, headers=MCP_HEADERS
         ) as answer:
             path = answer.headers["Edge-Resume-Stream"]
             seen = await first_events(answer, 2)
             answer.close()
         first.stop()
+        hold.touch()
         await until(lambda: "answered a write 0" in edge.process.log.read_text())  # gave up
         again = start_origin(tmp_path, data_dir=data, port=port, name="away-origin-2")
         last_id = seen[1].id
