@@ -129,9 +129,15 @@ class LiveHub:
     # --- the tails' listener: SSE viewers first, then long-polls ---
 
     def batch(
-        self, key: LogKey, segment: Segment | None, end: str, *, up_to_date: bool, closed: bool
+        self,
+        key: LogKey,
+        segments: tuple[Segment, ...],
+        end: str,
+        *,
+        up_to_date: bool,
+        closed: bool,
     ) -> None:
-        self.fanout.batch(key, segment, end, up_to_date=up_to_date, closed=closed)
+        self.fanout.batch(key, segments, end, up_to_date=up_to_date, closed=closed)
         self.polls.batch(key)
 
     def ended(self, key: LogKey) -> None:

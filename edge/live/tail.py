@@ -4,6 +4,9 @@ Rules this module owns:
 
 * Every batch the upstream delivers (a long-poll 200, or the SSE ``data`` events up to a
   ``control``) becomes the segment [offset, next) in the stream's log; readers are only woken.
+  The batches of one read from the upstream are told to the fan-out together, once the read is
+  recorded (``TailListener.batch``): when the fan-out falls behind the origin (it was writing
+  while more arrived), each viewer gets what piled up in one write, not one write per batch.
 * The upstream always resumes from the offset after the last batch it recorded, so no byte is read
   twice or skipped, whatever the reason it ended (the origin closing it, a reset, a restart).
   Failures back off exponentially with full jitter; a clean end reconnects at once.
@@ -90,6 +93,10 @@ class Tail:
     failing: bool = False  # the last upstream attempt failed; nothing since vouches for the tail
     instance: StreamInstance | None = None  # the stream instance this tail follows
     _started: int = 0  # ticket of the current upstream request
+    # Recorded, not yet told to the listener: this upstream read's segments, and where the
+    # last batch ended (its end, up_to_date, closed); None: nothing untold.
+    _untold: list[Segment] = field(default_factory=list)
+    _untold_end: tuple[str, bool, bool] | None = None
 
     # --- what readers use ---
 
@@ -145,10 +152,12 @@ class Tail:
                         reason = ""
                 except InstanceChanged:
                     self.gone = True
+                    self._forget_untold()  # of an instance forgotten: the viewers re-check
                     if self.listener is not None:
                         self.listener.ended(self.key)
                     return
                 except (OriginError, UpstreamRefused) as error:
+                    self._tell()  # what was recorded before the failure
                     reason = getattr(error, "reason", "refused")
                     failed = True
                     if isinstance(error, OriginError):
@@ -161,6 +170,7 @@ class Tail:
                             self._use_sse = False
                             failed = False
                 except Exception:  # a malformed upstream answer must not kill the tail silently
+                    self._tell()
                     logger.exception("live upstream for %s failed", self.key)
                     reason, failed = "protocol", True
                 if self._use_sse and self.batches > recorded:
@@ -237,8 +247,25 @@ class Tail:
         self.offset, self.closed = end, closed
         self.batches += 1
         self.failing = False
-        if self.listener is not None and (segment is not None or closed):
-            self.listener.batch(self.key, segment, end, up_to_date=up_to_date, closed=closed)
+        if segment is not None:
+            self._untold.append(segment)
+        if segment is not None or closed or self._untold_end is not None:
+            self._untold_end = (end, up_to_date, closed)
+
+    def _tell(self) -> None:
+        """Tell the listener what was recorded since it was last told, as one batch."""
+        told = self._untold_end
+        if told is None:
+            return
+        segments = tuple(self._untold)
+        self._forget_untold()
+        if self.listener is not None:
+            end, up_to_date, closed = told
+            self.listener.batch(self.key, segments, end, up_to_date=up_to_date, closed=closed)
+
+    def _forget_untold(self) -> None:
+        self._untold.clear()
+        self._untold_end = None
 
     # --- upstream modes ---
 
@@ -264,6 +291,7 @@ class Tail:
         self._record(
             end, body if response.status == 200 else b"", up_to_date=up_to_date, closed=closed
         )
+        self._tell()
 
     async def _sse_session(self) -> None:
         response = await self._open("sse", "sse", ("Accept", "text/event-stream"))
@@ -304,7 +332,10 @@ class Tail:
                             closed=closed,
                         )
                         if closed:
+                            self._tell()
                             return
+                # This read is recorded: its batches go to the viewers together.
+                self._tell()
         finally:
             response.close()
 
@@ -325,10 +356,18 @@ class Tail:
 
 
 class TailListener(Protocol):
-    """Told of every batch as it is recorded (the SSE fan-out)."""
+    """Told of the batches of each upstream read once they are recorded (the SSE fan-out):
+    ``segments`` are contiguous and end at ``end`` (none: the stream closed, or only its state
+    changed); ``up_to_date`` and ``closed`` are the last batch's."""
 
     def batch(
-        self, key: LogKey, segment: Segment | None, end: str, *, up_to_date: bool, closed: bool
+        self,
+        key: LogKey,
+        segments: tuple[Segment, ...],
+        end: str,
+        *,
+        up_to_date: bool,
+        closed: bool,
     ) -> None: ...
 
     def ended(self, key: LogKey) -> None: ...

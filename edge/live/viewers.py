@@ -4,10 +4,13 @@ Rules this module owns:
 
 * A viewer behind the tail is its own task: it reads the log from its offset and writes with
   flow control (it waits for its socket, nobody else does).
-* A viewer at the tail hands itself to the fan-out and sleeps. When the tail records a batch,
-  the fan-out encodes it once (per cursor) and writes the same bytes straight to the socket of
-  every viewer at that offset: no task wakes, no per-viewer queue. A viewer whose socket already
-  holds ``--sse-buffer-bytes`` is skipped and woken instead: it lags, and catches up from the log.
+* A viewer at the tail hands itself to the fan-out and sleeps. When the tail has recorded a
+  read's batches, the fan-out encodes them once (per cursor) as one data and one control event
+  and writes the same bytes straight to the socket of every viewer at their start: no task
+  wakes, no per-viewer queue, one write per viewer however many batches piled up while the
+  fan-out was busy (the send, not the Python, is most of a viewer's cost). A viewer whose socket
+  already holds ``--sse-buffer-bytes`` is skipped and woken instead: it lags, and catches up
+  from the log.
 * One ticker for all viewers sends comment heartbeats to idle ones and wakes the ones due to
   rotate, so no viewer carries a timer of its own. A viewer past its ``rotate_at`` (rotation, or
   its credential's expiry) is written nothing more: it ends at the next batch boundary.
@@ -78,45 +81,53 @@ class SseFanout:
     # --- the fan-out (called by tails) ---
 
     def batch(
-        self, key: LogKey, segment: Segment | None, end: str, *, up_to_date: bool, closed: bool
+        self,
+        key: LogKey,
+        segments: tuple[Segment, ...],
+        end: str,
+        *,
+        up_to_date: bool,
+        closed: bool,
     ) -> None:
+        """Write the batches a tail just recorded (``segments``, contiguous, up to ``end``) to
+        every viewer at their start, in one write each."""
         viewers = self._at_tail.get(key)
-        if not viewers or (segment is None and not closed):
+        if not viewers or (not segments and not closed):
             return
         hub = self._hub
         log = hub.stream_log(key)
         if log is None:
             return
-        start = segment.start if segment is not None else end
-        coverage = Coverage(segments=(segment,) if segment else (), end=end, capped=False)
+        start = segments[0].start if segments else end
+        coverage = Coverage(segments=segments, end=end, capped=False)
         loop = asyncio.get_running_loop()
         now = loop.time()
         interval = current_interval(hub.clock())
+        current = str(interval)
         limit = hub.settings.sse_buffer_bytes
         written = 0
         size = 0
         frames: dict[tuple[str, bool], bytes] = {}  # the batch, encoded once per cursor/framing
+        leaving: list[Viewer] = []
         for viewer in list(viewers):
             transport = viewer.transport
-            if transport.is_closing():
-                viewers.discard(viewer)
-                viewer.woken.set()
+            rotate_at = viewer.rotate_at
+            if (
+                viewer.offset != start
+                or transport.get_write_buffer_size() >= limit
+                or transport.is_closing()
+                or (rotate_at is not None and now >= rotate_at)
+            ):
+                leaving.append(viewer)  # the rare case, sorted out below
                 continue
-            if viewer.rotate_at is not None and now >= viewer.rotate_at:
-                viewers.discard(viewer)  # due to end (rotation, an expiring credential)
-                viewer.woken.set()
-                continue
-            if viewer.offset != start or transport.get_write_buffer_size() >= limit:
-                viewers.discard(viewer)  # behind: its own task catches up from the log
-                viewer.skipped = True
-                viewer.woken.set()
-                continue
-            variant = (viewer.cursor(interval), viewer.chunked)
+            # Most viewers carry the current interval's cursor (no fixed one of their own).
+            cursor = current if viewer.fixed_cursor is None else viewer.cursor(interval)
+            variant = (cursor, viewer.chunked)
             frame = frames.get(variant)
             if frame is None:
                 frame = frames[variant] = hub.frames(
                     key, log, coverage, up_to_date=up_to_date, closed=closed,
-                    cursor=variant[0], chunked=variant[1],
+                    cursor=cursor, chunked=viewer.chunked,
                 )  # fmt: skip
             transport.write(frame)
             size += len(frame)
@@ -127,14 +138,23 @@ class SseFanout:
                 viewers.discard(viewer)
                 viewer.finished = True
                 viewer.woken.set()
+        for viewer in leaving:
+            viewers.discard(viewer)
+            rotate_at = viewer.rotate_at
+            if not viewer.transport.is_closing() and (rotate_at is None or now < rotate_at):
+                # Behind, or its socket holds --sse-buffer-bytes: its own task catches up from
+                # the log. (Closing, or due to end: rotation, an expiring credential.)
+                viewer.skipped = True
+            viewer.woken.set()
         if written:
             metrics = hub.metrics
-            metrics.sse_events_sent.inc(written * (2 if segment is not None else 1))
+            metrics.sse_events_sent.inc(written * (2 if segments else 1))
             metrics.served_bytes.inc(size)
             tail = hub.tails.get(key)
             arrived = tail.arrivals.get(start) if tail is not None else None
             if arrived is not None:
-                # The last viewer's delay: the fan-out's worst case for this batch.
+                # The last viewer's delay for the batch that waited longest: the fan-out's
+                # worst case.
                 metrics.delivery_latency.observe(loop.time() - arrived)
 
     def ended(self, key: LogKey) -> None:
