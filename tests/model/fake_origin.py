@@ -5,7 +5,12 @@ idle_timeout)`` returning a response-like object (``status``, ``reason``, ``head
 ``CIMultiDictProxy``, ``content_length``, ``url``, ``content.iter_any()``, ``content.at_eof()``,
 ``read()``, ``close()``, ``release()``), so ``OriginClient.read_body``/``body_chunks`` work on it
 unchanged; plus ``start``/``close``, ``base_url`` and ``url_for``. GET, HEAD, PUT, POST and
-DELETE are answered by the model; live requests are not supported.
+DELETE are answered by the model; a live long-poll (an edge's upstream tail) as the reference
+origin answers it: at once unless the offset is the tail (``now`` or the current offset) with
+nothing past it, a closed tail's 204 at once, else it
+waits at the tail until the test says the model changed (``notify_live``: when the upstream
+hears of a write is the test's to choose, as the network's is), then looks again. SSE is not
+supported.
 
 The answer is decided when the request *arrives* (as the real origin does) and then delivered;
 a test can hold deliveries (``hold()``) to change the model while an answer is in flight, the
@@ -19,10 +24,12 @@ import asyncio
 import dataclasses
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
+from urllib.parse import parse_qsl, urlencode
 
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
+from edge.protocol.cursor import current_interval
 from tests.model.origin_model import OriginModel, Response
 
 BASE_URL = "http://origin.invalid"
@@ -109,6 +116,8 @@ class FakeOrigin:
         # An origin whose CORS grants each request's own Origin (with credentials, Vary: Origin)
         # instead of the reference server's "*" for everyone.
         self.cors_by_origin = False
+        self._live_waiters: list[asyncio.Future[None]] = []
+        self.live_requests = 0
 
     def listen_to_answers(
         self, listener: Callable[[str | None, Sequence[tuple[str, str]]], None]
@@ -142,6 +151,13 @@ class FakeOrigin:
             self._gate.set()
         self._gate = None
 
+    def notify_live(self) -> None:
+        """The model changed: every long-poll waiting at its tail looks again."""
+        waiters, self._live_waiters = self._live_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
     # --- the client interface ---
 
     async def open(
@@ -155,7 +171,7 @@ class FakeOrigin:
         idle_timeout: float | None = None,
     ) -> FakeResponse:
         if live:
-            raise NotImplementedError("the fake origin answers catch-up requests only")
+            return await self._long_poll(path_qs, headers)
         await asyncio.sleep(0)  # a request is never answered synchronously
         payload = b""
         if body is not None:
@@ -189,6 +205,34 @@ class FakeOrigin:
             await gate.wait()
         url = URL(self.url_for(path_qs), encoded=True)
         return FakeResponse(url, response, self._chunk_bytes)
+
+    async def _long_poll(self, path_qs: str, headers: Sequence[tuple[str, str]]) -> FakeResponse:
+        path, _, query_string = path_qs.partition("?")
+        query = parse_qsl(query_string, keep_blank_values=True)
+        if ("live", "long-poll") not in query:
+            raise NotImplementedError("the fake origin's live reads are long-polls")
+        self.live_requests += 1
+        offset = next((v for n, v in query if n == "offset"), None)
+        plain = urlencode([(n, v) for n, v in query if n not in ("live", "cursor")])
+        url = URL(self.url_for(path_qs), encoded=True)
+        while True:
+            await asyncio.sleep(0)
+            response = self.model.handle("GET", path, plain, list(headers))
+            current = self.model.current(path)
+            if response.status != 200 or current is None:
+                return FakeResponse(url, response, self._chunk_bytes)
+            cursor = ("Stream-Cursor", str(current_interval(self.model.now_ms / 1000)))
+            caught_up = offset in ("now", current.current_offset)
+            if current.read(offset) or not caught_up:  # answered at once, as the origin does
+                answer = dataclasses.replace(response, headers=(*response.headers, cursor))
+                return FakeResponse(url, answer, self._chunk_bytes)
+            if current.closed:
+                kept = [(n, v) for n, v in response.headers if n.lower() != "content-length"]
+                answer = Response(status=204, headers=(*kept, cursor))
+                return FakeResponse(url, answer, self._chunk_bytes)
+            waiter = asyncio.get_running_loop().create_future()
+            self._live_waiters.append(waiter)
+            await waiter
 
 
 def granted_to(response: Response, origin: str | None) -> Response:
