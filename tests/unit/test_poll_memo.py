@@ -311,7 +311,7 @@ class PollMemoMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def the_same_head_again(self, data: st.DataObject) -> None:
         """After a release every viewer of a stream sends the same head: the memo's case."""
-        self._send(*data.draw(st.sampled_from(self.sent), label="again"))
+        self._send(*data.draw(st.sampled_from(self.sent[-4:]), label="again"))
 
     def _send(
         self,
