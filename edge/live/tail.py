@@ -244,11 +244,15 @@ class Tail:
             self.arrivals[segment.start] = now
             while len(self.arrivals) > 64:
                 self.arrivals.pop(next(iter(self.arrivals)))
-        self.offset, self.closed = end, closed
+        start, self.offset, self.closed = self.offset, end, closed
         self.batches += 1
         self.failing = False
         if segment is not None:
             self._untold.append(segment)
+        elif end != start:
+            # Moved without a segment: what is untold is told first, so the segments told
+            # together are always contiguous.
+            self._tell()
         if segment is not None or closed or self._untold_end is not None:
             self._untold_end = (end, up_to_date, closed)
 
