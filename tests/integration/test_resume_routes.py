@@ -474,19 +474,23 @@ async def test_without_its_origin_an_answer_is_relayed_without_ids(
 async def test_an_origin_restart_while_pumping_loses_and_doubles_nothing(
     stand: Stand, tmp_path: Path, client: aiohttp.ClientSession
 ) -> None:
+    # The upstream holds its third event until the origin is down, so the pump's next writes
+    # meet no origin (and are sent again once it is back) however slowly this machine runs.
     port, data = free_port(), tmp_path / "data"
+    hold = tmp_path / "origin-is-down"
     first = start_origin(tmp_path, data_dir=data, port=port, name="restarted-origin")
     raw_url = str(stand.upstream.ready["url"]).removesuffix("/mcp") + "/raw"
     edge = start_edge(first.url, tmp_path, "--resume-route", f"/raw={raw_url}", name="edge-r")
     again: Origin | None = None
     try:
         async with client.post(
-            edge.url + "/raw/slow?tag=restart", json=CALL, headers=MCP_HEADERS
+            edge.url + f"/raw/slow?tag=restart&hold={hold}", json=CALL, headers=MCP_HEADERS
         ) as answer:
             path = answer.headers["Edge-Resume-Stream"]
             seen = await first_events(answer, 2)
             answer.close()
         first.stop()  # the origin goes away mid-answer; the pump's writes wait for it
+        hold.touch()
         again = start_origin(tmp_path, data_dir=data, port=port, name="restarted-origin-2")
         assert await slow_ended(stand, "restart") == "finished"
         last_id = seen[1].id
