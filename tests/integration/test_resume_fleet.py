@@ -1,0 +1,269 @@
+"""Resume routes behind the fleet, with real processes: the official MCP SDK's server (stateless,
+no event store) and its client, the reference origin, Redis, two edges and HAProxy in front
+(``devstack.cluster``: the resume route's path round-robin to any replica, ``backend edges_any``
+of the shipped config). Every request goes through HAProxy's port; which replica answered it is
+read from ``X-Edge-Replica``, which the cluster's HAProxy sets."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import mcp.types as types
+import pytest
+from mcp.client.session import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared.message import ClientMessageMetadata
+
+from devstack.cluster import Cluster, start_cluster
+from devstack.processes import Process, start_mcp_upstream
+from edge.resume.ids import parse_id
+from tests.integration.test_resume_routes import kept_so_far
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@dataclass
+class Fleet:
+    cluster: Cluster
+    upstream: Process
+    seen: Path
+
+    @property
+    def mcp_url(self) -> str:
+        return self.cluster.url + "/mcp"
+
+    def tool_runs(self, tag: str) -> int:
+        lines = [json.loads(line) for line in self.seen.read_text().splitlines()]
+        return sum(1 for line in lines if line.get("tool") == "count" and line["tag"] == tag)
+
+    def served_resumes(self, replica: str) -> float:
+        metrics = self.cluster.replica_named(replica).metrics_text()
+        found = re.search(r'^edge_resumes_total\{result="served"\} (\S+)$', metrics, re.MULTILINE)
+        return float(found.group(1)) if found else 0.0
+
+    def other_than(self, replica: str) -> str:
+        (other,) = {"edge-1", "edge-2"} - {replica}
+        return other
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    logs = tmp_path_factory.mktemp("resume-fleet")
+    seen = logs / "seen.jsonl"
+    seen.touch()
+    upstream = start_mcp_upstream(logs, seen)
+    try:
+        route = ("--resume-route", f"/mcp={upstream.ready['url']}")
+        cluster = start_cluster(logs / "cluster", edge_args=route)
+    except BaseException:
+        upstream.stop()
+        raise
+    yield Fleet(cluster=cluster, upstream=upstream, seen=seen)
+    cluster.stop()
+    upstream.stop()
+
+
+def tagged_call(n: int, delay: float, tag: str) -> types.CallToolRequest:
+    arguments: dict[str, Any] = {"n": n, "delay": delay, "tag": tag}
+    return types.CallToolRequest(
+        params=types.CallToolRequestParams(name="count", arguments=arguments)
+    )
+
+
+@dataclass
+class Session:
+    """What one SDK session heard (progress, with its messages, and the edge's ids) and which
+    replica answered each of its HTTP requests, in order: ``(what, replica)``, where ``what``
+    is the JSON-RPC method of a POST or ``"resume"`` for a GET with ``Last-Event-ID``."""
+
+    progress: list[tuple[float, str | None]] = field(default_factory=list)
+    tokens: list[str] = field(default_factory=list)
+    answered: list[tuple[str, str | None]] = field(default_factory=list)
+
+    async def message(self, message: object) -> None:
+        if isinstance(message, types.ProgressNotification):
+            self.progress.append((message.params.progress, message.params.message))
+
+    async def asked(self, progress: float, total: float | None, message: str | None) -> None:
+        """The SDK sends a progress token only for a request with a progress callback."""
+
+    async def token(self, token: str) -> None:
+        self.tokens.append(token)
+
+    async def response(self, response: httpx2.Response) -> None:
+        request = response.request
+        if request.method == "POST":
+            what = str(json.loads(request.content).get("method"))
+        else:
+            what = "resume" if "last-event-id" in request.headers else request.method
+        self.answered.append((what, response.headers.get("X-Edge-Replica")))
+
+    def replica_of(self, what: str) -> str:
+        (replica,) = {replica for done, replica in self.answered if done == what}
+        assert replica is not None, self.answered
+        return replica
+
+    def steps(self) -> list[float]:
+        return [step for step, _ in self.progress]
+
+
+async def call(
+    url: str, request: types.CallToolRequest, heard: Session, *, resume_from: str | None = None
+) -> types.CallToolResult:
+    """One SDK session through ``url``: initialize, then the call (or its resumption)."""
+    async with (
+        create_mcp_http_client() as http,
+        streamable_http_client(url, http_client=http) as (read, write, *_),
+        ClientSession(read, write, message_handler=heard.message) as session,
+    ):
+        http.event_hooks = {"request": [], "response": [heard.response]}
+        await session.initialize()
+        return await session.send_request(
+            request,
+            types.CallToolResult,
+            metadata=ClientMessageMetadata(
+                resumption_token=resume_from, on_resumption_token_update=heard.token
+            ),
+            progress_callback=heard.asked,
+        )
+
+
+def text_of(result: types.CallToolResult) -> str:
+    (block,) = result.content
+    assert isinstance(block, types.TextContent)
+    return block.text
+
+
+async def dropped_after(fleet: Fleet, tag: str, events: int) -> tuple[Session, str]:
+    """A call of 8 steps through HAProxy, dropped by its client after ``events`` events (the
+    lift: the connection is gone mid-call); what it heard and the replica that relays it."""
+    first = Session()
+    running = asyncio.create_task(call(fleet.mcp_url, tagged_call(8, 0.4, tag), first))
+    while len(first.tokens) < events:
+        assert not running.done(), running
+        await asyncio.sleep(0.05)
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    return first, first.replica_of("tools/call")
+
+
+async def until_kept(fleet: Fleet, token: str, events: int) -> None:
+    """Until the answer's stream at the origin holds ``events`` of the upstream's events (the
+    pump's doing, seen from outside); it must still be open."""
+    deadline = asyncio.get_running_loop().time() + 60
+    kept, closed = await kept_so_far(fleet.cluster.origin, token)
+    while len(kept) < events:
+        assert asyncio.get_running_loop().time() < deadline, kept
+        await asyncio.sleep(0.05)
+        kept, closed = await kept_so_far(fleet.cluster.origin, token)
+    assert not closed
+
+
+async def next_lands_after(fleet: Fleet, replica: str) -> None:
+    """Steer the round-robin: probe through HAProxy (a resume of an id the edge never minted,
+    answered 404 by the replica and never relayed upstream) until a probe is answered by
+    ``replica``; the next request goes to the other one (``balance roundrobin``, two servers)."""
+    async with httpx2.AsyncClient() as http:
+        for _ in range(4):
+            probe = await http.get(fleet.mcp_url, headers={"Last-Event-ID": "no.such.id"})
+            assert probe.status_code == 404
+            if probe.headers.get("X-Edge-Replica") == replica:
+                return
+    raise AssertionError(f"no probe reached {replica}")
+
+
+async def test_a_call_dropped_on_its_replica_resumes_on_the_other_through_haproxy(
+    fleet: Fleet,
+) -> None:
+    """Fails if the resume on the replica that did not relay the call misses, repeats or
+    reorders an event (replayed or live) or the result, if the tool runs twice, or if the
+    resume is not served by the other replica while the call still runs."""
+    first, relaying = await dropped_after(fleet, "dropped", 3)
+    point = parse_id(first.tokens[2])
+    assert point is not None
+    # Two events the client missed are kept (replayed by the resume); three are still to come
+    # (heard live), and the call is still running.
+    await until_kept(fleet, point.token, 5)
+    other = fleet.other_than(relaying)
+    served_before = fleet.served_resumes(other)
+    # A session is initialize, notifications/initialized, then the resume (a GET): with the
+    # probe on the relaying replica, the initialize goes to the other, and so does the resume.
+    await next_lands_after(fleet, relaying)
+    second = Session()
+    result = await call(
+        fleet.mcp_url, tagged_call(8, 0.4, "dropped"), second, resume_from=first.tokens[2]
+    )
+    assert second.replica_of("resume") == other
+    assert fleet.served_resumes(other) == served_before + 1
+    assert text_of(result) == "counted 8 for dropped"
+    assert first.steps() == [1.0, 2.0, 3.0]
+    assert second.steps() == [4.0, 5.0, 6.0, 7.0, 8.0]  # 4, 5 replayed; 6, 7, 8 live
+    kept, closed = await kept_so_far(fleet.cluster.origin, point.token)
+    assert closed
+    assert len(kept) == 9  # 8 progress notifications and the result, each kept once
+    assert fleet.tool_runs("dropped") == 1
+    lines = [json.loads(line) for line in fleet.seen.read_text().splitlines()]
+    assert all(line.get("last_event_id") is None for line in lines if "method" in line)
+
+
+async def test_a_resume_with_its_replica_drained_at_the_balancer_is_served_whole(
+    fleet: Fleet,
+) -> None:
+    """The replica holding the call (it pumps the answer) is drained at HAProxy (runtime API:
+    no new requests reach it) before the client resumes. Fails if any of the resume's
+    requests reach the drained replica, or the resume misses or repeats an event or the
+    result."""
+    first, relaying = await dropped_after(fleet, "drained", 3)
+    other = fleet.other_than(relaying)
+    answer = fleet.cluster.haproxy_command(f"set server edges_any/{relaying} state drain")
+    assert answer.strip() == "", answer
+    try:
+        second = Session()
+        result = await call(
+            fleet.mcp_url, tagged_call(8, 0.4, "drained"), second, resume_from=first.tokens[2]
+        )
+    finally:
+        fleet.cluster.haproxy_command(f"set server edges_any/{relaying} state ready")
+    assert {replica for _, replica in second.answered} == {other}
+    assert [what for what, _ in second.answered][-1] == "resume"
+    assert text_of(result) == "counted 8 for drained"
+    assert first.steps() + second.steps() == [float(step) for step in range(1, 9)]
+    assert fleet.tool_runs("drained") == 1
+
+
+async def test_sixteen_sessions_through_haproxy_never_hear_each_other(fleet: Fleet) -> None:
+    """16 SDK sessions at once through HAProxy, their calls relayed by both replicas, each
+    tagged. Fails if a session hears a progress notification or a result of another's call
+    (another tag, another answer's ids), misses or repeats one of its own, or if every call
+    landed on one replica (the test would then not cover the fleet)."""
+    sessions = [Session() for _ in range(16)]
+    steps = [3 + index % 4 for index in range(16)]
+    results = await asyncio.gather(
+        *(
+            call(fleet.mcp_url, tagged_call(steps[index], 0.05, f"s{index}"), heard)
+            for index, heard in enumerate(sessions)
+        )
+    )
+    for index, (heard, result) in enumerate(zip(sessions, results, strict=True)):
+        assert text_of(result) == f"counted {steps[index]} for s{index}"
+        assert heard.progress == [
+            (float(step), f"step {step} of s{index}") for step in range(1, steps[index] + 1)
+        ]
+    answers = []
+    for heard in sessions:
+        points = [parse_id(token) for token in heard.tokens]
+        assert all(point is not None for point in points)
+        answers.append({point.token for point in points if point is not None})
+    assert all(len(own) == 1 for own in answers)  # each session heard its own answer only
+    assert len(set().union(*answers)) == 16
+    relayed_by = {heard.replica_of("tools/call") for heard in sessions}
+    assert relayed_by == {"edge-1", "edge-2"}
