@@ -10,19 +10,14 @@ import asyncio
 import json
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx2
-import mcp.types as types
 import pytest
-from mcp.client.session import ClientSession
-from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
-from mcp.shared.message import ClientMessageMetadata
 
 from devstack.cluster import Cluster, start_cluster
+from devstack.mcp_client import CallLog, call, count_call, text_of
 from devstack.processes import Process, start_mcp_upstream
 from edge.resume.ids import parse_id
 from tests.integration.test_resume_routes import kept_so_far
@@ -71,82 +66,11 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     upstream.stop()
 
 
-def tagged_call(n: int, delay: float, tag: str) -> types.CallToolRequest:
-    arguments: dict[str, Any] = {"n": n, "delay": delay, "tag": tag}
-    return types.CallToolRequest(
-        params=types.CallToolRequestParams(name="count", arguments=arguments)
-    )
-
-
-@dataclass
-class Session:
-    """What one SDK session heard (progress, with its messages, and the edge's ids) and which
-    replica answered each of its HTTP requests, in order: ``(what, replica)``, where ``what``
-    is the JSON-RPC method of a POST or ``"resume"`` for a GET with ``Last-Event-ID``."""
-
-    progress: list[tuple[float, str | None]] = field(default_factory=list)
-    tokens: list[str] = field(default_factory=list)
-    answered: list[tuple[str, str | None]] = field(default_factory=list)
-
-    async def message(self, message: object) -> None:
-        if isinstance(message, types.ProgressNotification):
-            self.progress.append((message.params.progress, message.params.message))
-
-    async def asked(self, progress: float, total: float | None, message: str | None) -> None:
-        """The SDK sends a progress token only for a request with a progress callback."""
-
-    async def token(self, token: str) -> None:
-        self.tokens.append(token)
-
-    async def response(self, response: httpx2.Response) -> None:
-        request = response.request
-        if request.method == "POST":
-            what = str(json.loads(request.content).get("method"))
-        else:
-            what = "resume" if "last-event-id" in request.headers else request.method
-        self.answered.append((what, response.headers.get("X-Edge-Replica")))
-
-    def replica_of(self, what: str) -> str:
-        (replica,) = {replica for done, replica in self.answered if done == what}
-        assert replica is not None, self.answered
-        return replica
-
-    def steps(self) -> list[float]:
-        return [step for step, _ in self.progress]
-
-
-async def call(
-    url: str, request: types.CallToolRequest, heard: Session, *, resume_from: str | None = None
-) -> types.CallToolResult:
-    """One SDK session through ``url``: initialize, then the call (or its resumption)."""
-    async with (
-        create_mcp_http_client() as http,
-        streamable_http_client(url, http_client=http) as (read, write, *_),
-        ClientSession(read, write, message_handler=heard.message) as session,
-    ):
-        http.event_hooks = {"request": [], "response": [heard.response]}
-        await session.initialize()
-        return await session.send_request(
-            request,
-            types.CallToolResult,
-            metadata=ClientMessageMetadata(
-                resumption_token=resume_from, on_resumption_token_update=heard.token
-            ),
-            progress_callback=heard.asked,
-        )
-
-
-def text_of(result: types.CallToolResult) -> str:
-    (block,) = result.content
-    assert isinstance(block, types.TextContent)
-    return block.text
-
-
-async def dropped_after(fleet: Fleet, tag: str, events: int) -> tuple[Session, str]:
+async def dropped_after(fleet: Fleet, tag: str, events: int) -> tuple[CallLog, str]:
     """A call of 8 steps through HAProxy, dropped by its client after ``events`` events (the
     lift: the connection is gone mid-call); what it heard and the replica that relays it."""
-    first = Session()
-    running = asyncio.create_task(call(fleet.mcp_url, tagged_call(8, 0.4, tag), first))
+    first = CallLog()
+    running = asyncio.create_task(call(fleet.mcp_url, count_call(8, 0.4, tag), first))
     while len(first.tokens) < events:
         assert not running.done(), running
         await asyncio.sleep(0.05)
@@ -198,9 +122,9 @@ async def test_a_call_dropped_on_its_replica_resumes_on_the_other_through_haprox
     # A session is initialize, notifications/initialized, then the resume (a GET): with the
     # probe on the relaying replica, the initialize goes to the other, and so does the resume.
     await next_lands_after(fleet, relaying)
-    second = Session()
+    second = CallLog()
     result = await call(
-        fleet.mcp_url, tagged_call(8, 0.4, "dropped"), second, resume_from=first.tokens[2]
+        fleet.mcp_url, count_call(8, 0.4, "dropped"), second, resume_from=first.tokens[2]
     )
     assert second.replica_of("resume") == other
     assert fleet.served_resumes(other) == served_before + 1
@@ -227,9 +151,9 @@ async def test_a_resume_with_its_replica_drained_at_the_balancer_is_served_whole
     answer = fleet.cluster.haproxy_command(f"set server edges_any/{relaying} state drain")
     assert answer.strip() == "", answer
     try:
-        second = Session()
+        second = CallLog()
         result = await call(
-            fleet.mcp_url, tagged_call(8, 0.4, "drained"), second, resume_from=first.tokens[2]
+            fleet.mcp_url, count_call(8, 0.4, "drained"), second, resume_from=first.tokens[2]
         )
     finally:
         fleet.cluster.haproxy_command(f"set server edges_any/{relaying} state ready")
@@ -245,11 +169,11 @@ async def test_sixteen_sessions_through_haproxy_never_hear_each_other(fleet: Fle
     tagged. Fails if a session hears a progress notification or a result of another's call
     (another tag, another answer's ids), misses or repeats one of its own, or if every call
     landed on one replica (the test would then not cover the fleet)."""
-    sessions = [Session() for _ in range(16)]
+    sessions = [CallLog() for _ in range(16)]
     steps = [3 + index % 4 for index in range(16)]
     results = await asyncio.gather(
         *(
-            call(fleet.mcp_url, tagged_call(steps[index], 0.05, f"s{index}"), heard)
+            call(fleet.mcp_url, count_call(steps[index], 0.05, f"s{index}"), heard)
             for index, heard in enumerate(sessions)
         )
     )
