@@ -15,8 +15,10 @@ from pathlib import Path
 
 import httpx2
 import pytest
+from mcp.shared.exceptions import MCPError
 
 from devstack.cluster import Cluster, start_cluster
+from devstack.demo_resume import kept
 from devstack.mcp_client import CallLog, call, count_call, text_of
 from devstack.processes import Process, start_mcp_upstream
 from edge.resume.ids import parse_id
@@ -49,21 +51,25 @@ class Fleet:
         return other
 
 
-@pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    logs = tmp_path_factory.mktemp("resume-fleet")
+def start_fleet(logs: Path, *edge_args: str) -> Fleet:
     seen = logs / "seen.jsonl"
     seen.touch()
     upstream = start_mcp_upstream(logs, seen)
     try:
         route = ("--resume-route", f"/mcp={upstream.ready['url']}")
-        cluster = start_cluster(logs / "cluster", edge_args=route)
+        cluster = start_cluster(logs / "cluster", edge_args=(*route, *edge_args))
     except BaseException:
         upstream.stop()
         raise
-    yield Fleet(cluster=cluster, upstream=upstream, seen=seen)
-    cluster.stop()
-    upstream.stop()
+    return Fleet(cluster=cluster, upstream=upstream, seen=seen)
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    started = start_fleet(tmp_path_factory.mktemp("resume-fleet"))
+    yield started
+    started.cluster.stop()
+    started.upstream.stop()
 
 
 async def dropped_after(fleet: Fleet, tag: str, events: int) -> tuple[CallLog, str]:
@@ -191,3 +197,64 @@ async def test_sixteen_sessions_through_haproxy_never_hear_each_other(fleet: Fle
     assert len(set().union(*answers)) == 16
     relayed_by = {heard.replica_of("tools/call") for heard in sessions}
     assert relayed_by == {"edge-1", "edge-2"}
+
+
+def leaves(group: BaseExceptionGroup[MCPError]) -> list[MCPError]:
+    return [
+        leaf
+        for inner in group.exceptions
+        for leaf in (leaves(inner) if isinstance(inner, BaseExceptionGroup) else [inner])
+    ]
+
+
+@pytest.fixture
+def short_lease_fleet(tmp_path: Path) -> Iterator[Fleet]:
+    """A fleet of its own (a test kills one of its replicas), with a 2 s lease."""
+    started = start_fleet(tmp_path, "--resume-lease", "2")
+    yield started
+    started.cluster.stop()
+    started.upstream.stop()
+
+
+async def test_the_pumping_replica_killed_the_sdk_client_ends_with_the_error_elsewhere(
+    short_lease_fleet: Fleet,
+) -> None:
+    """The replica that relays and pumps a call is SIGKILLed mid-call. The SDK client, on its
+    own, reconnects with its last id through HAProxy, which sends it to the survivor: what was
+    logged (after that id), then, once the dead pump's lease lapses, the JSON-RPC error, and the
+    call ends. Fails if an event is missed or repeated, if the client is left waiting (the
+    test's timeout), if the reconnection is not served by the survivor, or if the stream is
+    not closed with the error once (the dead pump fenced off)."""
+    fleet = short_lease_fleet
+    heard = CallLog()
+    killed: list[str] = []
+
+    async def kill_after_two(step: float) -> None:
+        if step == 2.0:
+            relaying = heard.replica_of("tools/call")
+            fleet.cluster.replica_named(relaying).process.kill()
+            killed.append(relaying)
+
+    heard.on_progress = kill_after_two
+    ended: list[MCPError] = []
+    try:
+        await call(fleet.mcp_url, count_call(40, 0.2, "killed"), heard)
+    except* MCPError as errors:  # the SDK's task groups wrap it
+        ended.extend(leaves(errors))
+    (error,) = ended
+    assert error.code == -32000
+    (dead,) = killed
+    survivor = fleet.other_than(dead)
+    steps = heard.steps()
+    assert steps == [float(step) for step in range(1, len(steps) + 1)]  # none twice or missing
+    assert len(steps) < 40
+    assert ("resume", survivor) in heard.answered  # the SDK's own reconnection, on the survivor
+    assert all(replica == survivor for what, replica in heard.answered if what == "resume")
+    assert heard.stream is not None
+    logged, closed = await kept(fleet.cluster.origin.url, heard.stream)
+    assert closed
+    assert [message for message in logged if "error" in message["data"]] == logged[len(steps) :]
+    assert len(logged) == len(steps) + 1  # what was logged, then the error once
+    lapsed = fleet.cluster.replica_named(survivor).metrics_text()
+    assert 'edge_resume_lapsed_total{result="fenced"} 1.0' in lapsed
+    assert fleet.tool_runs("killed") == 1
