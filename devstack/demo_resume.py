@@ -20,8 +20,8 @@ Prints each step and a final ``RESULT ok`` or ``RESULT FAILED`` (exit code 0 or 
 ``--deadline`` seconds. Why Q is the replica killed, not P: P pumps the answer, and a pump
 killed with its replica takes the rest of the upstream answer with it (the SDK's server answered
 a connection that is gone): a resume then gets what was logged, then a JSON-RPC error within
-``--resume-lease``. ``docs/resume.md`` says so; ``tests/integration/test_resume_routes.py``
-proves it.
+``--resume-lease``. ``docs/resume.md`` says so; ``tests/integration/test_resume_fleet.py``
+proves it behind HAProxy.
 
 Rules this module owns:
 
@@ -139,10 +139,17 @@ async def story(cluster: Cluster, seen: Path, n: int, delay: float) -> bool:
     say(f"the client resumes with its resumption token {token} through HAProxy")
 
     second = CallLog()
+    killed: list[str] = []
 
     async def heard_in_second(step: float) -> None:
         if len(second.progress) == 1:
             cluster.haproxy_command(f"set server edges_any/{pump} state ready")
+        if len(second.progress) == 4:
+            # Killed as the client hears its fourth event, before it reads on: the rest of the
+            # call (at least one event and the result) is still to come.
+            relaying = second.replica_of("resume")
+            cluster.replica_named(relaying).process.kill()
+            killed.append(relaying)
 
     second.on_progress = heard_in_second
     resumed = asyncio.create_task(call(url, request, second, resume_from=token))
@@ -154,11 +161,10 @@ async def story(cluster: Cluster, seen: Path, n: int, delay: float) -> bool:
         f"served by {relaying}: events {len(first.tokens) + 1}..{len(held)} replayed from the "
         f"origin's log, then live; {pump} back in rotation"
     )
-    await until(lambda: len(second.progress) >= 4 or resumed.done(), "two more events")
-    if resumed.done():
+    await until(lambda: bool(killed) or resumed.done(), "two more events")
+    if not killed:
         resumed.result()
-    killed = cluster.replica_named(relaying)
-    killed.process.kill()
+        raise RuntimeError("the call ended before the kill: give it more --steps")
     say(f"heard progress {_steps(second)}; {relaying} (relaying the answer) SIGKILLed mid-call")
     await cut(resumed)
     await until(lambda: not is_up(cluster, relaying), f"HAProxy marking {relaying} down")
@@ -246,7 +252,11 @@ async def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="make demo ARGS=--resume", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="make demo ARGS=--resume",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--steps", type=int, default=10, help="the tool's progress steps")
     parser.add_argument(
         "--delay", type=float, default=1.0, help="seconds between steps (default 1)"

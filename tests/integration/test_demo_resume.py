@@ -23,7 +23,7 @@ def test_the_resume_demo_survives_a_replica_kill() -> None:
     a resume is served by the replica it should not be (the drained one, the killed one), if
     the tool runs twice or a Last-Event-ID reaches the SDK server (the demo's own checks, each
     printed), or if the story is not told in its order."""
-    run = demo("--steps", "8", "--delay", "0.6")
+    run = demo("--steps", "10", "--delay", "0.5")
     out = run.stdout
     assert run.returncode == 0, out + run.stderr
     assert "RESULT        ok" in out
@@ -37,8 +37,8 @@ def test_the_resume_demo_survives_a_replica_kill() -> None:
     # The first resume on the other replica, the second (after the kill) on the survivor.
     assert resumes == [other, took.group(1)], out
     assert killed.group(1) == other
-    assert "every progress notification once, in order (8 of 8)" in out
-    assert "'counted 8 for demo'" in out
+    assert "every progress notification once, in order (10 of 10)" in out
+    assert "'counted 10 for demo'" in out
     steps = iter(line for line in out.splitlines() if line.startswith("["))
     for step in ("took the call", "drops", "drained", "resumes", "served by", "SIGKILLed",
                  "marks", "resumes", "served by"):  # fmt: skip
