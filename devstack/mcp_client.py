@@ -23,9 +23,9 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.message import ClientMessageMetadata
 
 
-def count_call(n: int, delay: float, tag: str) -> types.CallToolRequest:
+def count_call(n: int, delay: float, tag: str = "") -> types.CallToolRequest:
     """``count``: ``n`` progress notifications ``delay`` seconds apart, each and the result
-    naming ``tag``."""
+    naming ``tag`` if one is given."""
     arguments: dict[str, Any] = {"n": n, "delay": delay, "tag": tag}
     return types.CallToolRequest(
         params=types.CallToolRequestParams(name="count", arguments=arguments)
