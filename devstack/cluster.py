@@ -153,7 +153,8 @@ class Cluster:
     https_url: str | None = None
     edge_args: tuple[str, ...] = ()
     _haproxy_log: Path = field(default_factory=Path)
-    stats_socket: Path = field(default_factory=Path)
+    # HAProxy's runtime API, alone in a directory of its own (removed by stop()).
+    stats_socket: Path | None = None
 
     def replica_name(self, edge: Edge) -> str:
         """The replica's server name in HAProxy (``edge-1``...), as ``X-Edge-Replica`` says it."""
@@ -166,6 +167,8 @@ class Cluster:
     def haproxy_command(self, command: str) -> str:
         """One command of HAProxy's runtime API (``set server edges_any/edge-1 state drain``,
         ``show servers state edges_any``); its answer."""
+        if self.stats_socket is None:
+            raise ProcessFailed("this cluster's HAProxy has no runtime API socket")
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as api:
             api.settimeout(10)
             api.connect(str(self.stats_socket))
@@ -187,7 +190,8 @@ class Cluster:
             edge.stop()
         self.redis.stop()
         self.origin.stop()
-        shutil.rmtree(self.stats_socket.parent, ignore_errors=True)
+        if self.stats_socket is not None:
+            shutil.rmtree(self.stats_socket.parent, ignore_errors=True)
 
     @property
     def redis_args(self) -> tuple[str, ...]:
@@ -206,6 +210,7 @@ class Cluster:
             "redis": self.redis_args[1],
             "edges": [{"url": e.url, "admin": e.admin_url} for e in self.edges],
             "logs": str(self.logs_dir),
+            "haproxy_api": str(self.stats_socket),
         }
 
 
