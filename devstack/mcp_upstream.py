@@ -76,12 +76,16 @@ async def raw(scope: dict[str, Any], receive: Any, send: Any) -> None:
     """``/raw/ends-early``: an SSE answer with the backend's own ids that ends before its final
     message; ``/raw/json``: a JSON answer; ``/raw/slow?tag=T``: 20 events 50 ms apart with the
     backend's own ids, then the final message (``id`` 42), recording ``{"slow": T, "end":
-    "finished"}`` or ``"disconnected"`` (the client left first)."""
+    "finished"}`` or ``"disconnected"`` (the client left first); ``/raw/paced``: see
+    ``paced``."""
     while (await receive()).get("more_body"):
         pass
+    query = dict(parse_qsl(scope["query_string"].decode()))
     if scope["path"] == "/raw/slow":
-        query = dict(parse_qsl(scope["query_string"].decode()))
         await slow(query.get("tag", ""), query.get("hold"), receive, send)
+        return
+    if scope["path"] == "/raw/paced":
+        await paced(query, send)
         return
     if scope["path"] == "/raw/json":
         head = [(b"content-type", b"application/json")]
@@ -121,6 +125,33 @@ async def slow(tag: str, hold: str | None, receive: Any, send: Any) -> None:
     for task in (streaming, leaving):
         task.cancel()
     _record(SEEN_FILE[0], {"slow": tag, "end": end})
+
+
+async def paced(query: dict[str, str], send: Any) -> None:
+    """``/raw/paced?n=N&every=S&silent=Q&at=K&size=B&tag=T``: the headers, then ``N`` progress
+    notifications ``S`` seconds apart (each's data padded to about ``B`` bytes), with nothing
+    at all for ``Q`` seconds after the ``K``-th (0: right after the headers), then the final
+    message (``id`` 42); ``{"paced": T, "end": "finished"}`` is recorded once it is all sent.
+    A slow backend (a trickle, a long silence), or a fast one (``every=0``)."""
+    n, every = int(query.get("n", "3")), float(query.get("every", "0"))
+    silent, size = float(query.get("silent", "0")), int(query.get("size", "0"))
+    silent_at = int(query.get("at", "0"))
+    head = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+    await send({"type": "http.response.start", "status": 200, "headers": head})
+    await send({"type": "http.response.body", "body": b"", "more_body": True})
+    for step in range(1, n + 1):
+        if step == silent_at + 1:
+            await asyncio.sleep(silent)
+        if step > 1 and every:
+            await asyncio.sleep(every)
+        params: dict[str, Any] = {"progress": step}
+        progress = {"jsonrpc": "2.0", "method": "notifications/progress", "params": params}
+        params["message"] = "x" * max(0, size - len(json.dumps(progress)) - 15)
+        frame = f"id: up-{step}\ndata: {json.dumps(progress)}\n\n"
+        await send({"type": "http.response.body", "body": frame.encode(), "more_body": True})
+    final = 'data: {"jsonrpc":"2.0","id":42,"result":{}}\n\n'
+    await send({"type": "http.response.body", "body": final.encode()})
+    _record(SEEN_FILE[0], {"paced": query.get("tag", ""), "end": "finished"})
 
 
 async def main(port: int, seen_file: str, *, stateful: bool) -> None:

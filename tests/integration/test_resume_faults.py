@@ -1,0 +1,252 @@
+"""Resume routes under faults (issue 30), real processes: the reference origin, a redis-server of
+the test's own shared by two edges, and a raw SSE backend (``tests/integration/mcp_upstream.py``'s
+``/raw/paced``).
+
+Redis down (stopped before a call, killed mid-call, frozen mid-call): the answer's own client
+and a resume on the other replica each get every event once, in order, then the result; the
+answer's stream holds each event once. A slow backend (a trickle slower than a third of the
+lease; headers, then silence longer than the lease): readers on another replica wait for it
+and get everything, never a lapse while the pump is alive."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import signal
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from devstack.processes import Edge, Origin, Process, start_mcp_upstream
+from edge.protocol.sse import SseDecoder, SseEvent
+from edge.resume.ids import parse_id
+from tests.integration.replicas import start_replicas
+from tests.integration.test_redis_restart import RestartableRedis
+
+pytestmark = pytest.mark.timeout(180)
+
+CALL = {
+    "jsonrpc": "2.0",
+    "id": 42,
+    "method": "tools/call",
+    "params": {"name": "count", "arguments": {}},
+}
+MCP_HEADERS = {
+    "Accept": "application/json, text/event-stream",
+    "Content-Type": "application/json",
+    "MCP-Protocol-Version": "2025-11-25",
+}
+# A bound on every wait here: a fault may slow an answer, never hang it.
+ANSWER_BOUND = 60.0
+
+
+@dataclass
+class Backend:
+    process: Process
+    seen: Path
+
+    @property
+    def raw_url(self) -> str:
+        return str(self.process.ready["url"]).removesuffix("/mcp") + "/raw"
+
+
+@pytest.fixture(scope="module")
+def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]:
+    logs = tmp_path_factory.mktemp("resume-faults")
+    seen = logs / "seen.jsonl"
+    seen.touch()
+    started = start_mcp_upstream(logs, seen, name="paced-upstream")
+    yield Backend(process=started, seen=seen)
+    started.stop()
+
+
+@pytest.fixture
+def shared_redis(tmp_path: Path) -> Iterator[RestartableRedis]:
+    started = RestartableRedis(tmp_path)
+    yield started
+    if started.server.proc.poll() is None:
+        started.server.proc.send_signal(signal.SIGCONT)  # a frozen one is thawed to be stopped
+    started.stop()
+
+
+def pair_of_edges(
+    origin: Origin, backend: Backend, logs: Path, *extra: str
+) -> Iterator[tuple[Edge, Edge]]:
+    a, b = start_replicas(
+        origin.url, logs, ["resume-a", "resume-b"], "--resume-route",
+        f"/raw={backend.raw_url}", *extra,
+    )  # fmt: skip
+    try:
+        yield a, b
+    finally:
+        a.stop()
+        b.stop()
+
+
+@pytest.fixture
+def redis_pair(
+    origin: Origin, backend: Backend, shared_redis: RestartableRedis, tmp_path: Path
+) -> Iterator[tuple[Edge, Edge]]:
+    yield from pair_of_edges(origin, backend, tmp_path, "--redis-url", shared_redis.url)
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[aiohttp.ClientSession]:
+    timeout = aiohttp.ClientTimeout(total=ANSWER_BOUND)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        yield session
+
+
+async def read_on(
+    response: aiohttp.ClientResponse, decoder: SseDecoder, count: int | None = None
+) -> list[SseEvent]:
+    """The answer's events, to its end or the first ``count``."""
+    events: list[SseEvent] = []
+    async for chunk in response.content.iter_any():
+        events.extend(decoder.feed(chunk))
+        if count is not None and len(events) >= count:
+            break
+    return events
+
+
+def steps_and_result(events: list[SseEvent]) -> tuple[list[int], dict[str, Any]]:
+    *progress, final = [json.loads(event.data) for event in events]
+    return [message["params"]["progress"] for message in progress], final
+
+
+async def kept_at(
+    client: aiohttp.ClientSession, origin: Origin, path: str
+) -> tuple[list[dict[str, Any]], bool]:
+    """The upstream's events an answer's stream holds at the origin, and whether it is closed."""
+    async with client.get(f"{origin.url}{path}?offset=-1") as read:
+        assert read.status == 200
+        kept = [message for message in await read.json() if "event" in message]
+        return kept, read.headers.get("Stream-Closed") == "true"
+
+
+def redis_failed(edge: Edge) -> bool:
+    """Did an operation of ``edge`` on Redis fail (or was one skipped, its breaker open)?"""
+    failed = re.compile(
+        r'^edge_redis_operations_total\{op="\w+",result="(error|skipped)"\} [1-9]', re.MULTILINE
+    )
+    return failed.search(edge.metrics_text()) is not None
+
+
+N = 12
+
+
+@pytest.mark.parametrize(
+    "fault",
+    ["stopped_before", "frozen_before", "killed_midway", "restarted_empty_midway", "frozen_midway"],
+)
+async def test_an_answer_and_its_resume_elsewhere_survive_redis_down(
+    fault: str,
+    origin: Origin,
+    shared_redis: RestartableRedis,
+    redis_pair: tuple[Edge, Edge],
+    client: aiohttp.ClientSession,
+) -> None:
+    """Degrade, never lose, duplicate or misplace, never hang: the answer's own client reads
+    it whole on edge A; a resume on edge B from the third event, begun while the answer is
+    still running and Redis is down, gets the rest once each."""
+    a, b = redis_pair
+    match fault:
+        case "stopped_before":
+            shared_redis.stop()
+        case "frozen_before":  # accepts connections, answers nothing: a hung Redis
+            shared_redis.server.proc.send_signal(signal.SIGSTOP)
+    url = f"{a.url}/raw/paced?n={N}&every=0.25&tag=redis-{fault}"
+    decoder = SseDecoder()
+    async with client.post(url, json=CALL, headers=MCP_HEADERS) as answer:
+        assert answer.status == 200
+        path = answer.headers["Edge-Resume-Stream"]
+        first = await read_on(answer, decoder, 3)
+        match fault:
+            case "killed_midway":
+                shared_redis.server.proc.send_signal(signal.SIGKILL)
+                shared_redis.server.proc.wait()
+            case "restarted_empty_midway":
+                await asyncio.to_thread(shared_redis.kill_and_restart_empty)
+            case "frozen_midway":
+                shared_redis.server.proc.send_signal(signal.SIGSTOP)
+        third = first[2].id
+        assert third is not None
+        resumed = asyncio.ensure_future(resume_on(client, b, third))
+        whole = first + await read_on(answer, decoder)
+    steps, final = steps_and_result(whole)
+    assert steps == list(range(1, N + 1))
+    assert final == {"jsonrpc": "2.0", "id": 42, "result": {}}
+    assert all(event.id is not None and parse_id(event.id) is not None for event in whole)
+    rest = await asyncio.wait_for(resumed, ANSWER_BOUND)
+    # The same events once each (their ids may differ: an id names where its read's batch began).
+    assert [e.data for e in rest] == [e.data for e in whole[3:]]
+    assert all(event.id is not None and parse_id(event.id) is not None for event in rest)
+    # A resume after the end, from the first event, on B and on A: the same again.
+    for edge in (b, a):
+        again = await resume_on(client, edge, whole[0].id or "")
+        assert [e.data for e in again] == [e.data for e in whole[1:]]
+    kept, closed = await kept_at(client, origin, path)
+    assert closed
+    assert len(kept) == N + 1  # each event once
+    if fault != "restarted_empty_midway":  # back at once, empty: lost keys, no outage
+        # The fault was on the answers' way: the edges met it (and went on without Redis).
+        assert any(redis_failed(edge) for edge in (a, b))
+
+
+@pytest.fixture
+def lease_pair(origin: Origin, backend: Backend, tmp_path: Path) -> Iterator[tuple[Edge, Edge]]:
+    yield from pair_of_edges(origin, backend, tmp_path, "--resume-lease", "3")
+
+
+@pytest.mark.parametrize(
+    ("pace", "n"),
+    [
+        ("every=1.6", 5),  # a trickle: each gap longer than a third of the lease
+        ("silent=7", 2),  # headers, then nothing for more than two leases
+        ("silent=7&at=1", 3),  # one event, then that silence: a resume elsewhere waits in it
+    ],
+)
+async def test_a_slow_upstream_is_waited_for_on_every_replica(
+    pace: str,
+    n: int,
+    origin: Origin,
+    lease_pair: tuple[Edge, Edge],
+    client: aiohttp.ClientSession,
+) -> None:
+    """The quiet pump's leases keep every reader waiting, the answer's own client on A and a
+    resume on B from the first event: nobody ends the answer as lapsed while its pump is
+    alive, and each gets every event once, then the result."""
+    a, b = lease_pair
+    url = f"{a.url}/raw/paced?n={n}&{pace}&tag=slow-{pace}"
+    decoder = SseDecoder()
+    async with client.post(url, json=CALL, headers=MCP_HEADERS) as answer:
+        assert answer.status == 200
+        path = answer.headers["Edge-Resume-Stream"]
+        own = await read_on(answer, decoder, 1)
+        first = own[0].id
+        assert first is not None
+        resumed = asyncio.ensure_future(resume_on(client, b, first))
+        own += await read_on(answer, decoder)
+    steps, final = steps_and_result(own)
+    assert steps == list(range(1, n + 1))
+    assert final == {"jsonrpc": "2.0", "id": 42, "result": {}}
+    rest = await asyncio.wait_for(resumed, ANSWER_BOUND)
+    assert [e.data for e in rest] == [e.data for e in own[1:]]
+    kept, closed = await kept_at(client, origin, path)
+    assert closed
+    assert len(kept) == n + 1
+    for edge in (a, b):
+        assert not re.search(
+            r"^edge_resume_lapsed_total\{.*\} [1-9]", edge.metrics_text(), re.MULTILINE
+        )
+
+
+async def resume_on(client: aiohttp.ClientSession, edge: Edge, last_id: str) -> list[SseEvent]:
+    async with client.get(f"{edge.url}/raw", headers={"Last-Event-ID": last_id}) as resumed:
+        assert resumed.status == 200
+        return await read_on(resumed, SseDecoder())
