@@ -2,7 +2,8 @@
 CPU per event, for an answer on a resume route; and what one resume (a second reader replaying
 the whole answer) costs.
 
-    python -m loadtest.resume_cost [--events 200] [--size 200] [--rounds 3] [--no-write]
+    python -m loadtest.resume_cost [--events 200] [--size 200] [--rounds 3] [--profile RAW]
+                                   [--no-write]
 
 Real processes: the reference origin, one edge (``--workers 1``) with a resume route, and a raw
 SSE backend (``tests/integration/mcp_upstream.py``'s ``/raw/paced``: N progress notifications of
@@ -34,6 +35,7 @@ import aiohttp
 from devstack.processes import REPO, Edge, Origin, start_edge, start_mcp_upstream
 from edge.protocol.sse import SseDecoder, SseEvent
 from edge.resume.ids import parse_id
+from loadtest import pyspy
 from loadtest.benchkit import (
     Bench,
     EdgeDidNotStart,
@@ -347,6 +349,10 @@ async def _answers(run: Run, args: argparse.Namespace) -> list[Row]:
         for on in ("a", "b"):  # a warm-up on each edge, not counted
             _, events = await run.measure(client, on, "POST", warm, MCP_HEADERS)
             await run.measure(client, on, "GET", "/raw", {"Last-Event-ID": events[0].id or ""})
+        profiler = None
+        if args.profile is not None:
+            edge, _ = run.edges["a"]
+            profiler = pyspy.Recorder.start(edge.process.pid, args.profile, 300, args.cores)
         for _ in range(args.rounds):
             for name, pace in kinds.items():
                 target = f"/raw/paced?n={n}&size={size}&{pace}"
@@ -358,6 +364,9 @@ async def _answers(run: Run, args: argparse.Namespace) -> list[Row]:
                 cost, replayed = await run.measure(client, on, "GET", "/raw", first)
                 checked(replayed, 2, n)
                 rows[name].append(cost)
+        if profiler is not None:
+            frames = pyspy.top_frames(profiler.stop().read_text())
+            print(f"py-spy on the edge that relayed the answers:\n{pyspy.table(frames)}\n")
     return [Row(name, costs) for name, costs in rows.items()]
 
 
@@ -373,6 +382,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=3, help="answers of each kind (mean)")
     parser.add_argument("--edge-args", default="", help="passed to `edge serve` (shell words)")
     parser.add_argument("--pin", action="store_true", help="servers on core 0, this on core 1")
+    parser.add_argument(
+        "--profile", type=Path, help="py-spy the relaying edge over the measured rounds (raw out)"
+    )
     parser.add_argument("--no-write", action="store_true", help="print only")
     parser.add_argument("--output", type=Path, default=REPO / "docs" / "benchmarks.md")
     return parser.parse_args(argv)
@@ -382,6 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     bench = Bench.begin("edge-resume-cost-", pin=args.pin, edge_args=args.edge_args)
     try:
+        args.cores = bench.cores.load
         rows = asyncio.run(measure_all(args, bench))
     except EdgeDidNotStart:
         return 2
