@@ -5,16 +5,17 @@ the whole answer) costs.
     python -m loadtest.resume_cost [--events 200] [--size 200] [--rounds 3] [--profile RAW]
                                    [--no-write]
 
-Real processes: the reference origin, one edge (``--workers 1``) with a resume route, and a raw
-SSE backend (``tests/integration/mcp_upstream.py``'s ``/raw/paced``: N progress notifications of
-about ``--size`` bytes of data, then the JSON-RPC result). Three byte-counting TCP relays in
-this process sit on the edge's three links (client to edge, edge to the backend, edge to the
-origin), so every figure is wire bytes, heads and chunk framing included; the origin's own
-request counter (its stats port) says which requests reached it for the answer's stream. The
-edge's CPU is its process tree's (``/proc/<pid>/stat``) from the request to the answer's end,
-once the edge's work for it has settled (its tail of the stream closed). Each answer is
-checked: every event once, in order, each with an edge id, then the result. Bounded: well under
-a minute at the defaults.
+Real processes: the reference origin, two edges (``--workers 1`` each) with a resume route,
+and a raw SSE backend (``tests/integration/mcp_upstream.py``'s ``/raw/paced``: N progress
+notifications of about ``--size`` bytes of data, then the JSON-RPC result). The answers are
+asked of the first edge; each round's back-to-back answer is then resumed from its first event,
+on the first edge and on the second. Byte-counting TCP relays in this process sit on the edges'
+links (clients to edges, edges to the backend, edges to the origin), so every figure is wire
+bytes, heads and chunk framing included; the origin's own request counter (its stats port)
+says which requests reached it for the answer's stream. An edge's CPU is its process tree's
+(schedstat) from the request to the end of its work for it (the origin holds no read of the
+stream open). Each answer is checked: every event once, in order, each with an edge id, then
+the result. Bounded: well under a minute at the defaults.
 """
 
 from __future__ import annotations
