@@ -284,7 +284,7 @@ def render(rows: list[Row]) -> str:
             "none"
             if not kinds
             else ", ".join(
-                f"{count / len(costs):g} {kind}" for kind, count in sorted(kinds.items())
+                f"{round(count / len(costs), 1):g} {kind}" for kind, count in sorted(kinds.items())
             )
         )
         events = _mean([c.events for c in costs])
