@@ -198,17 +198,21 @@ async def test_an_answer_and_its_resume_elsewhere_survive_redis_down(
         assert any(redis_failed(edge) for edge in (a, b))
 
 
+# Short, so a test waits through whole leases; the backend's gaps are set against it.
+LEASE = 4
+
+
 @pytest.fixture
 def lease_pair(origin: Origin, backend: Backend, tmp_path: Path) -> Iterator[tuple[Edge, Edge]]:
-    yield from pair_of_edges(origin, backend, tmp_path, "--resume-lease", "3")
+    yield from pair_of_edges(origin, backend, tmp_path, "--resume-lease", str(LEASE))
 
 
 @pytest.mark.parametrize(
     ("pace", "n"),
     [
-        ("every=1.6", 5),  # a trickle: each gap longer than a third of the lease
-        ("silent=7", 2),  # headers, then nothing for more than two leases
-        ("silent=7&at=1", 3),  # one event, then that silence: a resume elsewhere waits in it
+        ("every=2", 5),  # a trickle: each gap longer than a third of the lease
+        ("silent=9", 2),  # headers, then nothing for more than two leases
+        ("silent=9&at=1", 3),  # one event, then that silence: a resume elsewhere waits in it
     ],
 )
 async def test_a_slow_upstream_is_waited_for_on_every_replica(
