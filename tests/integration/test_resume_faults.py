@@ -22,7 +22,14 @@ from typing import Any
 import aiohttp
 import pytest
 
-from devstack.processes import Edge, Origin, Process, start_mcp_upstream
+from devstack.processes import (
+    Edge,
+    Origin,
+    Process,
+    free_port,
+    start_mcp_upstream,
+    start_origin,
+)
 from edge.protocol.sse import SseDecoder, SseEvent
 from edge.resume.ids import parse_id
 from tests.integration.replicas import start_replicas
@@ -254,3 +261,72 @@ async def resume_on(client: aiohttp.ClientSession, edge: Edge, last_id: str) -> 
     async with client.get(f"{edge.url}/raw", headers={"Last-Event-ID": last_id}) as resumed:
         assert resumed.status == 200
         return await read_on(resumed, SseDecoder())
+
+
+@pytest.fixture
+def restartable_origin(tmp_path: Path) -> Iterator[list[Origin]]:
+    """An origin of the test's own, on a fixed port and data directory, so it can be stopped
+    and started again with what it kept; the list holds the one running now."""
+    port, data = free_port(), tmp_path / "origin-data"
+    running = [start_origin(tmp_path, data_dir=data, port=port, name="away-origin")]
+    yield running
+    running[-1].stop()
+
+
+def restart(running: list[Origin], tmp_path: Path) -> None:
+    origin = running[-1]
+    port = int(origin.url.rsplit(":", 1)[1])
+    running.append(
+        start_origin(tmp_path, data_dir=origin.data_dir, port=port, name="away-origin-again")
+    )
+
+
+@pytest.mark.parametrize("outage", [12, 22])
+async def test_readers_wait_through_an_origin_outage_while_pumping(
+    outage: int,
+    backend: Backend,
+    restartable_origin: list[Origin],
+    tmp_path: Path,
+    client: aiohttp.ClientSession,
+) -> None:
+    """The origin goes away mid-answer while the answer's own client on A and a resume on B
+    are reading. Within the pump's write retries (~16 s), both wait and get every event once,
+    in order, then the result. Past them, the pump gives up on the upstream and, the origin
+    back, ends the answer: both get what was kept, then the error, then the end. Either way
+    the stream holds each event once and both readers the same."""
+    first = restartable_origin[0]
+    a, b = start_replicas(
+        first.url, tmp_path, ["outage-a", "outage-b"], "--resume-route",
+        f"/raw={backend.raw_url}",
+    )  # fmt: skip
+    try:
+        url = f"{a.url}/raw/paced?n={N}&every=0.5&tag=outage-{outage}"
+        decoder = SseDecoder()
+        async with client.post(url, json=CALL, headers=MCP_HEADERS) as answer:
+            path = answer.headers["Edge-Resume-Stream"]
+            own = await read_on(answer, decoder, 2)
+            second = own[1].id
+            assert second is not None
+            resumed = asyncio.ensure_future(resume_on(client, b, second))
+            await asyncio.sleep(0.2)  # the resume is reading (a wait, not a measurement)
+            first.stop()
+            await asyncio.sleep(outage)  # events go on upstream; the pump waits, or gives up
+            restart(restartable_origin, tmp_path)
+            own += await read_on(answer, decoder)
+        rest = await asyncio.wait_for(resumed, ANSWER_BOUND)
+        assert [e.data for e in rest] == [e.data for e in own[2:]]
+        steps, final = steps_and_result(own)
+        kept, closed = await kept_at(client, restartable_origin[-1], path)
+        assert closed
+        assert len(kept) == len(own)  # each event once, and the end
+        if outage < 16:
+            assert steps == list(range(1, N + 1))
+            assert final == {"jsonrpc": "2.0", "id": 42, "result": {}}
+        else:
+            assert 2 <= len(steps) < N
+            assert steps == list(range(1, len(steps) + 1))
+            assert final["id"] == 42
+            assert final["error"]["code"] == -32000
+    finally:
+        a.stop()
+        b.stop()
