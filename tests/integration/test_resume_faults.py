@@ -1,12 +1,15 @@
-"""Resume routes under faults (issue 30), real processes: the reference origin, a redis-server of
-the test's own shared by two edges, and a raw SSE backend (``tests/integration/mcp_upstream.py``'s
-``/raw/paced``).
+"""Resume routes under faults (issue 30), real processes: the reference origin (the session's,
+or one of the test's own that it stops), a redis-server of the test's own shared by two edges,
+and a raw SSE backend (``tests/integration/mcp_upstream.py``'s ``/raw/paced``).
 
-Redis down (stopped before a call, killed mid-call, frozen mid-call): the answer's own client
-and a resume on the other replica each get every event once, in order, then the result; the
-answer's stream holds each event once. A slow backend (a trickle slower than a third of the
-lease; headers, then silence longer than the lease): readers on another replica wait for it
-and get everything, never a lapse while the pump is alive."""
+Degrade, never lose, duplicate or misplace, never hang. Redis down (stopped or frozen before a
+call; killed, restarted empty or frozen mid-call): the answer's own client on one edge and a
+resume on the other each get every event once, in order, then the result; the answer's stream
+holds each event once. A slow backend (a trickle slower than a third of the lease; headers,
+then silence longer than the lease, before the first event or after it): every reader waits for
+it and gets everything, never a lapse while the pump is alive. The origin away while two
+readers are attached: within the pump's write retries, the whole answer; past them, what was
+kept and the error; the same for both."""
 
 from __future__ import annotations
 
