@@ -172,8 +172,6 @@ class Replay:
         directly); any other reader reads on to the errors and the close."""
         self._own = own
         self._handed_over = False
-        # What the messages this reader has read owe (all of it if it read from the start).
-        self.read_so_far = Finale()
         self._token = point.token
         self._batch_offset = point.offset
         self._read_in_batch = 0
@@ -202,7 +200,6 @@ class Replay:
         news = 0
         for message in _messages(data):
             self._read_in_batch += 1
-            self.read_so_far.note(message)
             if self._skip > 0:
                 self._skip -= 1
                 continue

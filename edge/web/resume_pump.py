@@ -11,7 +11,9 @@ Rules this module owns:
   ``--resume-lease``: an open stream with nothing new for a whole lease has lost its pump.
   ``end_lapsed`` is what a reader then does: it writes what the request is still owed and the
   close as the same producer with epoch 1, which fences the lost pump's writes off (the origin
-  refuses a lower epoch), so the answer ends once and nothing more is appended.
+  refuses a lower epoch), so the answer ends once and nothing more is appended. A reader that
+  cannot read the log then (the origin away) ends nothing: the pump may be waiting out the same
+  outage, and an error given to a client could contradict the answer the log goes on to hold.
 * The pump runs in a task of its own: a client that leaves cancels none of it (MCP 2025-11-25:
   a disconnect is not a cancellation). It copies the upstream answer to its end, one append per
   upstream chunk, each answered by the origin before the next chunk is read; then it appends
@@ -310,7 +312,8 @@ class Pumps:
         log = await _read_whole(self._origin, path, credentials)
         match log:
             case None:
-                return Unwritable(owed=None)
+                self._metrics.resume_lapsed.labels("unreadable").inc()
+                return Unreadable()
             case (_, True):
                 return Ended()
             case (messages, False):
@@ -361,13 +364,21 @@ class Ended:
 
 @dataclass(frozen=True, slots=True)
 class Unwritable:
-    """The origin would not end the answer: the reader gives its client ``owed`` itself
-    (None: the log could not be read to tell; the reader goes by what it has read)."""
+    """The origin can be read but would not end the answer: the reader gives its client
+    ``owed`` itself."""
 
-    owed: list[dict[str, str]] | None
+    owed: list[dict[str, str]]
 
 
-Lapsed = Ended | Unwritable
+@dataclass(frozen=True, slots=True)
+class Unreadable:
+    """The answer's log could not be read (the origin away): whether the pump is lost or only
+    waiting out the same outage cannot be told, so the reader ends nothing and tells its
+    client nothing; it cuts the client short, to resume with its last id once the log can be
+    read (then the answer goes on, or its lease has lapsed and it is ended for every reader)."""
+
+
+Lapsed = Ended | Unwritable | Unreadable
 
 
 async def _chunks_or_silence(

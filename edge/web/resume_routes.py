@@ -17,8 +17,9 @@ Rules this module owns:
 * A reader that sees nothing new in an open answer's stream for ``--resume-lease`` (no event, no
   lease: the edge's own SSE heartbeats do not count) takes its pump for lost and ends the answer
   (``Pumps.end_lapsed``): the owed errors and the close written for every reader, or, if the
-  origin will not take them, given to its own client, which is then ended. No reader waits
-  without end.
+  origin will not take them, given to its own client, which is then ended; if the log cannot be
+  read at all (the origin away), its client is cut short, told nothing, to resume with its last
+  id. No reader waits without end.
 * An SSE answer whose stream the origin would not create (or past ``--resume-max-pumps``) is
   relayed as it came, without ids (it works; it is not resumable). One that outgrows a cap
   midway is read from its stream up to ``UNKEPT``, then its own client gets the rest from the
@@ -53,7 +54,7 @@ from edge.resume.events import Replay
 from edge.resume.ids import ResumePoint, stream_name
 from edge.resume.requests import Keep, NotFound, Relay, Resume, asked_of, upstream_headers
 from edge.web.proxy import ClientGone
-from edge.web.resume_pump import Ended, Handoff, Kept, Pumps, Unwritable
+from edge.web.resume_pump import Ended, Handoff, Kept, Pumps, Unreadable, Unwritable
 
 logger = logging.getLogger(__name__)
 
@@ -305,9 +306,9 @@ class ResumeRoutes:
                     match lapsed:
                         case Ended():
                             reading.news_at, failures = time.monotonic(), 0  # read on to the end
+                        case Unreadable():
+                            break  # cut short below, to resume once the log can be read
                         case Unwritable(owed=owed):
-                            if owed is None:
-                                owed = reading.replay.read_so_far.still_owed()
                             for message in owed:
                                 await reading.answer.write(
                                     encode_event(message["event"], message["data"])

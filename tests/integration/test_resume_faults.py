@@ -333,3 +333,78 @@ async def test_readers_wait_through_an_origin_outage_while_pumping(
     finally:
         a.stop()
         b.stop()
+
+
+async def read_until_cut(
+    response: aiohttp.ClientResponse, decoder: SseDecoder
+) -> tuple[list[SseEvent], bool]:
+    """The answer's events to its end, and whether it was cut short (not ended)."""
+    events: list[SseEvent] = []
+    try:
+        async for chunk in response.content.iter_any():
+            events.extend(decoder.feed(chunk))
+    except aiohttp.ClientPayloadError:
+        return events, True
+    return events, False
+
+
+async def test_readers_that_cannot_read_the_log_are_cut_short_never_told_an_error(
+    backend: Backend,
+    restartable_origin: list[Origin],
+    tmp_path: Path,
+    client: aiohttp.ClientSession,
+) -> None:
+    """A lease shorter than an origin outage: readers find it lapsed while the log cannot be
+    read, so they cannot tell a lost pump from one waiting out the same outage. They end
+    nothing and tell their clients nothing (an error there would contradict the result the log
+    goes on to hold): each client is cut short, and resuming with its last id once the origin
+    is back gets the rest of the answer, then the result, once."""
+    first = restartable_origin[0]
+    a, b = start_replicas(
+        first.url, tmp_path, ["unreadable-a", "unreadable-b"], "--resume-route",
+        f"/raw={backend.raw_url}", "--resume-lease", str(LEASE),
+    )  # fmt: skip
+    try:
+        url = f"{a.url}/raw/paced?n={N}&every=0.5&tag=unreadable"
+        decoder = SseDecoder()
+        async with client.post(url, json=CALL, headers=MCP_HEADERS) as answer:
+            path = answer.headers["Edge-Resume-Stream"]
+            own = await read_on(answer, decoder, 2)
+            assert own[1].id is not None
+            async with client.get(f"{b.url}/raw", headers={"Last-Event-ID": own[1].id}) as other:
+                assert other.status == 200
+                first.stop()  # away for longer than a lease, within the pump's write retries
+                (more, own_cut), (elsewhere, other_cut) = await asyncio.gather(
+                    read_until_cut(answer, decoder), read_until_cut(other, SseDecoder())
+                )
+        assert own_cut
+        assert other_cut
+        own += more
+        told = [json.loads(event.data) for event in [*own, *elsewhere]]
+        assert all("method" in message for message in told)  # progress only: no error, no end
+        restart(restartable_origin, tmp_path)
+        await until_closed(client, restartable_origin[-1], path)
+        last_own, last_other = own[-1].id, (elsewhere or own[1:2])[-1].id
+        assert last_own is not None
+        assert last_other is not None
+        for edge, last, seen in ((b, last_own, own), (a, last_other, [*own[:2], *elsewhere])):
+            rest = await resume_on(client, edge, last)
+            steps, final = steps_and_result([*seen, *rest])
+            assert steps == list(range(1, N + 1))
+            assert final == {"jsonrpc": "2.0", "id": 42, "result": {}}
+        kept, _ = await kept_at(client, restartable_origin[-1], path)
+        assert len(kept) == N + 1
+        for edge in (a, b):
+            assert 'edge_resume_lapsed_total{result="unreadable"} 1.0' in edge.metrics_text()
+            assert 'edge_resume_lapsed_total{result="fenced"} 1.0' not in edge.metrics_text()
+    finally:
+        a.stop()
+        b.stop()
+
+
+async def until_closed(client: aiohttp.ClientSession, origin: Origin, path: str) -> None:
+    """Wait until the answer's stream is closed at the origin (the pump went on and ended it)."""
+    deadline = asyncio.get_running_loop().time() + ANSWER_BOUND
+    while not (await kept_at(client, origin, path))[1]:
+        assert asyncio.get_running_loop().time() < deadline, "the answer never ended"
+        await asyncio.sleep(0.2)
