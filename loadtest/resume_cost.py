@@ -6,7 +6,7 @@ the whole answer) costs.
                                    [--no-write]
 
 Real processes: the reference origin, two edges (``--workers 1`` each) with a resume route,
-and a raw SSE backend (``tests/integration/mcp_upstream.py``'s ``/raw/paced``: N progress
+and a raw SSE backend (``devstack/mcp_upstream.py``'s ``/raw/paced``: N progress
 notifications of about ``--size`` bytes of data, then the JSON-RPC result). The answers are
 asked of the first edge; each round's back-to-back answer is then resumed from its first event,
 on the first edge and on the second. Byte-counting TCP relays in this process sit on the edges'

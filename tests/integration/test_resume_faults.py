@@ -1,6 +1,6 @@
 """Resume routes under faults (issue 30), real processes: the reference origin (the session's,
 or one of the test's own that it stops), a redis-server of the test's own shared by two edges,
-and a raw SSE backend (``tests/integration/mcp_upstream.py``'s ``/raw/paced``).
+and a raw SSE backend (``devstack/mcp_upstream.py``'s ``/raw/paced``).
 
 Degrade, never lose, duplicate or misplace, never hang. Redis down (stopped or frozen before a
 call; killed, restarted empty or frozen mid-call): the answer's own client on one edge and a
