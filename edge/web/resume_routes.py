@@ -24,7 +24,17 @@ Rules this module owns:
   midway is read from its stream up to ``UNKEPT``, then its own client gets the rest from the
   pump (``Handoff``) as events without ids; a resume elsewhere ends with the owed error.
 * A resume whose stream does not exist (unknown, expired, another credential's) is a 404, the
-  same for each; ``Last-Event-ID`` never goes upstream.
+  same for each; ``Last-Event-ID`` never goes upstream. A resume that finds nothing after its
+  point in a closed answer is a ``204``: a browser's ``EventSource`` stops there, where an empty
+  ``200`` would have it reconnect for ever.
+* Every answer the edge makes on a route (kept answers, resumes, 204, 404, 413, 502, a CORS
+  preflight) carries the CORS headers the origin gives the request's ``Origin`` (the edge's one
+  CORS rule, ``OriginCors``: the answer lives at the origin as a stream), widened by what the
+  route itself needs: its request headers (``Last-Event-ID``, MCP's) allowed, its response
+  headers (``Edge-Resume-Stream``, ``Mcp-Session-Id``) exposed. A kept answer passes on none of
+  the upstream's own CORS headers, so its own client and every resume see the same policy.
+* When the edge drains (SIGTERM), every client that holds one of the edge's ids is cut short at
+  once, so it resumes on a replica that stays (its pump goes on through the drain).
 * Everything else is a plain relay that streams both ways; a client that leaves cancels it, and
   a body cut short upstream is cut short to the client (it never looks complete).
 """
@@ -46,13 +56,21 @@ from multidict import CIMultiDict
 
 from edge.config import ResumeRoute, Settings
 from edge.metrics import Metrics
-from edge.protocol.headers import strip_hop_by_hop, upstream_request_headers
+from edge.protocol.headers import cors_headers, strip_hop_by_hop, upstream_request_headers
 from edge.protocol.reads import auth_scope, scope_credentials
 from edge.protocol.sse import SseDecoder, encode_comment, encode_event, encode_retry
 from edge.resume.events import Replay
 from edge.resume.ids import ResumePoint, stream_name
-from edge.resume.requests import Keep, NotFound, Relay, Resume, asked_of, upstream_headers
-from edge.web.proxy import ClientGone
+from edge.resume.requests import (
+    Keep,
+    NotFound,
+    Preflight,
+    Relay,
+    Resume,
+    asked_of,
+    upstream_headers,
+)
+from edge.web.proxy import ClientGone, OriginCors, request_origin
 from edge.web.resume_pump import Ended, Handoff, Kept, Pumps, Unwritable
 
 logger = logging.getLogger(__name__)
@@ -68,6 +86,14 @@ MAX_FAILED_READS = 3
 RETRY_MS = 1000
 LEASE_GRACE_SECONDS = 1.0
 EVENT_STREAM = "text/event-stream"
+# What a route's CORS answers add to the origin's grant: the methods and request headers of
+# resume routes, and the response headers a page may read.
+ROUTE_METHODS = "GET, POST, DELETE, OPTIONS"
+ROUTE_REQUEST_HEADERS = ("content-type", "authorization", "last-event-id", "mcp-session-id",
+                         "mcp-protocol-version", "accept")  # fmt: skip
+ROUTE_EXPOSED = (STREAM_HEADER, "Mcp-Session-Id")
+ALLOW_ORIGIN = "access-control-allow-origin"
+PREFLIGHT_MAX_AGE = "600"
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +117,7 @@ class ReadEnd(enum.Enum):
     HANDED_OVER = "handed_over"  # the answer outgrew its caps: its own client gets the rest
 
 
-@dataclass(kw_only=True, slots=True)
+@dataclass(kw_only=True, slots=True, eq=False)  # one per client: kept in a set
 class Reading:
     """One client's answer being read from its stream."""
 
@@ -101,6 +127,7 @@ class Reading:
     passed_on: Sequence[tuple[str, str]]
     resuming: bool  # a Last-Event-ID's (edge_resumes_total), not an answer's own first read
     answer: web.StreamResponse | None = None
+    gave_ids: bool = False  # the client holds one of the edge's ids: it can resume elsewhere
     news_at: float = field(default_factory=time.monotonic)  # when the log last moved on
     handoff: Handoff | None = None  # the answer's own client's: the rest past a cap
 
@@ -115,10 +142,15 @@ def keepable(response: aiohttp.ClientResponse) -> bool:
 
 
 class ResumeRoutes:
-    def __init__(self, settings: Settings, metrics: Metrics, pumps: Pumps) -> None:
+    def __init__(
+        self, settings: Settings, metrics: Metrics, pumps: Pumps, cors: OriginCors
+    ) -> None:
         self._settings = settings
         self._metrics = metrics
         self._pumps = pumps
+        self._cors = cors
+        self._readings: set[Reading] = set()
+        self._draining = False
         self._upstream: aiohttp.ClientSession | None = None
         self._own: aiohttp.ClientSession | None = None
 
@@ -138,6 +170,13 @@ class ResumeRoutes:
         self._upstream = aiohttp.ClientSession(auto_decompress=False, timeout=timeout)
         self._own = aiohttp.ClientSession(timeout=timeout)
 
+    def start_draining(self) -> None:
+        """The edge is stopping: every client that can resume (it holds an id) is cut short
+        now, to resume on a replica that stays; the pumps go on through the drain."""
+        self._draining = True
+        for reading in list(self._readings):
+            _cut_short_if_resumable(reading)
+
     async def close(self) -> None:
         await self._pumps.close()
         for session in (self._upstream, self._own):
@@ -154,7 +193,9 @@ class ResumeRoutes:
                 return await self._resume(request, point)
             case NotFound():
                 self._metrics.resumes.labels("not_found").inc()
-                return _not_found()
+                return self._not_found(request)
+            case Preflight():
+                return self._preflight(request)
             case Relay():
                 return await self._relay(request, route, keep=False)
             case Keep():
@@ -185,7 +226,7 @@ class ResumeRoutes:
         assert upstream is not None, "ResumeRoutes.start() was not awaited"
         body = await _read_body(request)
         if body is None:
-            return web.Response(status=413, text="request body too large for a resume route\n")
+            return self._answer(request, 413, "request body too large for a resume route")
         peer = request.transport.get_extra_info("peername") if request.transport else None
         relayed = upstream_request_headers(
             list(request.headers.items()),
@@ -203,7 +244,7 @@ class ResumeRoutes:
                 )  # fmt: skip
             except (aiohttp.ClientError, OSError, TimeoutError) as error:
                 logger.warning("resume route %s: upstream failed: %r", route.path, error)
-                return web.Response(status=502, text="upstream unreachable\n")
+                return self._answer(request, 502, "upstream unreachable")
             try:
                 return await _stream_back(request, response)
             finally:
@@ -220,7 +261,7 @@ class ResumeRoutes:
             raise
         except (aiohttp.ClientError, OSError, TimeoutError) as error:
             logger.warning("resume route %s: upstream failed: %r", route.path, error)
-            return web.Response(status=502, text="upstream unreachable\n")
+            return self._answer(request, 502, "upstream unreachable")
         match began:
             case Plain(response=response):
                 try:
@@ -276,17 +317,33 @@ class ResumeRoutes:
             request=request, path=path, replay=Replay(point, own=handoff is not None),
             passed_on=passed_on, resuming=resuming, handoff=handoff,
         )  # fmt: skip
+        self._readings.add(reading)
+        try:
+            return await self._serve_reading(reading)
+        finally:
+            self._readings.discard(reading)
+
+    async def _serve_reading(self, reading: Reading) -> web.StreamResponse:
+        request, path, handoff, resuming = (
+            reading.request, reading.path, reading.handoff, reading.resuming,
+        )  # fmt: skip
         failures = 0
         while failures < MAX_FAILED_READS:
             end = await self._read_once(reading)
             match end:
+                case ReadEnd.ENDED if reading.answer is None:
+                    # Nothing after the client's point, and the answer is whole: the end.
+                    self._metrics.resumes.labels("served").inc()
+                    return self._answer(request, 204, None)
                 case ReadEnd.ENDED:
                     assert reading.answer is not None
                     return reading.answer
                 case ReadEnd.MISSING if reading.answer is None:
                     if resuming:
                         self._metrics.resumes.labels("not_found").inc()
-                    return _not_found()
+                    return self._not_found(request)
+                case ReadEnd.ROTATED | ReadEnd.FAILED if self._draining and reading.gave_ids:
+                    break  # cut short: it resumes on a replica that stays
                 case ReadEnd.ROTATED:
                     failures = 0
                 case ReadEnd.MISSING | ReadEnd.FAILED:
@@ -300,6 +357,7 @@ class ResumeRoutes:
                     await reading.answer.write_eof()
                     return reading.answer
                 case ReadEnd.LAPSED:
+                    await self._ensure_open(reading)
                     assert reading.answer is not None
                     lapsed = await self._pumps.end_lapsed(path, self._credentials(request))
                     match lapsed:
@@ -321,7 +379,7 @@ class ResumeRoutes:
         if reading.answer is None:
             if resuming:
                 self._metrics.resumes.labels("error").inc()
-            return web.Response(status=502, text="the answer's stream could not be read\n")
+            return self._answer(request, 502, "the answer's stream could not be read")
         # Cut short, so that the client's reconnection (with its last id) resumes it.
         if request.transport is not None:
             request.transport.close()
@@ -343,13 +401,9 @@ class ResumeRoutes:
                 if read.status != 200:
                     logger.warning("resume stream %s: own read got %d", reading.path, read.status)
                     return ReadEnd.FAILED
-                if reading.answer is None:
-                    reading.answer = await self._open_answer(
-                        request, reading.path, reading.passed_on
-                    )
-                    if reading.resuming:
-                        self._metrics.resumes.labels("served").inc()
-                answer, decoder = reading.answer, SseDecoder()
+                if not reading.resuming:
+                    await self._ensure_open(reading)  # the answer's own client: at once
+                decoder = SseDecoder()
                 lease = self._settings.resume_lease_seconds
                 while True:
                     try:
@@ -365,12 +419,21 @@ class ResumeRoutes:
                         break
                     heartbeats = decoder.comments
                     replayed = reading.replay.feed(decoder.feed(chunk))
+                    heartbeat = decoder.comments > heartbeats
                     if replayed.news:
                         reading.news_at = time.monotonic()
+                    if replayed.ended and not replayed.frames and reading.answer is None:
+                        return ReadEnd.ENDED  # a resume with nothing more: a 204
+                    if replayed.frames or heartbeat or replayed.caught_up:
+                        # A resume's answer opens once it is known not to be the end.
+                        await self._ensure_open(reading)
+                    answer = reading.answer
+                    if answer is None:
+                        continue
                     if replayed.frames:
-                        moved = True
+                        moved = reading.gave_ids = True
                         await answer.write(b"".join(replayed.frames))
-                    elif decoder.comments > heartbeats:
+                    elif heartbeat:
                         moved = True
                         await answer.write(encode_comment("keep-alive"))
                     if replayed.handed_over:
@@ -385,25 +448,90 @@ class ResumeRoutes:
             return ReadEnd.FAILED
         return ReadEnd.ROTATED if moved else ReadEnd.FAILED
 
+    async def _ensure_open(self, reading: Reading) -> None:
+        if reading.answer is None:
+            reading.answer = await self._open_answer(
+                reading.request, reading.path, reading.passed_on
+            )
+            if reading.resuming:
+                self._metrics.resumes.labels("served").inc()
+            if self._draining:
+                _cut_short_if_resumable(reading)
+
     async def _open_answer(
         self, request: web.Request, path: str, passed_on: Sequence[tuple[str, str]]
     ) -> web.StreamResponse:
         answer = web.StreamResponse(status=200)
         for name, value in passed_on:
-            answer.headers.add(name, value)
+            if not cors_headers([(name, value)]):  # the edge's CORS, not the upstream's
+                answer.headers.add(name, value)
         answer.headers[hdrs.CONTENT_TYPE] = EVENT_STREAM
         answer.headers[hdrs.CACHE_CONTROL] = "private, no-store, no-transform"
         answer.headers["X-Accel-Buffering"] = "no"
         answer.headers[STREAM_HEADER] = path
+        self._add_cors(request, answer.headers)
         await answer.prepare(request)
         await answer.write(encode_retry(RETRY_MS))
         return answer
 
+    # --- the edge's own answers, and their CORS ---------------------------------------------
 
-def _not_found() -> web.Response:
-    return web.Response(
-        status=404, text="no such answer\n", headers={hdrs.CACHE_CONTROL: "no-store"}
-    )
+    def _answer(self, request: web.Request, status: int, text: str | None) -> web.Response:
+        answer = web.Response(
+            status=status, text=None if text is None else text + "\n",
+            headers={hdrs.CACHE_CONTROL: "no-store"},
+        )  # fmt: skip
+        self._add_cors(request, answer.headers)
+        return answer
+
+    def _not_found(self, request: web.Request) -> web.Response:
+        return self._answer(request, 404, "no such answer")
+
+    def _preflight(self, request: web.Request) -> web.Response:
+        answer = web.Response(status=204)
+        if self._add_cors(request, answer.headers):
+            answer.headers["Access-Control-Max-Age"] = PREFLIGHT_MAX_AGE
+        return answer
+
+    def _add_cors(self, request: web.Request, headers: CIMultiDict[str]) -> bool:
+        """The origin's CORS grant for the request's ``Origin``, widened for the route (see
+        the module rules); False when the origin grants that ``Origin`` nothing."""
+        grant = self._cors.grant(request_origin(request))
+        self._cors.mark_vary(headers)
+        if not any(name.lower() == ALLOW_ORIGIN for name, _ in grant):
+            return False
+        for name, value in grant:
+            if name.lower() not in _WIDENED:
+                headers[name] = value
+        granted = {name.lower(): value for name, value in grant}
+        headers["Access-Control-Allow-Methods"] = ROUTE_METHODS
+        headers["Access-Control-Allow-Headers"] = _union(
+            granted.get("access-control-allow-headers", ""), ROUTE_REQUEST_HEADERS
+        )
+        headers["Access-Control-Expose-Headers"] = _union(
+            granted.get("access-control-expose-headers", ""), ROUTE_EXPOSED
+        )
+        return True
+
+
+_WIDENED = frozenset(
+    {"access-control-allow-methods", "access-control-allow-headers",
+     "access-control-expose-headers"}
+)  # fmt: skip
+
+
+def _union(listed: str, more: Sequence[str]) -> str:
+    """A comma-separated header list with ``more`` added (case-insensitively once each)."""
+    names = [name.strip() for name in listed.split(",") if name.strip()]
+    known = {name.lower() for name in names}
+    return ", ".join([*names, *(name for name in more if name.lower() not in known)])
+
+
+def _cut_short_if_resumable(reading: Reading) -> None:
+    """End a client's connection unfinished, so that it resumes with its last id elsewhere."""
+    transport = reading.request.transport
+    if reading.gave_ids and transport is not None:
+        transport.close()
 
 
 def _own_url(request: web.Request, path: str, offset: str) -> str:

@@ -26,7 +26,15 @@ from edge.resume.ids import (
     parse_id,
     stream_name,
 )
-from edge.resume.requests import Keep, NotFound, Relay, Resume, asked_of, upstream_headers
+from edge.resume.requests import (
+    Keep,
+    NotFound,
+    Preflight,
+    Relay,
+    Resume,
+    asked_of,
+    upstream_headers,
+)
 
 offsets = st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=1, max_size=60)
 tokens = st.builds(lambda _: mint_token(), st.integers())
@@ -258,7 +266,12 @@ def test_notifications_and_other_bodies_owe_nothing() -> None:
 def test_what_a_request_asks_for() -> None:
     point = ResumePoint(token=mint_token(), offset="0000_0001", skip=2)
     assert asked_of("POST", [("Content-Type", "application/json")]) == Keep()
-    assert asked_of("GET", [("Accept", "text/event-stream")]) == Relay()
+    # A browser's EventSource (no header of its own) is kept; MCP's standalone GET is relayed.
+    assert asked_of("GET", [("Accept", "text/event-stream")]) == Keep()
+    assert asked_of("GET", [("MCP-Protocol-Version", "2025-11-25")]) == Relay()
+    assert asked_of("GET", [("Mcp-Session-Id", "s")]) == Relay()
+    assert asked_of("OPTIONS", [("Access-Control-Request-Method", "GET")]) == Preflight()
+    assert asked_of("OPTIONS", []) == Relay()
     assert asked_of("GET", [("Last-Event-ID", encode_id(point))]) == Resume(point)
     assert asked_of("GET", [("Last-Event-ID", "upstream-17")]) == NotFound()
     assert asked_of("DELETE", [("Mcp-Session-Id", "s")]) == Relay()
