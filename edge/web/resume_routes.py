@@ -23,6 +23,14 @@ Rules this module owns:
   relayed as it came, without ids (it works; it is not resumable). One that outgrows a cap
   midway is read from its stream up to ``UNKEPT``, then its own client gets the rest from the
   pump (``Handoff``) as events without ids; a resume elsewhere ends with the owed error.
+* Without ``--auth``, an answer is bound to the request's credential scope, and its stream is
+  written and read with the client's credential headers. With ``--auth jwt|forward`` the gate
+  judged the request first (as one on the route's path): an answer is bound to the principal
+  it names (``principal_scope``; the credential when it names none), its stream is written
+  and read with the edge's ``--origin-header`` (the streams are the edge's), and read from the
+  origin itself, not through this edge's listener (whose gate would judge the edge's own read
+  by the client's token, which covers the route, not the stream). A ``token`` query parameter
+  never goes upstream; it goes as ``Authorization: Bearer`` when no header carries one.
 * A resume whose stream does not exist (unknown, expired, another credential's) is a 404, the
   same for each; ``Last-Event-ID`` never goes upstream. A resume that finds nothing after its
   point in a closed answer is a ``204``: a browser's ``EventSource`` stops there, where an empty
@@ -45,7 +53,8 @@ import asyncio
 import enum
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import assert_never
 from urllib.parse import quote
@@ -54,13 +63,16 @@ import aiohttp
 from aiohttp import hdrs, web
 from multidict import CIMultiDict
 
+from edge.auth.credentials import present
+from edge.auth.gate import RequestAdmission
 from edge.config import ResumeRoute, Settings
 from edge.metrics import Metrics
+from edge.origin import OriginClient, OriginError
 from edge.protocol.headers import cors_headers, strip_hop_by_hop, upstream_request_headers
 from edge.protocol.reads import auth_scope, scope_credentials
 from edge.protocol.sse import SseDecoder, encode_comment, encode_event, encode_retry
 from edge.resume.events import Replay
-from edge.resume.ids import ResumePoint, stream_name
+from edge.resume.ids import ResumePoint, credential_scope, principal_scope, stream_name
 from edge.resume.requests import (
     Keep,
     NotFound,
@@ -117,12 +129,22 @@ class ReadEnd(enum.Enum):
     HANDED_OVER = "handed_over"  # the answer outgrew its caps: its own client gets the rest
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Bound:
+    """Whom a request's answers are bound to, and how the edge reaches their streams."""
+
+    scope: str  # names an answer's stream, with its token (``stream_name``)
+    credentials: list[tuple[str, str]]  # what the stream's origin requests carry
+    direct: bool  # read from the origin itself (``--auth``), not through this edge's listener
+
+
 @dataclass(kw_only=True, slots=True, eq=False)  # one per client: kept in a set
 class Reading:
     """One client's answer being read from its stream."""
 
     request: web.Request
     path: str
+    bound: Bound
     replay: Replay
     passed_on: Sequence[tuple[str, str]]
     resuming: bool  # a Last-Event-ID's (edge_resumes_total), not an answer's own first read
@@ -143,9 +165,15 @@ def keepable(response: aiohttp.ClientResponse) -> bool:
 
 class ResumeRoutes:
     def __init__(
-        self, settings: Settings, metrics: Metrics, pumps: Pumps, cors: OriginCors
+        self,
+        settings: Settings,
+        metrics: Metrics,
+        pumps: Pumps,
+        cors: OriginCors,
+        origin: OriginClient,
     ) -> None:
         self._settings = settings
+        self._origin = origin
         self._metrics = metrics
         self._pumps = pumps
         self._cors = cors
@@ -185,23 +213,38 @@ class ResumeRoutes:
 
     # --- a request on a route ---------------------------------------------------------------
 
-    async def handle(self, request: web.Request, route: ResumeRoute) -> web.StreamResponse:
+    async def handle(
+        self, request: web.Request, route: ResumeRoute, admitted: RequestAdmission | None = None
+    ) -> web.StreamResponse:
+        """``admitted``: the ``--auth`` gate's yes to the request (None without ``--auth``)."""
         headers = list(request.headers.items())
         asked = asked_of(request.method, headers)
         match asked:
             case Resume(point=point):
-                return await self._resume(request, point)
+                return await self._resume(request, point, self._bound(request, admitted))
             case NotFound():
                 self._metrics.resumes.labels("not_found").inc()
                 return self._not_found(request)
             case Preflight():
                 return self._preflight(request)
             case Relay():
-                return await self._relay(request, route, keep=False)
+                return await self._relay(request, route, admitted, keep=False)
             case Keep():
-                return await self._relay(request, route, keep=True)
+                return await self._relay(request, route, admitted, keep=True)
             case _:
                 assert_never(asked)
+
+    def _bound(self, request: web.Request, admitted: RequestAdmission | None) -> Bound:
+        settings = self._settings
+        if settings.auth_mode == "none":
+            return Bound(
+                scope=self._scope(request), credentials=self._credentials(request), direct=False
+            )
+        if admitted is not None and admitted.principal is not None:
+            scope = principal_scope(settings.auth_mode, admitted.principal)
+        else:
+            scope = credential_scope(_presented_credentials(request, self._credentials(request)))
+        return Bound(scope=scope, credentials=list(settings.origin_headers), direct=True)
 
     def _scope(self, request: web.Request) -> str:
         settings = self._settings
@@ -220,7 +263,12 @@ class ResumeRoutes:
         )
 
     async def _relay(
-        self, request: web.Request, route: ResumeRoute, *, keep: bool
+        self,
+        request: web.Request,
+        route: ResumeRoute,
+        admitted: RequestAdmission | None,
+        *,
+        keep: bool,
     ) -> web.StreamResponse:
         upstream = self._upstream
         assert upstream is not None, "ResumeRoutes.start() was not awaited"
@@ -234,8 +282,14 @@ class ResumeRoutes:
             scheme=request.scheme,
             host=request.headers.get(hdrs.HOST),
         )
+        query = request.query_string
+        if admitted is not None:
+            # With --auth, the query the gate passed on (never a token parameter upstream),
+            # and the token as the backend reads one.
+            query = admitted.target.query
+            relayed = _presented_credentials(request, relayed)
         sent = upstream_headers(relayed, keep=keep)
-        url = route.upstream(request.path, request.query_string)
+        url = route.upstream(request.path, query)
         if not keep:
             try:
                 response = await upstream.request(
@@ -249,10 +303,10 @@ class ResumeRoutes:
                 return await _stream_back(request, response)
             finally:
                 response.close()
+        bound = self._bound(request, admitted)
         begin = self._pumps.detached(
-            self._begin(request.method, url, sent, body, self._scope(request),
-                        self._credentials(request))
-        )  # fmt: skip
+            self._begin(request.method, url, sent, body, bound.scope, bound.credentials)
+        )
         try:
             began = await asyncio.shield(begin)
         except asyncio.CancelledError:
@@ -270,7 +324,7 @@ class ResumeRoutes:
                     response.close()
             case Kept(path=path, point=point, headers=passed_on, handoff=handoff):
                 try:
-                    return await self._serve(request, path, point, passed_on, handoff)
+                    return await self._serve(request, path, bound, point, passed_on, handoff)
                 finally:
                     handoff.leave()
             case _:
@@ -297,14 +351,17 @@ class ResumeRoutes:
 
     # --- answers read from the stream -------------------------------------------------------
 
-    async def _resume(self, request: web.Request, point: ResumePoint) -> web.StreamResponse:
-        path = self._settings.resume_stream_prefix + stream_name(point.token, self._scope(request))
-        return await self._serve(request, path, point, [], None)
+    async def _resume(
+        self, request: web.Request, point: ResumePoint, bound: Bound
+    ) -> web.StreamResponse:
+        path = self._settings.resume_stream_prefix + stream_name(point.token, bound.scope)
+        return await self._serve(request, path, bound, point, [], None)
 
     async def _serve(
         self,
         request: web.Request,
         path: str,
+        bound: Bound,
         point: ResumePoint,
         passed_on: Sequence[tuple[str, str]],
         handoff: Handoff | None,
@@ -314,7 +371,7 @@ class ResumeRoutes:
         this is the answer's own client, which gets what outgrows the caps directly."""
         resuming = request.headers.get("Last-Event-ID") is not None
         reading = Reading(
-            request=request, path=path, replay=Replay(point, own=handoff is not None),
+            request=request, path=path, bound=bound, replay=Replay(point, own=handoff is not None),
             passed_on=passed_on, resuming=resuming, handoff=handoff,
         )  # fmt: skip
         self._readings.add(reading)
@@ -359,7 +416,7 @@ class ResumeRoutes:
                 case ReadEnd.LAPSED:
                     await self._ensure_open(reading)
                     assert reading.answer is not None
-                    lapsed = await self._pumps.end_lapsed(path, self._credentials(request))
+                    lapsed = await self._pumps.end_lapsed(path, reading.bound.credentials)
                     match lapsed:
                         case Ended():
                             reading.news_at, failures = time.monotonic(), 0  # read on to the end
@@ -388,14 +445,11 @@ class ResumeRoutes:
     async def _read_once(self, reading: Reading) -> ReadEnd:
         """One SSE read of the stream through this edge's own listener, from where the reader
         is; its events written to the client as they come."""
-        own = self._own
-        assert own is not None
         request = reading.request
         at = reading.replay.rewind()
-        url = _own_url(request, reading.path, at.offset)
         moved = False  # events written, or a heartbeat: a read that was alive, not one refused
         try:
-            async with own.get(url, headers=self._credentials(request)) as read:
+            async with self._stream_read(reading, at.offset) as read:
                 if read.status == 404:
                     return ReadEnd.MISSING
                 if read.status != 200:
@@ -436,17 +490,40 @@ class ResumeRoutes:
                     elif heartbeat:
                         moved = True
                         await answer.write(encode_comment("keep-alive"))
+                    elif replayed.caught_up:
+                        moved = True  # a read that answered, with nothing new yet
                     if replayed.handed_over:
                         return ReadEnd.HANDED_OVER
                     if replayed.ended:
                         await answer.write_eof()
                         return ReadEnd.ENDED
-        except (aiohttp.ClientError, OSError, TimeoutError) as error:
+        except (aiohttp.ClientError, OSError, TimeoutError, OriginError) as error:
             if request.transport is None or request.transport.is_closing():
                 raise ClientGone from error
             logger.info("resume stream %s: own read broke off: %r", reading.path, error)
             return ReadEnd.FAILED
         return ReadEnd.ROTATED if moved else ReadEnd.FAILED
+
+    @asynccontextmanager
+    async def _stream_read(
+        self, reading: Reading, offset: str
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
+        """One SSE read of the answer's stream from ``offset``: through this edge's own
+        listener, or (``Bound.direct``) from the origin itself."""
+        live = f"{quote(reading.path)}?offset={quote(offset, safe='')}&live=sse"
+        bound = reading.bound
+        if bound.direct:
+            response = await self._origin.open("GET", live, bound.credentials, live=True)
+            try:
+                yield response
+            finally:
+                response.close()
+            return
+        own = self._own
+        assert own is not None
+        url = _own_url(reading.request) + live
+        async with own.get(url, headers=bound.credentials) as response:
+            yield response
 
     async def _ensure_open(self, reading: Reading) -> None:
         if reading.answer is None:
@@ -534,14 +611,24 @@ def _cut_short_if_resumable(reading: Reading) -> None:
         transport.close()
 
 
-def _own_url(request: web.Request, path: str, offset: str) -> str:
-    """This edge's own listener, as the client reached it, reading ``path`` from ``offset``."""
+def _presented_credentials(
+    request: web.Request, credentials: list[tuple[str, str]]
+) -> list[tuple[str, str]]:
+    """``credentials`` with a ``token`` query parameter as ``Authorization: Bearer``."""
+    presented = present(request.query_string, request.headers.items())
+    if presented.from_query and presented.token is not None:
+        return [*credentials, (hdrs.AUTHORIZATION, f"Bearer {presented.token}")]
+    return credentials
+
+
+def _own_url(request: web.Request) -> str:
+    """This edge's own listener, as the client reached it."""
     transport = request.transport
     sockname = transport.get_extra_info("sockname") if transport is not None else None
     assert sockname is not None, "a resume route's request came on a socket"
     host, port = sockname[0], sockname[1]
     authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    return f"http://{authority}{quote(path)}?offset={quote(offset, safe='')}&live=sse"
+    return f"http://{authority}"
 
 
 async def _read_body(request: web.Request) -> bytes | None:

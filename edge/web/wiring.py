@@ -264,7 +264,7 @@ def wire(
         fast=fast,
         front=front,
         purger=purger,
-        resume=ResumeRoutes(settings, metrics, Pumps(settings, metrics, origin), cors),
+        resume=ResumeRoutes(settings, metrics, Pumps(settings, metrics, origin), cors, origin),
     )
 
 

@@ -8,7 +8,7 @@ must reach this one process (a stateful upstream behind a balancer).
 
 ``count(n, delay)`` reports progress n times, ``delay`` seconds apart, and returns
 ``"counted n"``. Every request the server receives is recorded as one JSON line in SEEN_FILE
-(method, path, ``Last-Event-ID``, ``Authorization``), so a test can prove what reached it. It
+(method, path, query, ``Last-Event-ID``, ``Authorization``), so a test can prove what reached it. It
 prints one JSON line, ``{"url": ".../mcp"}``, once it listens.
 """
 
@@ -55,6 +55,7 @@ def recording(app: Any, seen_file: str) -> Any:
             line = {
                 "method": scope["method"],
                 "path": scope["path"],
+                "query": scope["query_string"].decode(),
                 "last_event_id": headers.get("last-event-id"),
                 "authorization": headers.get("authorization"),
             }
