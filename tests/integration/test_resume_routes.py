@@ -771,3 +771,29 @@ async def test_a_pump_that_gives_up_on_its_origin_ends_the_answer_when_it_can(
     finally:
         edge.stop()
         (again or first).stop()
+
+
+async def test_a_kept_get_whose_page_left_ends_at_the_seconds_cap(
+    stand: Stand, own_edge: Callable[..., Edge], client: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    # A browser's GET is kept detached from its page, like a POST; what bounds an upstream
+    # feed with no end of its own, once its page has left, is --resume-max-seconds: then the
+    # answer is kept no further and, its own client gone, the upstream answer is closed.
+    raw_url = str(stand.upstream.ready["url"]).removesuffix("/mcp") + "/raw"
+    edge = own_edge(
+        "--resume-route", f"/raw={raw_url}", "--resume-max-seconds", "2", "--resume-lease", "3"
+    )
+    never = tmp_path / "never"  # the upstream holds after its second event, for ever
+    decoder, events = SseDecoder(), []
+    async with client.get(edge.url + f"/raw/slow?tag=left&hold={never}") as answer:
+        assert answer.status == 200
+        async for chunk in answer.content.iter_any():
+            events.extend(decoder.feed(chunk))
+            if len(events) >= 2:
+                break  # the page leaves
+    assert await slow_ended(stand, "left") == "disconnected"
+    assert 'edge_resume_unkept_total{reason="seconds"} 1.0' in edge.metrics_text()
+    last = events[1].id
+    assert last is not None
+    async with client.get(edge.url + "/raw/slow", headers={"Last-Event-ID": last}) as resumed:
+        assert resumed.status == 204  # what was kept, then the end
