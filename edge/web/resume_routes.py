@@ -30,7 +30,9 @@ Rules this module owns:
   and read with the edge's ``--origin-header`` (the streams are the edge's), and read from the
   origin itself, not through this edge's listener (whose gate would judge the edge's own read
   by the client's token, which covers the route, not the stream). A ``token`` query parameter
-  never goes upstream; it goes as ``Authorization: Bearer`` when no header carries one.
+  never goes upstream; it goes as ``Authorization: Bearer`` when no header carries one. A
+  reader whose token stops being accepted (``exp`` + leeway) is cut short then, as the edge's
+  live reads are: its client resumes with its last id and a fresh token.
 * A resume whose stream does not exist (unknown, expired, another credential's) is a 404, the
   same for each; ``Last-Event-ID`` never goes upstream. A resume that finds nothing after its
   point in a closed answer is a ``204``: a browser's ``EventSource`` stops there, where an empty
@@ -127,6 +129,7 @@ class ReadEnd(enum.Enum):
     FAILED = "failed"  # refused, broken off, or ended having brought nothing at all
     LAPSED = "lapsed"  # nothing new for a whole lease in an open stream: its pump is lost
     HANDED_OVER = "handed_over"  # the answer outgrew its caps: its own client gets the rest
+    EXPIRED = "expired"  # the client's token is no longer accepted (``--auth``)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -136,6 +139,7 @@ class Bound:
     scope: str  # names an answer's stream, with its token (``stream_name``)
     credentials: list[tuple[str, str]]  # what the stream's origin requests carry
     direct: bool  # read from the origin itself (``--auth``), not through this edge's listener
+    expires_at: float | None = None  # wall clock: the client's token is refused from then
 
 
 @dataclass(kw_only=True, slots=True, eq=False)  # one per client: kept in a set
@@ -244,7 +248,12 @@ class ResumeRoutes:
             scope = principal_scope(settings.auth_mode, admitted.principal)
         else:
             scope = credential_scope(_presented_credentials(request, self._credentials(request)))
-        return Bound(scope=scope, credentials=list(settings.origin_headers), direct=True)
+        return Bound(
+            scope=scope,
+            credentials=list(settings.origin_headers),
+            direct=True,
+            expires_at=admitted.expires_at if admitted is not None else None,
+        )
 
     def _scope(self, request: web.Request) -> str:
         settings = self._settings
@@ -401,6 +410,10 @@ class ResumeRoutes:
                     return self._not_found(request)
                 case ReadEnd.ROTATED | ReadEnd.FAILED if self._draining and reading.gave_ids:
                     break  # cut short: it resumes on a replica that stays
+                case ReadEnd.EXPIRED if reading.answer is None:
+                    return self._answer(request, 401, "the token expired")
+                case ReadEnd.EXPIRED:
+                    break  # cut short: it resumes with its last id and a fresh token
                 case ReadEnd.ROTATED:
                     failures = 0
                 case ReadEnd.MISSING | ReadEnd.FAILED:
@@ -460,14 +473,22 @@ class ResumeRoutes:
                 decoder = SseDecoder()
                 lease = self._settings.resume_lease_seconds
                 while True:
+                    expires_in = _seconds_left(reading.bound.expires_at)
+                    if expires_in is not None and expires_in <= 0:
+                        return ReadEnd.EXPIRED
+                    # At least a second: a reader held up writing to a slow client finds what
+                    # arrived meanwhile before it calls the log silent.
+                    silent_for = max(
+                        LEASE_GRACE_SECONDS, reading.news_at + lease - time.monotonic()
+                    )
                     try:
-                        # At least a second: a reader held up writing to a slow client
-                        # finds what arrived meanwhile before it calls the log silent.
                         chunk = await asyncio.wait_for(
                             read.content.readany(),
-                            max(LEASE_GRACE_SECONDS, reading.news_at + lease - time.monotonic()),
+                            silent_for if expires_in is None else min(silent_for, expires_in),
                         )
                     except TimeoutError:
+                        if expires_in is not None and expires_in < silent_for:
+                            return ReadEnd.EXPIRED
                         return ReadEnd.LAPSED
                     if not chunk:
                         break
@@ -609,6 +630,10 @@ def _cut_short_if_resumable(reading: Reading) -> None:
     transport = reading.request.transport
     if reading.gave_ids and transport is not None:
         transport.close()
+
+
+def _seconds_left(expires_at: float | None) -> float | None:
+    return None if expires_at is None else expires_at - time.time()
 
 
 def _presented_credentials(

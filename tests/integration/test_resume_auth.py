@@ -52,7 +52,7 @@ def stand(origin: Origin, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     upstream = start_mcp_upstream(logs, seen, name="resume-auth-upstream")
     raw_url = str(upstream.ready["url"]).removesuffix("/mcp") + "/raw"
     route = ("--resume-route", f"/raw={raw_url}")
-    jwt = ("--auth", "jwt", "--jwt-jwks", str(keys))
+    jwt = ("--auth", "jwt", "--jwt-jwks", str(keys), "--jwt-leeway", "1")
     a = start_edge(origin.url, logs, *route, *jwt, name="resume-jwt-a")
     b = start_edge(origin.url, logs, *route, *jwt, name="resume-jwt-b")
     service = AuthService(sessions={"s-alice": "/raw/", "s-bob": "/raw/"}).start()
@@ -189,3 +189,35 @@ async def test_without_a_principal_the_credential_binds(
         rest = await read_events(resumed)
     assert progress_of(rest[:-1]) == list(range(4, 21))
     assert ("s-bob", "GET", "/raw/slow") in stand.service.asked  # the gate asked about bob
+
+
+async def test_a_reader_whose_token_expires_is_cut_short_and_resumes_with_a_fresh_one(
+    stand: Stand, client: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    go_on = tmp_path / "go-on"  # the upstream holds after its second event until this exists
+    short = {"Authorization": bearer("dave", lifetime=3.0)}
+    decoder, events, cut = SseDecoder(), [], False
+    async with client.get(
+        stand.a.url + f"/raw/slow?tag=dave&hold={go_on}", headers=short
+    ) as answer:
+        assert answer.status == 200
+        try:
+            async for chunk in answer.content.iter_any():
+                events.extend(decoder.feed(chunk))
+        except aiohttp.ClientPayloadError:
+            cut = True  # ended unfinished, as a live read at its token's expiry
+    assert cut
+    assert len(events) == 2
+    last = events[1].id
+    assert last is not None
+    async with client.get(
+        stand.b.url + "/raw/slow", headers={**short, "Last-Event-ID": last}
+    ) as stale:
+        assert stale.status == 401
+    go_on.touch()
+    fresh = {"Authorization": bearer("dave"), "Last-Event-ID": last}
+    async with client.get(stand.b.url + "/raw/slow", headers=fresh) as resumed:
+        assert resumed.status == 200
+        rest = await read_events(resumed)
+    assert progress_of(rest[:-1]) == list(range(3, 21))
+    assert json.loads(rest[-1].data)["id"] == 42

@@ -21,9 +21,11 @@ from edge.resume.events import (
 from edge.resume.ids import (
     TOKEN_CHARS,
     ResumePoint,
+    credential_scope,
     encode_id,
     mint_token,
     parse_id,
+    principal_scope,
     stream_name,
 )
 from edge.resume.requests import (
@@ -333,3 +335,25 @@ def test_reads_cut_anywhere_go_on_from_where_they_stopped(
     else:
         raise AssertionError("never ended")
     assert [{"event": e.event, "data": e.data} for e in seen] == kept
+
+
+@given(st.text(min_size=1), st.text(min_size=1))
+def test_an_answer_is_bound_to_its_principal_whatever_the_token(alice: str, bob: str) -> None:
+    token = mint_token()
+    bound = stream_name(token, principal_scope("jwt", alice))
+    assert bound == stream_name(token, principal_scope("jwt", alice))  # any token of alice's
+    assert (bound == stream_name(token, principal_scope("jwt", bob))) == (alice == bob)
+    assert bound != stream_name(token, principal_scope("forward", alice))
+    assert bound != stream_name(mint_token(), principal_scope("jwt", alice))
+
+
+def test_without_a_principal_the_credential_binds() -> None:
+    assert credential_scope([]) == "public"
+    both = [("Authorization", "Bearer x"), ("Cookie", "s=1")]
+    assert credential_scope(both) == credential_scope(
+        [("cookie", "s=1"), ("authorization", "Bearer x")]
+    )
+    assert credential_scope([("Authorization", "Bearer x")]) != credential_scope(
+        [("Authorization", "Bearer y")]
+    )
+    assert credential_scope([("Authorization", "Bearer x")]) != principal_scope("jwt", "x")
