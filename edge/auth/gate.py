@@ -123,6 +123,7 @@ class Gate:
                 metrics,
                 timeout_seconds=settings.auth_timeout_seconds,
                 cache_seconds=settings.auth_cache_seconds,
+                subject_header=settings.auth_subject_header,
             )
         # Bounded in bytes, not only in count: each holds its target, which a reader chooses.
         self._admissions: LRUCache[AdmissionKey, _KeptAdmission] = LRUCache(

@@ -36,6 +36,7 @@ class Stand:
     a: Edge
     b: Edge
     forward: Edge
+    named: Edge  # forward, with --auth-subject-header
     service: AuthService
 
     def seen_lines(self) -> list[dict[str, Any]]:
@@ -55,13 +56,19 @@ def stand(origin: Origin, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     jwt = ("--auth", "jwt", "--jwt-jwks", str(keys), "--jwt-leeway", "1")
     a = start_edge(origin.url, logs, *route, *jwt, name="resume-jwt-a")
     b = start_edge(origin.url, logs, *route, *jwt, name="resume-jwt-b")
-    service = AuthService(sessions={"s-alice": "/raw/", "s-bob": "/raw/"}).start()
-    forward = start_edge(
-        origin.url, logs, *route, "--auth", "forward", "--auth-url", service.url,
-        name="resume-forward",
+    sessions = {"s-alice": "/raw/", "s-bob": "/raw/", "s-alice-phone": "/raw/"}
+    users = {"s-alice": "alice", "s-alice-phone": "alice", "s-bob": "bob"}
+    service = AuthService(sessions=sessions, users=users).start()
+    forward_args = (*route, "--auth", "forward", "--auth-url", service.url)
+    forward = start_edge(origin.url, logs, *forward_args, name="resume-forward")
+    named = start_edge(
+        origin.url, logs, *forward_args, "--auth-subject-header", "X-Auth-Request-User",
+        name="resume-forward-named",
     )  # fmt: skip
-    yield Stand(upstream=upstream, seen=seen, a=a, b=b, forward=forward, service=service)
-    for process in (a, b, forward):
+    yield Stand(
+        upstream=upstream, seen=seen, a=a, b=b, forward=forward, named=named, service=service
+    )
+    for process in (a, b, forward, named):
         process.stop()
     if service.server is not None:
         service.server.close()
@@ -167,9 +174,32 @@ async def test_a_query_token_goes_upstream_as_a_bearer_header(
     assert asked["authorization"] == f"Bearer {token}"
 
 
+async def test_a_forward_principal_resumes_from_another_session(
+    stand: Stand, client: aiohttp.ClientSession
+) -> None:
+    # The auth service names the user (--auth-subject-header): alice's laptop begins the answer,
+    # her phone (another session cookie) resumes it; bob finds nothing.
+    laptop, phone = {"Cookie": "session=s-alice"}, {"Cookie": "session=s-alice-phone"}
+    async with client.get(stand.named.url + "/raw/slow?tag=named", headers=laptop) as answer:
+        assert answer.status == 200
+        events = await first_events(answer, 3)
+    last = events[2].id
+    assert last is not None
+    bob = {"Cookie": "session=s-bob", "Last-Event-ID": last}
+    async with client.get(stand.named.url + "/raw/slow", headers=bob) as refused:
+        assert refused.status == 404
+    async with client.get(
+        stand.named.url + "/raw/slow", headers={**phone, "Last-Event-ID": last}
+    ) as resumed:
+        assert resumed.status == 200
+        rest = await read_events(resumed)
+    assert progress_of(rest[:-1]) == list(range(4, 21))
+
+
 async def test_without_a_principal_the_credential_binds(
     stand: Stand, client: aiohttp.ClientSession
 ) -> None:
+    # Without --auth-subject-header a forward verdict names no one: the cookie binds.
     alice, bob = {"Cookie": "session=s-alice"}, {"Cookie": "session=s-bob"}
     async with client.get(stand.forward.url + "/raw/slow?tag=fwd", headers=alice) as answer:
         assert answer.status == 200

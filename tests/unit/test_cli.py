@@ -74,6 +74,7 @@ def test_every_flag_reads_its_env_and_the_flag_wins() -> None:
         "EDGE_AUTH_URL": "http://auth:9000/check",
         "EDGE_AUTH_TIMEOUT": "0.5",
         "EDGE_AUTH_CACHE_SECONDS": "20",
+        "EDGE_AUTH_SUBJECT_HEADER": "X-Auth-Request-User",
         "EDGE_ORIGIN_HEADER": "Authorization: Bearer edge-secret\nX-Edge: one",
         "EDGE_WORKERS": "3",
         "EDGE_CDN_PURGE": "varnish=http://varnish:6081/\nfastly=svc-1",
@@ -156,6 +157,7 @@ def test_every_flag_reads_its_env_and_the_flag_wins() -> None:
     assert settings.auth_url == "http://auth:9000/check"
     assert settings.auth_timeout_seconds == 0.5
     assert settings.auth_cache_seconds == 20
+    assert settings.auth_subject_header == "X-Auth-Request-User"
     assert settings.origin_headers == (("Authorization", "Bearer edge-secret"), ("X-Edge", "one"))
     assert settings.workers == 3
     flagged = parse_settings(
