@@ -451,6 +451,8 @@ class Settings:
                 raise ConfigError("{auth_mode}=forward needs {auth_url}, an http(s) URL")
         if self.auth_mode == "none" and self.origin_headers:
             raise ConfigError("{origin_headers} is for {auth_mode} jwt or forward")
+        if self.auth_mode != "forward" and self.auth_subject_header:
+            raise ConfigError("{auth_subject_header} is for {auth_mode} forward")
         for name in ("jwt_leeway_seconds", "jwks_min_refresh_seconds", "auth_cache_seconds"):
             if getattr(self, name) < 0:
                 raise ConfigError("{" + name + "} must be >= 0")

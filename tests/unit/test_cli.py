@@ -182,6 +182,10 @@ def test_admin_token_is_the_purge_token() -> None:
         (["--auth", "forward"], "--auth=forward needs --auth-url"),
         (["--auth", "forward", "--auth-url", "ftp://a"], "--auth-url, an http(s) URL"),
         (["--origin-header", "X-A: 1"], "--origin-header is for --auth jwt or forward"),
+        (
+            ["--auth", "jwt", "--jwt-jwks", "k", "--auth-subject-header", "X-User"],
+            "--auth-subject-header is for --auth forward",
+        ),
         (["--auth", "jwt", "--jwt-jwks", "k", "--origin-header", "nocolon"], "Name: value"),
         (["--admin-protect", "all"], "--admin-protect=all needs --admin-token"),
         (["--auth", "jwt", "--jwt-jwks", "k", "--auth-timeout", "0"], "--auth-timeout must be"),
