@@ -65,7 +65,9 @@ async def test_an_event_source_resumes_across_an_edge_restart(
     upstream = start_mcp_upstream(logs_dir, seen_file, name="resume-page-upstream")
     raw_url = str(upstream.ready["url"]).removesuffix("/mcp") + "/raw"
     port = free_port()
-    args = ("--resume-route", f"/raw={raw_url}", "--drain-seconds", "60")
+    # One process (no supervisor holding the port through its drain): the next edge binds the
+    # port as soon as the stopped one stops listening.
+    args = ("--resume-route", f"/raw={raw_url}", "--drain-seconds", "60", "--workers", "1")
     edges: list[Edge] = []
     page_app = web.Application()
     page_app.router.add_get("/", _page)
