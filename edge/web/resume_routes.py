@@ -67,6 +67,7 @@ from multidict import CIMultiDict
 
 from edge.auth.credentials import present
 from edge.auth.gate import RequestAdmission
+from edge.auth.policy import unauthorized
 from edge.config import ResumeRoute, Settings
 from edge.metrics import Metrics
 from edge.origin import OriginClient, OriginError
@@ -108,6 +109,8 @@ ROUTE_REQUEST_HEADERS = ("content-type", "authorization", "last-event-id", "mcp-
 ROUTE_EXPOSED = (STREAM_HEADER, "Mcp-Session-Id")
 ALLOW_ORIGIN = "access-control-allow-origin"
 PREFLIGHT_MAX_AGE = "600"
+# A reader whose token stopped being accepted mid-read: the gate's own refusal of it.
+EXPIRED = unauthorized("token expired", "expired")
 
 
 @dataclass(frozen=True, slots=True)
@@ -411,7 +414,9 @@ class ResumeRoutes:
                 case ReadEnd.ROTATED | ReadEnd.FAILED if self._draining and reading.gave_ids:
                     break  # cut short: it resumes on a replica that stays
                 case ReadEnd.EXPIRED if reading.answer is None:
-                    return self._answer(request, 401, "the token expired")
+                    expired = self._answer(request, 401, EXPIRED.reason)
+                    expired.headers[hdrs.WWW_AUTHENTICATE] = str(EXPIRED.www_authenticate())
+                    return expired
                 case ReadEnd.EXPIRED:
                     break  # cut short: it resumes with its last id and a fresh token
                 case ReadEnd.ROTATED:
