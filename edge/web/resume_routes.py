@@ -465,7 +465,7 @@ class ResumeRoutes:
         is; its events written to the client as they come."""
         request = reading.request
         at = reading.replay.rewind()
-        moved = False  # events written, or a heartbeat: a read that was alive, not one refused
+        moved = False  # events, a lease or a heartbeat: a read that was alive, not one refused
         try:
             async with self._stream_read(reading, at.offset) as read:
                 if read.status == 404:
@@ -516,8 +516,8 @@ class ResumeRoutes:
                     elif heartbeat:
                         moved = True
                         await answer.write(encode_comment("keep-alive"))
-                    elif replayed.caught_up:
-                        moved = True  # a read that answered, with nothing new yet
+                    if replayed.news:
+                        moved = True  # the log moved on (a lease too): a read that was alive
                     if replayed.handed_over:
                         return ReadEnd.HANDED_OVER
                     if replayed.ended:
