@@ -38,11 +38,9 @@ Rules this module owns:
   point in a closed answer is a ``204``: a browser's ``EventSource`` stops there, where an empty
   ``200`` would have it reconnect for ever.
 * Every answer the edge makes on a route (kept answers, resumes, 204, 404, 413, 502, a CORS
-  preflight) carries the CORS headers the origin gives the request's ``Origin`` (the edge's one
-  CORS rule, ``OriginCors``: the answer lives at the origin as a stream), widened by what the
-  route itself needs: its request headers (``Last-Event-ID``, MCP's) allowed, its response
-  headers (``Edge-Resume-Stream``, ``Mcp-Session-Id``) exposed. A kept answer passes on none of
-  the upstream's own CORS headers, so its own client and every resume see the same policy.
+  preflight) carries the CORS headers the origin gives the request's ``Origin``, widened for
+  the route (``edge.resume.cors`` decides them). A kept answer passes on none of the upstream's
+  own CORS headers, so its own client and every resume see the same policy.
 * When the edge drains (SIGTERM), every client that holds one of the edge's ids is cut short at
   once, so it resumes on a replica that stays (its pump goes on through the drain).
 * Everything else is a plain relay that streams both ways; a client that leaves cancels it, and
@@ -74,6 +72,7 @@ from edge.origin import OriginClient, OriginError
 from edge.protocol.headers import cors_headers, strip_hop_by_hop, upstream_request_headers
 from edge.protocol.reads import auth_scope, scope_credentials
 from edge.protocol.sse import SseDecoder, encode_comment, encode_event, encode_retry
+from edge.resume.cors import STREAM_HEADER, route_cors
 from edge.resume.events import Replay
 from edge.resume.ids import ResumePoint, credential_scope, principal_scope, stream_name
 from edge.resume.requests import (
@@ -90,9 +89,6 @@ from edge.web.resume_pump import Ended, Handoff, Kept, Pumps, Unwritable
 
 logger = logging.getLogger(__name__)
 
-# Where a kept answer's stream is named to its client (another device with the same credential
-# can follow it there as an ordinary stream).
-STREAM_HEADER = "Edge-Resume-Stream"
 # A request body is read whole before it goes upstream (a JSON-RPC message is small).
 MAX_BODY_BYTES = 4 * 1024 * 1024
 # Reads of an answer's stream in a row that failed (or brought nothing) before its client is cut
@@ -101,13 +97,6 @@ MAX_FAILED_READS = 3
 RETRY_MS = 1000
 LEASE_GRACE_SECONDS = 1.0
 EVENT_STREAM = "text/event-stream"
-# What a route's CORS answers add to the origin's grant: the methods and request headers of
-# resume routes, and the response headers a page may read.
-ROUTE_METHODS = "GET, POST, DELETE, OPTIONS"
-ROUTE_REQUEST_HEADERS = ("content-type", "authorization", "last-event-id", "mcp-session-id",
-                         "mcp-protocol-version", "accept")  # fmt: skip
-ROUTE_EXPOSED = (STREAM_HEADER, "Mcp-Session-Id")
-ALLOW_ORIGIN = "access-control-allow-origin"
 PREFLIGHT_MAX_AGE = "600"
 # A reader whose token stopped being accepted mid-read: the gate's own refusal of it.
 EXPIRED = unauthorized("token expired", "expired")
@@ -597,37 +586,13 @@ class ResumeRoutes:
         return answer
 
     def _add_cors(self, request: web.Request, headers: CIMultiDict[str]) -> bool:
-        """The origin's CORS grant for the request's ``Origin``, widened for the route (see
-        the module rules); False when the origin grants that ``Origin`` nothing."""
-        grant = self._cors.grant(request_origin(request))
+        """The route's CORS for the request's ``Origin`` (``edge.resume.cors``); False when the
+        origin grants that ``Origin`` nothing."""
         self._cors.mark_vary(headers)
-        if not any(name.lower() == ALLOW_ORIGIN for name, _ in grant):
-            return False
-        for name, value in grant:
-            if name.lower() not in _WIDENED:
-                headers[name] = value
-        granted = {name.lower(): value for name, value in grant}
-        headers["Access-Control-Allow-Methods"] = ROUTE_METHODS
-        headers["Access-Control-Allow-Headers"] = _union(
-            granted.get("access-control-allow-headers", ""), ROUTE_REQUEST_HEADERS
-        )
-        headers["Access-Control-Expose-Headers"] = _union(
-            granted.get("access-control-expose-headers", ""), ROUTE_EXPOSED
-        )
-        return True
-
-
-_WIDENED = frozenset(
-    {"access-control-allow-methods", "access-control-allow-headers",
-     "access-control-expose-headers"}
-)  # fmt: skip
-
-
-def _union(listed: str, more: Sequence[str]) -> str:
-    """A comma-separated header list with ``more`` added (case-insensitively once each)."""
-    names = [name.strip() for name in listed.split(",") if name.strip()]
-    known = {name.lower() for name in names}
-    return ", ".join([*names, *(name for name in more if name.lower() not in known)])
+        granted = route_cors(self._cors.grant(request_origin(request)))
+        for name, value in granted:
+            headers[name] = value
+        return bool(granted)
 
 
 def _cut_short_if_resumable(reading: Reading) -> None:

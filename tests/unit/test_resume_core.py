@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from edge.protocol.sse import SseDecoder, SseEvent
+from edge.resume.cors import route_cors
 from edge.resume.events import (
     LEASE,
     UNKEPT,
@@ -357,3 +358,32 @@ def test_without_a_principal_the_credential_binds() -> None:
         [("Authorization", "Bearer y")]
     )
     assert credential_scope([("Authorization", "Bearer x")]) != principal_scope("jwt", "x")
+
+
+# What the reference origin grants every Origin.
+ORIGIN_GRANT = [
+    ("access-control-allow-origin", "*"),
+    ("access-control-allow-methods", "GET, POST, PUT, DELETE, HEAD, OPTIONS"),
+    ("access-control-allow-headers", "content-type, authorization, Stream-Seq"),
+    ("access-control-expose-headers", "Stream-Next-Offset, etag"),
+    ("x-content-type-options", "nosniff"),
+]
+
+
+def test_a_routes_cors_is_the_origins_grant_widened_for_the_route() -> None:
+    headers = {name.lower(): value for name, value in route_cors(ORIGIN_GRANT)}
+    assert headers["access-control-allow-origin"] == "*"
+    assert headers["x-content-type-options"] == "nosniff"
+    assert headers["access-control-allow-methods"] == "GET, POST, DELETE, OPTIONS"
+    allowed = [name.strip() for name in headers["access-control-allow-headers"].split(",")]
+    assert allowed[:3] == ["content-type", "authorization", "Stream-Seq"]  # the origin's, kept
+    assert {"last-event-id", "mcp-session-id", "mcp-protocol-version"} <= set(allowed)
+    assert len({name.lower() for name in allowed}) == len(allowed)  # each once
+    exposed = headers["access-control-expose-headers"]
+    assert exposed == "Stream-Next-Offset, etag, Edge-Resume-Stream, Mcp-Session-Id"
+    assert len(route_cors(ORIGIN_GRANT)) == len(headers)  # one header of each name
+
+
+def test_an_origin_that_grants_nothing_gets_nothing_added() -> None:
+    assert route_cors([]) == []
+    assert route_cors([("access-control-expose-headers", "etag")]) == []
