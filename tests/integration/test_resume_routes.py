@@ -288,8 +288,9 @@ async def test_what_is_relayed_as_it_is(stand: Stand, client: aiohttp.ClientSess
         assert plain.status == 200
         assert "Edge-Resume-Stream" not in plain.headers
         assert await plain.json() == {"jsonrpc": "2.0", "id": 1, "result": {}}
-    # A GET's stream (MCP's standalone stream, which the SDK's stateless server holds open) is
-    # relayed, never pumped: it has no end of its own. A DELETE is relayed as it is.
+    # A GET that declares MCP opens MCP's standalone stream (which the SDK's stateless server
+    # holds open): it is relayed, never pumped, since it has no end of its own (a browser's GET
+    # is kept: test_a_browsers_get_is_kept...). A DELETE is relayed as it is.
     async with client.get(stand.a.url + "/mcp", headers=MCP_HEADERS) as standalone:
         assert standalone.status == 200
         assert standalone.headers["Content-Type"].startswith("text/event-stream")
