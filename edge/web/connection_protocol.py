@@ -681,6 +681,12 @@ class _Connection(asyncio.Protocol):
         if self._mode is _Mode.FAST and transport is not None and not transport.is_closing():
             self._serve_safely()
 
+    def answering_on_its_own(self) -> bool:
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return False
+        return self._mode is _Mode.STREAMING or self._mode is _Mode.PARKED
+
     def close_if_idle(self) -> None:
         """At shutdown: a connection aiohttp never saw ends as after a half-close: what it
         sent is answered (the buffered heads, an answer of its own in progress), then it

@@ -16,13 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import mcp.types as types
 import pytest
-from mcp.client.session import ClientSession
-from mcp.client.streamable_http import streamable_http_client
-from mcp.shared.message import ClientMessageMetadata
 from yarl import URL
 
+from devstack.mcp_client import CallLog, call, count_call, text_of
 from devstack.processes import (
     Edge,
     Origin,
@@ -67,54 +64,6 @@ def stand(origin: Origin, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     upstream.stop()
 
 
-def count_call(n: int, delay: float) -> types.CallToolRequest:
-    return types.CallToolRequest(
-        params=types.CallToolRequestParams(name="count", arguments={"n": n, "delay": delay})
-    )
-
-
-@dataclass
-class Heard:
-    progress: list[float]
-    tokens: list[str]
-
-    async def message(self, message: object) -> None:
-        if isinstance(message, types.ProgressNotification):
-            self.progress.append(message.params.progress)
-
-    async def asked(self, progress: float, total: float | None, message: str | None) -> None:
-        """The SDK asks the server for progress only for a request with a progress callback;
-        what arrives is heard by ``message`` (a resumed call's carry the first call's token)."""
-
-    async def token(self, token: str) -> None:
-        self.tokens.append(token)
-
-
-async def session_call(
-    url: str, request: types.CallToolRequest, heard: Heard, *, resume_from: str | None = None
-) -> types.CallToolResult:
-    """One SDK session through ``url``: initialize, then the call (or its resumption)."""
-    async with (
-        streamable_http_client(url) as (read, write, *_),
-        ClientSession(read, write, message_handler=heard.message) as session,
-    ):
-        await session.initialize()
-        return await session.send_request(
-            request,
-            types.CallToolResult,
-            metadata=ClientMessageMetadata(
-                resumption_token=resume_from, on_resumption_token_update=heard.token
-            ),
-            progress_callback=heard.asked,
-        )
-
-
-def result_text(result: types.CallToolResult) -> str:
-    (block,) = result.content
-    assert isinstance(block, types.TextContent)
-    return block.text
-
-
 async def kept_so_far(origin: Origin, token: str) -> tuple[list[Any], bool]:
     """The upstream's events an answer's stream holds at the origin now (not the edge's own
     messages), and whether it is closed."""
@@ -132,14 +81,14 @@ async def test_a_call_dropped_on_one_edge_resumes_on_the_other(
     stand: Stand, origin: Origin
 ) -> None:
     calls_before = sum(1 for line in stand.seen_lines() if line.get("tool") == "count")
-    first = Heard(progress=[], tokens=[])
-    call = asyncio.create_task(session_call(stand.a.url + "/mcp", count_call(8, 0.4), first))
+    first = CallLog()
+    running = asyncio.create_task(call(stand.a.url + "/mcp", count_call(8, 0.4), first))
     while len(first.tokens) < 3:
-        assert not call.done(), call
+        assert not running.done(), running
         await asyncio.sleep(0.05)
-    call.cancel()  # the lift: the client's connection to edge A is gone mid-call
+    running.cancel()  # the lift: the client's connection to edge A is gone mid-call
     with pytest.raises(asyncio.CancelledError):
-        await call
+        await running
     dropped_after = first.tokens[2]
     point = parse_id(dropped_after)
     assert point is not None
@@ -150,14 +99,12 @@ async def test_a_call_dropped_on_one_edge_resumes_on_the_other(
         await asyncio.sleep(0.05)
         kept, closed = await kept_so_far(origin, point.token)
     assert not closed
-    second = Heard(progress=[], tokens=[])
-    result = await session_call(
-        stand.b.url + "/mcp", count_call(8, 0.3), second, resume_from=dropped_after
-    )
-    assert result_text(result) == "counted 8"
+    second = CallLog()
+    result = await call(stand.b.url + "/mcp", count_call(8, 0.3), second, resume_from=dropped_after)
+    assert text_of(result) == "counted 8"
     # Everything after the third event, once each, in order (4 and 5 replayed, the rest live),
     # then the result.
-    assert second.progress == [4.0, 5.0, 6.0, 7.0, 8.0]
+    assert second.steps() == [4.0, 5.0, 6.0, 7.0, 8.0]
     kept, closed = await kept_so_far(origin, point.token)
     assert closed
     assert len(kept) == 9  # 8 progress notifications and the result, each kept once
@@ -169,11 +116,11 @@ async def test_a_call_dropped_on_one_edge_resumes_on_the_other(
 
 async def test_sixteen_sessions_never_see_each_others_events(stand: Stand) -> None:
     sessions = 16
-    heard = [Heard(progress=[], tokens=[]) for _ in range(sessions)]
+    heard = [CallLog() for _ in range(sessions)]
     steps = [3 + index % 4 for index in range(sessions)]
     results = await asyncio.gather(
         *(
-            session_call(
+            call(
                 (stand.a if index % 2 else stand.b).url + "/mcp",
                 count_call(steps[index], 0.05),
                 heard[index],
@@ -182,8 +129,8 @@ async def test_sixteen_sessions_never_see_each_others_events(stand: Stand) -> No
         )
     )
     for index, result in enumerate(results):
-        assert result_text(result) == f"counted {steps[index]}"
-        assert heard[index].progress == [float(step) for step in range(1, steps[index] + 1)]
+        assert text_of(result) == f"counted {steps[index]}"
+        assert heard[index].steps() == [float(step) for step in range(1, steps[index] + 1)]
     answers = []
     for each in heard:
         points = [parse_id(token) for token in each.tokens]
@@ -536,19 +483,23 @@ async def test_without_its_origin_an_answer_is_relayed_without_ids(
 async def test_an_origin_restart_while_pumping_loses_and_doubles_nothing(
     stand: Stand, tmp_path: Path, client: aiohttp.ClientSession
 ) -> None:
+    # The upstream holds its third event until the origin is down, so the pump's next writes
+    # meet no origin (and are sent again once it is back) however slowly this machine runs.
     port, data = free_port(), tmp_path / "data"
+    hold = tmp_path / "origin-is-down"
     first = start_origin(tmp_path, data_dir=data, port=port, name="restarted-origin")
     raw_url = str(stand.upstream.ready["url"]).removesuffix("/mcp") + "/raw"
     edge = start_edge(first.url, tmp_path, "--resume-route", f"/raw={raw_url}", name="edge-r")
     again: Origin | None = None
     try:
         async with client.post(
-            edge.url + "/raw/slow?tag=restart", json=CALL, headers=MCP_HEADERS
+            edge.url + f"/raw/slow?tag=restart&hold={hold}", json=CALL, headers=MCP_HEADERS
         ) as answer:
             path = answer.headers["Edge-Resume-Stream"]
             seen = await first_events(answer, 2)
             answer.close()
         first.stop()  # the origin goes away mid-answer; the pump's writes wait for it
+        hold.touch()
         again = start_origin(tmp_path, data_dir=data, port=port, name="restarted-origin-2")
         assert await slow_ended(stand, "restart") == "finished"
         last_id = seen[1].id

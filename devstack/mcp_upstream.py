@@ -1,15 +1,19 @@
-"""An agent backend for the resume-route tests: the official MCP SDK's streamable-HTTP server
-(stateless, no event store: on its own, a dropped call is lost) with one slow tool.
+"""An agent backend for resume routes (their tests and ``make demo ARGS=--resume``): the official
+MCP SDK's streamable-HTTP server (stateless, no event store: on its own, a dropped call is lost)
+with one slow tool. ``devstack.processes.start_mcp_upstream`` starts it.
 
-    python tests/integration/mcp_upstream.py PORT SEEN_FILE [--stateful]   (PORT 0: any port)
+    python devstack/mcp_upstream.py PORT SEEN_FILE [--stateful]   (PORT 0: any port)
 
 ``--stateful``: the SDK's sessions in memory (``Mcp-Session-Id``), so a session's requests
 must reach this one process (a stateful upstream behind a balancer).
 
-``count(n, delay)`` reports progress n times, ``delay`` seconds apart, and returns
-``"counted n"``. Every request the server receives is recorded as one JSON line in SEEN_FILE
-(method, path, query, ``Last-Event-ID``, ``Authorization``), so a test can prove what reached it. It
-prints one JSON line, ``{"url": ".../mcp"}``, once it listens.
+``count(n, delay, tag="")`` reports progress n times, ``delay`` seconds apart (each message
+``"step i"``, with `` of <tag>`` when tagged), and returns ``"counted n"`` (``"counted n for
+<tag>"``): a tag lets concurrent callers tell their own messages from another's.
+
+Every request the server receives is recorded as one JSON line in SEEN_FILE (method, path,
+query, ``Last-Event-ID``, ``Authorization``), so a test can prove what reached it. It prints
+one JSON line, ``{"url": ".../mcp"}``, once it listens.
 """
 
 from __future__ import annotations
@@ -35,12 +39,13 @@ ENDS_EARLY = (
 
 
 @server.tool()
-async def count(n: int, delay: float, ctx: Context) -> str:
-    _record(SEEN_FILE[0], {"tool": "count", "n": str(n)})
+async def count(n: int, delay: float, ctx: Context, tag: str = "") -> str:
+    _record(SEEN_FILE[0], {"tool": "count", "n": str(n), "tag": tag})
+    of = f" of {tag}" if tag else ""
     for step in range(1, n + 1):
         await asyncio.sleep(delay)
-        await ctx.report_progress(step, n, f"step {step}")
-    return f"counted {n}"
+        await ctx.report_progress(step, n, f"step {step}{of}")
+    return f"counted {n} for {tag}" if tag else f"counted {n}"
 
 
 def _record(seen_file: str, line: dict[str, str | None]) -> None:
