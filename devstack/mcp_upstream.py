@@ -12,8 +12,8 @@ must reach this one process (a stateful upstream behind a balancer).
 <tag>"``): a tag lets concurrent callers tell their own messages from another's.
 
 Every request the server receives is recorded as one JSON line in SEEN_FILE (method, path,
-``Last-Event-ID``, ``Authorization``), so a test can prove what reached it. It prints one JSON
-line, ``{"url": ".../mcp"}``, once it listens.
+query, ``Last-Event-ID``, ``Authorization``), so a test can prove what reached it. It prints
+one JSON line, ``{"url": ".../mcp"}``, once it listens.
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ def recording(app: Any, seen_file: str) -> Any:
             line = {
                 "method": scope["method"],
                 "path": scope["path"],
+                "query": scope["query_string"].decode(),
                 "last_event_id": headers.get("last-event-id"),
                 "authorization": headers.get("authorization"),
             }

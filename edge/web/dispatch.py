@@ -18,9 +18,11 @@ Rules this module owns:
 * A client that leaves before its answer is written is counted in ``edge_clients_gone_total``,
   never as an answered request (``edge_requests_total``), and logged at DEBUG: leaving is what
   viewers do, and a dashboard must not read it as failing.
-* A request on a resume route (``--resume-route``) is the resume routes' alone, before the gate
-  and the classification: it is about an agent backend, not a stream. The connection table
-  holds it as a live reader (its answer may stream as long as the backend works).
+* A request on a resume route (``--resume-route``) is the resume routes' alone, after the gate
+  (with ``--auth``, judged as a request on the route's path; the admission goes with it: its
+  principal binds the answers) and before the classification: it is about an agent backend,
+  not a stream. The connection table holds it as a live reader (its answer may stream as long
+  as the backend works).
 * The origin's control API is relayed as it is; a live read whose CORS answer is unknown for its
   ``Origin`` is relayed so that the origin's answer teaches the edge: what becomes of a
   classified request is ``edge.web.own_relay.route_of``'s one decision, the connection's own
@@ -125,18 +127,22 @@ async def handle_stream_request(request: web.Request) -> web.StreamResponse:
         cors.add_missing(server_options.headers, origin)
         return server_options
     route = request.app[RESUME].route_for(target.stream)
-    if route is not None:
-        return await _on_resume_route(request, route, origin)
     admitted: RequestAdmission | None = None
     gate = request.app.get(GATE)
     if gate is not None:
         decision = await admit(request, gate, cors)
         if isinstance(decision, web.StreamResponse):
-            kind = classify(request.method, target.stream, target.query, ()).kind
+            kind = (
+                RequestKind.OTHER
+                if route is not None
+                else classify(request.method, target.stream, target.query, ()).kind
+            )
             metrics.full_path(kind).inc()  # aiohttp's handler was entered for it
             metrics.request_count(kind, decision.status).inc()
             return decision
         admitted, target = decision, decision.target  # its target without token parameters
+    if route is not None:
+        return await _on_resume_route(request, route, origin, admitted)
     asked = asked_of(request, settings, target=target, origin=origin, admitted=admitted)
     classified = classify(
         request.method,
@@ -187,7 +193,10 @@ async def handle_stream_request(request: web.Request) -> web.StreamResponse:
 
 
 async def _on_resume_route(
-    request: web.Request, route: ResumeRoute, origin: str | None
+    request: web.Request,
+    route: ResumeRoute,
+    origin: str | None,
+    admitted: RequestAdmission | None,
 ) -> web.StreamResponse:
     """An agent backend's request, not a stream of the origin: relayed (and kept) by the resume
     routes, whose backend authorizes its own callers. Its answer may stream for as long as the
@@ -202,7 +211,7 @@ async def _on_resume_route(
         metrics.request_count(RequestKind.OTHER, 503).inc()
         return refuse_for_room(request, origin)
     try:
-        response = await request.app[RESUME].handle(request, route)
+        response = await request.app[RESUME].handle(request, route, admitted)
     except ClientGone:
         metrics.client_gone(RequestKind.OTHER).inc()
         return EdgeResponse(status=CLIENT_CLOSED)  # never sent (see ``_handle``)

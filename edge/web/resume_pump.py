@@ -27,8 +27,9 @@ Rules this module owns:
   pumps cap a new answer is not kept (relayed without ids); an answer that outgrows the bytes or
   seconds cap is kept no further: the pump appends ``UNKEPT``, what the request is owed and the
   close (readers elsewhere end with the error), and hands the rest of the upstream answer to its
-  own client on this process (``Handoff``), without ids; if that client is gone, the upstream
-  answer is closed. Each is counted in ``edge_resume_unkept_total{reason}``.
+  own client on this process (``Handoff``), without ids; once that client is gone (even while
+  the upstream says nothing), the upstream answer is closed. Each is counted in
+  ``edge_resume_unkept_total{reason}``.
 * On ``close`` (the process stopping), pumps get ``--drain-seconds`` to finish; the rest end
   their answers with what they still owe, so no reader elsewhere waits for them. A process
   killed outright cannot: its leases lapse.
@@ -116,6 +117,10 @@ class Handoff:
 
     async def get(self) -> dict[str, str] | None:
         return await self._queue.get()
+
+    async def left(self) -> None:
+        """Returns once the client is gone."""
+        await self._gone.wait()
 
     def leave(self) -> None:
         self._gone.set()
@@ -346,14 +351,27 @@ async def _hand_over(
     for waiting in pending:
         if not await handoff.put(waiting):
             return
+    # A quiet upstream is not waited on once the client is gone: an answer with no end of its
+    # own (a GET's feed) would hold its upstream for ever.
+    left = asyncio.ensure_future(handoff.left())
     try:
-        async for chunk in response.content.iter_any():
+        while True:
+            read = asyncio.ensure_future(response.content.readany())
+            await asyncio.wait({read, left}, return_when=asyncio.FIRST_COMPLETED)
+            if not read.done():
+                read.cancel()
+                return
+            chunk = read.result()
+            if not chunk:
+                break
             for event in decoder.feed(chunk):
                 message = kept_message(event)
                 if message is not None and not await handoff.put(message):
                     return
     except (aiohttp.ClientError, OSError, TimeoutError) as error:
         logger.info("resume route: an unkept answer broke off upstream: %r", error)
+    finally:
+        left.cancel()
     await handoff.put(None)
 
 

@@ -265,7 +265,7 @@ def wire(
         fast=fast,
         front=front,
         purger=purger,
-        resume=ResumeRoutes(settings, metrics, Pumps(settings, metrics, origin)),
+        resume=ResumeRoutes(settings, metrics, Pumps(settings, metrics, origin), cors, origin),
     )
 
 

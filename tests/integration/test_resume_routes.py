@@ -198,9 +198,9 @@ async def test_another_credential_finds_nothing(
     async with client.get(
         stand.b.url + "/mcp", headers={"Authorization": "Bearer alice", "Last-Event-ID": first_id}
     ) as resumed:
-        assert resumed.status == 200
-        again = await read_events(resumed)
-    assert [(e.data, e.id) for e in again] == [(e.data, e.id) for e in events[1:]]
+        # The call's one event was its result: after it, the end (a 204).
+        assert [json.loads(e.data).get("id") for e in events] == [42]
+        assert resumed.status == 204
     counted = stand.b.metrics_text()
     assert re.search(r'^edge_resumes_total\{result="served"\} [1-9]', counted, re.MULTILINE)
     assert re.search(r'^edge_resumes_total\{result="not_found"\} [1-9]', counted, re.MULTILINE)
@@ -235,8 +235,9 @@ async def test_what_is_relayed_as_it_is(stand: Stand, client: aiohttp.ClientSess
         assert plain.status == 200
         assert "Edge-Resume-Stream" not in plain.headers
         assert await plain.json() == {"jsonrpc": "2.0", "id": 1, "result": {}}
-    # A GET's stream (MCP's standalone stream, which the SDK's stateless server holds open) is
-    # relayed, never pumped: it has no end of its own. A DELETE is relayed as it is.
+    # A GET that declares MCP opens MCP's standalone stream (which the SDK's stateless server
+    # holds open): it is relayed, never pumped, since it has no end of its own (a browser's GET
+    # is kept: test_a_browsers_get_is_kept...). A DELETE is relayed as it is.
     async with client.get(stand.a.url + "/mcp", headers=MCP_HEADERS) as standalone:
         assert standalone.status == 200
         assert standalone.headers["Content-Type"].startswith("text/event-stream")
@@ -249,6 +250,67 @@ async def test_what_is_relayed_as_it_is(stand: Stand, client: aiohttp.ClientSess
     methods = [line["method"] for line in stand.seen_lines() if "method" in line]
     assert methods[-2:] == ["GET", "DELETE"]
     assert "edge_resume_pumps 0.0" in stand.a.metrics_text()
+
+
+async def test_a_browsers_get_is_kept_and_resumed_with_the_edges_cors(
+    stand: Stand, client: aiohttp.ClientSession
+) -> None:
+    # A GET without an id that declares nothing of MCP (a browser's EventSource can send no
+    # header of its own) is kept like a POST: its answer resumes on any replica.
+    page = {"Origin": "http://page.example", "Accept": "text/event-stream"}
+    decoder, events = SseDecoder(), []
+    async with client.get(stand.a.url + "/raw/slow?tag=get", headers=page) as answer:
+        assert answer.status == 200
+        assert answer.headers["Access-Control-Allow-Origin"] == "*"  # the origin's grant
+        exposed = answer.headers["Access-Control-Expose-Headers"].lower()
+        assert "edge-resume-stream" in exposed
+        async for chunk in answer.content.iter_any():
+            events.extend(decoder.feed(chunk))
+            if len(events) >= 5:
+                break
+    assert events[4].id is not None
+    async with client.get(
+        stand.b.url + "/raw/slow?tag=get", headers={**page, "Last-Event-ID": events[4].id}
+    ) as resumed:
+        assert resumed.status == 200
+        assert resumed.headers["Access-Control-Allow-Origin"] == "*"
+        rest = await read_events(resumed)
+    *progress, final = [json.loads(event.data) for event in rest]
+    assert [message["params"]["progress"] for message in progress] == list(range(6, 21))
+    assert final["id"] == 42
+    assert await slow_ended(stand, "get") == "finished"  # its client left; the pump did not
+    # At the end, a resume finds nothing more: 204, where an EventSource stops (an empty 200
+    # would have it reconnect for ever).
+    last = rest[-1].id
+    assert last is not None
+    async with client.get(
+        stand.a.url + "/raw/slow", headers={**page, "Last-Event-ID": last}
+    ) as ended:
+        assert ended.status == 204
+        assert ended.headers["Access-Control-Allow-Origin"] == "*"
+    # The edge's 404 and its preflight answers carry the same CORS.
+    forged = last.replace(last[0], "A" if last[0] != "A" else "B", 1)
+    async with client.get(
+        stand.b.url + "/raw/slow", headers={**page, "Last-Event-ID": forged}
+    ) as unknown:
+        assert unknown.status == 404
+        assert unknown.headers["Access-Control-Allow-Origin"] == "*"
+    asking = {
+        "Origin": "http://page.example",
+        "Access-Control-Request-Method": "GET",
+        "Access-Control-Request-Headers": "last-event-id",
+    }
+    methods_before = [line["method"] for line in stand.seen_lines() if "method" in line]
+    async with client.options(stand.b.url + "/raw/slow", headers=asking) as preflight:
+        assert preflight.status == 204
+        assert preflight.headers["Access-Control-Allow-Origin"] == "*"
+        allowed = preflight.headers["Access-Control-Allow-Headers"].lower()
+        assert "last-event-id" in allowed
+        assert "GET" in preflight.headers["Access-Control-Allow-Methods"]
+    methods = [line["method"] for line in stand.seen_lines() if "method" in line]
+    assert methods == methods_before  # the preflight is the edge's: nothing went upstream
+    paths = [line["path"] for line in stand.seen_lines() if line.get("method") == "GET"]
+    assert paths.count("/raw/slow") == 1  # the resumes never reached the upstream
 
 
 @pytest.fixture
@@ -317,7 +379,7 @@ async def test_an_answer_expires_after_its_retention(
     last_id = events[-1].id
     assert last_id is not None
     async with client.get(edge.url + "/mcp", headers={"Last-Event-ID": last_id}) as kept:
-        assert kept.status == 200
+        assert kept.status == 204  # kept, and nothing after its last event: the end
     await asyncio.sleep(2.5)  # past the retention (a wait, not a measurement)
     async with client.get(edge.url + "/mcp", headers={"Last-Event-ID": last_id}) as expired:
         assert expired.status == 404
@@ -661,3 +723,29 @@ async def test_a_pump_that_gives_up_on_its_origin_ends_the_answer_when_it_can(
     finally:
         edge.stop()
         (again or first).stop()
+
+
+async def test_a_kept_get_whose_page_left_ends_at_the_seconds_cap(
+    stand: Stand, own_edge: Callable[..., Edge], client: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    # A browser's GET is kept detached from its page, like a POST; what bounds an upstream
+    # feed with no end of its own, once its page has left, is --resume-max-seconds: then the
+    # answer is kept no further and, its own client gone, the upstream answer is closed.
+    raw_url = str(stand.upstream.ready["url"]).removesuffix("/mcp") + "/raw"
+    edge = own_edge(
+        "--resume-route", f"/raw={raw_url}", "--resume-max-seconds", "2", "--resume-lease", "3"
+    )
+    never = tmp_path / "never"  # the upstream holds after its second event, for ever
+    decoder, events = SseDecoder(), []
+    async with client.get(edge.url + f"/raw/slow?tag=left&hold={never}") as answer:
+        assert answer.status == 200
+        async for chunk in answer.content.iter_any():
+            events.extend(decoder.feed(chunk))
+            if len(events) >= 2:
+                break  # the page leaves
+    assert await slow_ended(stand, "left") == "disconnected"
+    assert 'edge_resume_unkept_total{reason="seconds"} 1.0' in edge.metrics_text()
+    last = events[1].id
+    assert last is not None
+    async with client.get(edge.url + "/raw/slow", headers={"Last-Event-ID": last}) as resumed:
+        assert resumed.status == 204  # what was kept, then the end
