@@ -51,7 +51,8 @@ from typing import NamedTuple
 
 import httptools
 
-from edge.protocol.headers import names_this_proxy
+from edge.protocol.headers import LOOP_TEXT, names_this_proxy, repeated_text
+from edge.protocol.paths import MEMO_ENTRIES, BadTarget, Target, parse_target
 
 # Longer heads are aiohttp's to judge (its limits are 8190 bytes a line, and it answers 431).
 MAX_HEAD_BYTES = 8192
@@ -68,7 +69,13 @@ EXPECT = b"expect"
 SEC_WEBSOCKET_KEY1 = b"sec-websocket-key1"
 VIA = b"via"
 LAST_EVENT_ID = b"last-event-id"
-CONSULTED = frozenset({IF_NONE_MATCH, ACCEPT_ENCODING, ORIGIN, VIA, LAST_EVENT_ID, b"connection"})
+# List-valued fields (RFC 9110 §5.3): their field lines, however many, are one value, joined
+# with ", " (``edge.protocol.headers.joined_value``, the full path's reading of them).
+LISTS = frozenset({IF_NONE_MATCH, ACCEPT_ENCODING, VIA})
+# Fields whose one value changes the answer: sent more than once, the request is refused
+# (``REPEATED``), on both paths.
+ANSWER_SINGLETONS = frozenset({ORIGIN, LAST_EVENT_ID})
+CONSULTED = LISTS | ANSWER_SINGLETONS
 HOST = b"host"
 # Headers aiohttp's parser refuses to see twice (``aiohttp.http_parser.SINGLETON_HEADERS``; a
 # test pins the copy): a head that repeats one is the full path's, which answers 400, as it does
@@ -87,20 +94,17 @@ SINGLETONS = frozenset(
         b"user-agent",
     }
 )
-# Read once: a head that repeats one is the full path's.
-ONCE = CONSULTED | SINGLETONS
-# Their presence means a body, an upgrade, a resumption or a negotiation the full path handles.
+# Their presence means a body or an upgrade the full path handles. ``Range`` and the
+# conditionals other than ``If-None-Match`` (``If-Match``, ``If-Modified-Since``,
+# ``If-Unmodified-Since``, ``If-Range``) are not here: the edge's answer to a read does not
+# consult them (RFC 9110 §13.2.1 and §14.2 let a server ignore them), and a relayed read passes
+# them on as the full path does.
 HANDOFF = frozenset(
     {
         b"content-length",
         b"transfer-encoding",
         EXPECT,  # for good, not once: see ``HeadParser.parse``
         b"upgrade",
-        b"range",
-        b"if-match",
-        b"if-modified-since",
-        b"if-unmodified-since",
-        b"if-range",
         SEC_WEBSOCKET_KEY1,  # for good: aiohttp refuses it before the application runs
     }
 )
@@ -129,12 +133,14 @@ class RequestHead(NamedTuple):
 class _Collector:
     """httptools callbacks; one parser per connection, reset by llhttp between messages."""
 
-    __slots__ = ("complete", "headers", "url")
+    __slots__ = ("complete", "headers", "keep_alive", "parser", "url")
 
     def __init__(self) -> None:
         self.url = b""
         self.headers: list[tuple[bytes, bytes]] = []
         self.complete = False
+        self.keep_alive = False
+        self.parser: httptools.HttpRequestParser | None = None
 
     def on_message_begin(self) -> None:
         self.url = b""
@@ -146,6 +152,13 @@ class _Collector:
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        # llhttp's reading of ``Connection`` (a token list: ``close`` wins; the version's
+        # default otherwise), taken where aiohttp takes it: llhttp forgets it once the message
+        # is complete.
+        assert self.parser is not None
+        self.keep_alive = self.parser.should_keep_alive()
 
     def on_message_complete(self) -> None:
         self.complete = True
@@ -164,6 +177,24 @@ ONE_REQUEST = Handoff(once=True)
 FOR_GOOD = Handoff(once=False)
 
 
+LOOP_DETECTED = 508  # the status of a request that came back round a loop
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RefusedHead:
+    """A read the edge refuses before anything else, as the full path refuses it
+    (``edge.web.dispatch.handle_stream_request``): 400 for a target ``parse_target`` refuses
+    or a repeated field whose one value changes the answer, 508 for a loop. The connection
+    writes the edge's short answer (``text``) with the CORS headers for ``origin`` (the first
+    ``Origin`` sent, the full path's ``request_origin``)."""
+
+    status: int
+    text: str
+    origin: str | None
+    head: bool  # a HEAD: the answer's head alone
+    keep_alive: bool
+
+
 class HeadParser:
     """Parses one complete request head at a time (the caller found its end). After a
     ``FOR_GOOD`` hand-off the parser must not be used again."""
@@ -173,9 +204,10 @@ class HeadParser:
     def __init__(self, credential_headers: Collection[str]) -> None:
         self._collector = _Collector()
         self._parser = httptools.HttpRequestParser(self._collector)
+        self._collector.parser = self._parser
         self._credentials = frozenset(name.lower().encode("latin-1") for name in credential_headers)
 
-    def parse(self, head: bytes) -> RequestHead | Handoff:
+    def parse(self, head: bytes) -> RequestHead | Handoff | RefusedHead:
         if len(head) > MAX_HEAD_BYTES:
             return FOR_GOOD  # a field or the target may be past aiohttp's limits: its to judge
         collector = self._collector
@@ -190,6 +222,7 @@ class HeadParser:
         # One pass over the headers for every method: an Expect anywhere is FOR_GOOD, even
         # after a header that alone would hand over one request.
         handoff = False
+        repeated: bytes | None = None  # the first answer singleton sent twice
         consulted: dict[bytes, bytes] = {}
         credentials: tuple[tuple[str, str], ...] = ()
         for name, value in collector.headers:
@@ -200,12 +233,19 @@ class HeadParser:
             elif name in self._credentials:  # rare on hits: a tuple grown only when present
                 # Read as aiohttp reads values: the scope is computed from the same string.
                 credentials += ((name.decode("latin-1"), _text(value)),)
-            elif name in ONCE:
-                if name in consulted:
-                    # Repeated: which one counts is the full path's call (a singleton's repeat
-                    # is aiohttp's 400).
-                    handoff = True
-                consulted[name] = value
+            elif name in CONSULTED or name in SINGLETONS:
+                known = consulted.get(name)
+                if known is None:
+                    consulted[name] = value
+                elif name in LISTS:
+                    # One value (RFC 9110 §5.3), as ``joined_value`` reads it: each line
+                    # stripped, empty ones left out (decoding byte by byte commutes with it).
+                    known, value = known.strip(b" \t"), value.strip(b" \t")
+                    consulted[name] = known + b", " + value if known and value else known or value
+                elif name in ANSWER_SINGLETONS:
+                    repeated = repeated or name
+                else:
+                    handoff = True  # a singleton aiohttp's parser allows once: its 400
         method = self._parser.get_method()
         if (
             handoff
@@ -214,20 +254,36 @@ class HeadParser:
             or self._parser.get_http_version() != "1.1"
         ):
             return ONE_REQUEST
-        connection = consulted.get(b"connection", b"keep-alive").lower().strip(b" \t")
-        if connection not in (b"close", b"keep-alive"):
-            return ONE_REQUEST
-        url = collector.url
-        if not url.startswith(b"/") or b"#" in url or not url.isascii():
-            return ONE_REQUEST
-        path, _, query = url.decode("ascii").partition("?")
+        keep_alive, is_head = collector.keep_alive, method == b"HEAD"
+        origin_value = consulted.get(ORIGIN)
+        origin = _text(origin_value) if origin_value is not None else None
+        # Origin-form or absolute-form (RFC 9112 §3.2.2: its path and query are the target);
+        # what the full path refuses (a fragment, a stream that cannot be named), refused alike:
+        # ``parse_target`` decides, on the target as aiohttp decodes it.
+        try:
+            target = _target(collector.url.decode(VALUE_ENCODING, VALUE_ERRORS))
+        except BadTarget as bad:
+            return RefusedHead(
+                status=400, text=str(bad), origin=origin, head=is_head, keep_alive=keep_alive
+            )
+        path, _, query = target.upstream.partition("?")
         via = consulted.get(VIA)
         if via is not None and names_this_proxy((_text(via),)):
-            return ONE_REQUEST  # a loop: the full path answers 508
+            return RefusedHead(
+                status=LOOP_DETECTED,
+                text=LOOP_TEXT,
+                origin=origin,
+                head=is_head,
+                keep_alive=keep_alive,
+            )
+        if repeated is not None:
+            text = repeated_text(repeated.decode("ascii"))
+            return RefusedHead(
+                status=400, text=text, origin=origin, head=is_head, keep_alive=keep_alive
+            )
         # Values read as aiohttp reads them (only those read: most heads carry none).
         inm = consulted.get(IF_NONE_MATCH)
         ae = consulted.get(ACCEPT_ENCODING)
-        origin = consulted.get(ORIGIN)
         last_event_id = consulted.get(LAST_EVENT_ID)
         # By position: a named tuple is made faster so, on every hit.
         return RequestHead(
@@ -235,12 +291,18 @@ class HeadParser:
             query,
             _text(inm) if inm is not None else None,
             _text(ae) if ae is not None else None,
-            connection == b"keep-alive",
-            _text(origin) if origin is not None else None,
+            keep_alive,
+            origin,
             credentials,
-            method == b"HEAD",
+            is_head,
             _text(last_event_id) if last_event_id is not None else None,
         )
+
+
+@functools.lru_cache(maxsize=MEMO_ENTRIES)
+def _target(url: str) -> Target:
+    # Remembered: an audience sends the same targets again and again (a refusal is not kept).
+    return parse_target(url, "GET")
 
 
 def header_value(head: bytes, name: bytes) -> str | None:
@@ -484,11 +546,13 @@ class WholeHead(NamedTuple):
 
 
 class _WholeCollector:
-    __slots__ = ("headers", "url")
+    __slots__ = ("headers", "keep_alive", "parser", "url")
 
     def __init__(self) -> None:
         self.url = b""
         self.headers: list[tuple[bytes, bytes]] = []
+        self.keep_alive = False
+        self.parser: httptools.HttpRequestParser | None = None
 
     def on_url(self, url: bytes) -> None:
         self.url += url
@@ -496,19 +560,22 @@ class _WholeCollector:
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers.append((name, value))
 
+    def on_headers_complete(self) -> None:
+        assert self.parser is not None
+        self.keep_alive = self.parser.should_keep_alive()  # as ``_Collector`` reads it
+
 
 def parse_whole_head(raw: bytes) -> WholeHead:
     """``raw``, a head ``HeadParser`` took (so llhttp takes it too), read whole: the rare
     request that is relayed needs every header, which the hit path's parse does not keep."""
     collector = _WholeCollector()
     parser = httptools.HttpRequestParser(collector)
+    collector.parser = parser
     parser.feed_data(raw)
     headers = tuple(
         (name.decode(VALUE_ENCODING, VALUE_ERRORS), _text(value))
         for name, value in collector.headers
     )
-    method, url = parser.get_method().decode("ascii"), collector.url.decode("ascii")
-    # HTTP/1.1 (the only version ``HeadParser`` takes) keeps the connection unless it says
-    # ``close`` (llhttp's own word on it is reset once the message is complete).
-    connection = next((v for n, v in headers if n.lower() == "connection"), "")
-    return WholeHead(method, url, headers, connection.lower() != "close")
+    method = parser.get_method().decode("ascii")
+    url = collector.url.decode(VALUE_ENCODING, VALUE_ERRORS)  # as aiohttp decodes it
+    return WholeHead(method, url, headers, collector.keep_alive)

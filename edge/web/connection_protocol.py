@@ -53,7 +53,7 @@ from edge.auth.gate import RequestAdmission
 from edge.auth.policy import Refusal
 from edge.live.polls import AlreadyWritten, Outcome
 from edge.protocol.half_close import AfterHalfClose, Holding, after_half_close
-from edge.protocol.http1 import MAX_HEAD_BYTES, Handoff, HeadParser, RequestHead
+from edge.protocol.http1 import MAX_HEAD_BYTES, Handoff, HeadParser, RefusedHead, RequestHead
 from edge.protocol.reads import RequestKind, kind_of_request_line
 from edge.web.connection_tracker import ConnectionTracker
 from edge.web.fast_polls import AnsweredNow, Ending, HandedOff, HandOn, Parked, Waits
@@ -263,8 +263,30 @@ class _Connection(asyncio.Protocol):
                 # This one request is aiohttp's; the next head waits for its answer.
                 self._to_aiohttp(head)
                 return
+            if isinstance(parsed, RefusedHead):
+                if not self._refuse_head(parsed, head):
+                    return
+                continue
             if not self._serve_head(parsed, head):
                 return
+
+    def _refuse_head(self, refused: RefusedHead, head: bytes) -> bool:
+        """A read refused before anything else (a target the full path refuses, a loop, a
+        repeated answer singleton): the full path's answer, written here; True: the connection
+        reads its next head now."""
+        fast, transport = self._fast, self._transport
+        assert fast is not None
+        assert transport is not None
+        data = fast.refusal(refused)
+        if data is None:
+            self._to_aiohttp(head)
+            return False
+        self._tracker.answered(transport)
+        transport.write(data)
+        if not refused.keep_alive:
+            self._close_after_answer()
+            return False
+        return True
 
     def _serve_head(self, parsed: RequestHead, head: bytes) -> bool:
         """Answer one head (``head``: its bytes), after the ``--auth`` gate's decision if there

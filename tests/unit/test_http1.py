@@ -8,8 +8,14 @@ import hypothesis.strategies as st
 from hypothesis import given, settings
 
 from edge.protocol.answer_key import scope_of
+from edge.protocol.headers import (
+    connection_tokens,
+    first_value,
+    joined_value,
+    names_this_proxy,
+    repeated_singleton,
+)
 from edge.protocol.http1 import (
-    CONSULTED,
     FOR_GOOD,
     HANDOFF,
     MAX_HEAD_BYTES,
@@ -17,11 +23,13 @@ from edge.protocol.http1 import (
     ONE_REQUEST,
     SINGLETONS,
     HeadParser,
+    RefusedHead,
     RequestHead,
     date_line,
     serialise,
     serialise_parts,
 )
+from edge.protocol.paths import BadTarget, parse_target
 
 CREDENTIALS = ("authorization", "cookie")
 TOKEN = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-_.~", min_size=1, max_size=12)
@@ -41,10 +49,24 @@ NAMES = st.sampled_from(
         "Cookie",
         "Last-Event-ID",
         "Range",
+        "If-Modified-Since",
+        "If-Match",
+        "If-Unmodified-Since",
+        "If-Range",
+        "Via",
         "Expect",
         "X-Other",
     ]
 )
+# ``Connection`` is a token list (RFC 9110 §7.6.1): ``close`` wins, other tokens name fields.
+CONNECTIONS = st.sampled_from(
+    ["close", "keep-alive", "Close", "te", "keep-alive, te", "x-a, close", "Keep-Alive, Close"]
+)
+VIAS = st.sampled_from(["1.1 cdn", "1.1 edge", "1.0 a, 1.1 edge (x)", "HTTP/1.1 other"])
+# Origin-form, absolute-form (RFC 9112 §3.2.2) and targets the full path refuses (a fragment,
+# a scheme it does not take, a path whose stream cannot be named).
+TARGET_FORMS = st.sampled_from(["{}", "{}", "{}", "http://edge.test{}", "HTTPS://h:1{}",
+                                "{}#frag", "ftp://h{}", "//h{}", "//[::1]{}", "/.{}"])  # fmt: skip
 
 
 @st.composite
@@ -53,34 +75,48 @@ def heads(draw: st.DrawFn) -> tuple[bytes, str, str, str, list[tuple[str, str]]]
     version = draw(st.sampled_from(["1.1", "1.1", "1.1", "1.0"]))
     path = "/" + "/".join(draw(st.lists(TOKEN, min_size=1, max_size=3)))
     query = draw(st.sampled_from(["", "offset=-1", "offset=0000_0010", "offset=now&live=sse"]))
-    headers = draw(st.lists(st.tuples(NAMES, VALUE), max_size=6))
+    names = draw(st.lists(NAMES, max_size=6))
+    headers = []
+    for name in names:
+        lowered = name.lower()
+        values = CONNECTIONS if lowered == "connection" else VIAS if lowered == "via" else VALUE
+        headers.append((name, draw(values)))
     if draw(st.integers(0, 4)) > 0:  # most heads name their host, as HTTP/1.1 requires
         headers.insert(draw(st.integers(0, len(headers))), ("Host", "edge.test"))
-    connection = [(n, v) for n, v in headers if n.lower() == "connection"]
-    if connection and draw(st.booleans()):
-        headers = [(n, v) for n, v in headers if n.lower() != "connection"]
-        headers.append(("Connection", draw(st.sampled_from(["close", "keep-alive", "Close"]))))
-    target = path + (f"?{query}" if query else "")
+    target = draw(TARGET_FORMS).format(path + (f"?{query}" if query else ""))
     lines = [f"{method} {target} HTTP/{version}", *(f"{n}: {v}" for n, v in headers), "", ""]
     return "\r\n".join(lines).encode(), method, version, target, headers
 
 
 def expected(method: str, version: str, headers: list[tuple[str, str]]) -> bool:
-    """Is this a head the fast path may answer (by the module's rules, restated)?"""
+    """Is this a head the connection reads itself (by the module's rules, restated)?"""
     if method not in ("GET", "HEAD") or version != "1.1":
         return False
     names = [n.lower().encode() for n, _ in headers]
     if any(n in HANDOFF or n == b"expect" for n in names):
         return False
-    if names.count(b"host") != 1 or any(names.count(n) > 1 for n in SINGLETONS):
-        return False  # aiohttp answers 400
-    if any(names.count(n) > 1 for n in CONSULTED):
-        return False
-    connection = next((v for n, v in headers if n.lower() == "connection"), "keep-alive")
-    return connection.lower() in ("close", "keep-alive")
+    # aiohttp answers 400 to a head without one Host, or repeating a singleton.
+    return names.count(b"host") == 1 and not any(names.count(n) > 1 for n in SINGLETONS)
 
 
-@settings(max_examples=200)
+def refusal(target: str, headers: list[tuple[str, str]]) -> int | None:
+    """The status the full path refuses a read with before anything else (its order)."""
+    try:
+        parse_target(target, "GET")
+    except BadTarget:
+        return 400
+    if names_this_proxy(v for n, v in headers if n.lower() == "via"):
+        return 508
+    if repeated_singleton(headers) is not None:
+        return 400
+    return None
+
+
+def closes(headers: list[tuple[str, str]]) -> bool:
+    return "close" in connection_tokens(headers)
+
+
+@settings(max_examples=300)
 @given(st.lists(heads(), min_size=1, max_size=6))
 def test_a_head_is_answered_only_when_nothing_in_it_is_the_full_paths(
     sequence: list[tuple[bytes, str, str, str, list[tuple[str, str]]]],
@@ -94,23 +130,30 @@ def test_a_head_is_answered_only_when_nothing_in_it_is_the_full_paths(
             return
         if not expected(method, version, headers):
             assert parsed in (ONE_REQUEST, FOR_GOOD)
-            closes = any(n.lower() == "connection" and v.lower() == "close" for n, v in headers)
-            if parsed is FOR_GOOD or version == "1.0" or closes:
+            if parsed is FOR_GOOD or version == "1.0" or closes(headers):
                 return  # the connection is the full path's from here, or ends
             continue
-        assert isinstance(parsed, RequestHead)
-        path, _, query = target.partition("?")
-        assert (parsed.path, parsed.query) == (path, query)
-        by_name = {n.lower(): v for n, v in headers}
-        assert parsed.if_none_match == by_name.get("if-none-match")
-        assert parsed.accept_encoding == by_name.get("accept-encoding")
-        assert parsed.origin == by_name.get("origin")
-        # Credentials are collected as sent: the scope is the full path's function of them.
-        assert parsed.credentials == tuple(
-            (n.lower(), v) for n, v in headers if n.lower() in CREDENTIALS
-        )
-        assert parsed.keep_alive == (by_name.get("connection", "keep-alive").lower() != "close")
-        assert parsed.head == (method == "HEAD")
+        status = refusal(target, headers)
+        if status is not None:
+            assert isinstance(parsed, RefusedHead)
+            assert parsed.status == status
+            assert parsed.origin == first_value(headers, "origin")
+            assert parsed.keep_alive == (not closes(headers))
+        else:
+            assert isinstance(parsed, RequestHead)
+            path, _, query = parse_target(target, "GET").upstream.partition("?")
+            assert (parsed.path, parsed.query) == (path, query)
+            # List fields are one value however many lines carry them (RFC 9110 §5.3).
+            assert parsed.if_none_match == joined_value(headers, "if-none-match")
+            assert parsed.accept_encoding == joined_value(headers, "accept-encoding")
+            assert parsed.origin == first_value(headers, "origin")
+            assert parsed.last_event_id == first_value(headers, "last-event-id")
+            # Credentials are collected as sent: the scope is the full path's function of them.
+            assert parsed.credentials == tuple(
+                (n.lower(), v) for n, v in headers if n.lower() in CREDENTIALS
+            )
+            assert parsed.keep_alive == (not closes(headers))
+            assert parsed.head == (method == "HEAD")
         if not parsed.keep_alive:
             return
 
@@ -118,7 +161,9 @@ def test_a_head_is_answered_only_when_nothing_in_it_is_the_full_paths(
 @given(st.binary(max_size=300))
 def test_arbitrary_bytes_never_raise(junk: bytes) -> None:
     result = HeadParser(CREDENTIALS).parse(junk + b"\r\n\r\n")
-    assert result is FOR_GOOD or result is ONE_REQUEST or isinstance(result, RequestHead)
+    assert (
+        result is FOR_GOOD or result is ONE_REQUEST or isinstance(result, RequestHead | RefusedHead)
+    )
 
 
 def test_a_head_with_a_body_hands_the_connection_over_for_good() -> None:
