@@ -6,13 +6,21 @@ Rules this module owns:
 * A head is parsed by llhttp (through ``httptools``, the binding uvicorn uses), the same C
   parser family aiohttp's own parser is built on, so a head the fast path accepts is one the
   full path would accept too. Anything llhttp refuses, or that is not a plain HTTP/1.1 ``GET``
-  or ``HEAD`` without a body, is not the fast path's: ``parse_head`` says so and the full path
-  decides.
-* Headers that change what the full path answers are named here (``CONSULTED``) and read once;
-  a head that repeats one of them, or carries one that makes the request not a plain read
-  (``HANDOFF``), is not the fast path's. The configured credential headers are collected as
-  sent: the scope they name is computed by the full path's own function
-  (``edge.protocol.answer_key``), never approximated here.
+  or ``HEAD`` without a body (HTTP/1.0 included), is not the fast path's: ``parse`` says so
+  and the full path decides.
+* Headers that change what the full path answers are named here (``CONSULTED``) and read as it
+  reads them: a list field's lines (``LISTS``) are one value (RFC 9110 §5.3,
+  ``edge.protocol.headers.joined_value``); a field whose one value changes the answer
+  (``ANSWER_SINGLETONS``: ``Origin``, ``Last-Event-ID``) sent twice is refused (400) on both
+  paths. ``Range`` and the conditionals the edge does not consult are ignored, as on the full
+  path; a head carrying a body or an upgrade (``HANDOFF``) is not the fast path's. The
+  configured credential headers are collected as sent: the scope they name is computed by the
+  full path's own function (``edge.protocol.answer_key``), never approximated here.
+* ``Connection`` is llhttp's reading of it, the one aiohttp takes: a token list, ``close``
+  wins. The target is ``parse_target``'s (origin-form, or absolute-form whose path and query
+  are the target, RFC 9112 §3.2.2). A read the full path refuses before anything else (a
+  target ``parse_target`` refuses: 400; a loop: 508; a repeated answer singleton: 400) is a
+  ``RefusedHead``, which the connection writes as the full path writes it.
 * A head the full path would refuse (no ``Host``, a repeated header aiohttp allows once, more
   than ``MAX_HEADERS`` fields, a head past ``MAX_HEAD_BYTES`` and so possibly a field or target
   past aiohttp's 8190-byte limits, the old ``Sec-WebSocket-Key1`` handshake) is the full

@@ -10,6 +10,9 @@ Rules this module owns:
   as the full path admits it (a live read at ``--max-viewers`` is refused). With ``--auth``
   the relay is handed the admission the gate gave the head (``_admission``, the head in hand's):
   a read is decided once, and finished by the connection.
+* A read the full path refuses before anything else (a target it refuses, a loop, a repeated
+  ``Origin`` or ``Last-Event-ID``: ``edge.protocol.http1.RefusedHead``) is refused here, with
+  the full path's answer (``FastPath.refusal``), before any gate; the connection reads on.
 * With ``--auth jwt|forward`` every head it parses is the gate's first (``edge.web.own_gate``):
   an admission is handed to each read of its own; a refusal it writes itself (or hands to
   aiohttp, nothing written); what only a wait decides is decided in a task of the connection,

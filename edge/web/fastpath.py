@@ -45,6 +45,9 @@ Rules this module owns:
   (``edge.web.own_gate``) and hands the admission in (``answer``'s ``admission``), so a head is
   decided once; what the gate cannot decide without waiting, or refuses, the connection
   handles there.
+* A read the full path refuses before anything else (``RefusedHead``) is answered with the full
+  path's ``edge_answer`` (its CORS headers for the first ``Origin``), counted as
+  ``edge_requests_total{kind="other"}`` as the full path counts it (``refusal``).
 * Counting is plain integers here; ``fold_into`` adds them to the Prometheus counters when
   ``/metrics`` is scraped, so a hit costs no ``labels()`` call.
 """

@@ -11,7 +11,8 @@ Rules this module owns:
   connection's when its route is a relay (``offset=now``, a read with unknown parameters, a
   live read whose CORS answer is unknown for its ``Origin``, a control path) or a HEAD (the
   edge's own answer when it knows the whole stream, ``CatchupFront.head``, else relayed). A
-  target ``parse_target`` refuses stays aiohttp's (its 400).
+  target ``parse_target`` refuses never gets here: the connection wrote its 400
+  (``edge.protocol.http1.RefusedHead``).
 * With ``--auth jwt|forward`` a read is the relay's only with the admission the connection's
   gate decided for it (``edge.web.own_gate``), served as the full path serves that admission
   (``edge.web.proxy.ask_of``, ``edge.web.asked.asked_of``): its target without ``token``

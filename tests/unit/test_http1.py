@@ -356,3 +356,55 @@ def test_a_last_header_goes_between_the_two_parts() -> None:
         aged = serialise(status, [*headers, ("Age", "7")], length, head=head)
         assert first + b"Age: 7\r\n" + rest == aged
     assert serialise_parts(200, headers, 5)[1] == b"Content-Length: 5\r\n"
+
+
+def aiohttp_message(head: bytes) -> tuple[str, bool] | None:
+    """The target and ``should_close`` aiohttp's request parser makes of ``head``; None: it
+    refuses the head."""
+    import asyncio
+
+    from aiohttp import http_exceptions
+    from aiohttp.http_parser import HttpRequestParser
+
+    loop = asyncio.new_event_loop()
+    try:
+        parser = HttpRequestParser(_Paused(), loop, 2**16)
+        try:
+            messages, _, _ = parser.feed_data(head)
+        except http_exceptions.HttpProcessingError:
+            return None
+        message = messages[0][0]
+        return message.path, message.should_close
+    finally:
+        loop.close()
+
+
+CONNECTION_TOKENS = st.sampled_from(
+    ["close", "Close", "CLOSE", "keep-alive", "Keep-Alive", "te", "upgrade", "x-hop", "closed"]
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.lists(CONNECTION_TOKENS, min_size=1, max_size=3), max_size=3),
+    st.sampled_from([", ", ",", " , "]),
+    st.sampled_from(["/s?offset=-1", "http://h/s?offset=-1", "https://h:1/s", "http://h"]),
+)
+def test_connection_and_the_target_are_read_as_aiohttp_reads_them(
+    lines: list[list[str]], separator: str, target: str
+) -> None:
+    """``Connection`` is a token list (``close`` wins, RFC 9110 §7.6.1; aiohttp and the
+    connection both take llhttp's reading), and an absolute-form target's path and query are
+    the target (RFC 9112 §3.2.2): the full path's ``parse_target`` of aiohttp's target."""
+    fields = [f"Connection: {separator.join(tokens)}" for tokens in lines]
+    head = "\r\n".join([f"GET {target} HTTP/1.1", "Host: a", *fields, "", ""]).encode()
+    full = aiohttp_message(head)
+    parsed = HeadParser(CREDENTIALS).parse(head)
+    if full is None:
+        assert not isinstance(parsed, RequestHead | RefusedHead)
+        return
+    full_target, should_close = full
+    assert isinstance(parsed, RequestHead)
+    assert parsed.keep_alive is not should_close
+    upstream = parse_target(full_target, "GET").upstream
+    assert (parsed.path, parsed.query) == tuple(upstream.partition("?")[::2])
