@@ -22,6 +22,7 @@ from edge.protocol.http1 import (
     MAX_HEADERS,
     ONE_REQUEST,
     SINGLETONS,
+    Handoff,
     HeadParser,
     RefusedHead,
     RequestHead,
@@ -408,3 +409,72 @@ def test_connection_and_the_target_are_read_as_aiohttp_reads_them(
     assert parsed.keep_alive is not should_close
     upstream = parse_target(full_target, "GET").upstream
     assert (parsed.path, parsed.query) == tuple(upstream.partition("?")[::2])
+
+
+def full_path_reading(head: bytes) -> tuple[str, object] | None:
+    """What the full path makes of ``head``: aiohttp's request parser, then the refusals
+    ``handle_stream_request`` makes before anything else, in its order, then the values the
+    read handlers take (``edge.web.front.catchup_request``'s functions). None: aiohttp's
+    parser refuses the head."""
+    import asyncio
+
+    from aiohttp import http_exceptions
+    from aiohttp.http_parser import HttpRequestParser
+
+    loop = asyncio.new_event_loop()
+    try:
+        parser = HttpRequestParser(_Paused(), loop, 2**16)
+        try:
+            messages, _, _ = parser.feed_data(head)
+        except http_exceptions.HttpProcessingError:
+            return None
+    finally:
+        loop.close()
+    message = messages[0][0]
+    headers = list(message.headers.items())
+    origin = first_value(headers, "origin")
+    try:
+        target = parse_target(message.path, message.method)
+    except BadTarget:
+        return "refused", (400, origin, not message.should_close)
+    if names_this_proxy(v for n, v in headers if n.lower() == "via"):
+        return "refused", (508, origin, not message.should_close)
+    if repeated_singleton(headers) is not None:
+        return "refused", (400, origin, not message.should_close)
+    return "read", (
+        message.method, message.version, target.upstream.partition("?")[::2],
+        joined_value(headers, "if-none-match"), joined_value(headers, "accept-encoding"),
+        origin, first_value(headers, "last-event-id"), not message.should_close,
+        tuple((n.lower(), v) for n, v in headers if n.lower() in CREDENTIALS),
+    )  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(heads())
+def test_a_head_the_connection_takes_is_read_as_the_full_path_reads_it(
+    drawn: tuple[bytes, str, str, str, list[tuple[str, str]]],
+) -> None:
+    """The generated heads read by the connection and by the full path (aiohttp's parser and
+    the edge's own functions of what it parsed) as the oracle: whatever the connection takes
+    as a read, or refuses, the full path reads or refuses alike; what it hands over, the full
+    path answers."""
+    raw = drawn[0]
+    parsed = HeadParser(CREDENTIALS).parse(raw)
+    if isinstance(parsed, Handoff):
+        return  # the full path's to answer: never wrong
+    full = full_path_reading(raw)
+    assert full is not None, raw  # aiohttp's parser takes what the connection takes
+    what, values = full
+    if isinstance(parsed, RefusedHead):
+        assert (what, values) == ("refused", (parsed.status, parsed.origin, parsed.keep_alive))
+        return
+    from aiohttp import HttpVersion11
+
+    method = "HEAD" if parsed.head else "GET"
+    assert (what, values) == (
+        "read", (
+            method, HttpVersion11, (parsed.path, parsed.query), parsed.if_none_match,
+            parsed.accept_encoding, parsed.origin, parsed.last_event_id, parsed.keep_alive,
+            parsed.credentials,
+        ),
+    )  # fmt: skip
