@@ -21,6 +21,7 @@ from tests.integration.test_fast_path import (
     make_stream,
     read_answers,
     request,
+    warm,
 )
 from tests.integration.test_passthrough import call, metric_value
 
@@ -39,9 +40,11 @@ __all__ = [
     "poll",
     "read_answers",
     "request",
+    "settled",
     "sse",
     "sse_data",
     "tail_of",
+    "warm",
 ]
 
 CORS_ORIGIN = "Origin: https://app.example"
@@ -79,6 +82,14 @@ async def append(http: aiohttp.ClientSession, url: str, data: bytes) -> str:
     )
     assert status == 204
     return dict(headers)["Stream-Next-Offset"]
+
+
+async def settled(edges: tuple[Edge, ...], target: str, *headers: str) -> None:
+    """Each edge has learnt the lifetime of a closed stream (it asks the origin once, in the
+    background): until then its answers' ``Cache-Control`` differs from an edge's that has,
+    so answers compared across edges are read once both know it (``warm``)."""
+    for edge in edges:
+        await warm(edge.url, target, *headers)
 
 
 def sse_data(body: bytes) -> bytes:

@@ -27,6 +27,7 @@ from tests.integration.own_reads_support import (
     host_port,
     make_stream,
     read_answers,
+    settled,
     tail_of,
 )
 from tests.integration.test_passthrough import call
@@ -79,8 +80,15 @@ async def on_both(edges: tuple[Edge, Edge], payload: bytes, methods: list[str]) 
     fast = await exchange(edges[0].url, payload, methods)
     full = await exchange(edges[1].url, payload, methods)
     for mine, theirs in zip(fast, full, strict=True):
-        assert mine.comparable() == theirs.comparable()
+        assert mine.comparable() == theirs.comparable(), difference(mine, theirs)
     return fast
+
+
+def difference(mine: Raw, theirs: Raw) -> list[object]:
+    """What differs between two answers, for the assertion's message."""
+    a, b = mine.comparable(), theirs.comparable()
+    lines = [(x, y) for x, y in zip(a[1], b[1], strict=False) if x != y]
+    return [a[0], b[0], lines, len(a[1]), len(b[1]), a[2][:80], b[2][:80]]
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +119,7 @@ async def test_every_read_with_such_a_head_is_the_full_paths_and_the_connections
 ) -> None:
     url = origin.url + stream_path
     await make_stream(http, url, "text/plain", b"first ", b"second " * 300, close=True)
+    await settled(edges, f"{stream_path}?offset=-1")
     tail = await tail_of(http, url)
     before = full_path_requests(edges[0])
     for kind, (method, query) in reads(stream_path, tail).items():
@@ -129,6 +138,7 @@ async def test_a_repeated_if_none_match_is_one_list_on_both_paths(
     §5.3), so both paths answer 304 (the full path once read only the first line: 200)."""
     url = origin.url + stream_path
     await make_stream(http, url, "text/plain", b"bytes", close=True)
+    await settled(edges, f"{stream_path}?offset=-1")
     target = f"{stream_path}?offset=-1"
     first = (await on_both(edges, head_bytes("GET", target), ["GET"]))[0]
     etag = (first.header(b"ETag") or b"").decode()
@@ -148,6 +158,7 @@ async def test_refused_heads_are_answered_alike_and_the_connection_goes_on(
     reads on; ``Connection: close`` among a token list closes it after the answer."""
     url = origin.url + stream_path
     await make_stream(http, url, "text/plain", b"bytes", close=True)
+    await settled(edges, f"{stream_path}?offset=-1")
     query = "offset=-1"
     payload = (
         head_bytes("GET", f"{stream_path}?{query}#frag", CORS_ORIGIN)
@@ -172,6 +183,7 @@ async def test_pipelined_heads_of_every_kind_are_answered_in_order(
     order, and none through aiohttp's handler."""
     url = origin.url + stream_path
     await make_stream(http, url, "application/json", b'{"a":1}', b'{"b":2}', close=True)
+    await settled(edges, f"{stream_path}?offset=-1")
     tail = await tail_of(http, url)
     payload, methods = b"", []
     for variant, headers in VARIANTS.items():

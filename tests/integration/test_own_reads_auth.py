@@ -34,6 +34,7 @@ from tests.integration.own_reads_support import (
     host_port,
     make_stream,
     request,
+    settled,
     tail_of,
 )
 from tests.integration.test_own_relay import StandIn, stand_in
@@ -615,3 +616,50 @@ async def test_a_bypassed_stream_is_relayed_with_the_edges_credential_and_decide
             await asyncio.to_thread(full.stop)
     finally:
         await asyncio.to_thread(fast.stop)
+
+
+IMF_DATE = "Tue, 01 Dec 2026 04:40:00 GMT"
+# Heads the connection once handed to aiohttp (``test_own_heads.py`` has them all, ungated).
+ODD_HEADS = {
+    "range-and-conditionals": ("Range: bytes=0-2", f"If-Modified-Since: {IMF_DATE}"),
+    "lists-twice": ('If-None-Match: "a"', 'If-None-Match: "b"', "Accept-Encoding: identity",
+                    "Accept-Encoding: gzip"),
+    "connection-list": ("Connection: keep-alive, TE", "TE: trailers"),
+    "origin-twice": (CORS_ORIGIN, "Origin: https://b.example"),
+}  # fmt: skip
+
+
+async def test_odd_heads_are_decided_and_served_by_the_connection_as_the_full_path_serves_them(
+    http: aiohttp.ClientSession, origin: Origin, way: Way, stream_path: str
+) -> None:
+    """``Range`` and the conditionals the edge ignores, repeated list fields, a ``Connection``
+    token list and an absolute-form target, with each way's credential: the full path's
+    answers, and a repeated ``Origin`` its 400 before the gate; no aiohttp handler entered."""
+    url = origin.url + stream_path
+    await make_stream(http, url, "text/plain", b"first ", b"second", close=True)
+    credential = way.credential(stream_path)
+    tail = await tail_of(http, url)
+    catchup = way.target(stream_path, "offset=-1", credential)
+    await settled((way.fast, way.full), catchup, *way.headers(credential))
+    entered = full_path_requests(way.fast)
+    for name, extra in ODD_HEADS.items():
+        headers = way.headers(credential, *extra)
+        for query in ("offset=-1", f"offset={tail}&live=long-poll", "offset=-1&live=sse"):
+            for prefix in ("", "http://edge.test"):
+                target = prefix + way.target(stream_path, query, credential)
+                fast, full = await both(way, target, *headers)
+                if fast.comparable() != full.comparable():
+                    print(
+                        "FAST",
+                        fast.status_line,
+                        [h for h in fast.comparable()[1] if not h[0].startswith(b"Access")],
+                    )
+                    print(
+                        "FULL",
+                        full.status_line,
+                        [h for h in full.comparable()[1] if not h[0].startswith(b"Access")],
+                    )
+                assert fast.comparable() == full.comparable(), (name, target)
+                expected = (b"400",) if name == "origin-twice" else (b"200", b"204")
+                assert fast.status_line.split()[1] in expected, (name, target, fast)
+    assert full_path_requests(way.fast) == entered
