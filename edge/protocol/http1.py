@@ -136,6 +136,9 @@ class RequestHead(NamedTuple):
     head: bool = False  # a HEAD: the same target's metadata, answered without a body
     # An EventSource's resume point (only an SSE read uses it: ``LiveHub.start``).
     last_event_id: str | None = None
+    # An HTTP/1.0 read: answered as HTTP/1.1 answers, then the connection closes, and a body
+    # of unknown length is written to the close, never in chunks (``http10_rule``).
+    http10: bool = False
 
 
 class _Collector:
@@ -259,10 +262,14 @@ class HeadParser:
             handoff
             or HOST not in consulted  # HTTP/1.1 requires one (aiohttp answers 400)
             or method not in (b"GET", b"HEAD")
-            or self._parser.get_http_version() != "1.1"
         ):
             return ONE_REQUEST
-        keep_alive, is_head = collector.keep_alive, method == b"HEAD"
+        version = self._parser.get_http_version()
+        if version != "1.1" and version != "1.0":
+            return ONE_REQUEST
+        http10 = version == "1.0"
+        # HTTP/1.0: the connection closes after the answer, keep-alive asked or not.
+        keep_alive, is_head = collector.keep_alive and not http10, method == b"HEAD"
         origin_value = consulted.get(ORIGIN)
         origin = _text(origin_value) if origin_value is not None else None
         # Origin-form or absolute-form (RFC 9112 §3.2.2: its path and query are the target);
@@ -304,6 +311,7 @@ class HeadParser:
             credentials,
             is_head,
             _text(last_event_id) if last_event_id is not None else None,
+            http10,
         )
 
 
@@ -349,6 +357,7 @@ def serialise(
     version: tuple[int, int] = (1, 1),
     head: bool = False,
     chunked: bool = False,
+    close_delimited: bool = False,
 ) -> bytes:
     """The head of an answer up to (not including) its ``Date`` line, as aiohttp writes an
     ``EdgeResponse``: the headers in order, then ``Content-Length`` (none on a bodiless
@@ -356,7 +365,15 @@ def serialise(
     headers are the edge's own answer headers: a ``Server`` is dropped, a ``Date`` or
     ``Connection`` refused (``ValueError``), as a header with a control character is."""
     return b"".join(
-        serialise_parts(status, headers, body_length, version=version, head=head, chunked=chunked)
+        serialise_parts(
+            status,
+            headers,
+            body_length,
+            version=version,
+            head=head,
+            chunked=chunked,
+            close_delimited=close_delimited,
+        )
     )
 
 
@@ -368,11 +385,13 @@ def serialise_parts(
     version: tuple[int, int] = (1, 1),
     head: bool = False,
     chunked: bool = False,
+    close_delimited: bool = False,
 ) -> tuple[bytes, bytes]:
     """``serialise`` in two parts: the status line and ``headers``, then what aiohttp adds
     after them (``Content-Length``, a default ``Content-Type``). A header added last to an
     answer's headers goes between the two: the hit path splices each hit's ``Age`` there.
-    ``chunked``: a body of unknown length follows in chunks (``chunk``), ended by ``LAST_CHUNK``."""
+    ``chunked``: a body of unknown length follows in chunks (``chunk``), ended by ``LAST_CHUNK``;
+    ``close_delimited``: it follows to the close (no length, no chunks)."""
     # One search over every name and value (the separators added below are not searched).
     if _FORBIDDEN.search("".join([text for pair in headers for text in pair])):
         bad = next(n for n, v in headers if _FORBIDDEN.search(n) or _FORBIDDEN.search(v))
@@ -388,7 +407,9 @@ def serialise_parts(
         names.add(lowered)
         lines.append(f"{name}: {value}")
     added = []
-    if chunked:
+    if close_delimited:
+        pass  # a body of unknown length, written to the close (an HTTP/1.0 reader's answer)
+    elif chunked:
         # A body of unknown length (an SSE answer): chunks, as aiohttp frames a StreamResponse.
         added.append("Transfer-Encoding: chunked\r\n")
     elif not bodiless(status) and not head:  # aiohttp writes no length for a bodiless HEAD
@@ -503,13 +524,16 @@ def relayed_answer_head(
     keep_alive: bool,
     now_seconds: int,
     version: tuple[int, int] = (1, 1),
+    close_delimited: bool = False,
 ) -> tuple[bytes, BodyFraming]:
     """The head of a relayed answer (``headers``: the relay's, finished) and how its body is
     framed, as aiohttp writes the relay's ``StreamResponse``: the origin's reason, the headers
     in order (its ``Date`` and ``Server`` where it sent them; no default of aiohttp's), then
     ``Transfer-Encoding: chunked`` for a body without a ``Content-Length`` (HTTP/1.1), a
     ``Date`` where it sent none, and ``Connection``. No body may follow a HEAD, a 204, a 304
-    or a 1xx (their ``Transfer-Encoding`` dropped, and a 204's or 304's ``Content-Length``)."""
+    or a 1xx (their ``Transfer-Encoding`` dropped, and a 204's or 304's ``Content-Length``).
+    ``close_delimited``: a body without a ``Content-Length`` is written to the close, never in
+    chunks (the answer to an HTTP/1.0 read)."""
     phrase = reason
     if phrase is None:
         try:
@@ -532,7 +556,7 @@ def relayed_answer_head(
         framing = BodyFraming.NONE
     elif "content-length" in names:
         framing = BodyFraming.LENGTH
-    elif version >= (1, 1):
+    elif version >= (1, 1) and not close_delimited:
         framing = BodyFraming.CHUNKED
         lines.append("Transfer-Encoding: chunked")
         names.add("transfer-encoding")
@@ -551,6 +575,7 @@ class WholeHead(NamedTuple):
     target: str
     headers: tuple[tuple[str, str], ...]
     keep_alive: bool
+    http10: bool = False  # answered as ``RequestHead.http10`` says
 
 
 class _WholeCollector:
@@ -586,4 +611,5 @@ def parse_whole_head(raw: bytes) -> WholeHead:
     )
     method = parser.get_method().decode("ascii")
     url = collector.url.decode(VALUE_ENCODING, VALUE_ERRORS)  # as aiohttp decodes it
-    return WholeHead(method, url, headers, collector.keep_alive)
+    http10 = parser.get_http_version() == "1.0"
+    return WholeHead(method, url, headers, collector.keep_alive and not http10, http10)

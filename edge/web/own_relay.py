@@ -248,7 +248,8 @@ class OwnRelay:
         ask = RelayAsk(
             method=whole.method, target=target,
             headers=headers if admission is None else admission.relay_headers(headers),
-            client_address=peer, scheme="http", host=first_value(headers, "host"), version=(1, 1),
+            client_address=peer, scheme="http", host=first_value(headers, "host"),
+            version=(1, 0) if whole.http10 else (1, 1),
             credentialed=shared
             or any(n.lower() in ("authorization", "cookie") for n, _ in headers),
             reader_only=shared,
@@ -447,7 +448,7 @@ class OwnRelay:
             head, framing = relayed_answer_head(
                 upstream.status, upstream.reason, list(headers.items()),
                 head=ask.method == "HEAD", keep_alive=planned.keep_alive,
-                now_seconds=int(self._clock()),
+                now_seconds=int(self._clock()), close_delimited=ask.version < (1, 1),
             )  # fmt: skip
         except ValueError as unwritable:
             raise OriginMalformed(str(unwritable)) from unwritable
