@@ -5,9 +5,15 @@ Rules this module owns:
 
 * A head is parsed by llhttp (through ``httptools``, the binding uvicorn uses), the same C
   parser family aiohttp's own parser is built on, so a head the fast path accepts is one the
-  full path would accept too. Anything llhttp refuses, or that is not a plain HTTP/1.1 ``GET``
-  or ``HEAD`` without a body (HTTP/1.0 included), is not the fast path's: ``parse`` says so
-  and the full path decides.
+  full path would accept too. Anything llhttp refuses, or that is not a plain HTTP/1.1 or
+  HTTP/1.0 ``GET`` or ``HEAD`` without a body, is not the fast path's: ``parse`` says so and
+  the full path decides.
+* An HTTP/1.0 read (``RequestHead.http10``) is answered as an HTTP/1.1 server answers it, on
+  both paths (``edge.web.proxy.answer_http10_as_http11``): an ``HTTP/1.1`` status line (RFC
+  9110 §2.5), ``Connection: close`` and the connection closed after it (RFC 9112 §9.3 leaves
+  HTTP/1.0 keep-alive to the server: its ``keep_alive`` is False), a body of unknown length
+  written to the close, never in chunks (``serialise``'s and ``relayed_answer_head``'s
+  ``close_delimited``).
 * Headers that change what the full path answers are named here (``CONSULTED``) and read as it
   reads them: a list field's lines (``LISTS``) are one value (RFC 9110 §5.3,
   ``edge.protocol.headers.joined_value``); a field whose one value changes the answer

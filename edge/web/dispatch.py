@@ -28,7 +28,7 @@ Rules this module owns:
   ``Origin`` is relayed so that the origin's answer teaches the edge: what becomes of a
   classified request is ``edge.web.own_relay.route_of``'s one decision, the connection's own
   relay's too. (Reads reach this handler only with ``--fast-path off``, or as what the
-  connection cannot serve: an HTTP/1.0 read, a head whose gate decision the connection could
+  connection cannot serve: a head whose gate decision the connection could
   not make or write, an answer it could not encode. It writes the refusals above for the
   reads it parses itself, ``OPTIONS *`` aside. With ``--auth`` the connection decides the
   gate once and finishes every read it decided, relays included: ``edge.web.own_relay``.)

@@ -15,7 +15,8 @@ Rules this module owns:
   as the full path writes it; a bypass or an origin failure is handed on (``HandOn``), nothing
   having been written, to the connection's own relay (``edge.web.own_relay``).
 * The answer is the full path's, byte for byte: the same headers (``sse_head_headers``), framed
-  in chunks as aiohttp frames a ``StreamResponse`` to HTTP/1.1, then the same feed
+  in chunks as aiohttp frames a ``StreamResponse`` to HTTP/1.1 (to an HTTP/1.0 reader, to the
+  close: ``Framing.close_delimited``), then the same feed
   (``SseFanout.serve``), with flow control: a write waits while the connection's transport is
   above its high-water mark (``--sse-buffer-bytes``, as the full path bounds it).
 * The feed ends as the full path's does, at ``--sse-max-seconds`` or when the gate's
