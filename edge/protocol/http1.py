@@ -459,6 +459,7 @@ class BodyFraming(Enum):
 
     NONE = "none"  # no body may follow (a HEAD, 204, 304, 1xx)
     LENGTH = "length"  # as long as its Content-Length says
+    TO_CLOSE = "to-close"  # as it comes, ended by the connection's close (an HTTP/1.0 reader)
     CHUNKED = "chunked"  # in chunks (``chunk``), ended by ``LAST_CHUNK``
 
 
@@ -567,7 +568,7 @@ def relayed_answer_head(
         lines.append("Transfer-Encoding: chunked")
         names.add("transfer-encoding")
     else:
-        framing = BodyFraming.LENGTH  # to the close (the version's way)
+        framing = BodyFraming.TO_CLOSE  # HTTP/1.0's way, and the answer to an HTTP/1.0 read
         keep_alive = False
     return _closing(lines, names, version, keep_alive, now_seconds), framing
 

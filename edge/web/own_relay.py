@@ -465,6 +465,8 @@ class OwnRelay:
                         left -= len(data)
                         if data:
                             connection.send(data)
+                    case BodyFraming.TO_CLOSE:
+                        connection.send(data)  # the connection closes after it (keep_alive)
                     case BodyFraming.NONE:
                         continue
                     case _:

@@ -161,6 +161,15 @@ async def test_an_http10_read_is_answered_as_http11_answers_it_then_closed(
                 assert answer.header(b"Connection") == b"close", (kind, answer)
                 assert answer.header(b"Transfer-Encoding") is None, (kind, answer)
             assert answers[0].comparable() == answers[1].comparable(), difference(*answers)
+    # An SSE read with a parameter the edge does not know is relayed: the origin's chunked
+    # answer is passed on to the close.
+    target = f"{stream_path}?offset=-1&live=sse&_=http10"
+    payload = head_bytes("GET", target, *headers, version="1.0")
+    relayed = [await closed_answer(edge.url, payload, "GET") for edge in edges]
+    assert (relayed[0].header(b"Cache-Status") or b"").startswith(b"edge; fwd="), relayed[0]
+    assert relayed[0].header(b"Transfer-Encoding") is None
+    assert b"second" in relayed[0].body
+    assert relayed[0].comparable() == relayed[1].comparable(), difference(*relayed)
     assert full_path_requests(edges[0]) == before
 
 

@@ -22,11 +22,13 @@ from edge.protocol.http1 import (
     MAX_HEADERS,
     ONE_REQUEST,
     SINGLETONS,
+    BodyFraming,
     Handoff,
     HeadParser,
     RefusedHead,
     RequestHead,
     date_line,
+    relayed_answer_head,
     serialise,
     serialise_parts,
 )
@@ -480,3 +482,28 @@ def test_a_head_the_connection_takes_is_read_as_the_full_path_reads_it(
             parsed.credentials,
         ),
     )  # fmt: skip
+
+
+def test_an_answer_to_http10_has_no_chunks_and_ends_with_the_close() -> None:
+    """A body of unknown length to an HTTP/1.0 reader: no ``Transfer-Encoding``, no
+    ``Content-Length``, written as it comes and ended by the close (``TO_CLOSE``), under an
+    HTTP/1.1 status line; a body with a length keeps it."""
+    headers = [("Content-Type", "text/event-stream")]
+    head, framing = relayed_answer_head(
+        200, "OK", headers, head=False, keep_alive=False, now_seconds=0, close_delimited=True
+    )
+    assert framing is BodyFraming.TO_CLOSE
+    assert head.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert b"Transfer-Encoding" not in head
+    assert b"Content-Length" not in head
+    assert head.endswith(b"Connection: close\r\n\r\n")
+    sized, framing = relayed_answer_head(
+        200, "OK", [*headers, ("Content-Length", "3")], head=False, keep_alive=False,
+        now_seconds=0, close_delimited=True,
+    )  # fmt: skip
+    assert framing is BodyFraming.LENGTH
+    assert b"Content-Length: 3\r\n" in sized
+    sse_head = serialise(200, headers, 0, close_delimited=True)
+    assert b"Content-Length" not in sse_head
+    assert b"Transfer-Encoding" not in sse_head
+    assert b"Transfer-Encoding: chunked" in serialise(200, headers, 0, chunked=True)
