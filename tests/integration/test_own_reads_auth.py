@@ -662,4 +662,15 @@ async def test_odd_heads_are_decided_and_served_by_the_connection_as_the_full_pa
                 assert fast.comparable() == full.comparable(), (name, target)
                 expected = (b"400",) if name == "origin-twice" else (b"200", b"204")
                 assert fast.status_line.split()[1] in expected, (name, target, fast)
+    # HTTP/1.0: answered as HTTP/1.1 answers it, then closed, on both paths; a refusal too.
+    queries = [("offset=-1", credential), ("offset=-1&live=sse", credential), ("offset=-1", "")]
+    for query, sent in queries:
+        sent_headers = way.headers(sent) if sent else ()
+        http11 = build_request(way.target(stream_path, query, sent), *sent_headers)
+        payload = http11.replace(b" HTTP/1.1\r\n", b" HTTP/1.0\r\n", 1)
+        fast, full = [(await exchange(e.url, payload, ["GET"]))[0] for e in (way.fast, way.full)]
+        assert fast.comparable() == full.comparable(), (query, sent)
+        assert fast.status_line.startswith(b"HTTP/1.1 "), fast.status_line
+        assert fast.header(b"Connection") == b"close"
+        assert fast.status_line.split()[1] == (b"200" if sent else b"401"), fast.status_line
     assert full_path_requests(way.fast) == entered
