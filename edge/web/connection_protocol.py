@@ -10,6 +10,9 @@ Rules this module owns:
   as the full path admits it (a live read at ``--max-viewers`` is refused). With ``--auth``
   the relay is handed the admission the gate gave the head (``_admission``, the head in hand's):
   a read is decided once, and finished by the connection.
+* A read the full path refuses before anything else (a target it refuses, a loop, a repeated
+  ``Origin`` or ``Last-Event-ID``: ``edge.protocol.http1.RefusedHead``) is refused here, with
+  the full path's answer (``FastPath.refusal``), before any gate; the connection reads on.
 * With ``--auth jwt|forward`` every head it parses is the gate's first (``edge.web.own_gate``):
   an admission is handed to each read of its own; a refusal it writes itself (or hands to
   aiohttp, nothing written); what only a wait decides is decided in a task of the connection,
@@ -53,7 +56,7 @@ from edge.auth.gate import RequestAdmission
 from edge.auth.policy import Refusal
 from edge.live.polls import AlreadyWritten, Outcome
 from edge.protocol.half_close import AfterHalfClose, Holding, after_half_close
-from edge.protocol.http1 import MAX_HEAD_BYTES, Handoff, HeadParser, RequestHead
+from edge.protocol.http1 import MAX_HEAD_BYTES, Handoff, HeadParser, RefusedHead, RequestHead
 from edge.protocol.reads import RequestKind, kind_of_request_line
 from edge.web.connection_tracker import ConnectionTracker
 from edge.web.fast_polls import AnsweredNow, Ending, HandedOff, HandOn, Parked, Waits
@@ -263,8 +266,30 @@ class _Connection(asyncio.Protocol):
                 # This one request is aiohttp's; the next head waits for its answer.
                 self._to_aiohttp(head)
                 return
+            if isinstance(parsed, RefusedHead):
+                if not self._refuse_head(parsed, head):
+                    return
+                continue
             if not self._serve_head(parsed, head):
                 return
+
+    def _refuse_head(self, refused: RefusedHead, head: bytes) -> bool:
+        """A read refused before anything else (a target the full path refuses, a loop, a
+        repeated answer singleton): the full path's answer, written here; True: the connection
+        reads its next head now."""
+        fast, transport = self._fast, self._transport
+        assert fast is not None
+        assert transport is not None
+        data = fast.refusal(refused)
+        if data is None:
+            self._to_aiohttp(head)
+            return False
+        self._tracker.answered(transport)
+        transport.write(data)
+        if not refused.keep_alive:
+            self._close_after_answer()
+            return False
+        return True
 
     def _serve_head(self, parsed: RequestHead, head: bytes) -> bool:
         """Answer one head (``head``: its bytes), after the ``--auth`` gate's decision if there

@@ -5,6 +5,9 @@ Rules this module owns:
 * A request's target is checked before anything else: one the edge refuses is a 400 that never
   reaches the origin (``edge.protocol.paths``); a request that already passed through the edge
   is a 508 (a loop); ``OPTIONS *`` is answered by the edge.
+* A request that repeats a field whose one value changes the answer (``Origin``,
+  ``Last-Event-ID``: ``edge.protocol.headers.ANSWER_SINGLETONS``) is a 400, after the loop
+  check; the connection refuses such a read alike (``edge.protocol.http1.RefusedHead``).
 * With ``--auth jwt|forward``, one decision (``edge.web.gatekeeper.admit``) comes before all of
   that follows: a refusal never reaches the origin, and an authorized read is classified into
   the shared scope with the edge's own credential upstream.
@@ -27,8 +30,9 @@ Rules this module owns:
   ``Origin`` is relayed so that the origin's answer teaches the edge: what becomes of a
   classified request is ``edge.web.own_relay.route_of``'s one decision, the connection's own
   relay's too. (Reads reach this handler only with ``--fast-path off``, or as what the
-  connection cannot serve: a target it refuses, a loop, ``OPTIONS *``, a head whose gate
-  decision the connection could not make or write. With ``--auth`` the connection decides the
+  connection cannot serve: a head whose gate decision the connection could
+  not make or write, an answer it could not encode. It writes the refusals above for the
+  reads it parses itself, ``OPTIONS *`` aside. With ``--auth`` the connection decides the
   gate once and finishes every read it decided, relays included: ``edge.web.own_relay``.)
 """
 
@@ -45,7 +49,7 @@ from aiohttp.typedefs import Handler
 from edge.answer import Result
 from edge.auth.gate import RequestAdmission
 from edge.config import ResumeRoute
-from edge.protocol.headers import names_this_proxy
+from edge.protocol.headers import LOOP_TEXT, names_this_proxy, repeated_singleton, repeated_text
 from edge.protocol.paths import BadTarget
 from edge.protocol.reads import Classified, RequestKind, classify
 from edge.web.asked import Asked, asked_of
@@ -117,9 +121,13 @@ async def handle_stream_request(request: web.Request) -> web.StreamResponse:
         # would only go round once more.
         metrics.request_count(RequestKind.OTHER, 508).inc()
         return edge_answer(
-            508, "loop detected: this request already passed through the edge",
-            cors, [("Cache-Control", "no-store")], origin=origin,
+            508, LOOP_TEXT, cors, [("Cache-Control", "no-store")], origin=origin
         )  # fmt: skip
+    repeated = repeated_singleton(request.headers.items())
+    if repeated is not None:
+        # Which of its values counts would be a guess (the connection refuses it alike).
+        metrics.request_count(RequestKind.OTHER, 400).inc()
+        return edge_answer(400, repeated_text(repeated), cors, origin=origin)
     if target.asterisk:
         # OPTIONS * asks about the server, not a stream: the origin's own answer to any OPTIONS.
         metrics.request_count(RequestKind.OTHER, 204).inc()

@@ -45,6 +45,9 @@ Rules this module owns:
   (``edge.web.own_gate``) and hands the admission in (``answer``'s ``admission``), so a head is
   decided once; what the gate cannot decide without waiting, or refuses, the connection
   handles there.
+* A read the full path refuses before anything else (``RefusedHead``) is answered with the full
+  path's ``edge_answer`` (its CORS headers for the first ``Origin``), counted as
+  ``edge_requests_total{kind="other"}`` as the full path counts it (``refusal``).
 * Counting is plain integers here; ``fold_into`` adds them to the Prometheus counters when
   ``/metrics`` is scraped, so a hit costs no ``labels()`` call.
 """
@@ -71,18 +74,21 @@ from edge.protocol.headers import AUTHORIZATION
 from edge.protocol.http1 import (
     CLOSE_TRAILER,
     KEEP_ALIVE_TRAILER,
+    LOOP_DETECTED,
     ONE_REQUEST,
     Handoff,
     HeadParser,
+    RefusedHead,
     RequestHead,
     date_line,
+    serialise,
     serialise_parts,
 )
 from edge.protocol.paths import BadTarget, normalise_path, parse_target
 from edge.protocol.reads import PUBLIC_SCOPE, RequestKind
 from edge.refresh_ahead import RefreshAhead
 from edge.store.local import LocalTier, StoredHit
-from edge.web.proxy import OriginCors
+from edge.web.proxy import OriginCors, edge_answer
 
 HIT = "edge; hit"
 
@@ -134,6 +140,8 @@ class FastPath:
         self.served_bytes = 0
         self.heads = 0  # HEADs answered here (edge_requests_total{kind="head"})
         self.admitted = 0  # reads the gate allowed here (edge_auth_decisions_total)
+        self.refused: dict[int, int] = {}  # heads refused here, by status (``refusal``)
+        self._folded_refused: dict[int, int] = {}
         self._folded = (0, 0, 0)
         self._folded_admitted = 0
         self._folded_heads = 0
@@ -141,7 +149,7 @@ class FastPath:
     def parser(self) -> HeadParser:
         return HeadParser(self._parsed_headers)
 
-    def parse(self, head: bytes, parser: HeadParser) -> RequestHead | Handoff:
+    def parse(self, head: bytes, parser: HeadParser) -> RequestHead | Handoff | RefusedHead:
         """``parser.parse(head)``, remembered for heads met before: a head is parsed the same
         way every time (the parser is at a message boundary before and after each), and an
         audience sends the same head again and again (after each release, every viewer asks
@@ -398,8 +406,34 @@ class FastPath:
         )
         return self._local.put_response(key, stored)
 
+    def refusal(self, refused: RefusedHead) -> bytes | None:
+        """The full path's answer to a head it refuses before anything else (``edge_answer``,
+        as ``handle_stream_request`` gives it), counted as it counts it; None: the full path's
+        to write (a header it cannot be written with)."""
+        extra = [("Cache-Control", "no-store")] if refused.status == LOOP_DETECTED else []
+        response = edge_answer(
+            refused.status, refused.text, self._cors, extra, origin=refused.origin
+        )
+        body = response.body
+        assert isinstance(body, bytes)
+        try:
+            start = serialise(response.status, list(response.headers.items()), len(body))
+        except ValueError:
+            return None
+        self.refused[refused.status] = self.refused.get(refused.status, 0) + 1
+        # A HEAD's answer is the GET's head, its Content-Length included, without the body.
+        ending = b"" if refused.head else body
+        now = int(self._clock())
+        ends = KEEP_ALIVE_TRAILER if refused.keep_alive else CLOSE_TRAILER
+        return b"".join((start, date_line(now), ends, ending))
+
     def fold_into(self, metrics: Metrics) -> None:
         """Add what was counted since the last scrape to the Prometheus counters."""
+        for status, count in list(self.refused.items()):
+            last = self._folded_refused.get(status, 0)
+            if count > last:
+                metrics.request_count(RequestKind.OTHER, status).inc(count - last)
+                self._folded_refused[status] = count
         ok, not_modified, served = self.ok, self.not_modified, self.served_bytes
         last_ok, last_nm, last_served = self._folded
         self._folded = (ok, not_modified, served)
