@@ -112,6 +112,7 @@ class _Connection(asyncio.Protocol):
         "_gate",
         "_handler_factory",
         "_held",
+        "_hit",
         "_in_hand",
         "_inner",
         "_linger",
@@ -142,6 +143,8 @@ class _Connection(asyncio.Protocol):
         fast = tracker.fast
         self._fast = fast if fast is not None and fast.enabled else None
         self._mode = _Mode.FAST if self._fast is not None else _Mode.DELEGATED
+        # Heads met before whose answer is a stored hit; with --auth every head is the gate's.
+        self._hit = self._fast.hit if self._fast is not None and tracker.gate is None else None
         # With --auth jwt|forward: every read is the gate's first (``edge.web.own_gate``), and
         # a head a wait decided is read again with that decision.
         self._gate = tracker.gate if self._fast is not None else None
@@ -195,6 +198,21 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         mode = self._mode
+        if mode is _Mode.FAST and self._hit is not None and not self._buffer and not self._paused:
+            # A whole head met before, its answer a stored hit (``FastPath.hit``): answered
+            # without a parse, a key or a lookup. Its first byte and its answer are one step of
+            # the table (``answered``): nothing else runs between them.
+            try:
+                answer = self._hit(data)
+            except Exception:
+                logger.exception("the hit path failed; the head is read as any other")
+                answer = None
+            if answer is not None:
+                transport = self._transport
+                assert transport is not None
+                self._tracker.answered(transport)
+                transport.write(answer)
+                return
         if mode is _Mode.REFUSED:
             self._read_refused_line(data)
             return
@@ -307,7 +325,7 @@ class _Connection(asyncio.Protocol):
         assert fast is not None
         assert transport is not None
         self._admission = admission
-        answer = fast.answer(parsed, admission)
+        answer = fast.answer(parsed, admission, head)
         if answer is None and self._catchup is not None:
             own = self._catchup.serve(parsed, head, self, self._answer_ended, admission)
             match own:
