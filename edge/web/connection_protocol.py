@@ -15,6 +15,9 @@ Rules this module owns:
   aiohttp, nothing written); what only a wait decides is decided in a task of the connection,
   nothing after it read meanwhile, and the head is then read again with that decision
   (``_waited``).
+* A whole head met before, arriving alone while nothing is buffered, is offered to
+  ``FastPath.hit`` first (no parse, no key, no lookup); answered, its first byte and its answer
+  are one step of the tracker (``answered``: nothing else runs between them).
 * Answers leave in request order, by construction: a head no own path serves goes to aiohttp
   alone (``WAITING``), and nothing after it is read until aiohttp's answer is written
   (``request_done``, from the tracker's middleware).

@@ -264,7 +264,8 @@ class ConnectionTable(Generic[K]):
     def answered(self, key: K, now: float, *, flushing: Callable[[K], bool] = _never) -> K | None:
         """A request the connection answered at once: ``request_started``, ``request_kind``
         (a short request) and ``request_finished`` in one step (the fast path's, per hit).
-        Returns the connection it evicted, if any."""
+        From IDLE it is also the head's ``bytes_received``: a head answered in the pass it
+        arrived in needs no step of its own. Returns the connection it evicted, if any."""
         phase = self._phase.get(key)
         idle = self._idle_deadlines
         if phase is Phase.IDLE:
