@@ -47,7 +47,8 @@ Rules this module owns:
   handles there.
 * A head met before whose answer was an immutable stored hit to a keep-alive ``GET`` or
   ``HEAD`` without ``--auth`` is remembered with that answer (``hit``: the raw head in, the
-  bytes out; at most ``REMEMBERED_HEADS``, bodies up to ``JOIN_BELOW_BYTES``), so its next
+  bytes out; at most ``REMEMBERED_HEADS`` heads of ``REMEMBERED_HEAD_BYTES`` holding
+  ``REMEMBERED_BYTES`` of their own, bodies up to ``JOIN_BELOW_BYTES``), so its next
   hit skips the parse, the key and the lookup; every check ``answer`` makes of the entry is made
   again per hit, and it is given only while the tier keeps it (``StoredHit.kept``: a
   forgetting, an eviction or a newer answer under its key ends it at once) and the origin's
@@ -101,6 +102,9 @@ JOIN_BELOW_BYTES = 16 * 1024
 # Heads remembered parsed (``FastPath.parse``): at most this many, each at most this long.
 REMEMBERED_HEADS = 1024
 REMEMBERED_HEAD_BYTES = 1024
+# What heads met before (``hit``) hold of their own besides the tier's entries (the head, the
+# second's answer, the body after the trailer): past it, the book starts again.
+REMEMBERED_BYTES = 4 * 1024 * 1024
 # An at-tail answer's Age is below its freshness window (seconds): these lines are made once.
 AGE_LINES = tuple(b"Age: %d\r\n" % seconds for seconds in range(128))
 
@@ -152,6 +156,7 @@ class FastPath:
         self._heads: dict[bytes, RequestHead] = {}
         # Raw heads whose answer is an immutable stored hit (``hit``); never with --auth.
         self._remembered: dict[bytes, _Remembered] = {}
+        self._remembered_bytes = 0
         # Resume routes are relayed to their backend by the full path, every method of them.
         self._resume_routes = settings.resume_routes
         self._date_second = -1
@@ -346,12 +351,27 @@ class FastPath:
         data: bytes,
     ) -> None:
         assert raw is not None
-        if raw not in self._remembered and len(self._remembered) >= REMEMBERED_HEADS:
-            self._remembered.clear()  # a new audience's heads are met again at once
+        if len(raw) > REMEMBERED_HEAD_BYTES:
+            return
+        self._forget_remembered(raw)
+        size = len(raw) + len(data) + len(tail)
+        if (
+            len(self._remembered) >= REMEMBERED_HEADS
+            or self._remembered_bytes + size > REMEMBERED_BYTES
+        ):
+            # A new audience's heads are met again at once.
+            self._remembered.clear()
+            self._remembered_bytes = 0
+        self._remembered_bytes += size
         self._remembered[raw] = _Remembered(
             key=key, entry=entry, origin=head.origin, varies=self._cors.varies,
             head=answer_head, tail=tail, status=status, second=self._date_second, data=data,
         )  # fmt: skip
+
+    def _forget_remembered(self, raw: bytes) -> None:
+        remembered = self._remembered.pop(raw, None)
+        if remembered is not None:
+            self._remembered_bytes -= len(raw) + len(remembered.data) + len(remembered.tail)
 
     def hit(self, raw: bytes) -> bytes | None:
         """The answer to ``raw``, a whole head met before (``answer``'s ``raw``), if it is
@@ -366,13 +386,13 @@ class FastPath:
             or self._cors.varies is not remembered.varies
             or not self._current(entry, now, remembered.origin)
         ):
-            del self._remembered[raw]
+            self._forget_remembered(raw)
             return None
         second = int(now)
         if second != remembered.second:
             # Once a second, the lookup ``answer`` makes: the LRU hears of the hits.
             if self._local.response(remembered.key) is not entry:
-                del self._remembered[raw]
+                self._forget_remembered(raw)
                 return None
             if second != self._date_second:
                 self._date_second, self._date = second, date_line(second)

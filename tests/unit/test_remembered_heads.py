@@ -12,7 +12,7 @@ from edge.log.stream_log import LogKey
 from edge.protocol.answer_key import AnswerKey, answer_key
 from edge.protocol.http1 import RequestHead
 from edge.store.local import LocalTier, StoredHit
-from edge.web.fastpath import REMEMBERED_HEADS, FastPath
+from edge.web.fastpath import JOIN_BELOW_BYTES, REMEMBERED_BYTES, REMEMBERED_HEADS, FastPath
 from edge.web.proxy import OriginCors
 
 STREAM = "/v1/stream/remembered"
@@ -155,11 +155,21 @@ def test_its_answer_ends_when_its_instance_says_otherwise() -> None:
             setattr(instance, name, value)
 
 
-def test_a_close_is_not_remembered_and_the_book_is_bounded() -> None:
+def test_a_close_is_not_remembered_and_the_book_is_bounded_by_heads_and_bytes() -> None:
     stand = Stand()
     close = raw("Connection: close")
     assert stand.answer(close) is not None
     assert stand.fast.hit(close) is None  # its connection ends: the connection's to do
     for n in range(REMEMBERED_HEADS + 5):
         assert stand.answer(raw(f"X-N: {n}")) is not None
-    assert len(stand.fast._remembered) <= REMEMBERED_HEADS
+    book = stand.fast._remembered
+    assert len(book) <= REMEMBERED_HEADS
+    held = sum(len(raw) + len(r.data) + len(r.tail) for raw, r in book.items())
+    assert stand.fast._remembered_bytes == held <= REMEMBERED_BYTES
+    # Bodies near the largest remembered fill the book by bytes before they fill it by heads.
+    stand.store(b"z" * JOIN_BELOW_BYTES)
+    for n in range(REMEMBERED_BYTES // JOIN_BELOW_BYTES + 5):
+        assert stand.answer(raw(f"X-M: {n}")) is not None
+    held = sum(len(raw) + len(r.data) + len(r.tail) for raw, r in book.items())
+    assert stand.fast._remembered_bytes == held <= REMEMBERED_BYTES
+    assert len(book) < REMEMBERED_BYTES // JOIN_BELOW_BYTES
