@@ -45,8 +45,9 @@ Rules this module owns:
   (``edge.web.own_gate``) and hands the admission in (``answer``'s ``admission``), so a head is
   decided once; what the gate cannot decide without waiting, or refuses, the connection
   handles there.
-* A head met before whose answer was an immutable stored hit to a keep-alive ``GET`` or
-  ``HEAD`` without ``--auth`` is remembered with that answer (``hit``: the raw head in, the
+* A keep-alive head met before whose answer was an immutable stored hit (no tail to check:
+  not an at-tail answer, nor a ``HEAD``'s, which reports the tail), without ``--auth``, is
+  remembered with that answer (``hit``: the raw head in, the
   bytes out; at most ``REMEMBERED_HEADS`` heads of ``REMEMBERED_HEAD_BYTES`` holding
   ``REMEMBERED_BYTES`` of their own, bodies up to ``JOIN_BELOW_BYTES``), so its next
   hit skips the parse, the key and the lookup; every check ``answer`` makes of the entry is made
