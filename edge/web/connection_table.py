@@ -67,6 +67,11 @@ class Phase(Enum):
     IDLE = "idle"
 
 
+# A member read through its Enum class costs a Python call (CPython 3.11's ``EnumType``); the
+# per-hit steps read these module names instead.
+_HEAD, _IDLE = Phase.HEAD, Phase.IDLE
+
+
 class Refusal(Enum):
     """Why a newcomer or a request was turned away (``edge_refusals_total{reason}``)."""
 
@@ -148,7 +153,7 @@ class ConnectionTable(Generic[K]):
         return self._queue(phase)[key]
 
     def _queue(self, phase: Phase) -> OrderedDict[K, float]:
-        return self._head_deadlines if phase is Phase.HEAD else self._idle_deadlines
+        return self._head_deadlines if phase is _HEAD else self._idle_deadlines
 
     def _timeout(self, phase: Phase) -> float:
         if phase is Phase.HEAD:
@@ -213,9 +218,9 @@ class ConnectionTable(Generic[K]):
     def bytes_received(self, key: K, now: float) -> None:
         """The first byte of a next request starts its header deadline; an idle connection keeps
         its place in the eviction order (it has been out of BUSY as long as it has)."""
-        if self._phase.get(key) is Phase.IDLE:
+        if self._phase.get(key) is _IDLE:
             del self._idle_deadlines[key]
-            self._wait(key, Phase.HEAD, now)
+            self._wait(key, _HEAD, now)
 
     def body_started(self, key: K, now: float) -> None:
         """The request in progress on ``key`` has a body not yet whole: its deadline runs."""
@@ -268,9 +273,9 @@ class ConnectionTable(Generic[K]):
         arrived in needs no step of its own. Returns the connection it evicted, if any."""
         phase = self._phase.get(key)
         idle = self._idle_deadlines
-        if phase is Phase.IDLE:
+        if phase is _IDLE:
             del idle[key]
-        elif phase is Phase.HEAD:
+        elif phase is _HEAD:
             del self._head_deadlines[key]
         else:
             return None
@@ -280,7 +285,7 @@ class ConnectionTable(Generic[K]):
             if len(self._phase) > self.limits.max_connections
             else None
         )
-        self._phase[key] = Phase.IDLE
+        self._phase[key] = _IDLE
         idle[key] = now + self._keepalive_seconds
         self._idle_order.move_to_end(key)
         return evict
