@@ -18,6 +18,9 @@ Rules this module owns:
   aiohttp, nothing written); what only a wait decides is decided in a task of the connection,
   nothing after it read meanwhile, and the head is then read again with that decision
   (``_waited``).
+* A whole head met before, arriving alone while nothing is buffered, is offered to
+  ``FastPath.hit`` first (no parse, no key, no lookup); answered, its first byte and its answer
+  are one step of the tracker (``answered``: nothing else runs between them).
 * Answers leave in request order, by construction: a head no own path serves goes to aiohttp
   alone (``WAITING``), and nothing after it is read until aiohttp's answer is written
   (``request_done``, from the tracker's middleware).
@@ -93,6 +96,11 @@ class _Mode(Enum):
     REFUSED = "refused"  # at --max-connections: what it sends is discarded
 
 
+# A member read through its Enum class costs a Python call (CPython 3.11's ``EnumType``); the
+# per-read steps read this module name instead.
+_FAST = _Mode.FAST
+
+
 def _aiohttp_holding(handler: RequestHandler, *, cut_short: bool, live: bool) -> Holding:
     """What aiohttp's protocol holds, read from two attributes of its ``RequestHandler``
     (aiohttp 3.x; ``tests/unit/test_half_close.py`` pins them): a pending ``_waiter`` is its own
@@ -115,6 +123,7 @@ class _Connection(asyncio.Protocol):
         "_gate",
         "_handler_factory",
         "_held",
+        "_hit",
         "_in_hand",
         "_inner",
         "_linger",
@@ -145,6 +154,8 @@ class _Connection(asyncio.Protocol):
         fast = tracker.fast
         self._fast = fast if fast is not None and fast.enabled else None
         self._mode = _Mode.FAST if self._fast is not None else _Mode.DELEGATED
+        # Heads met before whose answer is a stored hit; with --auth every head is the gate's.
+        self._hit = self._fast.hit if self._fast is not None and tracker.gate is None else None
         # With --auth jwt|forward: every read is the gate's first (``edge.web.own_gate``), and
         # a head a wait decided is read again with that decision.
         self._gate = tracker.gate if self._fast is not None else None
@@ -198,6 +209,21 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         mode = self._mode
+        if mode is _FAST and self._hit is not None and not self._buffer and not self._paused:
+            # A whole head met before, its answer a stored hit (``FastPath.hit``): answered
+            # without a parse, a key or a lookup. Its first byte and its answer are one step of
+            # the table (``answered``): nothing else runs between them.
+            try:
+                answer = self._hit(data)
+            except Exception:
+                logger.exception("the hit path failed; the head is read as any other")
+                answer = None
+            if answer is not None:
+                transport = self._transport
+                assert transport is not None
+                self._tracker.answered(transport)
+                transport.write(answer)
+                return
         if mode is _Mode.REFUSED:
             self._read_refused_line(data)
             return
@@ -248,7 +274,7 @@ class _Connection(asyncio.Protocol):
         """Answer the complete heads in the buffer, in order, until one is aiohttp's."""
         fast, buffer = self._fast, self._buffer
         assert fast is not None
-        while self._mode is _Mode.FAST and buffer and not self._paused:
+        while self._mode is _FAST and buffer and not self._paused:
             end = buffer.find(b"\r\n\r\n")
             if end < 0:
                 if len(buffer) > MAX_HEAD_BYTES:
@@ -332,7 +358,7 @@ class _Connection(asyncio.Protocol):
         assert fast is not None
         assert transport is not None
         self._admission = admission
-        answer = fast.answer(parsed, admission)
+        answer = fast.answer(parsed, admission, head)
         if answer is None and self._catchup is not None:
             own = self._catchup.serve(parsed, head, self, self._answer_ended, admission)
             match own:

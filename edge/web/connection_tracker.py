@@ -219,8 +219,10 @@ class ConnectionTracker:
         self.table.request_finished(cast(asyncio.Transport, transport), self.loop.time())
 
     def answered(self, transport: asyncio.Transport) -> None:
-        """A request the connection answered itself, start to end."""
-        evict = self.table.answered(transport, self.loop.time(), flushing=_flushing)
+        """A request the connection answered itself, start to end (once per hit: the loop
+        is read without the property once it is known)."""
+        loop = self._loop or self.loop
+        evict = self.table.answered(transport, loop.time(), flushing=_flushing)
         if evict is not None:
             self._evict(evict)
 

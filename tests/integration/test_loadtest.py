@@ -129,6 +129,10 @@ def test_the_ceiling_benchmark_prints_the_edge_beside_nginx_return_200(tmp_path:
     ratio = re.search(r"edge / nginx `return 200`: \*\*([\d.]+)\u00d7\*\*", result.stdout)
     assert ratio is not None, result.stdout
     assert float(ratio.group(1)) == pytest.approx(rps[0] / rps[1], rel=0.02, abs=0.01)
+    per_core = re.search(r"CPU per request, nginx / edge: \*\*([\d.]+)\u00d7\*\*", result.stdout)
+    assert per_core is not None, result.stdout
+    cpu = [float(row[3]) for row in (edge, nginx)]
+    assert float(per_core.group(1)) == pytest.approx(cpu[1] / cpu[0], rel=0.05, abs=0.01)
     assert "## A 100 B hit against the per-core ceiling" in output.read_text()
 
 
