@@ -13,6 +13,7 @@ STAMPS := .stamps
 help:
 	@echo "make demo       run the origin, the edge, an agent and 200 SSE viewers; print a summary"
 	@echo "make demo ARGS=--keep-running   ... and keep serving for your own clients"
+	@echo "make demo ARGS=--resume   an MCP tool call through HAProxy and two edges survives a replica kill"
 	@echo "make origin     the reference origin alone on 127.0.0.1:4437 (for a session by hand)"
 	@echo "make serve      the edge alone on 127.0.0.1:8080 in front of it (ARGS= more flags)"
 	@echo "make test       format/lint/type checks, then every test (unit, integration, conformance)"

@@ -5,7 +5,10 @@ The reference origin (with a data dir), Debian's redis-server (one, or with ``re
 and Debian's HAProxy in front, health-checking each replica's ``/readyz`` on its admin port and
 routing each stream to one replica the way ``deploy/haproxy/haproxy.cfg`` does (its
 ``balance``/``hash-type``/``hash-balance-factor`` lines are read from that file, so both
-route alike; ``routing`` overrides them for a comparison). ``make loadtest`` and the
+route alike; ``routing`` overrides them for a comparison), and the resume routes' paths (its
+``acl resume_route`` and ``backend edges_any``, read from it too) to any replica. HAProxy's
+runtime API listens on a socket of its own (``Cluster.haproxy_command``: a test drains a
+replica with it). ``make loadtest`` and the
 multi-replica tests use it; ``python -m devstack.cluster`` prints the URLs and keeps it up
 until Ctrl-C. With ``tls`` (``--tls``), HAProxy also serves the fleet over HTTPS with ALPN
 ``h2,http/1.1`` (HTTP/1.1 to the replicas, as the deployed config's ``streams_tls`` frontend
@@ -18,6 +21,7 @@ import argparse
 import json
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -46,6 +50,8 @@ HAPROXY_TEMPLATE = """\
 global
     # Two file descriptors per proxied connection, within this machine's 20,000 limit.
     maxconn 9000
+    # The runtime API (`set server edges_any/edge-1 state drain`); not in the deployed config.
+    stats socket {stats_socket} mode 600 level admin
 
 defaults
     mode http
@@ -62,12 +68,19 @@ defaults
 
 frontend streams
     bind 127.0.0.1:{port}
+{resume_routes}
     default_backend edges
     # Which replica answered (tests place streams by it); not in the deployed config.
     http-response set-header X-Edge-Replica %[srv_name]
 {tls_frontend}
 backend edges
 {routing}
+    option httpchk GET /readyz
+    http-check expect status 200
+{servers}
+
+backend edges_any
+{any_routing}
     option httpchk GET /readyz
     http-check expect status 200
 {servers}
@@ -79,6 +92,7 @@ backend edges
 TLS_FRONTEND = """
 frontend streams_tls
     bind 127.0.0.1:{port} ssl crt {certificate} alpn h2,http/1.1
+{resume_routes}
     default_backend edges
     http-response set-header X-Edge-Replica %[srv_name]
 """
@@ -90,16 +104,16 @@ ROUTING_DIRECTIVES = ("balance", "hash-type", "hash-balance-factor")
 FORWARDING_OPTIONS = ("http-no-delay",)
 
 
-def deployed_routing() -> tuple[str, ...]:
-    """The routing lines of ``deploy/haproxy/haproxy.cfg``'s ``edges`` backend, the server
-    weight its ``default-server`` gives (the points each server has on the hash ring), and its
-    forwarding options (``option http-no-delay``)."""
+def deployed_routing(backend: str = "edges") -> tuple[str, ...]:
+    """The routing lines of ``deploy/haproxy/haproxy.cfg``'s ``edges`` backend (or another), the
+    server weight its ``default-server`` gives (the points each server has on the hash ring),
+    and its forwarding options (``option http-no-delay``)."""
     lines: list[str] = []
     in_backend = False
     for line in DEPLOYED_HAPROXY.read_text().splitlines():
         words = line.split("#", 1)[0].split()
         if line and not line[0].isspace():
-            in_backend = words[:2] == ["backend", "edges"]
+            in_backend = words[:2] == ["backend", backend]
         elif in_backend and (
             (words[:1] and words[0] in ROUTING_DIRECTIVES)
             or (words[:1] == ["option"] and " ".join(words[1:]) in FORWARDING_OPTIONS)
@@ -108,7 +122,23 @@ def deployed_routing() -> tuple[str, ...]:
         elif in_backend and words[:1] == ["default-server"] and "weight" in words:
             lines.append(f"default-server weight {words[words.index('weight') + 1]}")
     if not lines or not lines[0].startswith("balance "):
-        raise ProcessFailed(f"no balance line in {DEPLOYED_HAPROXY}'s backend edges")
+        raise ProcessFailed(f"no balance line in {DEPLOYED_HAPROXY}'s backend {backend}")
+    return tuple(lines)
+
+
+def deployed_resume_routes() -> tuple[str, ...]:
+    """The lines of ``deploy/haproxy/haproxy.cfg``'s ``frontend streams`` that send the resume
+    routes' paths to ``backend edges_any`` (its ``acl`` and ``use_backend`` lines)."""
+    lines: list[str] = []
+    in_frontend = False
+    for line in DEPLOYED_HAPROXY.read_text().splitlines():
+        words = line.split("#", 1)[0].split()
+        if line and not line[0].isspace():
+            in_frontend = words[:2] == ["frontend", "streams"]
+        elif in_frontend and words[:1] and words[0] in ("acl", "use_backend"):
+            lines.append(" ".join(words))
+    if not any(line.startswith("use_backend edges_any") for line in lines):
+        raise ProcessFailed(f"no use_backend edges_any in {DEPLOYED_HAPROXY}'s frontend streams")
     return tuple(lines)
 
 
@@ -123,6 +153,30 @@ class Cluster:
     https_url: str | None = None
     edge_args: tuple[str, ...] = ()
     _haproxy_log: Path = field(default_factory=Path)
+    # HAProxy's runtime API, alone in a directory of its own (removed by stop()).
+    stats_socket: Path | None = None
+
+    def replica_name(self, edge: Edge) -> str:
+        """The replica's server name in HAProxy (``edge-1``...), as ``X-Edge-Replica`` says it."""
+        return f"edge-{self.edges.index(edge) + 1}"
+
+    def replica_named(self, name: str) -> Edge:
+        (edge,) = [edge for edge in self.edges if self.replica_name(edge) == name]
+        return edge
+
+    def haproxy_command(self, command: str) -> str:
+        """One command of HAProxy's runtime API (``set server edges_any/edge-1 state drain``,
+        ``show servers state edges_any``); its answer."""
+        if self.stats_socket is None:
+            raise ProcessFailed("this cluster's HAProxy has no runtime API socket")
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as api:
+            api.settimeout(10)
+            api.connect(str(self.stats_socket))
+            api.sendall(command.encode() + b"\n")
+            answer = b""
+            while chunk := api.recv(65536):
+                answer += chunk
+        return answer.decode()
 
     def stop(self) -> None:
         if self.haproxy.poll() is None:
@@ -136,6 +190,8 @@ class Cluster:
             edge.stop()
         self.redis.stop()
         self.origin.stop()
+        if self.stats_socket is not None:
+            shutil.rmtree(self.stats_socket.parent, ignore_errors=True)
 
     @property
     def redis_args(self) -> tuple[str, ...]:
@@ -154,6 +210,7 @@ class Cluster:
             "redis": self.redis_args[1],
             "edges": [{"url": e.url, "admin": e.admin_url} for e in self.edges],
             "logs": str(self.logs_dir),
+            "haproxy_api": str(self.stats_socket),
         }
 
 
@@ -225,19 +282,27 @@ def start_cluster(
         f"port {e.admin_url.rsplit(':', 1)[1]} inter 500ms fall 2 rise 1"
         for i, e in enumerate(edges)
     )
+    resume_routes = "\n".join(f"    {line}" for line in deployed_resume_routes())
     tls_frontend, https_url = "", None
     if tls or tls_cert is not None:
         certificate = tls_cert or make_certificate(logs_dir / "tls" / "localhost.pem")
         tls_port = free_port()
-        tls_frontend = TLS_FRONTEND.format(port=tls_port, certificate=certificate.resolve())
+        tls_frontend = TLS_FRONTEND.format(
+            port=tls_port, certificate=certificate.resolve(), resume_routes=resume_routes
+        )
         https_url = f"https://127.0.0.1:{tls_port}"
     config = logs_dir / "haproxy.cfg"
     lines = deployed_routing() if routing is None else routing
+    # A socket's path must fit in 108 bytes, which a test's logs directory may not.
+    stats_socket = Path(tempfile.mkdtemp(prefix="edge-haproxy-")) / "api.sock"
     config.write_text(
         HAPROXY_TEMPLATE.format(
             port=port,
             servers=servers,
             routing="\n".join(f"    {line}" for line in lines),
+            any_routing="\n".join(f"    {line}" for line in deployed_routing("edges_any")),
+            resume_routes=resume_routes,
+            stats_socket=stats_socket,
             tls_frontend=tls_frontend,
         )
     )
@@ -260,6 +325,7 @@ def start_cluster(
         https_url=https_url,
         edge_args=edge_args,
         _haproxy_log=log,
+        stats_socket=stats_socket,
     )
     try:
         _wait_until_routed(url, replicas, haproxy, log)

@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 import aiohttp
 
-from devstack import session
+from devstack import demo_resume, session
 from devstack.agents import Follower, create_session, start_run
 from devstack.demo_auth import DemoAuth
 from devstack.processes import new_logs_dir, start_edge, start_origin
@@ -292,6 +292,15 @@ def main(argv: list[str] | None = None) -> int:
         help="jwt: the edge verifies tokens (a generated HS256 JWKS); every viewer, agent and "
         "watch page gets its own; prints a viewer URL with one",
     )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="instead: an MCP tool call through two edges behind HAProxy survives a replica "
+        "kill (devstack/demo_resume.py; its own flags follow, see --resume --help)",
+    )
+    given = sys.argv[1:] if argv is None else argv
+    if "--resume" in given:
+        return demo_resume.main([arg for arg in given if arg != "--resume"])
     args = parser.parse_args(argv)
     if args.viewers < 1 or args.tokens < 1 or (args.rate is not None and args.rate <= 0):
         parser.error("--viewers and --tokens must be >= 1 and --rate > 0")

@@ -223,10 +223,10 @@ class Edge:
 def start_mcp_upstream(
     logs_dir: Path, seen_file: Path, *, name: str = "mcp-upstream", stateful: bool = False
 ) -> Process:
-    """The official MCP SDK's server with a slow tool (``tests/integration/mcp_upstream.py``),
+    """The official MCP SDK's server with a slow tool (``devstack/mcp_upstream.py``),
     an agent backend for resume routes; ``ready["url"]`` is its endpoint. Every request it
     receives is recorded in ``seen_file``. ``stateful``: sessions in memory, not stateless."""
-    script = REPO / "tests" / "integration" / "mcp_upstream.py"
+    script = REPO / "devstack" / "mcp_upstream.py"
     argv = [sys.executable, str(script), "0", str(seen_file)]
     return _spawn(name, [*argv, "--stateful"] if stateful else argv, logs_dir)
 

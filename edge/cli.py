@@ -544,6 +544,13 @@ SERVE_OPTIONS = (
         "max-age when shorter (no-store, no-cache or max-age=0: not reused).",
     ),
     Option(
+        "--auth-subject-header",
+        _optional_str,
+        "",
+        "Forward mode: the header of the auth service's 2xx answer that names the principal "
+        "(X-Auth-Request-User, Remote-User...): resume routes bind their answers to it.",
+    ),
+    Option(
         "--origin-header",
         _header_lines,
         "",
@@ -688,7 +695,7 @@ TOPICS: tuple[tuple[str, tuple[str, ...]], ...] = (
         (
             "--auth", "--jwt-jwks", "--jwt-audience", "--jwt-issuer", "--jwt-leeway",
             "--jwt-jwks-min-refresh", "--auth-url", "--auth-timeout", "--auth-cache-seconds",
-            "--origin-header",
+            "--auth-subject-header", "--origin-header",
         ),
     ),
     (

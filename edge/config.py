@@ -219,6 +219,9 @@ class Settings:
     auth_timeout_seconds: float = 2 * SECONDS
     # How long a forward-auth verdict is reused when its answer gives no Cache-Control max-age.
     auth_cache_seconds: float = 10 * SECONDS
+    # Forward mode: the header of the auth service's 2xx answer that names the principal (what
+    # a resume route binds its answers to); None: verdicts name no one.
+    auth_subject_header: str | None = None
     origin_headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     # Worker processes sharing the stream port (edge.workers); 1 is a single process, no
     # supervisor. The bounds above are the edge's totals: ``per_worker`` divides them.
@@ -448,6 +451,8 @@ class Settings:
                 raise ConfigError("{auth_mode}=forward needs {auth_url}, an http(s) URL")
         if self.auth_mode == "none" and self.origin_headers:
             raise ConfigError("{origin_headers} is for {auth_mode} jwt or forward")
+        if self.auth_mode != "forward" and self.auth_subject_header:
+            raise ConfigError("{auth_subject_header} is for {auth_mode} forward")
         for name in ("jwt_leeway_seconds", "jwks_min_refresh_seconds", "auth_cache_seconds"):
             if getattr(self, name) < 0:
                 raise ConfigError("{" + name + "} must be >= 0")

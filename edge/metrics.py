@@ -34,8 +34,9 @@ CDN_PURGE_RESULTS = ("ok", "error", "dropped", "gave_up", "abandoned")
 RESUME_RESULTS = ("served", "not_found", "error")
 # How an answer whose pump went silent past its lease was ended by a reader: the reader wrote
 # the owed errors and the close (fencing the pump off), or the origin refused even that and the
-# reader gave its client the errors itself.
-RESUME_LAPSED_RESULTS = ("fenced", "unwritable")
+# reader gave its client the errors itself, or the reader could not read the log at all (the
+# origin away) and cut its client short, to resume once it can be read.
+RESUME_LAPSED_RESULTS = ("fenced", "unwritable", "unreadable")
 # Why an SSE answer on a resume route was not kept (wholly, or past a cap).
 RESUME_UNKEPT_REASONS = ("origin", "pumps", "bytes", "seconds")
 

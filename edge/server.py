@@ -38,7 +38,7 @@ from edge.web.bounded_site import BoundedSite
 from edge.web.connection_tracker import CONNECTIONS, ConnectionTracker
 from edge.web.descriptors import DescriptorBudget, budget_for, holds_line, limits_for
 from edge.web.gatekeeper import TokenFreeAccessLog
-from edge.web.keys import HUB, PURGER
+from edge.web.keys import HUB, PURGER, RESUME
 
 logger = logging.getLogger(__name__)
 
@@ -252,10 +252,11 @@ async def serve(settings: Settings, *, worker: AsWorker | None = None) -> None:
 
     await stop.wait()
     logger.info("stopping: draining for up to %.0f s", settings.drain_seconds)
-    # Live readers end cleanly first (clients resume elsewhere by offset); then the runner stops
-    # accepting and waits for what is left, up to --drain-seconds, while the CDN purges still
-    # owed are sent in the same time.
+    # Live readers end cleanly first (clients resume elsewhere by offset, or by a resume
+    # route's id); then the runner stops accepting and waits for what is left, up to
+    # --drain-seconds, while the CDN purges still owed (and resume routes' pumps) go on.
     stream_app[HUB].start_draining()
+    stream_app[RESUME].start_draining()
     purger = stream_app.get(PURGER)
     if purger is not None:
         purger.start_draining()

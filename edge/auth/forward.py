@@ -11,8 +11,10 @@ Rules this module owns:
   percent-encoded dots a service matching prefixes would read differently, then the query
   without ``token`` parameters. A question is built from the ``Target`` the request goes on
   with, and nothing else names its stream.
-* 2xx allows. 401 and 403 are relayed to the client with the service's body (at most
-  ``MAX_BODY_BYTES``), ``Content-Type`` and ``WWW-Authenticate``. Anything else, a connection
+* 2xx allows; with ``--auth-subject-header``, that header of the answer names the principal
+  (``Grant.subject``: what resume routes bind answers to), kept with the verdict. 401 and 403
+  are relayed to the client with the service's body (at most ``MAX_BODY_BYTES``),
+  ``Content-Type`` and ``WWW-Authenticate``. Anything else, a connection
   failure or no answer within ``--auth-timeout`` is 503: fail closed, and never cached.
 * A verdict is the service's answer about (credentials, stream, method), and is kept under
   exactly that: (credential digest, normalised stream, method), since a service decides by
@@ -92,9 +94,11 @@ class ForwardAuth:
         *,
         timeout_seconds: float,
         cache_seconds: float,
+        subject_header: str | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._url = url
+        self._subject_header = subject_header
         self._metrics = metrics
         self._timeout = timeout_seconds
         self._cache_seconds = cache_seconds
@@ -183,6 +187,7 @@ class ForwardAuth:
                     if name.lower() in RELAYED_HEADERS
                 )
                 cache_control = answer.headers.get("Cache-Control")
+                subject = answer.headers.get(self._subject_header) if self._subject_header else None
         except (aiohttp.ClientError, TimeoutError, OSError) as error:
             result = "timeout" if isinstance(error, TimeoutError) else "error"
             self._metrics.auth_upstream_requests.labels(kind="forward", result=result).inc()
@@ -195,7 +200,7 @@ class ForwardAuth:
         until = self._clock() + lifetime_of(cache_control, self._cache_seconds)
         if 200 <= status < 300:
             self._metrics.auth_upstream_requests.labels(kind="forward", result="ok").inc()
-            return until, Grant()
+            return until, Grant(subject=subject or None)
         if status in (401, 403):
             self._metrics.auth_upstream_requests.labels(kind="forward", result="denied").inc()
             refusal = Refusal(status=status, reason="", result="denied", headers=relayed, body=body)

@@ -62,6 +62,9 @@ class RequestAdmission:
     upstream: tuple[tuple[str, str], ...] = ()
     drop: frozenset[str] = frozenset()  # client headers (lower-case) never sent upstream
     expires_at: float | None = None  # wall clock: live reads end by then
+    # Who the credential names (a JWT's ``sub``), when the gate can tell: what a resume route
+    # binds its answers to, so the same principal with a fresh credential resumes them.
+    principal: str | None = None
 
     @property
     def shared(self) -> bool:
@@ -120,6 +123,7 @@ class Gate:
                 metrics,
                 timeout_seconds=settings.auth_timeout_seconds,
                 cache_seconds=settings.auth_cache_seconds,
+                subject_header=settings.auth_subject_header,
             )
         # Bounded in bytes, not only in count: each holds its target, which a reader chooses.
         self._admissions: LRUCache[AdmissionKey, _KeptAdmission] = LRUCache(
@@ -278,11 +282,12 @@ class Gate:
                 upstream=self._settings.origin_headers,
                 drop=self._credential_headers,
                 expires_at=verdict.expires_at,
+                principal=verdict.subject,
             )
         upstream: tuple[tuple[str, str], ...] = ()
         if prepared.from_query and prepared.token:
             upstream = (("Authorization", f"Bearer {prepared.token}"),)
-        return RequestAdmission(target=target, upstream=upstream)
+        return RequestAdmission(target=target, upstream=upstream, principal=verdict.subject)
 
     def _verify_now(
         self, token: str, stream: str, access: Access

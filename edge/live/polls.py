@@ -51,6 +51,8 @@ class Framing:
     keep_alive: bool
     reader_only: bool = False  # an authorized reader's copy of a shared answer: private
     origin: str | None = None  # the request's Origin: its CORS headers are its own
+    # A body of unknown length is written to the close, never in chunks (an HTTP/1.0 reader).
+    close_delimited: bool = False
 
 
 class Sink(Protocol):

@@ -241,6 +241,41 @@ def first_value(headers: Iterable[tuple[str, str]], name: str) -> str | None:
     return None
 
 
+def joined_value(headers: Iterable[tuple[str, str]], name: str) -> str | None:
+    """The value of the list-valued header ``name`` (case-insensitive): its field lines, however
+    many, are one comma-separated list (RFC 9110 §5.3), joined with ``", "`` (an empty line
+    adds no element); None if absent. Both paths read ``If-None-Match`` and ``Accept-Encoding``
+    so."""
+    wanted = name.lower()
+    values = [value for key, value in headers if key.lower() == wanted]
+    return ", ".join([value for value in values if value]) if values else None
+
+
+# Request fields whose one value changes the answer: whose CORS headers, where an SSE read
+# resumes. Sent more than once, which one counts would be a guess: the request is a 400
+# (``REPEATED``), on both paths. (A repeated ``Host`` is aiohttp's own 400.)
+ANSWER_SINGLETONS = {"origin": "Origin", "last-event-id": "Last-Event-ID"}
+# The edge's answer to a request that came back round a loop (508).
+LOOP_TEXT = "loop detected: this request already passed through the edge"
+
+
+def repeated_text(name: str) -> str:
+    """The text of the 400 to a request that repeats the answer singleton ``name``."""
+    return f"the {ANSWER_SINGLETONS.get(name.lower(), name)} header may be sent only once"
+
+
+def repeated_singleton(headers: Iterable[tuple[str, str]]) -> str | None:
+    """The first of ``ANSWER_SINGLETONS`` that ``headers`` repeat (lower-cased), or None."""
+    seen: set[str] = set()
+    for key, _ in headers:
+        lowered = key.lower()
+        if lowered in ANSWER_SINGLETONS:
+            if lowered in seen:
+                return lowered
+            seen.add(lowered)
+    return None
+
+
 def cors_headers(headers: Iterable[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
     """The ``access-control-*``, ``x-content-type-options`` and ``cross-origin-resource-policy``
     headers of an answer, in order."""

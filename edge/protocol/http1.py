@@ -5,14 +5,28 @@ Rules this module owns:
 
 * A head is parsed by llhttp (through ``httptools``, the binding uvicorn uses), the same C
   parser family aiohttp's own parser is built on, so a head the fast path accepts is one the
-  full path would accept too. Anything llhttp refuses, or that is not a plain HTTP/1.1 ``GET``
-  or ``HEAD`` without a body, is not the fast path's: ``parse_head`` says so and the full path
-  decides.
-* Headers that change what the full path answers are named here (``CONSULTED``) and read once;
-  a head that repeats one of them, or carries one that makes the request not a plain read
-  (``HANDOFF``), is not the fast path's. The configured credential headers are collected as
-  sent: the scope they name is computed by the full path's own function
-  (``edge.protocol.answer_key``), never approximated here.
+  full path would accept too. Anything llhttp refuses, or that is not a plain HTTP/1.1 or
+  HTTP/1.0 ``GET`` or ``HEAD`` without a body, is not the fast path's: ``parse`` says so and
+  the full path decides.
+* An HTTP/1.0 read (``RequestHead.http10``) is answered as an HTTP/1.1 server answers it, on
+  both paths (``edge.web.proxy.answer_http10_as_http11``): an ``HTTP/1.1`` status line (RFC
+  9110 §2.5), ``Connection: close`` and the connection closed after it (RFC 9112 §9.3 leaves
+  HTTP/1.0 keep-alive to the server: its ``keep_alive`` is False), a body of unknown length
+  written to the close, never in chunks (``serialise``'s and ``relayed_answer_head``'s
+  ``close_delimited``).
+* Headers that change what the full path answers are named here (``CONSULTED``) and read as it
+  reads them: a list field's lines (``LISTS``) are one value (RFC 9110 §5.3,
+  ``edge.protocol.headers.joined_value``); a field whose one value changes the answer
+  (``ANSWER_SINGLETONS``: ``Origin``, ``Last-Event-ID``) sent twice is refused (400) on both
+  paths. ``Range`` and the conditionals the edge does not consult are ignored, as on the full
+  path; a head carrying a body or an upgrade (``HANDOFF``) is not the fast path's. The
+  configured credential headers are collected as sent: the scope they name is computed by the
+  full path's own function (``edge.protocol.answer_key``), never approximated here.
+* ``Connection`` is llhttp's reading of it, the one aiohttp takes: a token list, ``close``
+  wins. The target is ``parse_target``'s (origin-form, or absolute-form whose path and query
+  are the target, RFC 9112 §3.2.2). A read the full path refuses before anything else (a
+  target ``parse_target`` refuses: 400; a loop: 508; a repeated answer singleton: 400) is a
+  ``RefusedHead``, which the connection writes as the full path writes it.
 * A head the full path would refuse (no ``Host``, a repeated header aiohttp allows once, more
   than ``MAX_HEADERS`` fields, a head past ``MAX_HEAD_BYTES`` and so possibly a field or target
   past aiohttp's 8190-byte limits, the old ``Sec-WebSocket-Key1`` handshake) is the full
@@ -51,7 +65,8 @@ from typing import NamedTuple
 
 import httptools
 
-from edge.protocol.headers import names_this_proxy
+from edge.protocol.headers import LOOP_TEXT, names_this_proxy, repeated_text
+from edge.protocol.paths import MEMO_ENTRIES, BadTarget, Target, parse_target
 
 # Longer heads are aiohttp's to judge (its limits are 8190 bytes a line, and it answers 431).
 MAX_HEAD_BYTES = 8192
@@ -68,7 +83,13 @@ EXPECT = b"expect"
 SEC_WEBSOCKET_KEY1 = b"sec-websocket-key1"
 VIA = b"via"
 LAST_EVENT_ID = b"last-event-id"
-CONSULTED = frozenset({IF_NONE_MATCH, ACCEPT_ENCODING, ORIGIN, VIA, LAST_EVENT_ID, b"connection"})
+# List-valued fields (RFC 9110 §5.3): their field lines, however many, are one value, joined
+# with ", " (``edge.protocol.headers.joined_value``, the full path's reading of them).
+LISTS = frozenset({IF_NONE_MATCH, ACCEPT_ENCODING, VIA})
+# Fields whose one value changes the answer: sent more than once, the request is refused
+# (``REPEATED``), on both paths.
+ANSWER_SINGLETONS = frozenset({ORIGIN, LAST_EVENT_ID})
+CONSULTED = LISTS | ANSWER_SINGLETONS
 HOST = b"host"
 # Headers aiohttp's parser refuses to see twice (``aiohttp.http_parser.SINGLETON_HEADERS``; a
 # test pins the copy): a head that repeats one is the full path's, which answers 400, as it does
@@ -87,20 +108,17 @@ SINGLETONS = frozenset(
         b"user-agent",
     }
 )
-# Read once: a head that repeats one is the full path's.
-ONCE = CONSULTED | SINGLETONS
-# Their presence means a body, an upgrade, a resumption or a negotiation the full path handles.
+# Their presence means a body or an upgrade the full path handles. ``Range`` and the
+# conditionals other than ``If-None-Match`` (``If-Match``, ``If-Modified-Since``,
+# ``If-Unmodified-Since``, ``If-Range``) are not here: the edge's answer to a read does not
+# consult them (RFC 9110 §13.2.1 and §14.2 let a server ignore them), and a relayed read passes
+# them on as the full path does.
 HANDOFF = frozenset(
     {
         b"content-length",
         b"transfer-encoding",
         EXPECT,  # for good, not once: see ``HeadParser.parse``
         b"upgrade",
-        b"range",
-        b"if-match",
-        b"if-modified-since",
-        b"if-unmodified-since",
-        b"if-range",
         SEC_WEBSOCKET_KEY1,  # for good: aiohttp refuses it before the application runs
     }
 )
@@ -124,17 +142,22 @@ class RequestHead(NamedTuple):
     head: bool = False  # a HEAD: the same target's metadata, answered without a body
     # An EventSource's resume point (only an SSE read uses it: ``LiveHub.start``).
     last_event_id: str | None = None
+    # An HTTP/1.0 read: answered as HTTP/1.1 answers, then the connection closes, and a body
+    # of unknown length is written to the close, never in chunks (``http10_rule``).
+    http10: bool = False
 
 
 class _Collector:
     """httptools callbacks; one parser per connection, reset by llhttp between messages."""
 
-    __slots__ = ("complete", "headers", "url")
+    __slots__ = ("complete", "headers", "keep_alive", "parser", "url")
 
     def __init__(self) -> None:
         self.url = b""
         self.headers: list[tuple[bytes, bytes]] = []
         self.complete = False
+        self.keep_alive = False
+        self.parser: httptools.HttpRequestParser | None = None
 
     def on_message_begin(self) -> None:
         self.url = b""
@@ -146,6 +169,13 @@ class _Collector:
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        # llhttp's reading of ``Connection`` (a token list: ``close`` wins; the version's
+        # default otherwise), taken where aiohttp takes it: llhttp forgets it once the message
+        # is complete.
+        assert self.parser is not None
+        self.keep_alive = self.parser.should_keep_alive()
 
     def on_message_complete(self) -> None:
         self.complete = True
@@ -164,6 +194,24 @@ ONE_REQUEST = Handoff(once=True)
 FOR_GOOD = Handoff(once=False)
 
 
+LOOP_DETECTED = 508  # the status of a request that came back round a loop
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RefusedHead:
+    """A read the edge refuses before anything else, as the full path refuses it
+    (``edge.web.dispatch.handle_stream_request``): 400 for a target ``parse_target`` refuses
+    or a repeated field whose one value changes the answer, 508 for a loop. The connection
+    writes the edge's short answer (``text``) with the CORS headers for ``origin`` (the first
+    ``Origin`` sent, the full path's ``request_origin``)."""
+
+    status: int
+    text: str
+    origin: str | None
+    head: bool  # a HEAD: the answer's head alone
+    keep_alive: bool
+
+
 class HeadParser:
     """Parses one complete request head at a time (the caller found its end). After a
     ``FOR_GOOD`` hand-off the parser must not be used again."""
@@ -173,9 +221,10 @@ class HeadParser:
     def __init__(self, credential_headers: Collection[str]) -> None:
         self._collector = _Collector()
         self._parser = httptools.HttpRequestParser(self._collector)
+        self._collector.parser = self._parser
         self._credentials = frozenset(name.lower().encode("latin-1") for name in credential_headers)
 
-    def parse(self, head: bytes) -> RequestHead | Handoff:
+    def parse(self, head: bytes) -> RequestHead | Handoff | RefusedHead:
         if len(head) > MAX_HEAD_BYTES:
             return FOR_GOOD  # a field or the target may be past aiohttp's limits: its to judge
         collector = self._collector
@@ -190,6 +239,7 @@ class HeadParser:
         # One pass over the headers for every method: an Expect anywhere is FOR_GOOD, even
         # after a header that alone would hand over one request.
         handoff = False
+        repeated: bytes | None = None  # the first answer singleton sent twice
         consulted: dict[bytes, bytes] = {}
         credentials: tuple[tuple[str, str], ...] = ()
         for name, value in collector.headers:
@@ -200,34 +250,61 @@ class HeadParser:
             elif name in self._credentials:  # rare on hits: a tuple grown only when present
                 # Read as aiohttp reads values: the scope is computed from the same string.
                 credentials += ((name.decode("latin-1"), _text(value)),)
-            elif name in ONCE:
-                if name in consulted:
-                    # Repeated: which one counts is the full path's call (a singleton's repeat
-                    # is aiohttp's 400).
-                    handoff = True
-                consulted[name] = value
+            elif name in CONSULTED or name in SINGLETONS:
+                known = consulted.get(name)
+                if known is None:
+                    consulted[name] = value
+                elif name in LISTS:
+                    # One value (RFC 9110 §5.3), as ``joined_value`` reads it: each line
+                    # stripped, empty ones left out (decoding byte by byte commutes with it).
+                    known, value = known.strip(b" \t"), value.strip(b" \t")
+                    consulted[name] = known + b", " + value if known and value else known or value
+                elif name in ANSWER_SINGLETONS:
+                    repeated = repeated or name
+                else:
+                    handoff = True  # a singleton aiohttp's parser allows once: its 400
         method = self._parser.get_method()
         if (
             handoff
             or HOST not in consulted  # HTTP/1.1 requires one (aiohttp answers 400)
             or method not in (b"GET", b"HEAD")
-            or self._parser.get_http_version() != "1.1"
         ):
             return ONE_REQUEST
-        connection = consulted.get(b"connection", b"keep-alive").lower().strip(b" \t")
-        if connection not in (b"close", b"keep-alive"):
+        version = self._parser.get_http_version()
+        if version != "1.1" and version != "1.0":
             return ONE_REQUEST
-        url = collector.url
-        if not url.startswith(b"/") or b"#" in url or not url.isascii():
-            return ONE_REQUEST
-        path, _, query = url.decode("ascii").partition("?")
+        http10 = version == "1.0"
+        # HTTP/1.0: the connection closes after the answer, keep-alive asked or not.
+        keep_alive, is_head = collector.keep_alive and not http10, method == b"HEAD"
+        origin_value = consulted.get(ORIGIN)
+        origin = _text(origin_value) if origin_value is not None else None
+        # Origin-form or absolute-form (RFC 9112 §3.2.2: its path and query are the target);
+        # what the full path refuses (a fragment, a stream that cannot be named), refused alike:
+        # ``parse_target`` decides, on the target as aiohttp decodes it.
+        try:
+            target = _target(collector.url.decode(VALUE_ENCODING, VALUE_ERRORS))
+        except BadTarget as bad:
+            return RefusedHead(
+                status=400, text=str(bad), origin=origin, head=is_head, keep_alive=keep_alive
+            )
+        path, _, query = target.upstream.partition("?")
         via = consulted.get(VIA)
         if via is not None and names_this_proxy((_text(via),)):
-            return ONE_REQUEST  # a loop: the full path answers 508
+            return RefusedHead(
+                status=LOOP_DETECTED,
+                text=LOOP_TEXT,
+                origin=origin,
+                head=is_head,
+                keep_alive=keep_alive,
+            )
+        if repeated is not None:
+            text = repeated_text(repeated.decode("ascii"))
+            return RefusedHead(
+                status=400, text=text, origin=origin, head=is_head, keep_alive=keep_alive
+            )
         # Values read as aiohttp reads them (only those read: most heads carry none).
         inm = consulted.get(IF_NONE_MATCH)
         ae = consulted.get(ACCEPT_ENCODING)
-        origin = consulted.get(ORIGIN)
         last_event_id = consulted.get(LAST_EVENT_ID)
         # By position: a named tuple is made faster so, on every hit.
         return RequestHead(
@@ -235,12 +312,19 @@ class HeadParser:
             query,
             _text(inm) if inm is not None else None,
             _text(ae) if ae is not None else None,
-            connection == b"keep-alive",
-            _text(origin) if origin is not None else None,
+            keep_alive,
+            origin,
             credentials,
-            method == b"HEAD",
+            is_head,
             _text(last_event_id) if last_event_id is not None else None,
+            http10,
         )
+
+
+@functools.lru_cache(maxsize=MEMO_ENTRIES)
+def _target(url: str) -> Target:
+    # Remembered: an audience sends the same targets again and again (a refusal is not kept).
+    return parse_target(url, "GET")
 
 
 def header_value(head: bytes, name: bytes) -> str | None:
@@ -279,6 +363,7 @@ def serialise(
     version: tuple[int, int] = (1, 1),
     head: bool = False,
     chunked: bool = False,
+    close_delimited: bool = False,
 ) -> bytes:
     """The head of an answer up to (not including) its ``Date`` line, as aiohttp writes an
     ``EdgeResponse``: the headers in order, then ``Content-Length`` (none on a bodiless
@@ -286,7 +371,15 @@ def serialise(
     headers are the edge's own answer headers: a ``Server`` is dropped, a ``Date`` or
     ``Connection`` refused (``ValueError``), as a header with a control character is."""
     return b"".join(
-        serialise_parts(status, headers, body_length, version=version, head=head, chunked=chunked)
+        serialise_parts(
+            status,
+            headers,
+            body_length,
+            version=version,
+            head=head,
+            chunked=chunked,
+            close_delimited=close_delimited,
+        )
     )
 
 
@@ -298,11 +391,13 @@ def serialise_parts(
     version: tuple[int, int] = (1, 1),
     head: bool = False,
     chunked: bool = False,
+    close_delimited: bool = False,
 ) -> tuple[bytes, bytes]:
     """``serialise`` in two parts: the status line and ``headers``, then what aiohttp adds
     after them (``Content-Length``, a default ``Content-Type``). A header added last to an
     answer's headers goes between the two: the hit path splices each hit's ``Age`` there.
-    ``chunked``: a body of unknown length follows in chunks (``chunk``), ended by ``LAST_CHUNK``."""
+    ``chunked``: a body of unknown length follows in chunks (``chunk``), ended by ``LAST_CHUNK``;
+    ``close_delimited``: it follows to the close (no length, no chunks)."""
     # One search over every name and value (the separators added below are not searched).
     if _FORBIDDEN.search("".join([text for pair in headers for text in pair])):
         bad = next(n for n, v in headers if _FORBIDDEN.search(n) or _FORBIDDEN.search(v))
@@ -318,7 +413,9 @@ def serialise_parts(
         names.add(lowered)
         lines.append(f"{name}: {value}")
     added = []
-    if chunked:
+    if close_delimited:
+        pass  # a body of unknown length, written to the close (an HTTP/1.0 reader's answer)
+    elif chunked:
         # A body of unknown length (an SSE answer): chunks, as aiohttp frames a StreamResponse.
         added.append("Transfer-Encoding: chunked\r\n")
     elif not bodiless(status) and not head:  # aiohttp writes no length for a bodiless HEAD
@@ -362,6 +459,7 @@ class BodyFraming(Enum):
 
     NONE = "none"  # no body may follow (a HEAD, 204, 304, 1xx)
     LENGTH = "length"  # as long as its Content-Length says
+    TO_CLOSE = "to-close"  # as it comes, ended by the connection's close (an HTTP/1.0 reader)
     CHUNKED = "chunked"  # in chunks (``chunk``), ended by ``LAST_CHUNK``
 
 
@@ -433,13 +531,16 @@ def relayed_answer_head(
     keep_alive: bool,
     now_seconds: int,
     version: tuple[int, int] = (1, 1),
+    close_delimited: bool = False,
 ) -> tuple[bytes, BodyFraming]:
     """The head of a relayed answer (``headers``: the relay's, finished) and how its body is
     framed, as aiohttp writes the relay's ``StreamResponse``: the origin's reason, the headers
     in order (its ``Date`` and ``Server`` where it sent them; no default of aiohttp's), then
     ``Transfer-Encoding: chunked`` for a body without a ``Content-Length`` (HTTP/1.1), a
     ``Date`` where it sent none, and ``Connection``. No body may follow a HEAD, a 204, a 304
-    or a 1xx (their ``Transfer-Encoding`` dropped, and a 204's or 304's ``Content-Length``)."""
+    or a 1xx (their ``Transfer-Encoding`` dropped, and a 204's or 304's ``Content-Length``).
+    ``close_delimited``: a body without a ``Content-Length`` is written to the close, never in
+    chunks (the answer to an HTTP/1.0 read)."""
     phrase = reason
     if phrase is None:
         try:
@@ -462,12 +563,12 @@ def relayed_answer_head(
         framing = BodyFraming.NONE
     elif "content-length" in names:
         framing = BodyFraming.LENGTH
-    elif version >= (1, 1):
+    elif version >= (1, 1) and not close_delimited:
         framing = BodyFraming.CHUNKED
         lines.append("Transfer-Encoding: chunked")
         names.add("transfer-encoding")
     else:
-        framing = BodyFraming.LENGTH  # to the close (the version's way)
+        framing = BodyFraming.TO_CLOSE  # HTTP/1.0's way, and the answer to an HTTP/1.0 read
         keep_alive = False
     return _closing(lines, names, version, keep_alive, now_seconds), framing
 
@@ -481,14 +582,17 @@ class WholeHead(NamedTuple):
     target: str
     headers: tuple[tuple[str, str], ...]
     keep_alive: bool
+    http10: bool = False  # answered as ``RequestHead.http10`` says
 
 
 class _WholeCollector:
-    __slots__ = ("headers", "url")
+    __slots__ = ("headers", "keep_alive", "parser", "url")
 
     def __init__(self) -> None:
         self.url = b""
         self.headers: list[tuple[bytes, bytes]] = []
+        self.keep_alive = False
+        self.parser: httptools.HttpRequestParser | None = None
 
     def on_url(self, url: bytes) -> None:
         self.url += url
@@ -496,19 +600,23 @@ class _WholeCollector:
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers.append((name, value))
 
+    def on_headers_complete(self) -> None:
+        assert self.parser is not None
+        self.keep_alive = self.parser.should_keep_alive()  # as ``_Collector`` reads it
+
 
 def parse_whole_head(raw: bytes) -> WholeHead:
     """``raw``, a head ``HeadParser`` took (so llhttp takes it too), read whole: the rare
     request that is relayed needs every header, which the hit path's parse does not keep."""
     collector = _WholeCollector()
     parser = httptools.HttpRequestParser(collector)
+    collector.parser = parser
     parser.feed_data(raw)
     headers = tuple(
         (name.decode(VALUE_ENCODING, VALUE_ERRORS), _text(value))
         for name, value in collector.headers
     )
-    method, url = parser.get_method().decode("ascii"), collector.url.decode("ascii")
-    # HTTP/1.1 (the only version ``HeadParser`` takes) keeps the connection unless it says
-    # ``close`` (llhttp's own word on it is reset once the message is complete).
-    connection = next((v for n, v in headers if n.lower() == "connection"), "")
-    return WholeHead(method, url, headers, connection.lower() != "close")
+    method = parser.get_method().decode("ascii")
+    url = collector.url.decode(VALUE_ENCODING, VALUE_ERRORS)  # as aiohttp decodes it
+    http10 = parser.get_http_version() == "1.0"
+    return WholeHead(method, url, headers, collector.keep_alive and not http10, http10)

@@ -154,6 +154,7 @@ class Replayed:
     ended: bool = False
     news: int = 0  # messages past the resume point (the edge's own too): the log moved on
     handed_over: bool = False  # reached ``UNKEPT`` as the answer's own client: the rest is direct
+    caught_up: bool = False  # a control event was read: the reader has all there was then
 
 
 def _messages(data: str) -> list[Any]:
@@ -172,8 +173,6 @@ class Replay:
         directly); any other reader reads on to the errors and the close."""
         self._own = own
         self._handed_over = False
-        # What the messages this reader has read owe (all of it if it read from the start).
-        self.read_so_far = Finale()
         self._token = point.token
         self._batch_offset = point.offset
         self._read_in_batch = 0
@@ -188,21 +187,23 @@ class Replay:
     def feed(self, events: Iterable[SseEvent]) -> Replayed:
         frames: list[bytes] = []
         news = 0
+        caught_up = False
         for event in events:
             if event.event == "data":
                 news += self._data(event.data, frames)
                 if self._handed_over:
                     return Replayed(frames=frames, news=news, handed_over=True)
-            elif event.event == "control" and self._control(event.data):
-                return Replayed(frames=frames, ended=True, news=news)
-        return Replayed(frames=frames, news=news)
+            elif event.event == "control":
+                if self._control(event.data):
+                    return Replayed(frames=frames, ended=True, news=news, caught_up=True)
+                caught_up = True
+        return Replayed(frames=frames, news=news, caught_up=caught_up)
 
     def _data(self, data: str, frames: list[bytes]) -> int:
         """The frames of a data event's messages, added to ``frames``; how many were new."""
         news = 0
         for message in _messages(data):
             self._read_in_batch += 1
-            self.read_so_far.note(message)
             if self._skip > 0:
                 self._skip -= 1
                 continue

@@ -8,6 +8,11 @@ Rules this module owns:
   request that made it (``stream_name``): an id presented with another credential (or none)
   names a stream that does not exist, so it finds nothing: the same 404 as an unknown or expired
   id, and nothing to tell them apart.
+* With ``--auth``, the scope is who the gate says the request is (``principal_scope``: the mode
+  and a JWT's ``sub``), not the credential: the same principal with a fresh token resumes, any
+  other finds nothing. A credential that names no principal binds by the credential itself
+  (``credential_scope``: the headers ``--scope-headers``/``--scope-cookies`` name and a
+  ``token`` query parameter), as without ``--auth``.
 * An id is ``<token>.<offset>.<skip>``: read the stream from ``offset`` and the event is the
   ``skip``-th message read there (``skip`` 0: the offset itself is the point after the event).
   Offsets are opaque, so they travel base64url-encoded; messages of a JSON stream are atomic, so
@@ -21,6 +26,7 @@ import base64
 import binascii
 import hashlib
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 TOKEN_BYTES = 18  # 144 bits: unguessable, and a whole number of base64 characters (24)
@@ -48,6 +54,22 @@ def stream_name(token: str, scope: str) -> str:
     """The stream's last path segment: bound to the token and the scope that made it."""
     digest = hashlib.sha256(f"edge-resume\0{scope}\0{token}".encode("utf-8", "surrogateescape"))
     return digest.hexdigest()[:40]
+
+
+def principal_scope(mode: str, principal: str) -> str:
+    """The scope of the answers of ``principal`` as the ``--auth mode`` gate names it."""
+    return f"principal\0{mode}\0{principal}"
+
+
+def credential_scope(credentials: Sequence[tuple[str, str]]) -> str:
+    """The scope of the answers of a request presenting ``credentials`` and no principal
+    (order and name case do not matter; none at all is one scope, ``public``)."""
+    if not credentials:
+        return "public"
+    digest = hashlib.sha256()
+    for name, value in sorted((name.lower(), value) for name, value in credentials):
+        digest.update(f"{name}\0{value}\0".encode("utf-8", "surrogateescape"))
+    return "credential\0" + digest.hexdigest()
 
 
 def encode_id(point: ResumePoint) -> str:

@@ -61,12 +61,13 @@ STRUCTURES = (SEGMENT, LOG, INSTANCE, DERIVED, RESPONSE)
 EntryKey = tuple[Any, ...]
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(kw_only=True, slots=True, eq=False)
 class StoredHit:
     """One representation of a stored answer (immutable, or at the tail while it holds),
     serialised once: ``ok`` and ``not_modified`` are heads up to their ``Date`` line
     (``edge.protocol.http1``), or, for an answer that carries ``Age`` (``ages``), up to where
-    each hit's ``Age`` line goes, ``ok_rest`` and ``not_modified_rest`` after it."""
+    each hit's ``Age`` line goes, ``ok_rest`` and ``not_modified_rest`` after it. Nothing of it
+    changes once made but ``kept``, which the tier sets."""
 
     instance: StreamInstance
     etag: str
@@ -92,6 +93,9 @@ class StoredHit:
     # What a fill of its scope sends upstream (the read's that stored it): an at-tail answer's
     # refresh-ahead asks the origin with them (``edge.refresh_ahead``).
     credentials: tuple[tuple[str, str], ...] = ()
+    # The tier holds it (set by ``LocalTier``): one that remembers it past a lookup (the hit
+    # path's heads met before) gives it only while this is true.
+    kept: bool = False
 
     @property
     def size(self) -> int:
@@ -170,7 +174,7 @@ class LocalTier:
         self._templates: dict[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]] = {}
 
     def _removed(self, key: EntryKey, value: object, evicted: bool) -> None:
-        if isinstance(value, StreamLog):
+        if isinstance(value, StreamLog | StoredHit):
             value.kept = False  # whatever was stored from it ends with it
         stream = _stream_of(key)
         keys = self._index.get(stream)
@@ -196,7 +200,7 @@ class LocalTier:
             self._entries.pop(key, None)
             return False
         self._index.setdefault(stream, set()).add(key)
-        if isinstance(value, StreamLog):
+        if isinstance(value, StreamLog | StoredHit):
             value.kept = True
         return True
 

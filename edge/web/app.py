@@ -23,6 +23,7 @@ from edge.web.connection_tracker import CONNECTIONS
 from edge.web.dispatch import asterisk_form, handle_stream_request
 from edge.web.gatekeeper import GATE
 from edge.web.keys import CORS, FAST, FRONT, HUB, METRICS, PURGER, RELAY, RESUME, SETTINGS
+from edge.web.proxy import answer_http10_as_http11
 from edge.web.wiring import WIRED, lifetime, wire
 
 
@@ -55,6 +56,7 @@ def create_app(
     if wired.purger is not None:
         app[PURGER] = wired.purger
 
+    app.on_response_prepare.append(answer_http10_as_http11)
     app.cleanup_ctx.append(lambda _: lifetime(wired))
     app.router.add_route("*", "/{tail:.*}", handle_stream_request)
     return app

@@ -76,5 +76,6 @@ class BoundedSite(web.BaseSite):
         return limits.max_connections + limits.at_cap - self.tracker.held
 
     async def stop(self) -> None:
-        await self.tracker.stop()
+        # Nothing new first, then what is in progress ends (``ConnectionTracker.stop``).
         await super().stop()
+        await self.tracker.stop()

@@ -10,11 +10,17 @@ Rules this module owns:
   as the full path admits it (a live read at ``--max-viewers`` is refused). With ``--auth``
   the relay is handed the admission the gate gave the head (``_admission``, the head in hand's):
   a read is decided once, and finished by the connection.
+* A read the full path refuses before anything else (a target it refuses, a loop, a repeated
+  ``Origin`` or ``Last-Event-ID``: ``edge.protocol.http1.RefusedHead``) is refused here, with
+  the full path's answer (``FastPath.refusal``), before any gate; the connection reads on.
 * With ``--auth jwt|forward`` every head it parses is the gate's first (``edge.web.own_gate``):
   an admission is handed to each read of its own; a refusal it writes itself (or hands to
   aiohttp, nothing written); what only a wait decides is decided in a task of the connection,
   nothing after it read meanwhile, and the head is then read again with that decision
   (``_waited``).
+* A whole head met before, arriving alone while nothing is buffered, is offered to
+  ``FastPath.hit`` first (no parse, no key, no lookup); answered, its first byte and its answer
+  are one step of the tracker (``answered``: nothing else runs between them).
 * Answers leave in request order, by construction: a head no own path serves goes to aiohttp
   alone (``WAITING``), and nothing after it is read until aiohttp's answer is written
   (``request_done``, from the tracker's middleware).
@@ -53,7 +59,7 @@ from edge.auth.gate import RequestAdmission
 from edge.auth.policy import Refusal
 from edge.live.polls import AlreadyWritten, Outcome
 from edge.protocol.half_close import AfterHalfClose, Holding, after_half_close
-from edge.protocol.http1 import MAX_HEAD_BYTES, Handoff, HeadParser, RequestHead
+from edge.protocol.http1 import MAX_HEAD_BYTES, Handoff, HeadParser, RefusedHead, RequestHead
 from edge.protocol.reads import RequestKind, kind_of_request_line
 from edge.web.connection_tracker import ConnectionTracker
 from edge.web.fast_polls import AnsweredNow, Ending, HandedOff, HandOn, Parked, Waits
@@ -90,6 +96,11 @@ class _Mode(Enum):
     REFUSED = "refused"  # at --max-connections: what it sends is discarded
 
 
+# A member read through its Enum class costs a Python call (CPython 3.11's ``EnumType``); the
+# per-read steps read this module name instead.
+_FAST = _Mode.FAST
+
+
 def _aiohttp_holding(handler: RequestHandler, *, cut_short: bool, live: bool) -> Holding:
     """What aiohttp's protocol holds, read from two attributes of its ``RequestHandler``
     (aiohttp 3.x; ``tests/unit/test_half_close.py`` pins them): a pending ``_waiter`` is its own
@@ -112,6 +123,7 @@ class _Connection(asyncio.Protocol):
         "_gate",
         "_handler_factory",
         "_held",
+        "_hit",
         "_in_hand",
         "_inner",
         "_linger",
@@ -142,6 +154,8 @@ class _Connection(asyncio.Protocol):
         fast = tracker.fast
         self._fast = fast if fast is not None and fast.enabled else None
         self._mode = _Mode.FAST if self._fast is not None else _Mode.DELEGATED
+        # Heads met before whose answer is a stored hit; with --auth every head is the gate's.
+        self._hit = self._fast.hit if self._fast is not None and tracker.gate is None else None
         # With --auth jwt|forward: every read is the gate's first (``edge.web.own_gate``), and
         # a head a wait decided is read again with that decision.
         self._gate = tracker.gate if self._fast is not None else None
@@ -195,6 +209,21 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         mode = self._mode
+        if mode is _FAST and self._hit is not None and not self._buffer and not self._paused:
+            # A whole head met before, its answer a stored hit (``FastPath.hit``): answered
+            # without a parse, a key or a lookup. Its first byte and its answer are one step of
+            # the table (``answered``): nothing else runs between them.
+            try:
+                answer = self._hit(data)
+            except Exception:
+                logger.exception("the hit path failed; the head is read as any other")
+                answer = None
+            if answer is not None:
+                transport = self._transport
+                assert transport is not None
+                self._tracker.answered(transport)
+                transport.write(answer)
+                return
         if mode is _Mode.REFUSED:
             self._read_refused_line(data)
             return
@@ -245,7 +274,7 @@ class _Connection(asyncio.Protocol):
         """Answer the complete heads in the buffer, in order, until one is aiohttp's."""
         fast, buffer = self._fast, self._buffer
         assert fast is not None
-        while self._mode is _Mode.FAST and buffer and not self._paused:
+        while self._mode is _FAST and buffer and not self._paused:
             end = buffer.find(b"\r\n\r\n")
             if end < 0:
                 if len(buffer) > MAX_HEAD_BYTES:
@@ -263,8 +292,30 @@ class _Connection(asyncio.Protocol):
                 # This one request is aiohttp's; the next head waits for its answer.
                 self._to_aiohttp(head)
                 return
+            if isinstance(parsed, RefusedHead):
+                if not self._refuse_head(parsed, head):
+                    return
+                continue
             if not self._serve_head(parsed, head):
                 return
+
+    def _refuse_head(self, refused: RefusedHead, head: bytes) -> bool:
+        """A read refused before anything else (a target the full path refuses, a loop, a
+        repeated answer singleton): the full path's answer, written here; True: the connection
+        reads its next head now."""
+        fast, transport = self._fast, self._transport
+        assert fast is not None
+        assert transport is not None
+        data = fast.refusal(refused)
+        if data is None:
+            self._to_aiohttp(head)
+            return False
+        self._tracker.answered(transport)
+        transport.write(data)
+        if not refused.keep_alive:
+            self._close_after_answer()
+            return False
+        return True
 
     def _serve_head(self, parsed: RequestHead, head: bytes) -> bool:
         """Answer one head (``head``: its bytes), after the ``--auth`` gate's decision if there
@@ -307,7 +358,7 @@ class _Connection(asyncio.Protocol):
         assert fast is not None
         assert transport is not None
         self._admission = admission
-        answer = fast.answer(parsed, admission)
+        answer = fast.answer(parsed, admission, head)
         if answer is None and self._catchup is not None:
             own = self._catchup.serve(parsed, head, self, self._answer_ended, admission)
             match own:
@@ -680,6 +731,12 @@ class _Connection(asyncio.Protocol):
         transport = self._transport
         if self._mode is _Mode.FAST and transport is not None and not transport.is_closing():
             self._serve_safely()
+
+    def answering_on_its_own(self) -> bool:
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return False
+        return self._mode is _Mode.STREAMING or self._mode is _Mode.PARKED
 
     def close_if_idle(self) -> None:
         """At shutdown: a connection aiohttp never saw ends as after a half-close: what it

@@ -67,6 +67,11 @@ class Phase(Enum):
     IDLE = "idle"
 
 
+# A member read through its Enum class costs a Python call (CPython 3.11's ``EnumType``); the
+# per-hit steps read these module names instead.
+_HEAD, _IDLE = Phase.HEAD, Phase.IDLE
+
+
 class Refusal(Enum):
     """Why a newcomer or a request was turned away (``edge_refusals_total{reason}``)."""
 
@@ -123,10 +128,11 @@ class ConnectionTable(Generic[K]):
         self._requests: dict[K, int] = {}  # BUSY connections: requests in progress
         # Deadlines of HEAD and IDLE connections. One timeout per phase and a monotonic clock
         # make each queue's deadlines grow in insertion order: expiry looks only at the front.
-        self._deadlines: dict[Phase, OrderedDict[K, float]] = {
-            Phase.HEAD: OrderedDict(),
-            Phase.IDLE: OrderedDict(),
-        }
+        # Two attributes, not a dict by phase: an Enum's hash is a Python call, and a hit
+        # touches these twice.
+        self._head_deadlines: OrderedDict[K, float] = OrderedDict()
+        self._idle_deadlines: OrderedDict[K, float] = OrderedDict()
+        self._keepalive_seconds = limits.keepalive_timeout_seconds
         # Connections not BUSY, the longest out of BUSY (or since connect) first.
         self._idle_order: OrderedDict[K, None] = OrderedDict()
         # Connections whose request in progress is a live reader.
@@ -144,7 +150,10 @@ class ConnectionTable(Generic[K]):
         phase = self._phase.get(key)
         if phase is None or phase is Phase.BUSY:
             return None
-        return self._deadlines[phase][key]
+        return self._queue(phase)[key]
+
+    def _queue(self, phase: Phase) -> OrderedDict[K, float]:
+        return self._head_deadlines if phase is _HEAD else self._idle_deadlines
 
     def _timeout(self, phase: Phase) -> float:
         if phase is Phase.HEAD:
@@ -153,7 +162,7 @@ class ConnectionTable(Generic[K]):
 
     def _wait(self, key: K, phase: Phase, now: float) -> None:
         self._phase[key] = phase
-        self._deadlines[phase][key] = now + self._timeout(phase)
+        self._queue(phase)[key] = now + self._timeout(phase)
 
     def admit(
         self, key: K, now: float, *, flushing: Callable[[K], bool] = _never
@@ -209,9 +218,9 @@ class ConnectionTable(Generic[K]):
     def bytes_received(self, key: K, now: float) -> None:
         """The first byte of a next request starts its header deadline; an idle connection keeps
         its place in the eviction order (it has been out of BUSY as long as it has)."""
-        if self._phase.get(key) is Phase.IDLE:
-            del self._deadlines[Phase.IDLE][key]
-            self._wait(key, Phase.HEAD, now)
+        if self._phase.get(key) is _IDLE:
+            del self._idle_deadlines[key]
+            self._wait(key, _HEAD, now)
 
     def body_started(self, key: K, now: float) -> None:
         """The request in progress on ``key`` has a body not yet whole: its deadline runs."""
@@ -239,7 +248,7 @@ class ConnectionTable(Generic[K]):
         if phase is None:
             return
         if phase is not Phase.BUSY:
-            del self._deadlines[phase][key]
+            del self._queue(phase)[key]
             del self._idle_order[key]
             self._phase[key] = Phase.BUSY
         self._requests[key] = self._requests.get(key, 0) + 1
@@ -260,13 +269,24 @@ class ConnectionTable(Generic[K]):
     def answered(self, key: K, now: float, *, flushing: Callable[[K], bool] = _never) -> K | None:
         """A request the connection answered at once: ``request_started``, ``request_kind``
         (a short request) and ``request_finished`` in one step (the fast path's, per hit).
-        Returns the connection it evicted, if any."""
+        From IDLE it is also the head's ``bytes_received``: a head answered in the pass it
+        arrived in needs no step of its own. Returns the connection it evicted, if any."""
         phase = self._phase.get(key)
-        if phase is None or phase is Phase.BUSY:
+        idle = self._idle_deadlines
+        if phase is _IDLE:
+            del idle[key]
+        elif phase is _HEAD:
+            del self._head_deadlines[key]
+        else:
             return None
-        del self._deadlines[phase][key]
-        evict = self._idle_past_cap(flushing)
-        self._wait(key, Phase.IDLE, now)
+        # Inlined (``_wait``, ``_idle_past_cap``): it runs once per hit.
+        evict = (
+            self._idle_past_cap(flushing)
+            if len(self._phase) > self.limits.max_connections
+            else None
+        )
+        self._phase[key] = _IDLE
+        idle[key] = now + self._keepalive_seconds
         self._idle_order.move_to_end(key)
         return evict
 
@@ -275,7 +295,7 @@ class ConnectionTable(Generic[K]):
         connection idle the longest (the IDLE queue's order is the order they went idle)."""
         if len(self._phase) <= self.limits.max_connections:
             return None
-        evict = next((k for k in self._deadlines[Phase.IDLE] if not flushing(k)), None)
+        evict = next((k for k in self._idle_deadlines if not flushing(k)), None)
         if evict is not None:
             self.forget(evict)
         return evict
@@ -290,14 +310,17 @@ class ConnectionTable(Generic[K]):
         if phase is Phase.BUSY:
             del self._requests[key]
         else:
-            del self._deadlines[phase][key]
+            del self._queue(phase)[key]
             del self._idle_order[key]
         return True
 
     def expire(self, now: float, *, flushing: Callable[[K], bool] = _never) -> list[Expiry[K]]:
         """Forget and return the connections past their deadline, for the caller to close."""
         expired: list[Expiry[K]] = []
-        for phase, queue in self._deadlines.items():
+        for phase, queue in (
+            (Phase.HEAD, self._head_deadlines),
+            (Phase.IDLE, self._idle_deadlines),
+        ):
             while queue:
                 key, deadline = next(iter(queue.items()))
                 if deadline > now:

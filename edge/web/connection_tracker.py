@@ -26,6 +26,9 @@ Rules this module owns:
   once.
 * An operator is warned when a cap is hit, at most once a minute per kind (evicting,
   refusing, turning viewers away).
+* At stop, the listener is closed first, then every connection closes once answered, and
+  the answers connections give themselves are waited for up to ``--drain-seconds`` (then cut)
+  before the application closes what they use (``stop``).
 * Counters (evicted, refused, header, keep-alive and body timeouts, refusals by request kind and
   reason) are plain attributes, read at scrape time.
 
@@ -87,6 +90,11 @@ class TrackedConnection(Protocol):
 
     def close_if_idle(self) -> None: ...
 
+    def answering_on_its_own(self) -> bool:
+        """Is an answer of the connection's own (a feed, a catch-up, a parked long-poll) in
+        progress? Such answers use the origin client: the stop waits for them first."""
+        ...
+
     def body_timed_out(self) -> None: ...
 
     def send(self, data: bytes) -> None: ...
@@ -111,6 +119,7 @@ class ConnectionTracker:
         catchup: FastCatchup | None = None,
         gate: OwnGate | None = None,
         relay: OwnRelay | None = None,
+        drain_seconds: float = 0.0,
     ) -> None:
         self.table: ConnectionTable[asyncio.Transport] = ConnectionTable(limits)
         self.evicted = 0
@@ -134,6 +143,7 @@ class ConnectionTracker:
         self.gate = gate  # with --auth: the gate's decision before each (``edge.web.own_gate``)
         self.relay = relay  # and reads the cache relays (``edge.web.own_relay``)
         self._connections: dict[asyncio.Transport, TrackedConnection] = {}
+        self._drain_seconds = drain_seconds  # how long answers in progress have at stop
         self.middleware: Middleware = self._make_middleware()
 
     @property
@@ -178,8 +188,23 @@ class ConnectionTracker:
         self._sweeper = self.loop.create_task(self._sweep(min(max(tick, 0.05), 1.0)))
 
     async def stop(self) -> None:
+        """Close every connection once what it was sent is answered, waiting up to
+        ``--drain-seconds`` for the answers the connections give themselves: aiohttp's
+        shutdown waits only for its own handlers, and what the application closes next (the
+        origin client) would fail an answer still running with an error instead of its end.
+        What is still running then is cut (its reader resumes by offset elsewhere)."""
         for connection in list(self._connections.values()):
             connection.close_if_idle()
+        deadline = self.loop.time() + self._drain_seconds
+        while self.loop.time() < deadline and any(  # noqa: ASYNC110 (no one event says it)
+            connection.answering_on_its_own() for connection in self._connections.values()
+        ):
+            # Drained answers end on their own within a pass or two (the hub woke them); a
+            # poll is all a stop needs, and it is bounded.
+            await asyncio.sleep(0.02)
+        for transport, connection in list(self._connections.items()):
+            if connection.answering_on_its_own():
+                transport.abort()  # its task is cancelled by the close, before the origin's
         if self._sweeper is not None:
             self._sweeper.cancel()
             await asyncio.gather(self._sweeper, return_exceptions=True)
@@ -194,8 +219,10 @@ class ConnectionTracker:
         self.table.request_finished(cast(asyncio.Transport, transport), self.loop.time())
 
     def answered(self, transport: asyncio.Transport) -> None:
-        """A request the connection answered itself, start to end."""
-        evict = self.table.answered(transport, self.loop.time(), flushing=_flushing)
+        """A request the connection answered itself, start to end (once per hit: the loop
+        is read without the property once it is known)."""
+        loop = self._loop or self.loop
+        evict = self.table.answered(transport, loop.time(), flushing=_flushing)
         if evict is not None:
             self._evict(evict)
 

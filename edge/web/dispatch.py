@@ -5,6 +5,9 @@ Rules this module owns:
 * A request's target is checked before anything else: one the edge refuses is a 400 that never
   reaches the origin (``edge.protocol.paths``); a request that already passed through the edge
   is a 508 (a loop); ``OPTIONS *`` is answered by the edge.
+* A request that repeats a field whose one value changes the answer (``Origin``,
+  ``Last-Event-ID``: ``edge.protocol.headers.ANSWER_SINGLETONS``) is a 400, after the loop
+  check; the connection refuses such a read alike (``edge.protocol.http1.RefusedHead``).
 * With ``--auth jwt|forward``, one decision (``edge.web.gatekeeper.admit``) comes before all of
   that follows: a refusal never reaches the origin, and an authorized read is classified into
   the shared scope with the edge's own credential upstream.
@@ -18,15 +21,18 @@ Rules this module owns:
 * A client that leaves before its answer is written is counted in ``edge_clients_gone_total``,
   never as an answered request (``edge_requests_total``), and logged at DEBUG: leaving is what
   viewers do, and a dashboard must not read it as failing.
-* A request on a resume route (``--resume-route``) is the resume routes' alone, before the gate
-  and the classification: it is about an agent backend, not a stream. The connection table
-  holds it as a live reader (its answer may stream as long as the backend works).
+* A request on a resume route (``--resume-route``) is the resume routes' alone, after the gate
+  (with ``--auth``, judged as a request on the route's path; the admission goes with it: its
+  principal binds the answers) and before the classification: it is about an agent backend,
+  not a stream. The connection table holds it as a live reader (its answer may stream as long
+  as the backend works).
 * The origin's control API is relayed as it is; a live read whose CORS answer is unknown for its
   ``Origin`` is relayed so that the origin's answer teaches the edge: what becomes of a
   classified request is ``edge.web.own_relay.route_of``'s one decision, the connection's own
   relay's too. (Reads reach this handler only with ``--fast-path off``, or as what the
-  connection cannot serve: a target it refuses, a loop, ``OPTIONS *``, a head whose gate
-  decision the connection could not make or write. With ``--auth`` the connection decides the
+  connection cannot serve: a head whose gate decision the connection could
+  not make or write, an answer it could not encode. It writes the refusals above for the
+  reads it parses itself, ``OPTIONS *`` aside. With ``--auth`` the connection decides the
   gate once and finishes every read it decided, relays included: ``edge.web.own_relay``.)
 """
 
@@ -43,7 +49,7 @@ from aiohttp.typedefs import Handler
 from edge.answer import Result
 from edge.auth.gate import RequestAdmission
 from edge.config import ResumeRoute
-from edge.protocol.headers import names_this_proxy
+from edge.protocol.headers import LOOP_TEXT, names_this_proxy, repeated_singleton, repeated_text
 from edge.protocol.paths import BadTarget
 from edge.protocol.reads import Classified, RequestKind, classify
 from edge.web.asked import Asked, asked_of
@@ -115,9 +121,13 @@ async def handle_stream_request(request: web.Request) -> web.StreamResponse:
         # would only go round once more.
         metrics.request_count(RequestKind.OTHER, 508).inc()
         return edge_answer(
-            508, "loop detected: this request already passed through the edge",
-            cors, [("Cache-Control", "no-store")], origin=origin,
+            508, LOOP_TEXT, cors, [("Cache-Control", "no-store")], origin=origin
         )  # fmt: skip
+    repeated = repeated_singleton(request.headers.items())
+    if repeated is not None:
+        # Which of its values counts would be a guess (the connection refuses it alike).
+        metrics.request_count(RequestKind.OTHER, 400).inc()
+        return edge_answer(400, repeated_text(repeated), cors, origin=origin)
     if target.asterisk:
         # OPTIONS * asks about the server, not a stream: the origin's own answer to any OPTIONS.
         metrics.request_count(RequestKind.OTHER, 204).inc()
@@ -125,18 +135,22 @@ async def handle_stream_request(request: web.Request) -> web.StreamResponse:
         cors.add_missing(server_options.headers, origin)
         return server_options
     route = request.app[RESUME].route_for(target.stream)
-    if route is not None:
-        return await _on_resume_route(request, route, origin)
     admitted: RequestAdmission | None = None
     gate = request.app.get(GATE)
     if gate is not None:
         decision = await admit(request, gate, cors)
         if isinstance(decision, web.StreamResponse):
-            kind = classify(request.method, target.stream, target.query, ()).kind
+            kind = (
+                RequestKind.OTHER
+                if route is not None
+                else classify(request.method, target.stream, target.query, ()).kind
+            )
             metrics.full_path(kind).inc()  # aiohttp's handler was entered for it
             metrics.request_count(kind, decision.status).inc()
             return decision
         admitted, target = decision, decision.target  # its target without token parameters
+    if route is not None:
+        return await _on_resume_route(request, route, origin, admitted)
     asked = asked_of(request, settings, target=target, origin=origin, admitted=admitted)
     classified = classify(
         request.method,
@@ -187,7 +201,10 @@ async def handle_stream_request(request: web.Request) -> web.StreamResponse:
 
 
 async def _on_resume_route(
-    request: web.Request, route: ResumeRoute, origin: str | None
+    request: web.Request,
+    route: ResumeRoute,
+    origin: str | None,
+    admitted: RequestAdmission | None,
 ) -> web.StreamResponse:
     """An agent backend's request, not a stream of the origin: relayed (and kept) by the resume
     routes, whose backend authorizes its own callers. Its answer may stream for as long as the
@@ -202,7 +219,7 @@ async def _on_resume_route(
         metrics.request_count(RequestKind.OTHER, 503).inc()
         return refuse_for_room(request, origin)
     try:
-        response = await request.app[RESUME].handle(request, route)
+        response = await request.app[RESUME].handle(request, route, admitted)
     except ClientGone:
         metrics.client_gone(RequestKind.OTHER).inc()
         return EdgeResponse(status=CLIENT_CLOSED)  # never sent (see ``_handle``)

@@ -226,7 +226,10 @@ class LiveTargets:
                 credentials, scope_headers=self._scope_headers, scope_cookies=self._scope_cookies
             )
         )
-        framing = Framing(version=(1, 1), keep_alive=head.keep_alive, origin=head.origin)
+        framing = Framing(
+            version=(1, 1), keep_alive=head.keep_alive, origin=head.origin,
+            close_delimited=head.http10,
+        )  # fmt: skip
         return _live_target(path, head.query, mode, scope, upstream, framing)
 
     def _derive_admitted(
@@ -240,8 +243,9 @@ class LiveTargets:
             return None
         target = admission.target
         framing = Framing(
-            version=(1, 1), keep_alive=head.keep_alive, reader_only=True, origin=head.origin
-        )
+            version=(1, 1), keep_alive=head.keep_alive, reader_only=True, origin=head.origin,
+            close_delimited=head.http10,
+        )  # fmt: skip
         return _live_target(target.stream, target.query, mode, scope, admission.upstream, framing)
 
 

@@ -15,7 +15,8 @@ Rules this module owns:
   as the full path writes it; a bypass or an origin failure is handed on (``HandOn``), nothing
   having been written, to the connection's own relay (``edge.web.own_relay``).
 * The answer is the full path's, byte for byte: the same headers (``sse_head_headers``), framed
-  in chunks as aiohttp frames a ``StreamResponse`` to HTTP/1.1, then the same feed
+  in chunks as aiohttp frames a ``StreamResponse`` to HTTP/1.1 (to an HTTP/1.0 reader, to the
+  close: ``Framing.close_delimited``), then the same feed
   (``SseFanout.serve``), with flow control: a write waits while the connection's transport is
   above its high-water mark (``--sse-buffer-bytes``, as the full path bounds it).
 * The feed ends as the full path's does, at ``--sse-max-seconds`` or when the gate's
@@ -216,8 +217,11 @@ class FastSse:
         """Write the answer's head and make its viewer, once admitted."""
         key, _, client_cursor, framing, _ = target
         headers = sse_head_headers(log, self._cors, framing.origin)
+        chunked = not framing.close_delimited  # an HTTP/1.0 reader's: written to the close
         try:
-            start = serialise(200, list(headers.items()), 0, chunked=True)
+            start = serialise(
+                200, list(headers.items()), 0, chunked=chunked, close_delimited=not chunked
+            )
         except ValueError:
             return HANDED_OFF  # aiohttp turns it into the error it always did
         if not admit(framing.origin):
@@ -234,7 +238,7 @@ class FastSse:
             key=key,
             offset=offset,
             transport=transport,
-            chunked=True,
+            chunked=chunked,
             client_cursor=client_cursor,
             fixed_cursor=self._hub.fixed_cursor(client_cursor),
             rotate_at=min(ends) if ends else None,
@@ -328,8 +332,10 @@ class FastSse:
         """Feed ``viewer`` (``SseFanout.serve``) and say how its answer ended."""
         metrics = self._metrics
 
+        chunked = viewer.chunked
+
         async def write(frame: bytes) -> None:
-            connection.send(chunk(frame))
+            connection.send(chunk(frame) if chunked else frame)
             metrics.served_bytes.inc(len(frame))
             await connection.drain()
 
@@ -342,7 +348,8 @@ class FastSse:
             served = await self._hub.fanout.serve(viewer, credentials, write)
             match served:
                 case Fed.ENDED:
-                    connection.send(LAST_CHUNK)
+                    if chunked:
+                        connection.send(LAST_CHUNK)
                     return written(keep_alive)
                 case Fed.CUT:
                     return Ending.CUT

@@ -45,6 +45,20 @@ Rules this module owns:
   (``edge.web.own_gate``) and hands the admission in (``answer``'s ``admission``), so a head is
   decided once; what the gate cannot decide without waiting, or refuses, the connection
   handles there.
+* A read the full path refuses before anything else (``RefusedHead``) is answered with the full
+  path's ``edge_answer`` (its CORS headers for the first ``Origin``), counted as
+  ``edge_requests_total{kind="other"}`` as the full path counts it (``refusal``).
+* A keep-alive head met before whose answer was an immutable stored hit (no tail to check:
+  not an at-tail answer, nor a ``HEAD``'s, which reports the tail), without ``--auth``, is
+  remembered with that answer (``hit``: the raw head in, the
+  bytes out; at most ``REMEMBERED_HEADS`` heads of ``REMEMBERED_HEAD_BYTES`` holding
+  ``REMEMBERED_BYTES`` of their own, bodies up to ``JOIN_BELOW_BYTES``), so its next
+  hit skips the parse, the key and the lookup; every check ``answer`` makes of the entry is made
+  again per hit, and it is given only while the tier keeps it (``StoredHit.kept``: a
+  forgetting, an eviction or a newer answer under its key ends it at once) and the origin's
+  CORS still varies as it did (the key depended on it). Once a second it is looked up again
+  under its key, as ``answer`` does: the tier's LRU hears of it, and its bytes (with that
+  second's ``Date``) are made then and reused within the second.
 * Counting is plain integers here; ``fold_into`` adds them to the Prometheus counters when
   ``/metrics`` is scraped, so a hit costs no ``labels()`` call.
 """
@@ -53,6 +67,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from multidict import CIMultiDict
 
@@ -71,18 +86,21 @@ from edge.protocol.headers import AUTHORIZATION
 from edge.protocol.http1 import (
     CLOSE_TRAILER,
     KEEP_ALIVE_TRAILER,
+    LOOP_DETECTED,
     ONE_REQUEST,
     Handoff,
     HeadParser,
+    RefusedHead,
     RequestHead,
     date_line,
+    serialise,
     serialise_parts,
 )
 from edge.protocol.paths import BadTarget, normalise_path, parse_target
 from edge.protocol.reads import PUBLIC_SCOPE, RequestKind
 from edge.refresh_ahead import RefreshAhead
 from edge.store.local import LocalTier, StoredHit
-from edge.web.proxy import OriginCors
+from edge.web.proxy import OriginCors, edge_answer
 
 HIT = "edge; hit"
 
@@ -91,8 +109,27 @@ JOIN_BELOW_BYTES = 16 * 1024
 # Heads remembered parsed (``FastPath.parse``): at most this many, each at most this long.
 REMEMBERED_HEADS = 1024
 REMEMBERED_HEAD_BYTES = 1024
+# What heads met before (``hit``) hold of their own besides the tier's entries (the head, the
+# second's answer, the body after the trailer): past it, the book starts again.
+REMEMBERED_BYTES = 4 * 1024 * 1024
 # An at-tail answer's Age is below its freshness window (seconds): these lines are made once.
 AGE_LINES = tuple(b"Age: %d\r\n" % seconds for seconds in range(128))
+
+
+@dataclass(slots=True, eq=False)
+class _Remembered:
+    """A head met before whose answer is an immutable stored hit (``FastPath.hit``): what each
+    of its hits is made of, and the bytes of the current second's."""
+
+    key: AnswerKey
+    entry: StoredHit
+    origin: str | None  # the head's ``Origin``: its CORS headers are checked per hit
+    varies: bool  # ``OriginCors.varies`` when the key was made (the key depends on it)
+    head: bytes  # the answer up to its ``Date`` line: the 200's or the 304's
+    tail: bytes  # after it: the trailer and (a 200 to a GET) the body
+    status: int  # 200 or 304, counted as ``answer`` counts them (a HEAD: 0)
+    second: int = -1  # the second ``data`` was made in
+    data: bytes = b""
 
 
 class FastPath:
@@ -124,6 +161,9 @@ class FastPath:
         self._refresh_after = due_after(self._freshness)
         self._authority = live_authority_seconds(settings)
         self._heads: dict[bytes, RequestHead] = {}
+        # Raw heads whose answer is an immutable stored hit (``hit``); never with --auth.
+        self._remembered: dict[bytes, _Remembered] = {}
+        self._remembered_bytes = 0
         # Resume routes are relayed to their backend by the full path, every method of them.
         self._resume_routes = settings.resume_routes
         self._date_second = -1
@@ -134,6 +174,8 @@ class FastPath:
         self.served_bytes = 0
         self.heads = 0  # HEADs answered here (edge_requests_total{kind="head"})
         self.admitted = 0  # reads the gate allowed here (edge_auth_decisions_total)
+        self.refused: dict[int, int] = {}  # heads refused here, by status (``refusal``)
+        self._folded_refused: dict[int, int] = {}
         self._folded = (0, 0, 0)
         self._folded_admitted = 0
         self._folded_heads = 0
@@ -141,7 +183,7 @@ class FastPath:
     def parser(self) -> HeadParser:
         return HeadParser(self._parsed_headers)
 
-    def parse(self, head: bytes, parser: HeadParser) -> RequestHead | Handoff:
+    def parse(self, head: bytes, parser: HeadParser) -> RequestHead | Handoff | RefusedHead:
         """``parser.parse(head)``, remembered for heads met before: a head is parsed the same
         way every time (the parser is at a message boundary before and after each), and an
         audience sends the same head again and again (after each release, every viewer asks
@@ -228,32 +270,24 @@ class FastPath:
         )  # fmt: skip
 
     def answer(
-        self, head: RequestHead, admission: RequestAdmission | None = None
+        self,
+        head: RequestHead,
+        admission: RequestAdmission | None = None,
+        raw: bytes | None = None,
     ) -> list[bytes] | None:
         """The bytes to write for ``head``, or None: the full path answers it (with
-        ``--auth``, ``admission``: the gate's yes the connection already has for it)."""
+        ``--auth``, ``admission``: the gate's yes the connection already has for it).
+        ``raw``: the head as it came, remembered with an immutable answer (``hit``)."""
         key = self.key_of(head, admission)
         if key is None:
             return None
         entry = self._local.response(key)
         if entry is None:
             return None
-        instance = entry.instance
         now = self._clock()
-        if (
-            (self._verify and now - instance.verified_at >= GENERATION_CHECK_SECONDS)
-            or entry.generation != instance.generation  # its purge keys name another
-            or instance.expires_at is not None
-            or instance.ttl_seconds is not None
-            or instance.bypass_until > now
-            or entry.cors is not self._cors.for_request(head.origin)
-        ):
+        if not self._current(entry, now, head.origin):
             return None
-        # A stored answer lives only while the log it was built from does: whatever forgets
-        # that log (its stream, or only its scope: a 404 to a credential) ends the answer too.
         log = entry.log
-        if not log.kept:
-            return None
         if entry.tail_end is not None:
             if not self._tail_holds(log, entry, now):
                 return None
@@ -266,20 +300,122 @@ class FastPath:
             return None  # a conditional HEAD is the origin's to judge (as on the full path)
         if self._gate is not None and admission is None:
             self.admitted += 1  # (decided by the connection: counted there)
+        remember = (
+            raw is not None
+            and self._gate is None
+            and head.keep_alive
+            and entry.tail_end is None
+            and not entry.ages
+            and len(entry.body) <= JOIN_BELOW_BYTES
+        )
         if key.head:
             self.heads += 1
-            return [entry.ok + self._date + trailer]
+            data = entry.ok + self._date + trailer
+            if remember:
+                self._remember(raw, key, entry, head, entry.ok, trailer, 0, data)
+            return [data]
         if entry.ages:
             return self._aged(entry, log, head, now, trailer)
         if if_none_match_hits(head.if_none_match, entry.etag):
             self.not_modified += 1
-            return [entry.not_modified + self._date + trailer]
+            data = entry.not_modified + self._date + trailer
+            if remember:
+                self._remember(raw, key, entry, head, entry.not_modified, trailer, 304, data)
+            return [data]
         self.ok += 1
         body = entry.body
         self.served_bytes += len(body)
         if len(body) <= JOIN_BELOW_BYTES:
-            return [b"".join((entry.ok, self._date, trailer, body))]  # one send()
+            data = b"".join((entry.ok, self._date, trailer, body))  # one send()
+            if remember:
+                self._remember(raw, key, entry, head, entry.ok, trailer + body, 200, data)
+            return [data]
         return [entry.ok + self._date + trailer, body]
+
+    def _current(self, entry: StoredHit, now: float, origin: str | None) -> bool:
+        """Does everything the full path would consult still say what ``entry`` was built
+        with (the module's rules: generation, lifetime, no-store, CORS, its log)?"""
+        instance = entry.instance
+        return not (
+            (self._verify and now - instance.verified_at >= GENERATION_CHECK_SECONDS)
+            or entry.generation != instance.generation  # its purge keys name another
+            or instance.expires_at is not None
+            or instance.ttl_seconds is not None
+            or instance.bypass_until > now
+            or entry.cors is not self._cors.for_request(origin)
+            # A stored answer lives only while the log it was built from does: whatever
+            # forgets that log (its stream, or only its scope: a 404 to a credential) ends it.
+            or not entry.log.kept
+        )
+
+    def _remember(
+        self,
+        raw: bytes | None,
+        key: AnswerKey,
+        entry: StoredHit,
+        head: RequestHead,
+        answer_head: bytes,
+        tail: bytes,
+        status: int,
+        data: bytes,
+    ) -> None:
+        assert raw is not None
+        if len(raw) > REMEMBERED_HEAD_BYTES:
+            return
+        self._forget_remembered(raw)
+        size = len(raw) + len(data) + len(tail)
+        if (
+            len(self._remembered) >= REMEMBERED_HEADS
+            or self._remembered_bytes + size > REMEMBERED_BYTES
+        ):
+            # A new audience's heads are met again at once.
+            self._remembered.clear()
+            self._remembered_bytes = 0
+        self._remembered_bytes += size
+        self._remembered[raw] = _Remembered(
+            key=key, entry=entry, origin=head.origin, varies=self._cors.varies,
+            head=answer_head, tail=tail, status=status, second=self._date_second, data=data,
+        )  # fmt: skip
+
+    def _forget_remembered(self, raw: bytes) -> None:
+        remembered = self._remembered.pop(raw, None)
+        if remembered is not None:
+            self._remembered_bytes -= len(raw) + len(remembered.data) + len(remembered.tail)
+
+    def hit(self, raw: bytes) -> bytes | None:
+        """The answer to ``raw``, a whole head met before (``answer``'s ``raw``), if it is
+        still the stored hit it was; None: ``answer`` decides (and remembers it again)."""
+        remembered = self._remembered.get(raw)
+        if remembered is None:
+            return None
+        entry = remembered.entry
+        now = self._clock()
+        if (
+            not entry.kept
+            or self._cors.varies is not remembered.varies
+            or not self._current(entry, now, remembered.origin)
+        ):
+            self._forget_remembered(raw)
+            return None
+        second = int(now)
+        if second != remembered.second:
+            # Once a second, the lookup ``answer`` makes: the LRU hears of the hits.
+            if self._local.response(remembered.key) is not entry:
+                self._forget_remembered(raw)
+                return None
+            if second != self._date_second:
+                self._date_second, self._date = second, date_line(second)
+            remembered.second = second
+            remembered.data = remembered.head + self._date + remembered.tail
+        status = remembered.status
+        if status == 200:
+            self.ok += 1
+            self.served_bytes += len(entry.body)
+        elif status == 304:
+            self.not_modified += 1
+        else:
+            self.heads += 1
+        return remembered.data
 
     def _aged(
         self, entry: StoredHit, log: StreamLog, head: RequestHead, now: float, trailer: bytes
@@ -398,8 +534,34 @@ class FastPath:
         )
         return self._local.put_response(key, stored)
 
+    def refusal(self, refused: RefusedHead) -> bytes | None:
+        """The full path's answer to a head it refuses before anything else (``edge_answer``,
+        as ``handle_stream_request`` gives it), counted as it counts it; None: the full path's
+        to write (a header it cannot be written with)."""
+        extra = [("Cache-Control", "no-store")] if refused.status == LOOP_DETECTED else []
+        response = edge_answer(
+            refused.status, refused.text, self._cors, extra, origin=refused.origin
+        )
+        body = response.body
+        assert isinstance(body, bytes)
+        try:
+            start = serialise(response.status, list(response.headers.items()), len(body))
+        except ValueError:
+            return None
+        self.refused[refused.status] = self.refused.get(refused.status, 0) + 1
+        # A HEAD's answer is the GET's head, its Content-Length included, without the body.
+        ending = b"" if refused.head else body
+        now = int(self._clock())
+        ends = KEEP_ALIVE_TRAILER if refused.keep_alive else CLOSE_TRAILER
+        return b"".join((start, date_line(now), ends, ending))
+
     def fold_into(self, metrics: Metrics) -> None:
         """Add what was counted since the last scrape to the Prometheus counters."""
+        for status, count in list(self.refused.items()):
+            last = self._folded_refused.get(status, 0)
+            if count > last:
+                metrics.request_count(RequestKind.OTHER, status).inc(count - last)
+                self._folded_refused[status] = count
         ok, not_modified, served = self.ok, self.not_modified, self.served_bytes
         last_ok, last_nm, last_served = self._folded
         self._folded = (ok, not_modified, served)

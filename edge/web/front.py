@@ -27,7 +27,7 @@ from multidict import CIMultiDict
 from edge.answer import Answer, Bypass, Why
 from edge.catchup import CatchupCache
 from edge.protocol.answer_key import AnswerKey, answer_key
-from edge.protocol.headers import first_value
+from edge.protocol.headers import first_value, joined_value
 from edge.protocol.paths import Target
 from edge.protocol.reads import Read
 from edge.web.fastpath import FastPath
@@ -66,7 +66,8 @@ def catchup_request(
     cors: OriginCors,
     head: bool = False,
 ) -> CatchupRequest:
-    accept_encoding = None if head else first_value(headers, "accept-encoding")
+    # List-valued: every field line counts (RFC 9110 §5.3), as on the connection's own parse.
+    accept_encoding = None if head else joined_value(headers, "accept-encoding")
     origin = first_value(headers, "origin")
     return CatchupRequest(
         read=read,
@@ -80,7 +81,7 @@ def catchup_request(
             head,
         ),
         credentials=credentials,
-        if_none_match=first_value(headers, "if-none-match"),
+        if_none_match=joined_value(headers, "if-none-match"),
         accept_encoding=accept_encoding,
         origin=origin,
         version=version,

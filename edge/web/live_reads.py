@@ -23,7 +23,7 @@ import time
 from collections.abc import Sequence
 from typing import assert_never
 
-from aiohttp import HttpVersion11, web
+from aiohttp import web
 
 from edge.answer import Answer, Bypass
 from edge.live.polls import AlreadyWritten, Framing, Socket
@@ -102,11 +102,13 @@ def socket_of(request: web.Request, asked: Asked) -> Socket | None:
     sink = request.app[CONNECTIONS].sink_of(transport)
     if sink is None:
         return None  # not the stream listener's (a test server's): its handler writes it
+    http10 = asked.version < (1, 1)
     framing = Framing(
-        version=asked.version,
-        keep_alive=request.keep_alive,
+        version=(1, 1),  # an HTTP/1.0 read too (``edge.web.proxy.answer_http10_as_http11``)
+        keep_alive=request.keep_alive and not http10,
         reader_only=asked.reader_only,
         origin=asked.origin,
+        close_delimited=http10,
     )
     return Socket(sink=sink, framing=framing)
 
@@ -172,7 +174,8 @@ def viewer_of(
         offset=offset,
         transport=transport,
         # aiohttp frames HTTP/1.1 bodies without a length as chunks; direct writes must too.
-        chunked=request.version >= HttpVersion11,
+        # (``asked``'s version: the request's reads 1.1 once the answer's head is written.)
+        chunked=asked.version >= (1, 1),
         client_cursor=read.cursor,
         fixed_cursor=hub.fixed_cursor(read.cursor),
         rotate_at=min(ends) if ends else None,

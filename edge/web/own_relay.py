@@ -11,7 +11,8 @@ Rules this module owns:
   connection's when its route is a relay (``offset=now``, a read with unknown parameters, a
   live read whose CORS answer is unknown for its ``Origin``, a control path) or a HEAD (the
   edge's own answer when it knows the whole stream, ``CatchupFront.head``, else relayed). A
-  target ``parse_target`` refuses stays aiohttp's (its 400).
+  target ``parse_target`` refuses never gets here: the connection wrote its 400
+  (``edge.protocol.http1.RefusedHead``).
 * With ``--auth jwt|forward`` a read is the relay's only with the admission the connection's
   gate decided for it (``edge.web.own_gate``), served as the full path serves that admission
   (``edge.web.proxy.ask_of``, ``edge.web.asked.asked_of``): its target without ``token``
@@ -247,7 +248,8 @@ class OwnRelay:
         ask = RelayAsk(
             method=whole.method, target=target,
             headers=headers if admission is None else admission.relay_headers(headers),
-            client_address=peer, scheme="http", host=first_value(headers, "host"), version=(1, 1),
+            client_address=peer, scheme="http", host=first_value(headers, "host"),
+            version=(1, 0) if whole.http10 else (1, 1),
             credentialed=shared
             or any(n.lower() in ("authorization", "cookie") for n, _ in headers),
             reader_only=shared,
@@ -446,7 +448,7 @@ class OwnRelay:
             head, framing = relayed_answer_head(
                 upstream.status, upstream.reason, list(headers.items()),
                 head=ask.method == "HEAD", keep_alive=planned.keep_alive,
-                now_seconds=int(self._clock()),
+                now_seconds=int(self._clock()), close_delimited=ask.version < (1, 1),
             )  # fmt: skip
         except ValueError as unwritable:
             raise OriginMalformed(str(unwritable)) from unwritable
@@ -463,6 +465,8 @@ class OwnRelay:
                         left -= len(data)
                         if data:
                             connection.send(data)
+                    case BodyFraming.TO_CLOSE:
+                        connection.send(data)  # the connection closes after it (keep_alive)
                     case BodyFraming.NONE:
                         continue
                     case _:

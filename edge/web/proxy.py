@@ -245,6 +245,24 @@ def without_cors(headers: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
     return [(n, v) for n, v in headers if n.lower() not in cors]
 
 
+async def answer_http10_as_http11(request: web.BaseRequest, response: web.StreamResponse) -> None:
+    """An HTTP/1.0 request is answered as an HTTP/1.1 server answers it (RFC 9110 §2.5: the
+    highest version the server conforms to): an ``HTTP/1.1`` status line, the connection
+    closed after it (``Connection: close``: RFC 9112 §9.3 leaves HTTP/1.0 keep-alive to the
+    server), a body of unknown length written to the close (aiohttp framed it so for the
+    request's version, just before). The connection's own answers follow the same rule
+    (``edge.protocol.http1.RequestHead.http10``). aiohttp's ``on_response_prepare`` signal,
+    between its framing and its status line: the status line is written with
+    ``request.version``, read from the request's reify cache (aiohttp 3.x;
+    ``tests/integration/test_own_heads.py`` pins it)."""
+    if request.version >= aiohttp.HttpVersion11:
+        return
+    response.force_close()
+    response.headers[hdrs.CONNECTION] = "close"
+    # ``BaseRequest.version`` is reified: its cached value is what the status line reads.
+    request._cache["version"] = aiohttp.HttpVersion11
+
+
 class EdgeResponse(web.Response):
     """An answer the edge made itself; like relayed ones, it carries no aiohttp ``Server``."""
 

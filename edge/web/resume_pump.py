@@ -11,7 +11,9 @@ Rules this module owns:
   ``--resume-lease``: an open stream with nothing new for a whole lease has lost its pump.
   ``end_lapsed`` is what a reader then does: it writes what the request is still owed and the
   close as the same producer with epoch 1, which fences the lost pump's writes off (the origin
-  refuses a lower epoch), so the answer ends once and nothing more is appended.
+  refuses a lower epoch), so the answer ends once and nothing more is appended. A reader that
+  cannot read the log then (the origin away) ends nothing: the pump may be waiting out the same
+  outage, and an error given to a client could contradict the answer the log goes on to hold.
 * The pump runs in a task of its own: a client that leaves cancels none of it (MCP 2025-11-25:
   a disconnect is not a cancellation). It copies the upstream answer to its end, one append per
   upstream chunk, each answered by the origin before the next chunk is read; then it appends
@@ -25,8 +27,9 @@ Rules this module owns:
   pumps cap a new answer is not kept (relayed without ids); an answer that outgrows the bytes or
   seconds cap is kept no further: the pump appends ``UNKEPT``, what the request is owed and the
   close (readers elsewhere end with the error), and hands the rest of the upstream answer to its
-  own client on this process (``Handoff``), without ids; if that client is gone, the upstream
-  answer is closed. Each is counted in ``edge_resume_unkept_total{reason}``.
+  own client on this process (``Handoff``), without ids; once that client is gone (even while
+  the upstream says nothing), the upstream answer is closed. Each is counted in
+  ``edge_resume_unkept_total{reason}``.
 * On ``close`` (the process stopping), pumps get ``--drain-seconds`` to finish; the rest end
   their answers with what they still owe, so no reader elsewhere waits for them. A process
   killed outright cannot: its leases lapse.
@@ -114,6 +117,10 @@ class Handoff:
 
     async def get(self) -> dict[str, str] | None:
         return await self._queue.get()
+
+    async def left(self) -> None:
+        """Returns once the client is gone."""
+        await self._gone.wait()
 
     def leave(self) -> None:
         self._gone.set()
@@ -310,7 +317,8 @@ class Pumps:
         log = await _read_whole(self._origin, path, credentials)
         match log:
             case None:
-                return Unwritable(owed=None)
+                self._metrics.resume_lapsed.labels("unreadable").inc()
+                return Unreadable()
             case (_, True):
                 return Ended()
             case (messages, False):
@@ -343,14 +351,27 @@ async def _hand_over(
     for waiting in pending:
         if not await handoff.put(waiting):
             return
+    # A quiet upstream is not waited on once the client is gone: an answer with no end of its
+    # own (a GET's feed) would hold its upstream for ever.
+    left = asyncio.ensure_future(handoff.left())
     try:
-        async for chunk in response.content.iter_any():
+        while True:
+            read = asyncio.ensure_future(response.content.readany())
+            await asyncio.wait({read, left}, return_when=asyncio.FIRST_COMPLETED)
+            if not read.done():
+                read.cancel()
+                return
+            chunk = read.result()
+            if not chunk:
+                break
             for event in decoder.feed(chunk):
                 message = kept_message(event)
                 if message is not None and not await handoff.put(message):
                     return
     except (aiohttp.ClientError, OSError, TimeoutError) as error:
         logger.info("resume route: an unkept answer broke off upstream: %r", error)
+    finally:
+        left.cancel()
     await handoff.put(None)
 
 
@@ -361,13 +382,21 @@ class Ended:
 
 @dataclass(frozen=True, slots=True)
 class Unwritable:
-    """The origin would not end the answer: the reader gives its client ``owed`` itself
-    (None: the log could not be read to tell; the reader goes by what it has read)."""
+    """The origin can be read but would not end the answer: the reader gives its client
+    ``owed`` itself."""
 
-    owed: list[dict[str, str]] | None
+    owed: list[dict[str, str]]
 
 
-Lapsed = Ended | Unwritable
+@dataclass(frozen=True, slots=True)
+class Unreadable:
+    """The answer's log could not be read (the origin away): whether the pump is lost or only
+    waiting out the same outage cannot be told, so the reader ends nothing and tells its
+    client nothing; it cuts the client short, to resume with its last id once the log can be
+    read (then the answer goes on, or its lease has lapsed and it is ended for every reader)."""
+
+
+Lapsed = Ended | Unwritable | Unreadable
 
 
 async def _chunks_or_silence(

@@ -240,6 +240,7 @@ def wire(
     connections = ConnectionTracker(
         limits if limits is not None else default_limits(settings), fast=fast, polls=polls,
         sse=sse, catchup=catchup, gate=own_gate, relay=own_relay,
+        drain_seconds=settings.drain_seconds,
     )  # fmt: skip
     purger = CdnPurger(settings, parts.forgetter, metrics) if settings.cdn_purge else None
     if purger is not None:
@@ -264,7 +265,7 @@ def wire(
         fast=fast,
         front=front,
         purger=purger,
-        resume=ResumeRoutes(settings, metrics, Pumps(settings, metrics, origin)),
+        resume=ResumeRoutes(settings, metrics, Pumps(settings, metrics, origin), cors, origin),
     )
 
 

@@ -94,6 +94,8 @@ class AuthService:
     sessions: dict[str, str] = field(default_factory=dict)  # session id -> stream prefix
     writers: set[str] = field(default_factory=set)  # may PUT, POST and DELETE
     appenders: set[str] = field(default_factory=set)  # may POST only
+    # session id -> the user a 2xx names in ``X-Auth-Request-User`` (as oauth2-proxy does)
+    users: dict[str, str] = field(default_factory=dict)
     mode: str = "ok"
     delay: float = 5.0
     max_age: int | None = 30
@@ -131,6 +133,9 @@ class AuthService:
             allowed = cookie in self.writers
         if not uri.startswith(prefix) or not allowed:
             return web.Response(status=403, text="not your stream", headers=headers)
+        user = self.users.get(cookie or "")
+        if user is not None:
+            headers["X-Auth-Request-User"] = user
         return web.Response(status=204, headers=headers)
 
     def start(self) -> AuthService:

@@ -113,7 +113,7 @@ async def read_answers(
         while (line := (await reader.readuntil(b"\r\n"))[:-2]) != b"":
             name, _, value = line.partition(b": ")
             headers.append((name, value))
-        length = next((int(v) for n, v in headers if n.lower() == b"content-length"), 0)
+        length = next((int(v) for n, v in headers if n.lower() == b"content-length"), None)
         chunked = any(n.lower() == b"transfer-encoding" for n, _ in headers)
         status = int(status_line.split()[1])
         body = b""
@@ -123,6 +123,8 @@ async def read_answers(
             while size := int((await reader.readuntil(b"\r\n"))[:-2], 16):
                 body += (await reader.readexactly(size + 2))[:-2]
             await reader.readuntil(b"\r\n")
+        elif length is None:
+            body = await reader.read()  # to the close (an answer to HTTP/1.0)
         elif length:
             body = await reader.readexactly(length)
         answers.append(Raw(status_line, headers, body))

@@ -129,6 +129,10 @@ def test_the_ceiling_benchmark_prints_the_edge_beside_nginx_return_200(tmp_path:
     ratio = re.search(r"edge / nginx `return 200`: \*\*([\d.]+)\u00d7\*\*", result.stdout)
     assert ratio is not None, result.stdout
     assert float(ratio.group(1)) == pytest.approx(rps[0] / rps[1], rel=0.02, abs=0.01)
+    per_core = re.search(r"CPU per request, nginx / edge: \*\*([\d.]+)\u00d7\*\*", result.stdout)
+    assert per_core is not None, result.stdout
+    cpu = [float(row[3]) for row in (edge, nginx)]
+    assert float(per_core.group(1)) == pytest.approx(cpu[1] / cpu[0], rel=0.05, abs=0.01)
     assert "## A 100 B hit against the per-core ceiling" in output.read_text()
 
 
@@ -228,3 +232,29 @@ def test_the_long_poll_audience_benchmark_checks_every_viewer(tmp_path: Path) ->
     # Each viewer's re-polls reach the origin through nginx, not through the edge.
     assert gets["edge-w1"] < gets["nginx"], gets
     assert "## Long-poll audience (" in output.read_text()
+
+
+def test_the_resume_cost_benchmark_checks_every_answer(tmp_path: Path) -> None:
+    """A smoke test of the script, not of speed: 10-event answers on a resume route, each
+    checked (every event once, in order, with an edge id, then the result), their costs
+    counted; a resume on the relaying edge costs the origin nothing, one elsewhere a read."""
+    output = tmp_path / "benchmarks.md"
+    command = [sys.executable, "-m", "loadtest.resume_cost", "--events", "10", "--rounds", "1"]
+    command += ["--output", str(output)]
+    result = subprocess.run(
+        command, cwd=REPO, capture_output=True, text=True, timeout=110, check=False
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    paced = _row(result.stdout, "10 events, 20 ms apart")
+    assert paced[1] == "11", paced  # 10 events and the result
+    # The creation, an append per upstream chunk (the result may share the last event's), the
+    # close.
+    assert "1 PUT" in paced[2], paced
+    assert re.search(r"\b1[12] POST\b", paced[2]), paced
+    for cell in paced[3:8]:
+        assert int(cell.replace(",", "")) > 0, paced
+    here = _row(result.stdout, "a resume on the same edge: the whole replayed")
+    assert here[1:5] == ["10", "none", "0", "0"], here
+    elsewhere = _row(result.stdout, "a resume on another edge: the whole replayed")
+    assert "GET" in elsewhere[2], elsewhere
+    assert "## What one resumable answer costs (issue 30; " in output.read_text()

@@ -124,9 +124,8 @@ class Variant:
 
     @property
     def keeps_alive(self) -> bool:
-        if self.version == "HTTP/1.0":
-            return self.connection == "keep-alive"
-        return self.connection != "close"
+        # HTTP/1.0 is answered as HTTP/1.1 answers it, then closed (``http10`` in http1.py).
+        return self.version == "HTTP/1.1" and self.connection != "close"
 
 
 def variants(current: int) -> list[Variant]:

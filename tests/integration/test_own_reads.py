@@ -22,20 +22,27 @@ import aiohttp
 import pytest
 
 from devstack.processes import Edge, Origin
-from tests.integration.test_fast_path import (
+from tests.integration.own_reads_support import (
+    CORS_ORIGIN,
+    MixedLoad,
     Raw,
+    append,
     edge_pair,
     exchange,
+    full_path_requests,
     host_port,
+    long_poll,
     make_stream,
+    poll,
     read_answers,
     request,
+    sse,
+    tail_of,
 )
 from tests.integration.test_passthrough import call, metric_value
 
 TIMEOUT_SECONDS = 2
 ARGS = ("--workers", "1", "--long-poll-timeout", str(TIMEOUT_SECONDS))
-CORS_ORIGIN = "Origin: https://app.example"
 
 
 @pytest.fixture(scope="module")
@@ -44,36 +51,9 @@ def edges(origin: Origin, logs_dir: Path) -> Iterator[tuple[Edge, Edge]]:
         yield pair
 
 
-def full_path_long_polls(edge: Edge) -> float:
-    text = edge.metrics_text()
-    return metric_value(text, "edge_full_path_requests_total", kind="long_poll")
-
-
 def answered(edge: Edge, code: str) -> float:
     text = edge.metrics_text()
     return metric_value(text, "edge_requests_total", kind="long_poll", code=code)
-
-
-def long_poll(path: str, offset: str, *headers: str) -> bytes:
-    return request(f"{path}?offset={offset}&live=long-poll", *headers)
-
-
-async def poll(url: str, path: str, offset: str, *headers: str) -> Raw:
-    return (await exchange(url, long_poll(path, offset, *headers), ["GET"]))[0]
-
-
-async def tail_of(http: aiohttp.ClientSession, url: str) -> str:
-    status, headers, _ = await call(http, "GET", url + "?offset=-1")
-    assert status == 200
-    return dict(headers)["Stream-Next-Offset"]
-
-
-async def append(http: aiohttp.ClientSession, url: str, data: bytes) -> str:
-    status, headers, _ = await call(
-        http, "POST", url, headers={"Content-Type": "text/plain"}, data=data
-    )
-    assert status == 204
-    return dict(headers)["Stream-Next-Offset"]
 
 
 async def followed(edge: Edge, path: str, offset: str, *headers: str) -> None:
@@ -108,7 +88,7 @@ async def test_every_answer_is_the_full_paths_and_no_handler_is_entered(
     tail = await append(http, url, b"second")
     for edge in (fast, full):
         await followed(edge, stream_path, tail, *sent)
-    entered = full_path_long_polls(fast)
+    entered = full_path_requests(fast)["long_poll"]
 
     # At the tail: parked, then released by an append.
     waiting = [asyncio.ensure_future(poll(e.url, stream_path, tail, *sent)) for e in edges]
@@ -153,8 +133,8 @@ async def test_every_answer_is_the_full_paths_and_no_handler_is_entered(
     assert closed[0].comparable() == closed[1].comparable()
 
     # The connection served all four itself (a CORS Origin is learnt on the first).
-    assert full_path_long_polls(fast) == entered
-    assert full_path_long_polls(full) > entered
+    assert full_path_requests(fast)["long_poll"] == entered
+    assert full_path_requests(full)["long_poll"] > entered
 
 
 async def test_pipelined_long_polls_and_catchups_are_answered_in_order(
@@ -234,7 +214,7 @@ async def test_a_waiter_whose_stream_is_deleted_looks_again_and_is_told_it_is_go
     await make_stream(http, url, "text/plain", b"x", close=False)
     tail = await tail_of(http, url)
     await followed(fast, stream_path, tail)
-    entered = full_path_long_polls(fast)
+    entered = full_path_requests(fast)["long_poll"]
     waiting = asyncio.ensure_future(poll(fast.url, stream_path, tail))
     await wait_for_metric(fast, "edge_long_polls_waiting", 1)
     status, _, _ = await call(http, "DELETE", fast.url + stream_path)
@@ -244,7 +224,7 @@ async def test_a_waiter_whose_stream_is_deleted_looks_again_and_is_told_it_is_go
     # the cache again; what the cache does not answer is relayed by the full path): the origin
     # says what the stream is now.
     assert answer.status_line.split()[1] == b"404", answer
-    assert full_path_long_polls(fast) <= entered + 1
+    assert full_path_requests(fast)["long_poll"] <= entered + 1
 
 
 async def test_past_the_viewer_cap_a_long_poll_is_refused_as_the_full_path_refuses_it(
@@ -282,14 +262,6 @@ async def test_past_the_viewer_cap_a_long_poll_is_refused_as_the_full_path_refus
 # --- SSE reads served by the connection itself (edge.web.fast_sse) ---
 
 
-def full_path_sse(edge: Edge) -> float:
-    return metric_value(edge.metrics_text(), "edge_full_path_requests_total", kind="sse")
-
-
-def sse(path: str, offset: str, *headers: str) -> bytes:
-    return request(f"{path}?offset={offset}&live=sse", *headers)
-
-
 @pytest.mark.parametrize("headers", list(HEADER_SETS))
 async def test_an_sse_read_is_the_full_paths_byte_for_byte_and_enters_no_handler(
     http: aiohttp.ClientSession,
@@ -305,7 +277,7 @@ async def test_an_sse_read_is_the_full_paths_byte_for_byte_and_enters_no_handler
     tail = await append(http, url, b"second")
     for edge in edges:
         await followed(edge, stream_path, tail, *sent)
-    entered = full_path_sse(fast)
+    entered = full_path_requests(fast)["sse"]
     # Live: both follow the tail, get the next append, and end with the stream's closure.
     live = [
         asyncio.ensure_future(exchange(e.url, sse(stream_path, "-1", *sent), ["GET"]))
@@ -328,8 +300,8 @@ async def test_an_sse_read_is_the_full_paths_byte_for_byte_and_enters_no_handler
             *(exchange(e.url, sse(stream_path, offset, *sent), ["GET"]) for e in edges)
         )
         assert again[0][0].comparable() == again[1][0].comparable(), offset
-    assert full_path_sse(fast) == entered
-    assert full_path_sse(full) > entered
+    assert full_path_requests(fast)["sse"] == entered
+    assert full_path_requests(full)["sse"] > entered
 
 
 async def test_an_sse_viewer_that_leaves_is_let_go_and_the_connection_goes_on_after_the_end(
@@ -360,10 +332,6 @@ async def test_an_sse_viewer_that_leaves_is_let_go_and_the_connection_goes_on_af
 # --- catch-up reads the stored hits do not answer (edge.web.fast_catchup) ---
 
 
-def full_path_catchups(edge: Edge) -> float:
-    return metric_value(edge.metrics_text(), "edge_full_path_requests_total", kind="catchup")
-
-
 @pytest.mark.parametrize("headers", list(HEADER_SETS))
 async def test_a_catchup_miss_is_the_full_paths_answer_and_enters_no_handler(
     http: aiohttp.ClientSession,
@@ -378,7 +346,7 @@ async def test_a_catchup_miss_is_the_full_paths_answer_and_enters_no_handler(
     await make_stream(http, url, "text/plain", b"one ", close=False)
     middle = await tail_of(http, url)
     await append(http, url, b"two")
-    entered = full_path_catchups(fast)
+    entered = full_path_requests(fast)["catchup"]
     for target in (f"{stream_path}?offset=-1", f"{stream_path}?offset={middle}", stream_path):
         answers = await asyncio.gather(
             *(exchange(e.url, request(target, *sent), ["GET"]) for e in edges)
@@ -393,13 +361,13 @@ async def test_a_catchup_miss_is_the_full_paths_answer_and_enters_no_handler(
         )
     )
     assert revalidated[0][0].comparable() == revalidated[1][0].comparable()
-    assert full_path_catchups(fast) == entered
+    assert full_path_requests(fast)["catchup"] == entered
     # offset=now is the origin's to answer: relayed by the connection itself, at once.
     now = await asyncio.gather(
         *(exchange(e.url, request(f"{stream_path}?offset=now", *sent), ["GET"]) for e in edges)
     )
     assert now[0][0].comparable() == now[1][0].comparable()
-    assert full_path_catchups(fast) == entered
+    assert full_path_requests(fast)["catchup"] == entered
 
 
 async def test_a_read_the_cache_bypasses_after_asking_is_relayed_whole_by_the_connection(
@@ -412,13 +380,13 @@ async def test_a_read_the_cache_bypasses_after_asking_is_relayed_whole_by_the_co
     await make_stream(http, origin.url + stream_path, "application/octet-stream", body, close=True)
     with edge_pair(origin, logs_dir, "own-bypass", *ARGS, "--fill-buffer-bytes", "512KiB") as pair:
         fast, _ = pair
-        entered = full_path_catchups(fast)
+        entered = full_path_requests(fast)["catchup"]
         target = request(f"{stream_path}?offset=-1")
         answers = [(await exchange(e.url, target, ["GET"]))[0] for e in pair]
         assert answers[0].body == body
         assert b"fwd=bypass" in (answers[0].header(b"Cache-Status") or b"")
         assert answers[0].comparable() == answers[1].comparable()
-        assert full_path_catchups(fast) == entered
+        assert full_path_requests(fast)["catchup"] == entered
 
 
 async def test_first_live_reads_of_a_stream_wait_in_the_connection_not_in_aiohttp(
@@ -431,7 +399,7 @@ async def test_first_live_reads_of_a_stream_wait_in_the_connection_not_in_aiohtt
     url = origin.url + stream_path
     await make_stream(http, url, "text/plain", b"a", close=False)
     tail = await tail_of(http, url)
-    before = (full_path_long_polls(fast), full_path_sse(fast))
+    before = (full_path_requests(fast)["long_poll"], full_path_requests(fast)["sse"])
     polls = await asyncio.gather(*(poll(e.url, stream_path, "-1") for e in edges))
     assert polls[0].body == b"a"
     assert polls[0].comparable() == polls[1].comparable()
@@ -444,7 +412,7 @@ async def test_first_live_reads_of_a_stream_wait_in_the_connection_not_in_aiohtt
     answers = [a[0] for a in await asyncio.wait_for(asyncio.gather(*live), 15)]
     assert b"data:b\n" in answers[0].body
     assert answers[0].comparable()[1] == answers[1].comparable()[1]
-    assert (full_path_long_polls(fast), full_path_sse(fast)) == before
+    assert (full_path_requests(fast)["long_poll"], full_path_requests(fast)["sse"]) == before
     assert tail
     # The origin's refusal carries headers only the full path may rewrite (its Date): it
     # answers that one, nothing having been written.
@@ -455,78 +423,21 @@ async def test_first_live_reads_of_a_stream_wait_in_the_connection_not_in_aiohtt
 async def test_a_mixed_read_load_enters_no_aiohttp_handler(
     http: aiohttp.ClientSession, origin: Origin, edges: tuple[Edge, Edge], stream_path: str
 ) -> None:
-    """Many clients read one run every way at once while an agent appends: catch-ups from the
-    start and from each offset they learn, long-polls following the tail as the official
-    client does, SSE viewers from the start and from ``now``. Every read is the connections'
-    own: aiohttp's request handler sees none (``edge_full_path_requests_total``), and every
-    follower gets every byte once, in order. HEADs and reads at ``now`` among them are relayed
-    by the connections too."""
+    """Many clients read one run every way at once while an agent appends (``MixedLoad``).
+    Every read is the connections' own: aiohttp's request handler sees none
+    (``edge_full_path_requests_total``), and every follower gets every byte once, in order.
+    HEADs and reads at ``now`` among them are relayed by the connections too."""
     fast, _ = edges
     url = origin.url + stream_path
     await make_stream(http, url, "text/plain", b"0;", close=False)
-    kinds = ("catchup", "long_poll", "sse", "head")
-    before = {k: metric_value(fast.metrics_text(), "edge_full_path_requests_total", kind=k)
-              for k in kinds}  # fmt: skip
+    before = full_path_requests(fast)
 
-    async def follow_by_long_poll() -> bytes:
-        seen, offset = b"", "-1"
-        reader, writer = await asyncio.open_connection(*host_port(fast.url))
-        try:
-            while True:
-                writer.write(long_poll(stream_path, offset))
-                answer = (await asyncio.wait_for(read_answers(reader, ["GET"]), 10))[0]
-                seen += answer.body
-                offset = (answer.header(b"Stream-Next-Offset") or b"").decode()
-                if answer.header(b"Stream-Closed") == b"true":
-                    return seen
-        finally:
-            writer.close()
+    def at(query: str, method: str) -> bytes:
+        return request(f"{stream_path}?{query}" if query else stream_path, method=method)
 
-    async def catch_up_repeatedly() -> None:
-        for _ in range(20):
-            offset = "-1"
-            while True:
-                answer = (await exchange(fast.url, request(f"{stream_path}?offset={offset}"),
-                                         ["GET"]))[0]  # fmt: skip
-                offset = (answer.header(b"Stream-Next-Offset") or b"").decode()
-                if answer.header(b"Stream-Up-To-Date"):
-                    break
-            # A HEAD and a read at ``now``: the origin's to answer, relayed by the connection.
-            payload = request(stream_path, method="HEAD") + request(f"{stream_path}?offset=now")
-            await exchange(fast.url, payload, ["HEAD", "GET"])
-            await asyncio.sleep(0.05)
-
-    async def agent() -> bytes:
-        written = b"0;"
-        for i in range(1, 30):
-            part = f"{i};".encode()
-            await append(http, url, part)
-            written += part
-            await asyncio.sleep(0.05)
-        status, _, _ = await call(http, "POST", url, headers={"Stream-Closed": "true"})
-        assert status == 204
-        return written
-
-    pollers = [asyncio.ensure_future(follow_by_long_poll()) for _ in range(8)]
-    viewers = [
-        asyncio.ensure_future(exchange(fast.url, sse(stream_path, "-1"), ["GET"])) for _ in range(4)
-    ]
-    readers = [asyncio.ensure_future(catch_up_repeatedly()) for _ in range(3)]
-    await asyncio.sleep(0.3)
-    written = await agent()
-    followed_bytes = await asyncio.wait_for(asyncio.gather(*pollers), 20)
-    sse_answers = await asyncio.wait_for(asyncio.gather(*viewers), 20)
-    await asyncio.wait_for(asyncio.gather(*readers), 30)
-    assert all(seen == written for seen in followed_bytes)
-    for answer in sse_answers:
-        data = b"".join(
-            line[5:] for line in answer[0].body.split(b"\n") if line.startswith(b"data:")
-            and not line.startswith(b"data:{")
-        )  # fmt: skip
-        assert data == written
-    after = {k: metric_value(fast.metrics_text(), "edge_full_path_requests_total", kind=k)
-             for k in kinds}  # fmt: skip
-    assert after == before
+    load = MixedLoad(http, fast, url, at)
+    await load.run(first=b"0;", pollers=8, viewers=4, readers=3, rounds=20, appends=30)
+    assert full_path_requests(fast) == before
 
 
 async def test_requests_held_behind_a_parked_long_poll_are_read_after_it_wherever_it_ends(
@@ -569,7 +480,7 @@ async def test_an_sse_answer_to_connection_close_is_flushed_whole_before_the_clo
     parts = [bytes([65 + i]) * (400 * 1024) for i in range(4)]
     await make_stream(http, url, "text/plain", *parts, close=True)
     await exchange(fast.url, request(f"{stream_path}?offset=-1"), ["GET"])  # the log, known
-    entered = full_path_sse(fast)
+    entered = full_path_requests(fast)["sse"]
     reader, writer = await asyncio.open_connection(*host_port(fast.url), limit=1 << 24)
     try:
         writer.write(sse(stream_path, "-1", "Connection: close"))
@@ -585,7 +496,7 @@ async def test_an_sse_answer_to_connection_close_is_flushed_whole_before_the_clo
     )  # fmt: skip
     assert data == b"".join(parts)
     assert b'"streamClosed":true' in answer.body
-    assert full_path_sse(fast) == entered
+    assert full_path_requests(fast)["sse"] == entered
 
 
 async def test_an_eventsource_resuming_by_last_event_id_is_served_by_the_connection(
@@ -604,7 +515,7 @@ async def test_an_eventsource_resuming_by_last_event_id_is_served_by_the_connect
     for edge in edges:
         await exchange(edge.url, request(f"{stream_path}?offset=-1"), ["GET"])
         await exchange(edge.url, request(f"{stream_path}?offset={middle}"), ["GET"])
-    entered = full_path_sse(fast)
+    entered = full_path_requests(fast)["sse"]
     for offset, resume in (("-1", middle), ("now", middle), (middle, "-1")):
         answers = await asyncio.gather(
             *(
@@ -615,7 +526,7 @@ async def test_an_eventsource_resuming_by_last_event_id_is_served_by_the_connect
         assert answers[0][0].comparable() == answers[1][0].comparable(), (offset, resume)
         assert b"data:one;" not in answers[0][0].body
         assert b"data:three;" in answers[0][0].body
-    assert full_path_sse(fast) == entered
+    assert full_path_requests(fast)["sse"] == entered
 
 
 async def test_a_live_read_of_a_path_the_origin_normalises_is_the_connections(
@@ -629,7 +540,7 @@ async def test_a_live_read_of_a_path_the_origin_normalises_is_the_connections(
     tail = await append(http, url, b"second")
     name = stream_path.rsplit("/", 1)[1]
     aliases = [f"/v1/x/../stream/{name}", f"/v1/stream/./{name}"]
-    entered = (full_path_long_polls(fast), full_path_sse(fast))
+    entered = (full_path_requests(fast)["long_poll"], full_path_requests(fast)["sse"])
     for alias in aliases:
         behind = await asyncio.gather(*(poll(e.url, alias, "-1") for e in edges))
         assert behind[0].status_line == b"HTTP/1.1 200 OK"
@@ -645,4 +556,4 @@ async def test_a_live_read_of_a_path_the_origin_normalises_is_the_connections(
         )
         assert b'"streamClosed":true' in read[0][0].body
         assert read[0][0].comparable() == read[1][0].comparable(), alias
-    assert (full_path_long_polls(fast), full_path_sse(fast)) == entered
+    assert (full_path_requests(fast)["long_poll"], full_path_requests(fast)["sse"]) == entered

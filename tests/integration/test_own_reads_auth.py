@@ -22,16 +22,21 @@ import pytest
 from devstack.processes import Edge, Origin, start_edge
 from tests.auth_support import hs_key, jwks, token
 from tests.integration.auth_services import AuthService
-from tests.integration.test_fast_path import (
+from tests.integration.own_reads_support import (
+    CORS_ORIGIN,
+    READ_KINDS,
+    MixedLoad,
     Raw,
+    append,
     edge_pair,
     exchange,
+    full_path_requests,
     host_port,
     make_stream,
-    read_answers,
     request,
+    settled,
+    tail_of,
 )
-from tests.integration.test_own_reads import CORS_ORIGIN, append, tail_of
 from tests.integration.test_own_relay import StandIn, stand_in
 from tests.integration.test_passthrough import call, metric_value
 
@@ -45,7 +50,7 @@ ARGS = (
     "--workers", "1", "--long-poll-timeout", str(TIMEOUT_SECONDS),
     "--origin-header", f"Authorization: {EDGE_SECRET}",
 )  # fmt: skip
-KINDS = ("long_poll", "sse", "catchup", "head")
+KINDS = READ_KINDS
 
 
 @dataclass(frozen=True)
@@ -126,11 +131,6 @@ def way(request: pytest.FixtureRequest, service: AuthService) -> Way:
     return Way(name, fast, full, service)
 
 
-def full_path(edge: Edge) -> dict[str, float]:
-    text = edge.metrics_text()
-    return {kind: metric_value(text, "edge_full_path_requests_total", kind=kind) for kind in KINDS}
-
-
 async def both(way: Way, target: str, *headers: str) -> list[Raw]:
     """The one request, sent to both edges at once."""
     answers = await asyncio.gather(
@@ -156,7 +156,7 @@ async def test_authorized_reads_are_the_full_paths_answers_and_enter_no_handler(
     tail = await append(http, url, b"second")
     # A first catch-up and long-poll: the first ones fill the log and start the tail, and a
     # CORS Origin is learnt from the origin's answer (relayed, by the connection's own relay).
-    entered = full_path(fast)
+    entered = full_path_requests(fast)
     for edge in (fast, full):
         await exchange(edge.url, request(at("offset=-1"), *headers), ["GET"])
         first = await exchange(
@@ -212,8 +212,8 @@ async def test_authorized_reads_are_the_full_paths_answers_and_enter_no_handler(
     assert b'"streamClosed":true' in streamed[0].body
     assert streamed[0].comparable()[1] == streamed[1].comparable()[1]  # headers, in order
 
-    assert full_path(fast) == entered
-    assert full_path(full) != entered
+    assert full_path_requests(fast) == entered
+    assert full_path_requests(full) != entered
     # Every read was allowed once, on either edge: counted where the full path counts it.
     now_allowed = [decisions(e, allowed=True) for e in (fast, full)]
     assert now_allowed[0] - allowed[0] == now_allowed[1] - allowed[1] == 5
@@ -265,7 +265,7 @@ async def test_refusals_are_the_full_paths_and_written_by_the_connection(
     for origin_sent in ((), (CORS_ORIGIN,)):
         target = way.target(stream_path, "offset=-1", credential)
         await both(way, target, *way.headers(credential), *origin_sent)
-    entered = full_path(fast)
+    entered = full_path_requests(fast)
     refused_before = refusals(fast)
     decided_before = [decisions(e, allowed=False) for e in (fast, full)]
     count = 0
@@ -296,7 +296,7 @@ async def test_refusals_are_the_full_paths_and_written_by_the_connection(
     assert refused.status_line.split()[1] == b"401"
     assert allowed.status_line == b"HTTP/1.1 200 OK"
     assert allowed.body == b"kept "
-    assert full_path(fast) == entered
+    assert full_path_requests(fast) == entered
     assert refusals(fast) == refused_before + count + 1
 
 
@@ -316,7 +316,7 @@ async def test_a_credential_that_expires_ends_its_live_reads_as_the_full_path_do
         await exchange(
             edge.url, request(f"{stream_path}?offset={tail}&live=long-poll", lasting), ["GET"]
         )
-    entered = full_path(fast)
+    entered = full_path_requests(fast)
     brief = way.credential(stream_path, sub="brief", lifetime=1.5)
     polls = await both(way, f"{stream_path}?offset={tail}&live=long-poll", brief)
     assert polls[0].status_line == b"HTTP/1.1 204 No Content"
@@ -332,7 +332,7 @@ async def test_a_credential_that_expires_ends_its_live_reads_as_the_full_path_do
     late = await both(way, f"{stream_path}?offset={tail}&live=long-poll", brief)
     assert late[0].status_line == b"HTTP/1.1 401 Unauthorized"
     assert late[0].comparable() == late[1].comparable()
-    assert full_path(fast) == entered
+    assert full_path_requests(fast) == entered
 
 
 async def test_a_missing_stream_and_pipelined_reads_are_answered_as_the_full_path_does(
@@ -344,21 +344,21 @@ async def test_a_missing_stream_and_pipelined_reads_are_answered_as_the_full_pat
     fast, full = way.fast, way.full
     missing = stream_path + "-never"
     credential = way.credential(missing)
-    entered = full_path(fast)
+    entered = full_path_requests(fast)
     for query in ("offset=-1", "offset=-1&live=long-poll", "offset=-1&live=sse"):
         answers = await both(way, way.target(missing, query, credential), *way.headers(credential))
         assert answers[0].status_line.split()[1] == b"404", query
         assert answers[0].comparable() == answers[1].comparable(), query
     # (The origin's 404 carries its own Date: handed on, nothing written, and written by the
     # connection's own relay with it, with the read's admission.)
-    assert full_path(fast) == entered
+    assert full_path_requests(fast) == entered
     url = origin.url + stream_path
     await make_stream(http, url, "text/plain", b"one ", close=False)
     middle = await tail_of(http, url)
     tail = await append(http, url, b"two")
     credential = way.credential(stream_path)
     sent = way.headers(credential)
-    entered = full_path(fast)
+    entered = full_path_requests(fast)
 
     def at(query: str) -> bytes:
         return request(way.target(stream_path, query, credential), *sent)
@@ -378,7 +378,7 @@ async def test_a_missing_stream_and_pipelined_reads_are_answered_as_the_full_pat
     assert [a.status_line.split()[1] for a in answers[0]][1::2] == [b"401", b"204"]
     for got, want in zip(answers[0], answers[1], strict=True):
         assert got.comparable() == want.comparable()
-    assert full_path(fast) == entered
+    assert full_path_requests(fast) == entered
 
 
 async def test_a_reader_waiting_for_the_service_may_half_close_or_leave(
@@ -392,7 +392,7 @@ async def test_a_reader_waiting_for_the_service_may_half_close_or_leave(
     then the close; one that leaves is let go, and the edge serves the next reader."""
     fast, _ = asking_pair
     await make_stream(http, origin.url + stream_path, "text/plain", b"patient", close=True)
-    entered = full_path(fast)
+    entered = full_path_requests(fast)
     service.mode, service.delay = "slow", 0.5
     try:
         reader, writer = await asyncio.open_connection(*host_port(fast.url))
@@ -413,7 +413,7 @@ async def test_a_reader_waiting_for_the_service_may_half_close_or_leave(
         fast.url, request(f"{stream_path}?offset=-1", "Cookie: session=reader"), ["GET"]
     )
     assert after[0].body == b"patient"
-    assert full_path(fast) == entered
+    assert full_path_requests(fast) == entered
 
 
 # --- reads the connection relays, with the admission its gate decided (issue 29) ---
@@ -461,7 +461,7 @@ async def test_relayed_reads_are_decided_once_and_are_the_full_paths(
             b"204",
         ),
     ]  # fmt: skip
-    entered = full_path(fast)
+    entered = full_path_requests(fast)
     allowed = [decisions(e, allowed=True) for e in (fast, full)]
     for edge in (fast, full):
         # One edge at a time, so that the service's questions are each edge's own.
@@ -492,7 +492,7 @@ async def test_relayed_reads_are_decided_once_and_are_the_full_paths(
     assert known[0][0].header(b"Stream-Closed") == b"true"
     assert known[0][0].comparable() == known[1][0].comparable()
     assert [origin_heads(e) for e in (fast, full)] == heads_asked
-    assert full_path(fast) == entered
+    assert full_path_requests(fast) == entered
     now_allowed = [decisions(e, allowed=True) for e in (fast, full)]
     count = 2 * len(reads) + 3
     assert now_allowed[0] - allowed[0] == now_allowed[1] - allowed[1] == count
@@ -538,7 +538,7 @@ async def test_an_origin_that_is_down_is_a_502_relayed_with_the_admission(
                 assert {a.status_line for a in answers[0]} == {b"HTTP/1.1 502 Bad Gateway"}, mode
                 for got, want in zip(answers[0], answers[1], strict=True):
                     assert got.comparable() == want.comparable(), mode
-                assert full_path(fast) == dict.fromkeys(KINDS, 0.0), mode
+                assert full_path_requests(fast) == dict.fromkeys(KINDS, 0.0), mode
                 assert decisions(fast, allowed=True) == decisions(full, allowed=True) == 5
             finally:
                 await asyncio.to_thread(full.stop)
@@ -566,83 +566,20 @@ async def test_a_mixed_gated_read_load_enters_no_aiohttp_handler(
     credential = way.credential(stream_path)
     sent = way.headers(credential)
 
-    def at(query: str, *, method: str = "GET") -> bytes:
+    def at(query: str, method: str) -> bytes:
         return build_request(way.target(stream_path, query, credential), *sent, method=method)
 
-    entered = full_path(fast)
+    entered = full_path_requests(fast)
     allowed = decisions(fast, allowed=True)
     asked = asked_of_service(way)
-    reads = 0
-
-    async def follow_by_long_poll() -> bytes:
-        nonlocal reads
-        seen, offset = b"", "-1"
-        reader, writer = await asyncio.open_connection(*host_port(fast.url))
-        try:
-            while True:
-                writer.write(at(f"offset={offset}&live=long-poll"))
-                reads += 1
-                answer = (await asyncio.wait_for(read_answers(reader, ["GET"]), 10))[0]
-                assert answer.status_line.split()[1] in (b"200", b"204"), answer.status_line
-                seen += answer.body
-                offset = (answer.header(b"Stream-Next-Offset") or b"").decode()
-                if answer.header(b"Stream-Closed") == b"true":
-                    return seen
-        finally:
-            writer.close()
-
-    async def catch_up_repeatedly() -> None:
-        nonlocal reads
-        for _ in range(10):
-            offset = "-1"
-            while True:
-                reads += 1
-                answer = (await exchange(fast.url, at(f"offset={offset}"), ["GET"]))[0]
-                offset = (answer.header(b"Stream-Next-Offset") or b"").decode()
-                if answer.header(b"Stream-Up-To-Date"):
-                    break
-            payload = at("", method="HEAD") + at("offset=now")
-            reads += 2
-            answers = await exchange(fast.url, payload, ["HEAD", "GET"])
-            assert [a.status_line.split()[1] for a in answers] == [b"200", b"200"]
-            await asyncio.sleep(0.05)
-
-    async def agent() -> bytes:
-        written = b"0;"
-        for i in range(1, 20):
-            part = f"{i};".encode()
-            await append(http, url, part)
-            written += part
-            await asyncio.sleep(0.05)
-        status, _, _ = await call(http, "POST", url, headers={"Stream-Closed": "true"})
-        assert status == 204
-        return written
-
-    pollers = [asyncio.ensure_future(follow_by_long_poll()) for _ in range(4)]
-    viewers = [
-        asyncio.ensure_future(exchange(fast.url, at("offset=-1&live=sse"), ["GET"]))
-        for _ in range(2)
-    ]
-    reads += len(viewers)
-    readers = [asyncio.ensure_future(catch_up_repeatedly()) for _ in range(2)]
-    await asyncio.sleep(0.3)
-    written = await agent()
-    followed_bytes = await asyncio.wait_for(asyncio.gather(*pollers), 30)
-    sse_answers = await asyncio.wait_for(asyncio.gather(*viewers), 30)
-    await asyncio.wait_for(asyncio.gather(*readers), 60)
-    assert all(seen == written for seen in followed_bytes)
-    for answer in sse_answers:
-        data = b"".join(
-            line[5:] for line in answer[0].body.split(b"\n") if line.startswith(b"data:")
-            and not line.startswith(b"data:{")
-        )  # fmt: skip
-        assert data == written
-    assert full_path(fast) == entered
+    load = MixedLoad(http, fast, url, at)
+    await load.run(first=b"0;", pollers=4, viewers=2, readers=2, rounds=10, appends=20)
+    assert full_path_requests(fast) == entered
     # Every read decided once: allowed once each; without kept verdicts the service is asked
     # at most once a read (identical questions in flight at once share one answer).
-    assert decisions(fast, allowed=True) - allowed == reads
+    assert decisions(fast, allowed=True) - allowed == load.reads
     if way.service is not None:
-        assert 0 < asked_of_service(way) - asked <= reads
+        assert 0 < asked_of_service(way) - asked <= load.reads
 
 
 async def test_a_bypassed_stream_is_relayed_with_the_edges_credential_and_decided_once(
@@ -673,9 +610,67 @@ async def test_a_bypassed_stream_is_relayed_with_the_edges_credential_and_decide
             assert set(stand_in.authorizations) == {EDGE_SECRET}
             text = fast.metrics_text()
             assert metric_value(text, "edge_cache_requests_total", result="bypass") >= 2
-            assert full_path(fast) == dict.fromkeys(KINDS, 0.0)
+            assert full_path_requests(fast) == dict.fromkeys(KINDS, 0.0)
             assert decisions(fast, allowed=True) == decisions(full, allowed=True) == 3
         finally:
             await asyncio.to_thread(full.stop)
     finally:
         await asyncio.to_thread(fast.stop)
+
+
+IMF_DATE = "Tue, 01 Dec 2026 04:40:00 GMT"
+# Heads the connection once handed to aiohttp (``test_own_heads.py`` has them all, ungated).
+ODD_HEADS = {
+    "range-and-conditionals": ("Range: bytes=0-2", f"If-Modified-Since: {IMF_DATE}"),
+    "lists-twice": ('If-None-Match: "a"', 'If-None-Match: "b"', "Accept-Encoding: identity",
+                    "Accept-Encoding: gzip"),
+    "connection-list": ("Connection: keep-alive, TE", "TE: trailers"),
+    "origin-twice": (CORS_ORIGIN, "Origin: https://b.example"),
+}  # fmt: skip
+
+
+async def test_odd_heads_are_decided_and_served_by_the_connection_as_the_full_path_serves_them(
+    http: aiohttp.ClientSession, origin: Origin, way: Way, stream_path: str
+) -> None:
+    """``Range`` and the conditionals the edge ignores, repeated list fields, a ``Connection``
+    token list and an absolute-form target, with each way's credential: the full path's
+    answers, and a repeated ``Origin`` its 400 before the gate; no aiohttp handler entered."""
+    url = origin.url + stream_path
+    await make_stream(http, url, "text/plain", b"first ", b"second", close=True)
+    credential = way.credential(stream_path)
+    tail = await tail_of(http, url)
+    catchup = way.target(stream_path, "offset=-1", credential)
+    await settled((way.fast, way.full), catchup, *way.headers(credential))
+    entered = full_path_requests(way.fast)
+    for name, extra in ODD_HEADS.items():
+        headers = way.headers(credential, *extra)
+        for query in ("offset=-1", f"offset={tail}&live=long-poll", "offset=-1&live=sse"):
+            for prefix in ("", "http://edge.test"):
+                target = prefix + way.target(stream_path, query, credential)
+                fast, full = await both(way, target, *headers)
+                if fast.comparable() != full.comparable():
+                    print(
+                        "FAST",
+                        fast.status_line,
+                        [h for h in fast.comparable()[1] if not h[0].startswith(b"Access")],
+                    )
+                    print(
+                        "FULL",
+                        full.status_line,
+                        [h for h in full.comparable()[1] if not h[0].startswith(b"Access")],
+                    )
+                assert fast.comparable() == full.comparable(), (name, target)
+                expected = (b"400",) if name == "origin-twice" else (b"200", b"204")
+                assert fast.status_line.split()[1] in expected, (name, target, fast)
+    # HTTP/1.0: answered as HTTP/1.1 answers it, then closed, on both paths; a refusal too.
+    queries = [("offset=-1", credential), ("offset=-1&live=sse", credential), ("offset=-1", "")]
+    for query, sent in queries:
+        sent_headers = way.headers(sent) if sent else ()
+        http11 = build_request(way.target(stream_path, query, sent), *sent_headers)
+        payload = http11.replace(b" HTTP/1.1\r\n", b" HTTP/1.0\r\n", 1)
+        fast, full = [(await exchange(e.url, payload, ["GET"]))[0] for e in (way.fast, way.full)]
+        assert fast.comparable() == full.comparable(), (query, sent)
+        assert fast.status_line.startswith(b"HTTP/1.1 "), fast.status_line
+        assert fast.header(b"Connection") == b"close"
+        assert fast.status_line.split()[1] == (b"200" if sent else b"401"), fast.status_line
+    assert full_path_requests(way.fast) == entered

@@ -21,7 +21,8 @@ import pytest
 from aiohttp import web
 
 from devstack.processes import Edge, Origin, start_edge
-from tests.integration.test_fast_path import (
+from tests.integration.own_reads_support import (
+    READ_KINDS,
     Raw,
     edge_pair,
     exchange,
@@ -30,10 +31,11 @@ from tests.integration.test_fast_path import (
     read_answers,
     request,
 )
+from tests.integration.own_reads_support import full_path_requests as entered_by_kind
 from tests.integration.test_passthrough import call, metric_value
 
 ARGS = ("--workers", "1", "--long-poll-timeout", "1")
-KINDS = ("catchup", "head", "long_poll", "sse", "other")
+KINDS = (*READ_KINDS, "other")
 ORIGINS = itertools.count()
 
 
@@ -43,8 +45,7 @@ def fresh_origin() -> str:
 
 
 def full_path_requests(edge: Edge) -> dict[str, float]:
-    text = edge.metrics_text()
-    return {k: metric_value(text, "edge_full_path_requests_total", kind=k) for k in KINDS}
+    return entered_by_kind(edge, KINDS)
 
 
 COUNTED = [

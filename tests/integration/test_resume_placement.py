@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from devstack.cluster import DEPLOYED_HAPROXY
+from devstack.mcp_client import CallLog, call, count_call, text_of
 from devstack.processes import Origin, Process, free_port, start_edge, start_mcp_upstream
-from tests.integration.test_resume_routes import Heard, count_call, result_text, session_call
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -95,10 +95,10 @@ async def test_a_stateful_upstreams_sessions_stay_on_their_process(
     edge = start_edge(origin.url, tmp_path, "--resume-route", f"/mcp={url}", name="edge-sticky")
     try:
         for _ in range(4):
-            heard = Heard(progress=[], tokens=[])
-            result = await session_call(edge.url + "/mcp", count_call(3, 0.05), heard)
-            assert result_text(result) == "counted 3"
-            assert heard.progress == [1.0, 2.0, 3.0]
+            heard = CallLog()
+            result = await call(edge.url + "/mcp", count_call(3, 0.05), heard)
+            assert text_of(result) == "counted 3"
+            assert heard.steps() == [1.0, 2.0, 3.0]
     finally:
         edge.stop()
     # Both processes had sessions: the balancer did spread them.

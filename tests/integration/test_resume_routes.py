@@ -16,13 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import mcp.types as types
 import pytest
-from mcp.client.session import ClientSession
-from mcp.client.streamable_http import streamable_http_client
-from mcp.shared.message import ClientMessageMetadata
 from yarl import URL
 
+from devstack.mcp_client import CallLog, call, count_call, text_of
 from devstack.processes import (
     Edge,
     Origin,
@@ -67,54 +64,6 @@ def stand(origin: Origin, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     upstream.stop()
 
 
-def count_call(n: int, delay: float) -> types.CallToolRequest:
-    return types.CallToolRequest(
-        params=types.CallToolRequestParams(name="count", arguments={"n": n, "delay": delay})
-    )
-
-
-@dataclass
-class Heard:
-    progress: list[float]
-    tokens: list[str]
-
-    async def message(self, message: object) -> None:
-        if isinstance(message, types.ProgressNotification):
-            self.progress.append(message.params.progress)
-
-    async def asked(self, progress: float, total: float | None, message: str | None) -> None:
-        """The SDK asks the server for progress only for a request with a progress callback;
-        what arrives is heard by ``message`` (a resumed call's carry the first call's token)."""
-
-    async def token(self, token: str) -> None:
-        self.tokens.append(token)
-
-
-async def session_call(
-    url: str, request: types.CallToolRequest, heard: Heard, *, resume_from: str | None = None
-) -> types.CallToolResult:
-    """One SDK session through ``url``: initialize, then the call (or its resumption)."""
-    async with (
-        streamable_http_client(url) as (read, write, *_),
-        ClientSession(read, write, message_handler=heard.message) as session,
-    ):
-        await session.initialize()
-        return await session.send_request(
-            request,
-            types.CallToolResult,
-            metadata=ClientMessageMetadata(
-                resumption_token=resume_from, on_resumption_token_update=heard.token
-            ),
-            progress_callback=heard.asked,
-        )
-
-
-def result_text(result: types.CallToolResult) -> str:
-    (block,) = result.content
-    assert isinstance(block, types.TextContent)
-    return block.text
-
-
 async def kept_so_far(origin: Origin, token: str) -> tuple[list[Any], bool]:
     """The upstream's events an answer's stream holds at the origin now (not the edge's own
     messages), and whether it is closed."""
@@ -132,14 +81,14 @@ async def test_a_call_dropped_on_one_edge_resumes_on_the_other(
     stand: Stand, origin: Origin
 ) -> None:
     calls_before = sum(1 for line in stand.seen_lines() if line.get("tool") == "count")
-    first = Heard(progress=[], tokens=[])
-    call = asyncio.create_task(session_call(stand.a.url + "/mcp", count_call(8, 0.4), first))
+    first = CallLog()
+    running = asyncio.create_task(call(stand.a.url + "/mcp", count_call(8, 0.4), first))
     while len(first.tokens) < 3:
-        assert not call.done(), call
+        assert not running.done(), running
         await asyncio.sleep(0.05)
-    call.cancel()  # the lift: the client's connection to edge A is gone mid-call
+    running.cancel()  # the lift: the client's connection to edge A is gone mid-call
     with pytest.raises(asyncio.CancelledError):
-        await call
+        await running
     dropped_after = first.tokens[2]
     point = parse_id(dropped_after)
     assert point is not None
@@ -150,14 +99,12 @@ async def test_a_call_dropped_on_one_edge_resumes_on_the_other(
         await asyncio.sleep(0.05)
         kept, closed = await kept_so_far(origin, point.token)
     assert not closed
-    second = Heard(progress=[], tokens=[])
-    result = await session_call(
-        stand.b.url + "/mcp", count_call(8, 0.3), second, resume_from=dropped_after
-    )
-    assert result_text(result) == "counted 8"
+    second = CallLog()
+    result = await call(stand.b.url + "/mcp", count_call(8, 0.3), second, resume_from=dropped_after)
+    assert text_of(result) == "counted 8"
     # Everything after the third event, once each, in order (4 and 5 replayed, the rest live),
     # then the result.
-    assert second.progress == [4.0, 5.0, 6.0, 7.0, 8.0]
+    assert second.steps() == [4.0, 5.0, 6.0, 7.0, 8.0]
     kept, closed = await kept_so_far(origin, point.token)
     assert closed
     assert len(kept) == 9  # 8 progress notifications and the result, each kept once
@@ -169,11 +116,11 @@ async def test_a_call_dropped_on_one_edge_resumes_on_the_other(
 
 async def test_sixteen_sessions_never_see_each_others_events(stand: Stand) -> None:
     sessions = 16
-    heard = [Heard(progress=[], tokens=[]) for _ in range(sessions)]
+    heard = [CallLog() for _ in range(sessions)]
     steps = [3 + index % 4 for index in range(sessions)]
     results = await asyncio.gather(
         *(
-            session_call(
+            call(
                 (stand.a if index % 2 else stand.b).url + "/mcp",
                 count_call(steps[index], 0.05),
                 heard[index],
@@ -182,8 +129,8 @@ async def test_sixteen_sessions_never_see_each_others_events(stand: Stand) -> No
         )
     )
     for index, result in enumerate(results):
-        assert result_text(result) == f"counted {steps[index]}"
-        assert heard[index].progress == [float(step) for step in range(1, steps[index] + 1)]
+        assert text_of(result) == f"counted {steps[index]}"
+        assert heard[index].steps() == [float(step) for step in range(1, steps[index] + 1)]
     answers = []
     for each in heard:
         points = [parse_id(token) for token in each.tokens]
@@ -251,9 +198,9 @@ async def test_another_credential_finds_nothing(
     async with client.get(
         stand.b.url + "/mcp", headers={"Authorization": "Bearer alice", "Last-Event-ID": first_id}
     ) as resumed:
-        assert resumed.status == 200
-        again = await read_events(resumed)
-    assert [(e.data, e.id) for e in again] == [(e.data, e.id) for e in events[1:]]
+        # The call's one event was its result: after it, the end (a 204).
+        assert [json.loads(e.data).get("id") for e in events] == [42]
+        assert resumed.status == 204
     counted = stand.b.metrics_text()
     assert re.search(r'^edge_resumes_total\{result="served"\} [1-9]', counted, re.MULTILINE)
     assert re.search(r'^edge_resumes_total\{result="not_found"\} [1-9]', counted, re.MULTILINE)
@@ -288,8 +235,9 @@ async def test_what_is_relayed_as_it_is(stand: Stand, client: aiohttp.ClientSess
         assert plain.status == 200
         assert "Edge-Resume-Stream" not in plain.headers
         assert await plain.json() == {"jsonrpc": "2.0", "id": 1, "result": {}}
-    # A GET's stream (MCP's standalone stream, which the SDK's stateless server holds open) is
-    # relayed, never pumped: it has no end of its own. A DELETE is relayed as it is.
+    # A GET that declares MCP opens MCP's standalone stream (which the SDK's stateless server
+    # holds open): it is relayed, never pumped, since it has no end of its own (a browser's GET
+    # is kept: test_a_browsers_get_is_kept...). A DELETE is relayed as it is.
     async with client.get(stand.a.url + "/mcp", headers=MCP_HEADERS) as standalone:
         assert standalone.status == 200
         assert standalone.headers["Content-Type"].startswith("text/event-stream")
@@ -302,6 +250,67 @@ async def test_what_is_relayed_as_it_is(stand: Stand, client: aiohttp.ClientSess
     methods = [line["method"] for line in stand.seen_lines() if "method" in line]
     assert methods[-2:] == ["GET", "DELETE"]
     assert "edge_resume_pumps 0.0" in stand.a.metrics_text()
+
+
+async def test_a_browsers_get_is_kept_and_resumed_with_the_edges_cors(
+    stand: Stand, client: aiohttp.ClientSession
+) -> None:
+    # A GET without an id that declares nothing of MCP (a browser's EventSource can send no
+    # header of its own) is kept like a POST: its answer resumes on any replica.
+    page = {"Origin": "http://page.example", "Accept": "text/event-stream"}
+    decoder, events = SseDecoder(), []
+    async with client.get(stand.a.url + "/raw/slow?tag=get", headers=page) as answer:
+        assert answer.status == 200
+        assert answer.headers["Access-Control-Allow-Origin"] == "*"  # the origin's grant
+        exposed = answer.headers["Access-Control-Expose-Headers"].lower()
+        assert "edge-resume-stream" in exposed
+        async for chunk in answer.content.iter_any():
+            events.extend(decoder.feed(chunk))
+            if len(events) >= 5:
+                break
+    assert events[4].id is not None
+    async with client.get(
+        stand.b.url + "/raw/slow?tag=get", headers={**page, "Last-Event-ID": events[4].id}
+    ) as resumed:
+        assert resumed.status == 200
+        assert resumed.headers["Access-Control-Allow-Origin"] == "*"
+        rest = await read_events(resumed)
+    *progress, final = [json.loads(event.data) for event in rest]
+    assert [message["params"]["progress"] for message in progress] == list(range(6, 21))
+    assert final["id"] == 42
+    assert await slow_ended(stand, "get") == "finished"  # its client left; the pump did not
+    # At the end, a resume finds nothing more: 204, where an EventSource stops (an empty 200
+    # would have it reconnect for ever).
+    last = rest[-1].id
+    assert last is not None
+    async with client.get(
+        stand.a.url + "/raw/slow", headers={**page, "Last-Event-ID": last}
+    ) as ended:
+        assert ended.status == 204
+        assert ended.headers["Access-Control-Allow-Origin"] == "*"
+    # The edge's 404 and its preflight answers carry the same CORS.
+    forged = last.replace(last[0], "A" if last[0] != "A" else "B", 1)
+    async with client.get(
+        stand.b.url + "/raw/slow", headers={**page, "Last-Event-ID": forged}
+    ) as unknown:
+        assert unknown.status == 404
+        assert unknown.headers["Access-Control-Allow-Origin"] == "*"
+    asking = {
+        "Origin": "http://page.example",
+        "Access-Control-Request-Method": "GET",
+        "Access-Control-Request-Headers": "last-event-id",
+    }
+    methods_before = [line["method"] for line in stand.seen_lines() if "method" in line]
+    async with client.options(stand.b.url + "/raw/slow", headers=asking) as preflight:
+        assert preflight.status == 204
+        assert preflight.headers["Access-Control-Allow-Origin"] == "*"
+        allowed = preflight.headers["Access-Control-Allow-Headers"].lower()
+        assert "last-event-id" in allowed
+        assert "GET" in preflight.headers["Access-Control-Allow-Methods"]
+    methods = [line["method"] for line in stand.seen_lines() if "method" in line]
+    assert methods == methods_before  # the preflight is the edge's: nothing went upstream
+    paths = [line["path"] for line in stand.seen_lines() if line.get("method") == "GET"]
+    assert paths.count("/raw/slow") == 1  # the resumes never reached the upstream
 
 
 @pytest.fixture
@@ -370,7 +379,7 @@ async def test_an_answer_expires_after_its_retention(
     last_id = events[-1].id
     assert last_id is not None
     async with client.get(edge.url + "/mcp", headers={"Last-Event-ID": last_id}) as kept:
-        assert kept.status == 200
+        assert kept.status == 204  # kept, and nothing after its last event: the end
     await asyncio.sleep(2.5)  # past the retention (a wait, not a measurement)
     async with client.get(edge.url + "/mcp", headers={"Last-Event-ID": last_id}) as expired:
         assert expired.status == 404
@@ -474,19 +483,23 @@ async def test_without_its_origin_an_answer_is_relayed_without_ids(
 async def test_an_origin_restart_while_pumping_loses_and_doubles_nothing(
     stand: Stand, tmp_path: Path, client: aiohttp.ClientSession
 ) -> None:
+    # The upstream holds its third event until the origin is down, so the pump's next writes
+    # meet no origin (and are sent again once it is back) however slowly this machine runs.
     port, data = free_port(), tmp_path / "data"
+    hold = tmp_path / "origin-is-down"
     first = start_origin(tmp_path, data_dir=data, port=port, name="restarted-origin")
     raw_url = str(stand.upstream.ready["url"]).removesuffix("/mcp") + "/raw"
     edge = start_edge(first.url, tmp_path, "--resume-route", f"/raw={raw_url}", name="edge-r")
     again: Origin | None = None
     try:
         async with client.post(
-            edge.url + "/raw/slow?tag=restart", json=CALL, headers=MCP_HEADERS
+            edge.url + f"/raw/slow?tag=restart&hold={hold}", json=CALL, headers=MCP_HEADERS
         ) as answer:
             path = answer.headers["Edge-Resume-Stream"]
             seen = await first_events(answer, 2)
             answer.close()
         first.stop()  # the origin goes away mid-answer; the pump's writes wait for it
+        hold.touch()
         again = start_origin(tmp_path, data_dir=data, port=port, name="restarted-origin-2")
         assert await slow_ended(stand, "restart") == "finished"
         last_id = seen[1].id
@@ -710,3 +723,29 @@ async def test_a_pump_that_gives_up_on_its_origin_ends_the_answer_when_it_can(
     finally:
         edge.stop()
         (again or first).stop()
+
+
+async def test_a_kept_get_whose_page_left_ends_at_the_seconds_cap(
+    stand: Stand, own_edge: Callable[..., Edge], client: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    # A browser's GET is kept detached from its page, like a POST; what bounds an upstream
+    # feed with no end of its own, once its page has left, is --resume-max-seconds: then the
+    # answer is kept no further and, its own client gone, the upstream answer is closed.
+    raw_url = str(stand.upstream.ready["url"]).removesuffix("/mcp") + "/raw"
+    edge = own_edge(
+        "--resume-route", f"/raw={raw_url}", "--resume-max-seconds", "2", "--resume-lease", "3"
+    )
+    never = tmp_path / "never"  # the upstream holds after its second event, for ever
+    decoder, events = SseDecoder(), []
+    async with client.get(edge.url + f"/raw/slow?tag=left&hold={never}") as answer:
+        assert answer.status == 200
+        async for chunk in answer.content.iter_any():
+            events.extend(decoder.feed(chunk))
+            if len(events) >= 2:
+                break  # the page leaves
+    assert await slow_ended(stand, "left") == "disconnected"
+    assert 'edge_resume_unkept_total{reason="seconds"} 1.0' in edge.metrics_text()
+    last = events[1].id
+    assert last is not None
+    async with client.get(edge.url + "/raw/slow", headers={"Last-Event-ID": last}) as resumed:
+        assert resumed.status == 204  # what was kept, then the end

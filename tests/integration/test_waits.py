@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import signal
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -231,3 +232,66 @@ async def test_one_failed_sse_upstream_is_retried_as_sse(
     assert origin.sse >= 2
     assert origin.sse_served >= 1
     assert origin.long_polls == 0
+
+
+# --- a drain lets the reads in progress end ------------------------------------------------
+
+
+@dataclass
+class Held:
+    """Every read waits for ``release`` before its answer (a HEAD is answered at once)."""
+
+    release: asyncio.Event
+    reads: int = 0
+
+
+def held_app(state: Held) -> web.Application:
+    async def read(request: web.Request) -> web.Response:
+        headers = {
+            "Content-Type": "application/json",
+            "Stream-Next-Offset": FIRST,
+            "Stream-Up-To-Date": "true",
+            "Stream-Closed": "true",
+        }
+        if request.method == "HEAD":
+            return web.Response(headers=headers)
+        state.reads += 1
+        await state.release.wait()
+        return web.Response(body=BODY, headers=headers)
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", read)
+    return app
+
+
+async def test_a_drain_lets_the_reads_in_progress_end_with_their_answers(
+    logs_dir: Path, http: aiohttp.ClientSession
+) -> None:
+    """SIGTERM while catch-up reads wait on the origin: each still gets its whole answer and
+    the edge exits 0. The connections answer these reads themselves, and aiohttp's shutdown
+    waits only for its own handlers: an edge that closed its origin client without waiting for
+    them failed each with a 500 (seen in tests/integration/test_cluster.py under load)."""
+    state = Held(release=asyncio.Event())
+    async with serve(held_app(state)) as url:
+        doomed = await asyncio.to_thread(
+            start_edge, url, logs_dir, "--workers", "1", "--drain-seconds", "5", name="edge-held"
+        )
+        try:
+
+            async def read(name: str) -> tuple[int, bytes]:
+                timeout = aiohttp.ClientTimeout(total=CLIENT_SECONDS)
+                async with http.get(
+                    f"{doomed.url}/v1/stream/{name}?offset=-1", timeout=timeout
+                ) as response:
+                    return response.status, await response.read()
+
+            reads = [asyncio.create_task(read(f"held-{i}")) for i in range(3)]
+            await wait_until(lambda: state.reads == 3)  # each read's fill waits on the origin
+            doomed.process.signal(signal.SIGTERM)
+            await wait_until(lambda: "stopping: draining" in doomed.process.log.read_text())
+            state.release.set()
+            assert await asyncio.gather(*reads) == [(200, BODY)] * 3
+            code = await asyncio.to_thread(doomed.process.proc.wait, 10)
+            assert code == 0
+        finally:
+            await asyncio.to_thread(doomed.stop)

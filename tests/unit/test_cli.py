@@ -74,6 +74,7 @@ def test_every_flag_reads_its_env_and_the_flag_wins() -> None:
         "EDGE_AUTH_URL": "http://auth:9000/check",
         "EDGE_AUTH_TIMEOUT": "0.5",
         "EDGE_AUTH_CACHE_SECONDS": "20",
+        "EDGE_AUTH_SUBJECT_HEADER": "X-Auth-Request-User",
         "EDGE_ORIGIN_HEADER": "Authorization: Bearer edge-secret\nX-Edge: one",
         "EDGE_WORKERS": "3",
         "EDGE_CDN_PURGE": "varnish=http://varnish:6081/\nfastly=svc-1",
@@ -156,6 +157,7 @@ def test_every_flag_reads_its_env_and_the_flag_wins() -> None:
     assert settings.auth_url == "http://auth:9000/check"
     assert settings.auth_timeout_seconds == 0.5
     assert settings.auth_cache_seconds == 20
+    assert settings.auth_subject_header == "X-Auth-Request-User"
     assert settings.origin_headers == (("Authorization", "Bearer edge-secret"), ("X-Edge", "one"))
     assert settings.workers == 3
     flagged = parse_settings(
@@ -180,6 +182,10 @@ def test_admin_token_is_the_purge_token() -> None:
         (["--auth", "forward"], "--auth=forward needs --auth-url"),
         (["--auth", "forward", "--auth-url", "ftp://a"], "--auth-url, an http(s) URL"),
         (["--origin-header", "X-A: 1"], "--origin-header is for --auth jwt or forward"),
+        (
+            ["--auth", "jwt", "--jwt-jwks", "k", "--auth-subject-header", "X-User"],
+            "--auth-subject-header is for --auth forward",
+        ),
         (["--auth", "jwt", "--jwt-jwks", "k", "--origin-header", "nocolon"], "Name: value"),
         (["--admin-protect", "all"], "--admin-protect=all needs --admin-token"),
         (["--auth", "jwt", "--jwt-jwks", "k", "--auth-timeout", "0"], "--auth-timeout must be"),

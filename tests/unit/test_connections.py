@@ -637,3 +637,35 @@ def test_an_answer_at_once_is_a_request_started_and_finished(
         assert [one.phase(k) for k in "abcd"] == [two.phase(k) for k in "abcd"]
         assert [one.deadline(k) for k in "abcd"] == [two.deadline(k) for k in "abcd"]
     assert one.expire(now + 100) == two.expire(now + 100)
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from("abcd"), st.sampled_from(["bytes", "hit", "busy", "wait"])),
+        max_size=40,
+    )
+)
+def test_a_head_answered_as_it_arrives_needs_no_first_byte_step(
+    events: list[tuple[str, str]],
+) -> None:
+    """The connection's remembered heads: ``answered`` alone leaves the table exactly as the
+    head's first byte (``bytes_received``) and then ``answered`` do."""
+    one, two = table(cap=3), table(cap=3)
+    now = 0.0
+    for key, what in events:
+        now += 1.0
+        if what == "bytes":
+            one.bytes_received(key, now)
+            two.bytes_received(key, now)
+        elif what == "hit":
+            two.bytes_received(key, now)
+            assert one.answered(key, now) == two.answered(key, now)
+        elif what == "busy":
+            one.request_started(key)
+            two.request_started(key)
+        elif one.phase(key) is None:
+            assert one.admit(key, now) == two.admit(key, now)
+        assert [one.phase(k) for k in "abcd"] == [two.phase(k) for k in "abcd"]
+        assert [one.deadline(k) for k in "abcd"] == [two.deadline(k) for k in "abcd"]
+        assert len(one) == len(two)
+    assert one.expire(now + 100) == two.expire(now + 100)

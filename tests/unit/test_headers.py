@@ -5,6 +5,9 @@ from edge.protocol.headers import (
     downstream_response_headers,
     filter_cookies,
     first_value,
+    joined_value,
+    repeated_singleton,
+    repeated_text,
     strip_hop_by_hop,
     upstream_request_headers,
 )
@@ -190,3 +193,25 @@ def test_a_relayed_read_is_no_tiers_to_keep_whatever_the_origin_said() -> None:
         ("ETag", '"t"'),
         ("Cache-Control", "no-store"),
     ]
+
+
+def test_a_list_fields_lines_are_one_value() -> None:
+    """RFC 9110 §5.3: field lines of a list field are one comma-separated list; an empty line
+    adds no element; both paths read ``If-None-Match`` and ``Accept-Encoding`` so."""
+    headers = [("If-None-Match", '"a"'), ("Host", "h"), ("if-none-match", '"b", "c"')]
+    assert joined_value(headers, "If-None-Match") == '"a", "b", "c"'
+    assert (
+        joined_value([("Accept-Encoding", ""), ("Accept-Encoding", "gzip")], "accept-encoding")
+        == "gzip"
+    )
+    assert joined_value([("Accept-Encoding", "")], "accept-encoding") == ""
+    assert joined_value(headers, "accept-encoding") is None
+
+
+def test_a_repeated_field_whose_one_value_changes_the_answer_is_named() -> None:
+    assert repeated_singleton([("Origin", "https://a"), ("X", "1")]) is None
+    assert repeated_singleton([("Origin", "https://a"), ("origin", "https://b")]) == "origin"
+    twice = [("Last-Event-ID", "1"), ("Origin", "o"), ("last-event-id", "2"), ("Origin", "p")]
+    assert repeated_singleton(twice) == "last-event-id"
+    assert repeated_singleton([("Via", "1.1 a"), ("Via", "1.1 b")]) is None  # a list field
+    assert repeated_text("origin") == "the Origin header may be sent only once"

@@ -8,20 +8,31 @@ import hypothesis.strategies as st
 from hypothesis import given, settings
 
 from edge.protocol.answer_key import scope_of
+from edge.protocol.headers import (
+    connection_tokens,
+    first_value,
+    joined_value,
+    names_this_proxy,
+    repeated_singleton,
+)
 from edge.protocol.http1 import (
-    CONSULTED,
     FOR_GOOD,
     HANDOFF,
     MAX_HEAD_BYTES,
     MAX_HEADERS,
     ONE_REQUEST,
     SINGLETONS,
+    BodyFraming,
+    Handoff,
     HeadParser,
+    RefusedHead,
     RequestHead,
     date_line,
+    relayed_answer_head,
     serialise,
     serialise_parts,
 )
+from edge.protocol.paths import BadTarget, parse_target
 
 CREDENTIALS = ("authorization", "cookie")
 TOKEN = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-_.~", min_size=1, max_size=12)
@@ -41,10 +52,24 @@ NAMES = st.sampled_from(
         "Cookie",
         "Last-Event-ID",
         "Range",
+        "If-Modified-Since",
+        "If-Match",
+        "If-Unmodified-Since",
+        "If-Range",
+        "Via",
         "Expect",
         "X-Other",
     ]
 )
+# ``Connection`` is a token list (RFC 9110 §7.6.1): ``close`` wins, other tokens name fields.
+CONNECTIONS = st.sampled_from(
+    ["close", "keep-alive", "Close", "te", "keep-alive, te", "x-a, close", "Keep-Alive, Close"]
+)
+VIAS = st.sampled_from(["1.1 cdn", "1.1 edge", "1.0 a, 1.1 edge (x)", "HTTP/1.1 other"])
+# Origin-form, absolute-form (RFC 9112 §3.2.2) and targets the full path refuses (a fragment,
+# a scheme it does not take, a path whose stream cannot be named).
+TARGET_FORMS = st.sampled_from(["{}", "{}", "{}", "http://edge.test{}", "HTTPS://h:1{}",
+                                "{}#frag", "ftp://h{}", "//h{}", "//[::1]{}", "/.{}"])  # fmt: skip
 
 
 @st.composite
@@ -53,34 +78,48 @@ def heads(draw: st.DrawFn) -> tuple[bytes, str, str, str, list[tuple[str, str]]]
     version = draw(st.sampled_from(["1.1", "1.1", "1.1", "1.0"]))
     path = "/" + "/".join(draw(st.lists(TOKEN, min_size=1, max_size=3)))
     query = draw(st.sampled_from(["", "offset=-1", "offset=0000_0010", "offset=now&live=sse"]))
-    headers = draw(st.lists(st.tuples(NAMES, VALUE), max_size=6))
+    names = draw(st.lists(NAMES, max_size=6))
+    headers = []
+    for name in names:
+        lowered = name.lower()
+        values = CONNECTIONS if lowered == "connection" else VIAS if lowered == "via" else VALUE
+        headers.append((name, draw(values)))
     if draw(st.integers(0, 4)) > 0:  # most heads name their host, as HTTP/1.1 requires
         headers.insert(draw(st.integers(0, len(headers))), ("Host", "edge.test"))
-    connection = [(n, v) for n, v in headers if n.lower() == "connection"]
-    if connection and draw(st.booleans()):
-        headers = [(n, v) for n, v in headers if n.lower() != "connection"]
-        headers.append(("Connection", draw(st.sampled_from(["close", "keep-alive", "Close"]))))
-    target = path + (f"?{query}" if query else "")
+    target = draw(TARGET_FORMS).format(path + (f"?{query}" if query else ""))
     lines = [f"{method} {target} HTTP/{version}", *(f"{n}: {v}" for n, v in headers), "", ""]
     return "\r\n".join(lines).encode(), method, version, target, headers
 
 
 def expected(method: str, version: str, headers: list[tuple[str, str]]) -> bool:
-    """Is this a head the fast path may answer (by the module's rules, restated)?"""
-    if method not in ("GET", "HEAD") or version != "1.1":
+    """Is this a head the connection reads itself (by the module's rules, restated)?"""
+    if method not in ("GET", "HEAD") or version not in ("1.1", "1.0"):
         return False
     names = [n.lower().encode() for n, _ in headers]
     if any(n in HANDOFF or n == b"expect" for n in names):
         return False
-    if names.count(b"host") != 1 or any(names.count(n) > 1 for n in SINGLETONS):
-        return False  # aiohttp answers 400
-    if any(names.count(n) > 1 for n in CONSULTED):
-        return False
-    connection = next((v for n, v in headers if n.lower() == "connection"), "keep-alive")
-    return connection.lower() in ("close", "keep-alive")
+    # aiohttp answers 400 to a head without one Host, or repeating a singleton.
+    return names.count(b"host") == 1 and not any(names.count(n) > 1 for n in SINGLETONS)
 
 
-@settings(max_examples=200)
+def refusal(target: str, headers: list[tuple[str, str]]) -> int | None:
+    """The status the full path refuses a read with before anything else (its order)."""
+    try:
+        parse_target(target, "GET")
+    except BadTarget:
+        return 400
+    if names_this_proxy(v for n, v in headers if n.lower() == "via"):
+        return 508
+    if repeated_singleton(headers) is not None:
+        return 400
+    return None
+
+
+def closes(headers: list[tuple[str, str]]) -> bool:
+    return "close" in connection_tokens(headers)
+
+
+@settings(max_examples=300)
 @given(st.lists(heads(), min_size=1, max_size=6))
 def test_a_head_is_answered_only_when_nothing_in_it_is_the_full_paths(
     sequence: list[tuple[bytes, str, str, str, list[tuple[str, str]]]],
@@ -94,23 +133,30 @@ def test_a_head_is_answered_only_when_nothing_in_it_is_the_full_paths(
             return
         if not expected(method, version, headers):
             assert parsed in (ONE_REQUEST, FOR_GOOD)
-            closes = any(n.lower() == "connection" and v.lower() == "close" for n, v in headers)
-            if parsed is FOR_GOOD or version == "1.0" or closes:
+            if parsed is FOR_GOOD or version == "1.0" or closes(headers):
                 return  # the connection is the full path's from here, or ends
             continue
-        assert isinstance(parsed, RequestHead)
-        path, _, query = target.partition("?")
-        assert (parsed.path, parsed.query) == (path, query)
-        by_name = {n.lower(): v for n, v in headers}
-        assert parsed.if_none_match == by_name.get("if-none-match")
-        assert parsed.accept_encoding == by_name.get("accept-encoding")
-        assert parsed.origin == by_name.get("origin")
-        # Credentials are collected as sent: the scope is the full path's function of them.
-        assert parsed.credentials == tuple(
-            (n.lower(), v) for n, v in headers if n.lower() in CREDENTIALS
-        )
-        assert parsed.keep_alive == (by_name.get("connection", "keep-alive").lower() != "close")
-        assert parsed.head == (method == "HEAD")
+        status = refusal(target, headers)
+        if status is not None:
+            assert isinstance(parsed, RefusedHead)
+            assert parsed.status == status
+            assert parsed.origin == first_value(headers, "origin")
+            assert parsed.keep_alive == (version == "1.1" and not closes(headers))
+        else:
+            assert isinstance(parsed, RequestHead)
+            path, _, query = parse_target(target, "GET").upstream.partition("?")
+            assert (parsed.path, parsed.query) == (path, query)
+            # List fields are one value however many lines carry them (RFC 9110 §5.3).
+            assert parsed.if_none_match == joined_value(headers, "if-none-match")
+            assert parsed.accept_encoding == joined_value(headers, "accept-encoding")
+            assert parsed.origin == first_value(headers, "origin")
+            assert parsed.last_event_id == first_value(headers, "last-event-id")
+            # Credentials are collected as sent: the scope is the full path's function of them.
+            assert parsed.credentials == tuple(
+                (n.lower(), v) for n, v in headers if n.lower() in CREDENTIALS
+            )
+            assert parsed.keep_alive == (version == "1.1" and not closes(headers))
+            assert parsed.head == (method == "HEAD")
         if not parsed.keep_alive:
             return
 
@@ -118,7 +164,9 @@ def test_a_head_is_answered_only_when_nothing_in_it_is_the_full_paths(
 @given(st.binary(max_size=300))
 def test_arbitrary_bytes_never_raise(junk: bytes) -> None:
     result = HeadParser(CREDENTIALS).parse(junk + b"\r\n\r\n")
-    assert result is FOR_GOOD or result is ONE_REQUEST or isinstance(result, RequestHead)
+    assert (
+        result is FOR_GOOD or result is ONE_REQUEST or isinstance(result, RequestHead | RefusedHead)
+    )
 
 
 def test_a_head_with_a_body_hands_the_connection_over_for_good() -> None:
@@ -311,3 +359,151 @@ def test_a_last_header_goes_between_the_two_parts() -> None:
         aged = serialise(status, [*headers, ("Age", "7")], length, head=head)
         assert first + b"Age: 7\r\n" + rest == aged
     assert serialise_parts(200, headers, 5)[1] == b"Content-Length: 5\r\n"
+
+
+def aiohttp_message(head: bytes) -> tuple[str, bool] | None:
+    """The target and ``should_close`` aiohttp's request parser makes of ``head``; None: it
+    refuses the head."""
+    import asyncio
+
+    from aiohttp import http_exceptions
+    from aiohttp.http_parser import HttpRequestParser
+
+    loop = asyncio.new_event_loop()
+    try:
+        parser = HttpRequestParser(_Paused(), loop, 2**16)
+        try:
+            messages, _, _ = parser.feed_data(head)
+        except http_exceptions.HttpProcessingError:
+            return None
+        message = messages[0][0]
+        return message.path, message.should_close
+    finally:
+        loop.close()
+
+
+CONNECTION_TOKENS = st.sampled_from(
+    ["close", "Close", "CLOSE", "keep-alive", "Keep-Alive", "te", "upgrade", "x-hop", "closed"]
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.lists(CONNECTION_TOKENS, min_size=1, max_size=3), max_size=3),
+    st.sampled_from([", ", ",", " , "]),
+    st.sampled_from(["/s?offset=-1", "http://h/s?offset=-1", "https://h:1/s", "http://h"]),
+)
+def test_connection_and_the_target_are_read_as_aiohttp_reads_them(
+    lines: list[list[str]], separator: str, target: str
+) -> None:
+    """``Connection`` is a token list (``close`` wins, RFC 9110 §7.6.1; aiohttp and the
+    connection both take llhttp's reading), and an absolute-form target's path and query are
+    the target (RFC 9112 §3.2.2): the full path's ``parse_target`` of aiohttp's target."""
+    fields = [f"Connection: {separator.join(tokens)}" for tokens in lines]
+    head = "\r\n".join([f"GET {target} HTTP/1.1", "Host: a", *fields, "", ""]).encode()
+    full = aiohttp_message(head)
+    parsed = HeadParser(CREDENTIALS).parse(head)
+    if full is None:
+        assert not isinstance(parsed, RequestHead | RefusedHead)
+        return
+    full_target, should_close = full
+    assert isinstance(parsed, RequestHead)
+    assert parsed.keep_alive is not should_close
+    upstream = parse_target(full_target, "GET").upstream
+    assert (parsed.path, parsed.query) == tuple(upstream.partition("?")[::2])
+
+
+def full_path_reading(head: bytes) -> tuple[str, object] | None:
+    """What the full path makes of ``head``: aiohttp's request parser, then the refusals
+    ``handle_stream_request`` makes before anything else, in its order, then the values the
+    read handlers take (``edge.web.front.catchup_request``'s functions). None: aiohttp's
+    parser refuses the head."""
+    import asyncio
+
+    from aiohttp import http_exceptions
+    from aiohttp.http_parser import HttpRequestParser
+
+    loop = asyncio.new_event_loop()
+    try:
+        parser = HttpRequestParser(_Paused(), loop, 2**16)
+        try:
+            messages, _, _ = parser.feed_data(head)
+        except http_exceptions.HttpProcessingError:
+            return None
+    finally:
+        loop.close()
+    message = messages[0][0]
+    headers = list(message.headers.items())
+    origin = first_value(headers, "origin")
+    # An HTTP/1.0 answer closes the connection on both paths (``answer_http10_as_http11``).
+    keeps = not message.should_close and message.version >= (1, 1)
+    try:
+        target = parse_target(message.path, message.method)
+    except BadTarget:
+        return "refused", (400, origin, keeps)
+    if names_this_proxy(v for n, v in headers if n.lower() == "via"):
+        return "refused", (508, origin, keeps)
+    if repeated_singleton(headers) is not None:
+        return "refused", (400, origin, keeps)
+    return "read", (
+        message.method, (message.version.major, message.version.minor),
+        target.upstream.partition("?")[::2],
+        joined_value(headers, "if-none-match"), joined_value(headers, "accept-encoding"),
+        origin, first_value(headers, "last-event-id"), keeps,
+        tuple((n.lower(), v) for n, v in headers if n.lower() in CREDENTIALS),
+    )  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(heads())
+def test_a_head_the_connection_takes_is_read_as_the_full_path_reads_it(
+    drawn: tuple[bytes, str, str, str, list[tuple[str, str]]],
+) -> None:
+    """The generated heads read by the connection and by the full path (aiohttp's parser and
+    the edge's own functions of what it parsed) as the oracle: whatever the connection takes
+    as a read, or refuses, the full path reads or refuses alike; what it hands over, the full
+    path answers."""
+    raw = drawn[0]
+    parsed = HeadParser(CREDENTIALS).parse(raw)
+    if isinstance(parsed, Handoff):
+        return  # the full path's to answer: never wrong
+    full = full_path_reading(raw)
+    assert full is not None, raw  # aiohttp's parser takes what the connection takes
+    what, values = full
+    if isinstance(parsed, RefusedHead):
+        assert (what, values) == ("refused", (parsed.status, parsed.origin, parsed.keep_alive))
+        return
+    method = "HEAD" if parsed.head else "GET"
+    assert (what, values) == (
+        "read", (
+            method, (1, 0) if parsed.http10 else (1, 1), (parsed.path, parsed.query),
+            parsed.if_none_match,
+            parsed.accept_encoding, parsed.origin, parsed.last_event_id, parsed.keep_alive,
+            parsed.credentials,
+        ),
+    )  # fmt: skip
+
+
+def test_an_answer_to_http10_has_no_chunks_and_ends_with_the_close() -> None:
+    """A body of unknown length to an HTTP/1.0 reader: no ``Transfer-Encoding``, no
+    ``Content-Length``, written as it comes and ended by the close (``TO_CLOSE``), under an
+    HTTP/1.1 status line; a body with a length keeps it."""
+    headers = [("Content-Type", "text/event-stream")]
+    head, framing = relayed_answer_head(
+        200, "OK", headers, head=False, keep_alive=False, now_seconds=0, close_delimited=True
+    )
+    assert framing is BodyFraming.TO_CLOSE
+    assert head.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert b"Transfer-Encoding" not in head
+    assert b"Content-Length" not in head
+    assert head.endswith(b"Connection: close\r\n\r\n")
+    sized, framing = relayed_answer_head(
+        200, "OK", [*headers, ("Content-Length", "3")], head=False, keep_alive=False,
+        now_seconds=0, close_delimited=True,
+    )  # fmt: skip
+    assert framing is BodyFraming.LENGTH
+    assert b"Content-Length: 3\r\n" in sized
+    sse_head = serialise(200, headers, 0, close_delimited=True)
+    assert b"Content-Length" not in sse_head
+    assert b"Transfer-Encoding" not in sse_head
+    assert b"Transfer-Encoding: chunked" in serialise(200, headers, 0, chunked=True)

@@ -280,6 +280,7 @@ class EdgeUnderTest:
         self.observer: Callable[..., object] = self.parts.lifecycle.observe
         self.siblings: Siblings | None = None
         self.fast_answers = 0
+        self.remembered_answers = 0  # of them, answered as heads met before (``hit``)
         # Set while a compression is to be held (a thread still working while a stream changes).
         self.compression_gate: asyncio.Event | None = None
         compressor = self.parts.compressor
@@ -315,9 +316,16 @@ class EdgeUnderTest:
         if origin is not None:
             headers.append(("Origin", origin))
         wire = "".join(f"{n}: {v}\r\n" for n, v in headers)
-        head = self.fast.parser().parse(f"GET {raw_target} HTTP/1.1\r\n{wire}\r\n".encode())
+        # As the connection does: a head met before first (``hit``), then the parsed head.
+        raw = f"GET {raw_target} HTTP/1.1\r\n{wire}\r\n".encode()
+        remembered = self.fast.hit(raw)
+        if remembered is not None:
+            self.fast_answers += 1
+            self.remembered_answers += 1
+            return seen_on_the_wire(remembered)
+        head = self.fast.parser().parse(raw)
         if isinstance(head, RequestHead):
-            stored = self.fast.answer(head)
+            stored = self.fast.answer(head, None, raw)
             if stored is not None:
                 self.fast_answers += 1
                 return seen_on_the_wire(b"".join(stored))
@@ -847,6 +855,10 @@ class CatchupMachine(RuleBasedStateMachine):
             if self.workers:
                 fast = sum(getattr(edge, "fast_answers", 0) for edge in self.workers)
                 event("reads answered by the pre-serialised hit path" if fast else "none stored")
+                remembered = sum(getattr(e, "remembered_answers", 0) for e in self.workers)
+                event(
+                    "heads met before answered as remembered" if remembered else "none remembered"
+                )
                 refreshed = sum(edge.refreshes() for edge in self.workers)
                 event("at-tail answers refreshed ahead" if refreshed else "none refreshed ahead")
             for edge in self.workers:

@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from edge.protocol.sse import SseDecoder, SseEvent
+from edge.resume.cors import route_cors
 from edge.resume.events import (
     LEASE,
     UNKEPT,
@@ -21,12 +22,22 @@ from edge.resume.events import (
 from edge.resume.ids import (
     TOKEN_CHARS,
     ResumePoint,
+    credential_scope,
     encode_id,
     mint_token,
     parse_id,
+    principal_scope,
     stream_name,
 )
-from edge.resume.requests import Keep, NotFound, Relay, Resume, asked_of, upstream_headers
+from edge.resume.requests import (
+    Keep,
+    NotFound,
+    Preflight,
+    Relay,
+    Resume,
+    asked_of,
+    upstream_headers,
+)
 
 offsets = st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=1, max_size=60)
 tokens = st.builds(lambda _: mint_token(), st.integers())
@@ -231,7 +242,6 @@ def test_the_edges_own_messages_are_news_but_never_shown() -> None:
     replayed = replay.feed([SseEvent(event="data", data=data, id=None)])
     assert replayed.news == 3
     assert len(replayed.frames) == 1
-    assert replay.read_so_far.owed == [1]  # a reader that read from the start knows what is owed
     again = Replay(replay.rewind()).feed([SseEvent(event="data", data=data, id=None)])
     assert again.news == 0  # read again after a rotation: nothing new, the lease does not move
 
@@ -258,7 +268,12 @@ def test_notifications_and_other_bodies_owe_nothing() -> None:
 def test_what_a_request_asks_for() -> None:
     point = ResumePoint(token=mint_token(), offset="0000_0001", skip=2)
     assert asked_of("POST", [("Content-Type", "application/json")]) == Keep()
-    assert asked_of("GET", [("Accept", "text/event-stream")]) == Relay()
+    # A browser's EventSource (no header of its own) is kept; MCP's standalone GET is relayed.
+    assert asked_of("GET", [("Accept", "text/event-stream")]) == Keep()
+    assert asked_of("GET", [("MCP-Protocol-Version", "2025-11-25")]) == Relay()
+    assert asked_of("GET", [("Mcp-Session-Id", "s")]) == Relay()
+    assert asked_of("OPTIONS", [("Access-Control-Request-Method", "GET")]) == Preflight()
+    assert asked_of("OPTIONS", []) == Relay()
     assert asked_of("GET", [("Last-Event-ID", encode_id(point))]) == Resume(point)
     assert asked_of("GET", [("Last-Event-ID", "upstream-17")]) == NotFound()
     assert asked_of("DELETE", [("Mcp-Session-Id", "s")]) == Relay()
@@ -320,3 +335,54 @@ def test_reads_cut_anywhere_go_on_from_where_they_stopped(
     else:
         raise AssertionError("never ended")
     assert [{"event": e.event, "data": e.data} for e in seen] == kept
+
+
+@given(st.text(min_size=1), st.text(min_size=1))
+def test_an_answer_is_bound_to_its_principal_whatever_the_token(alice: str, bob: str) -> None:
+    token = mint_token()
+    bound = stream_name(token, principal_scope("jwt", alice))
+    assert bound == stream_name(token, principal_scope("jwt", alice))  # any token of alice's
+    assert (bound == stream_name(token, principal_scope("jwt", bob))) == (alice == bob)
+    assert bound != stream_name(token, principal_scope("forward", alice))
+    assert bound != stream_name(mint_token(), principal_scope("jwt", alice))
+
+
+def test_without_a_principal_the_credential_binds() -> None:
+    assert credential_scope([]) == "public"
+    both = [("Authorization", "Bearer x"), ("Cookie", "s=1")]
+    assert credential_scope(both) == credential_scope(
+        [("cookie", "s=1"), ("authorization", "Bearer x")]
+    )
+    assert credential_scope([("Authorization", "Bearer x")]) != credential_scope(
+        [("Authorization", "Bearer y")]
+    )
+    assert credential_scope([("Authorization", "Bearer x")]) != principal_scope("jwt", "x")
+
+
+# What the reference origin grants every Origin.
+ORIGIN_GRANT = [
+    ("access-control-allow-origin", "*"),
+    ("access-control-allow-methods", "GET, POST, PUT, DELETE, HEAD, OPTIONS"),
+    ("access-control-allow-headers", "content-type, authorization, Stream-Seq"),
+    ("access-control-expose-headers", "Stream-Next-Offset, etag"),
+    ("x-content-type-options", "nosniff"),
+]
+
+
+def test_a_routes_cors_is_the_origins_grant_widened_for_the_route() -> None:
+    headers = {name.lower(): value for name, value in route_cors(ORIGIN_GRANT)}
+    assert headers["access-control-allow-origin"] == "*"
+    assert headers["x-content-type-options"] == "nosniff"
+    assert headers["access-control-allow-methods"] == "GET, POST, DELETE, OPTIONS"
+    allowed = [name.strip() for name in headers["access-control-allow-headers"].split(",")]
+    assert allowed[:3] == ["content-type", "authorization", "Stream-Seq"]  # the origin's, kept
+    assert {"last-event-id", "mcp-session-id", "mcp-protocol-version"} <= set(allowed)
+    assert len({name.lower() for name in allowed}) == len(allowed)  # each once
+    exposed = headers["access-control-expose-headers"]
+    assert exposed == "Stream-Next-Offset, etag, Edge-Resume-Stream, Mcp-Session-Id"
+    assert len(route_cors(ORIGIN_GRANT)) == len(headers)  # one header of each name
+
+
+def test_an_origin_that_grants_nothing_gets_nothing_added() -> None:
+    assert route_cors([]) == []
+    assert route_cors([("access-control-expose-headers", "etag")]) == []

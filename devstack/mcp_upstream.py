@@ -1,15 +1,19 @@
-"""An agent backend for the resume-route tests: the official MCP SDK's streamable-HTTP server
-(stateless, no event store: on its own, a dropped call is lost) with one slow tool.
+"""An agent backend for resume routes (their tests and ``make demo ARGS=--resume``): the official
+MCP SDK's streamable-HTTP server (stateless, no event store: on its own, a dropped call is lost)
+with one slow tool. ``devstack.processes.start_mcp_upstream`` starts it.
 
-    python tests/integration/mcp_upstream.py PORT SEEN_FILE [--stateful]   (PORT 0: any port)
+    python devstack/mcp_upstream.py PORT SEEN_FILE [--stateful]   (PORT 0: any port)
 
 ``--stateful``: the SDK's sessions in memory (``Mcp-Session-Id``), so a session's requests
 must reach this one process (a stateful upstream behind a balancer).
 
-``count(n, delay)`` reports progress n times, ``delay`` seconds apart, and returns
-``"counted n"``. Every request the server receives is recorded as one JSON line in SEEN_FILE
-(method, path, ``Last-Event-ID``, ``Authorization``), so a test can prove what reached it. It
-prints one JSON line, ``{"url": ".../mcp"}``, once it listens.
+``count(n, delay, tag="")`` reports progress n times, ``delay`` seconds apart (each message
+``"step i"``, with `` of <tag>`` when tagged), and returns ``"counted n"`` (``"counted n for
+<tag>"``): a tag lets concurrent callers tell their own messages from another's.
+
+Every request the server receives is recorded as one JSON line in SEEN_FILE (method, path,
+query, ``Last-Event-ID``, ``Authorization``), so a test can prove what reached it. It prints
+one JSON line, ``{"url": ".../mcp"}``, once it listens.
 """
 
 from __future__ import annotations
@@ -35,12 +39,13 @@ ENDS_EARLY = (
 
 
 @server.tool()
-async def count(n: int, delay: float, ctx: Context) -> str:
-    _record(SEEN_FILE[0], {"tool": "count", "n": str(n)})
+async def count(n: int, delay: float, ctx: Context, tag: str = "") -> str:
+    _record(SEEN_FILE[0], {"tool": "count", "n": str(n), "tag": tag})
+    of = f" of {tag}" if tag else ""
     for step in range(1, n + 1):
         await asyncio.sleep(delay)
-        await ctx.report_progress(step, n, f"step {step}")
-    return f"counted {n}"
+        await ctx.report_progress(step, n, f"step {step}{of}")
+    return f"counted {n} for {tag}" if tag else f"counted {n}"
 
 
 def _record(seen_file: str, line: dict[str, str | None]) -> None:
@@ -55,6 +60,7 @@ def recording(app: Any, seen_file: str) -> Any:
             line = {
                 "method": scope["method"],
                 "path": scope["path"],
+                "query": scope["query_string"].decode(),
                 "last_event_id": headers.get("last-event-id"),
                 "authorization": headers.get("authorization"),
             }
@@ -71,12 +77,16 @@ async def raw(scope: dict[str, Any], receive: Any, send: Any) -> None:
     """``/raw/ends-early``: an SSE answer with the backend's own ids that ends before its final
     message; ``/raw/json``: a JSON answer; ``/raw/slow?tag=T``: 20 events 50 ms apart with the
     backend's own ids, then the final message (``id`` 42), recording ``{"slow": T, "end":
-    "finished"}`` or ``"disconnected"`` (the client left first)."""
+    "finished"}`` or ``"disconnected"`` (the client left first); ``/raw/paced``: see
+    ``paced``."""
     while (await receive()).get("more_body"):
         pass
+    query = dict(parse_qsl(scope["query_string"].decode()))
     if scope["path"] == "/raw/slow":
-        query = dict(parse_qsl(scope["query_string"].decode()))
         await slow(query.get("tag", ""), query.get("hold"), receive, send)
+        return
+    if scope["path"] == "/raw/paced":
+        await paced(query, send)
         return
     if scope["path"] == "/raw/json":
         head = [(b"content-type", b"application/json")]
@@ -116,6 +126,33 @@ async def slow(tag: str, hold: str | None, receive: Any, send: Any) -> None:
     for task in (streaming, leaving):
         task.cancel()
     _record(SEEN_FILE[0], {"slow": tag, "end": end})
+
+
+async def paced(query: dict[str, str], send: Any) -> None:
+    """``/raw/paced?n=N&every=S&silent=Q&at=K&size=B&tag=T``: the headers, then ``N`` progress
+    notifications ``S`` seconds apart (each's data padded to about ``B`` bytes), with nothing
+    at all for ``Q`` seconds after the ``K``-th (0: right after the headers), then the final
+    message (``id`` 42); ``{"paced": T, "end": "finished"}`` is recorded once it is all sent.
+    A slow backend (a trickle, a long silence), or a fast one (``every=0``)."""
+    n, every = int(query.get("n", "3")), float(query.get("every", "0"))
+    silent, size = float(query.get("silent", "0")), int(query.get("size", "0"))
+    silent_at = int(query.get("at", "0"))
+    head = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+    await send({"type": "http.response.start", "status": 200, "headers": head})
+    await send({"type": "http.response.body", "body": b"", "more_body": True})
+    for step in range(1, n + 1):
+        if step == silent_at + 1:
+            await asyncio.sleep(silent)
+        if step > 1 and every:
+            await asyncio.sleep(every)
+        params: dict[str, Any] = {"progress": step}
+        progress = {"jsonrpc": "2.0", "method": "notifications/progress", "params": params}
+        params["message"] = "x" * max(0, size - len(json.dumps(progress)) - 15)
+        frame = f"id: up-{step}\ndata: {json.dumps(progress)}\n\n"
+        await send({"type": "http.response.body", "body": frame.encode(), "more_body": True})
+    final = 'data: {"jsonrpc":"2.0","id":42,"result":{}}\n\n'
+    await send({"type": "http.response.body", "body": final.encode()})
+    _record(SEEN_FILE[0], {"paced": query.get("tag", ""), "end": "finished"})
 
 
 async def main(port: int, seen_file: str, *, stateful: bool) -> None:
