@@ -20,9 +20,12 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+import redis.asyncio as aredis
 from aiohttp import web
 
 from devstack.processes import Edge, Origin, start_edge
+from edge.instances.generations import GENERATION_CHECK_SECONDS
+from edge.store.shared_codec import generation_key
 from tests.conftest import shared_redis_in
 from tests.integration.test_fast_path import (
     Raw,
@@ -560,3 +563,74 @@ async def test_remembered_hits_after_an_answer_that_filled_the_socket_wait_for_t
             assert answers[-1].body == b"probe"
         finally:
             writer.close()
+
+
+async def test_a_purge_whose_message_was_missed_ends_a_remembered_head_by_the_generation_check(
+    http: aiohttp.ClientSession,
+    origin: Origin,
+    logs_dir: Path,
+    stream_path: str,
+    request: pytest.FixtureRequest,
+) -> None:
+    """Recreated behind the edges and its generation gone from Redis (no message on the
+    channel, as after a partition): each replica confirms its generation within
+    ``GENERATION_CHECK_SECONDS`` and forgets; a remembered head must not outlast that."""
+    shared = shared_redis_in("standalone", request)
+    target = f"{stream_path}?offset=-1"
+    await make_stream(http, origin.url + stream_path, TEXT, b"a" * 1000, close=True)
+    fast = start_edge(origin.url, logs_dir, *ONE, *shared.edge_args, name="missed-fast")
+    full = start_edge(
+        origin.url, logs_dir, *ONE, *shared.edge_args, "--fast-path", "off", name="missed-full"
+    )
+    client = aredis.Redis.from_url(shared.url)
+    try:
+        await remembered(fast.url, target)
+        await remembered(full.url, target)
+        assert (await call(http, "DELETE", origin.url + stream_path))[0] == 204
+        await make_stream(http, origin.url + stream_path, TEXT, b"b" * 1000, close=True)
+        assert await client.delete(generation_key(stream_path)) == 1
+        changed_at: dict[str, float] = {}
+        began = time.monotonic()
+        while len(changed_at) < 2 and time.monotonic() - began < 10:
+            for name, edge in (("fast", fast), ("full", full)):
+                body = (await get(edge.url, target)).body
+                if name in changed_at:
+                    assert body == b"b" * 1000, name  # never the old bytes again
+                elif body == b"b" * 1000:
+                    changed_at[name] = time.monotonic() - began
+                else:
+                    assert body == b"a" * 1000
+            await asyncio.sleep(0.05)
+        assert set(changed_at) == {"fast", "full"}, changed_at
+        assert changed_at["fast"] < GENERATION_CHECK_SECONDS + 1.5, changed_at
+    finally:
+        await client.aclose()
+        fast.stop()
+        full.stop()
+    no_tracebacks(fast, full)
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+async def test_a_relayed_404_ends_remembered_heads_on_every_worker(
+    http: aiohttp.ClientSession, origin: Origin, logs_dir: Path, stream_path: str, workers: str
+) -> None:
+    """Deleted behind the edge; an append it relays is answered 404: the stream ends on every
+    worker (``test_gone``), its remembered heads with it."""
+    target = f"{stream_path}?offset=-1"
+    await make_stream(http, origin.url + stream_path, TEXT, b"g" * 700, close=True)
+    with edge_pair(origin, logs_dir, f"gone-{workers}", "--workers", workers) as (fast, full):
+        want = await remembered(full.url, target)
+        await remembered(fast.url, target)
+        for _ in range(12):  # fresh connections: every worker remembers it
+            same(await get(fast.url, target), want)
+        assert (await call(http, "DELETE", origin.url + stream_path))[0] == 204
+        for edge in (fast, full):
+            status, _, _ = await call(
+                http, "POST", edge.url + stream_path, headers={"Content-Type": TEXT}, data=b"x"
+            )
+            assert status == 404
+        for _ in range(12):
+            got, want = await both(fast, full, target)
+            same(got, want)
+            assert b"404" in got.status_line
+        no_tracebacks(fast, full)
