@@ -279,7 +279,8 @@ GRANTED = "https://granted.example"
 async def cors_switch(origin: Origin) -> AsyncIterator[tuple[str, dict[str, str]]]:
     """The real origin behind a forwarder whose CORS the test switches: ``mode["cors"]`` is
     ``star`` (one grant for all), ``per-origin`` (``GRANTED`` only, ``Vary: Origin``) or
-    ``none`` (no CORS headers: teaches nothing)."""
+    ``none`` (no CORS headers: teaches nothing); ``mode["no-store"]``: its reads' 200s say
+    ``Cache-Control: no-store``."""
     mode = {"cors": "star"}
     session = aiohttp.ClientSession(
         auto_decompress=False, skip_auto_headers=("Accept-Encoding", "Accept", "User-Agent")
@@ -298,6 +299,8 @@ async def cors_switch(origin: Origin) -> AsyncIterator[tuple[str, dict[str, str]
                 if lowered.startswith("access-control-") or lowered in HOP:
                     continue
                 out.headers.add(name, value)
+            if mode.get("no-store") and incoming.method == "GET" and answer.status == 200:
+                out.headers["Cache-Control"] = "no-store"
             asked = incoming.headers.get("Origin")
             if mode["cors"] == "star":
                 out.headers["Access-Control-Allow-Origin"] = "*"
@@ -634,3 +637,46 @@ async def test_a_relayed_404_ends_remembered_heads_on_every_worker(
             same(got, want)
             assert b"404" in got.status_line
         no_tracebacks(fast, full)
+
+
+async def test_the_origin_forbids_storing_under_remembered_heads(
+    http: aiohttp.ClientSession,
+    origin: Origin,
+    logs_dir: Path,
+    stream_path: str,
+    cors_switch: tuple[str, dict[str, str]],
+) -> None:
+    """The origin starts saying ``no-store`` for the stream (learned from a fill of another
+    range of it): a remembered head of it is the full path's again, relayed as it relays."""
+    url, mode = cors_switch
+    await make_stream(http, origin.url + stream_path, TEXT, close=False)
+    status, headers, _ = await call(
+        http, "POST", origin.url + stream_path, headers={"Content-Type": TEXT}, data=b"1" * 600
+    )
+    assert status == 204
+    middle = next(v for n, v in headers if n.lower() == "stream-next-offset")
+    for part in (b"2" * 600,):
+        await call(
+            http, "POST", origin.url + stream_path, headers={"Content-Type": TEXT}, data=part
+        )
+    await call(http, "POST", origin.url + stream_path, headers={"Stream-Closed": "true"})
+    target = f"{stream_path}?offset=-1"
+    fast = await asyncio.to_thread(start_edge, url, logs_dir, *ONE, name="no-store-fast")
+    full = await asyncio.to_thread(
+        start_edge, url, logs_dir, *ONE, "--fast-path", "off", name="no-store-full"
+    )
+    try:
+        want = await remembered(full.url, target)
+        same(await remembered(fast.url, target), want)
+        mode["no-store"] = "yes"
+        for edge in (fast, full):  # a range neither holds as such: filled from the origin
+            filled = await get(edge.url, f"{stream_path}?offset={middle}")
+            assert filled.body == b"2" * 600
+        for _ in range(4):
+            got, want = await both(fast, full, target)
+            assert got.header(b"Cache-Control") == b"no-store"
+            assert got.comparable() == want.comparable()
+    finally:
+        await asyncio.to_thread(fast.stop)
+        await asyncio.to_thread(full.stop)
+    no_tracebacks(fast, full)
