@@ -27,6 +27,7 @@ from devstack.processes import Edge, Origin, start_edge
 from edge.instances.generations import GENERATION_CHECK_SECONDS
 from edge.store.shared_codec import generation_key
 from tests.conftest import shared_redis_in
+from tests.integration.replicas import raw as exact_url
 from tests.integration.test_fast_path import (
     Raw,
     edge_pair,
@@ -680,3 +681,37 @@ async def test_the_origin_forbids_storing_under_remembered_heads(
         await asyncio.to_thread(fast.stop)
         await asyncio.to_thread(full.stop)
     no_tracebacks(fast, full)
+
+
+def aliases(path: str) -> list[str]:
+    """Targets the origin routes to ``path`` (``edge.protocol.paths``)."""
+    head, _, name = path.rpartition("/")
+    return [
+        path,
+        f"{head}/./{name}",
+        f"{head}/%2e/{name}",
+        f"{head}/x/../{name}",
+        f"{head}\\{name}",
+        f"http://elsewhere.example{path}",
+    ]
+
+
+async def test_alias_heads_end_with_a_delete_through_another_alias(
+    http: aiohttp.ClientSession, origin: Origin, logs_dir: Path, stream_path: str
+) -> None:
+    await make_stream(http, origin.url + stream_path, TEXT, b"a" * 900, close=True)
+    targets = [f"{alias}?offset=-1" for alias in aliases(stream_path)]
+    with pair(origin, logs_dir, "aliases") as (fast, full):
+        for target in targets:
+            same(await remembered(fast.url, target), await remembered(full.url, target))
+        # Deleted through the edge by an alias, recreated with other bytes at the same offsets.
+        head, _, name = stream_path.rpartition("/")
+        status, _, _ = await call(http, "DELETE", exact_url(fast.url + f"{head}/%2e/{name}"))
+        assert status == 204
+        assert (await call(http, "POST", f"{full.admin_url}/purge?path={stream_path}"))[0] == 200
+        await make_stream(http, origin.url + stream_path, TEXT, b"b" * 900, close=True)
+        for _ in range(3):
+            for target in targets:
+                got, want = await both(fast, full, target)
+                same(got, want)
+                assert got.body == b"b" * 900, target
