@@ -715,3 +715,29 @@ async def test_alias_heads_end_with_a_delete_through_another_alias(
                 got, want = await both(fast, full, target)
                 same(got, want)
                 assert got.body == b"b" * 900, target
+
+
+async def test_a_credentials_scope_forgotten_ends_its_remembered_heads_alone(
+    http: aiohttp.ClientSession, origin: Origin, logs_dir: Path, stream_path: str
+) -> None:
+    """Credentials split cache scopes (no --auth): a 404 the origin gives one credential's
+    read forgets that scope; its remembered heads end, every other scope's answer as the full
+    path gives it."""
+    target = f"{stream_path}?offset=-1"
+    await make_stream(http, origin.url + stream_path, TEXT, b"s" * 800, close=True)
+    scopes = [(), ("Authorization: Bearer one",), ("Authorization: Bearer two",)]
+    with pair(origin, logs_dir, "scopes") as (fast, full):
+        for headers in scopes:
+            same(
+                await remembered(fast.url, target, *headers),
+                await remembered(full.url, target, *headers),
+            )
+        assert (await call(http, "DELETE", origin.url + stream_path))[0] == 204
+        for edge in (fast, full):  # relayed (an unknown parameter), answered 404
+            gone = await get(edge.url, f"{target}&x=1", *scopes[1])
+            assert b"404" in gone.status_line
+        for _ in range(3):
+            for headers in scopes:
+                got, want = await both(fast, full, target, *headers)
+                assert got.comparable() == want.comparable(), headers
+        assert b"404" in (await get(fast.url, target, *scopes[1])).status_line
