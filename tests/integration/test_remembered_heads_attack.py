@@ -190,23 +190,43 @@ async def test_evicted_by_cache_pressure_then_deleted_behind_the_edge(
         same(got, want)
 
 
-async def test_a_stream_whose_ttl_ends(
-    http: aiohttp.ClientSession, origin: Origin, logs_dir: Path, stream_path: str
+LIFETIME_HEADERS = (b"Cache-Control", b"CDN-Cache-Control", b"Surrogate-Control")
+
+
+def but_lifetime(answer: Raw) -> tuple[bytes, list[tuple[bytes, bytes]], bytes]:
+    """``comparable`` without what counts down with the stream's lifetime (its max-age)."""
+    status, headers, body = answer.comparable()
+    return status, [(n, v) for n, v in headers if n not in LIFETIME_HEADERS], body
+
+
+def iso_in(seconds: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + seconds))
+
+
+@pytest.mark.parametrize("lifetime", ["ttl", "expires-at"])
+async def test_a_stream_whose_lifetime_ends(
+    http: aiohttp.ClientSession, origin: Origin, logs_dir: Path, stream_path: str, lifetime: str
 ) -> None:
-    target = f"{stream_path}?offset=-1"
-    for header in ({"Stream-TTL": "2"}, {}):
-        path = stream_path + ("-ttl" if header else "-plain")
-        async with http.put(origin.url + path, headers={"Content-Type": TEXT, **header}) as r:
-            assert r.status == 201
-        async with http.post(origin.url + path, headers={"Content-Type": TEXT}, data=b"t" * 500):
-            pass
-        async with http.post(origin.url + path, headers={"Stream-Closed": "true"}):
-            pass
-    target = f"{stream_path}-ttl?offset=-1"
-    with pair(origin, logs_dir, "ttl") as (fast, full):
+    with pair(origin, logs_dir, lifetime) as (fast, full):
+        ends = {"Stream-TTL": "3"} if lifetime == "ttl" else {"Stream-Expires-At": iso_in(4)}
+        async with http.put(
+            origin.url + stream_path, headers={"Content-Type": TEXT, **ends}
+        ) as put:
+            assert put.status == 201
+        status, _, _ = await call(
+            http, "POST", origin.url + stream_path, headers={"Content-Type": TEXT}, data=b"t" * 500
+        )
+        assert status == 204
+        status, _, _ = await call(
+            http, "POST", origin.url + stream_path, headers={"Stream-Closed": "true"}
+        )
+        assert status == 204
+        target = f"{stream_path}?offset=-1"
         for _ in range(6):
-            same(*await both(fast, full, target))
-        await asyncio.sleep(3)
+            got, want = await both(fast, full, target)
+            assert but_lifetime(got) == but_lifetime(want)
+            assert got.body == b"t" * 500
+        await asyncio.sleep(5)  # nobody touches it: the origin ends it
         got, want = await both(fast, full, target)
         assert b"404" in got.status_line
         same(got, want)
