@@ -75,15 +75,19 @@ def same(fast: Raw, full: Raw) -> None:
     assert fast.comparable() == full.comparable()
 
 
+@pytest.mark.parametrize("workers", ["1", "2"])
 async def test_deleted_and_recreated_through_the_edge_with_other_bytes(
-    http: aiohttp.ClientSession, origin: Origin, logs_dir: Path, stream_path: str
+    http: aiohttp.ClientSession, origin: Origin, logs_dir: Path, stream_path: str, workers: str
 ) -> None:
     target = f"{stream_path}?offset=-1"
     await make_stream(http, origin.url + stream_path, TEXT, b"a" * 1000, close=True)
-    with pair(origin, logs_dir, "recreate") as (fast, full):
+    args = ("--workers", workers)
+    with edge_pair(origin, logs_dir, f"recreate-{workers}", *args) as (fast, full):
         old = await remembered(fast.url, target)
         same(old, await remembered(full.url, target))
         assert old.body == b"a" * 1000
+        for _ in range(12):  # fresh connections: every worker remembers it
+            same(await get(fast.url, target), old)
         assert (await call(http, "DELETE", fast.url + stream_path))[0] == 204
         assert (await call(http, "POST", f"{full.admin_url}/purge?path={stream_path}"))[0] == 200
         gone_fast, gone_full = await both(fast, full, target)
@@ -98,6 +102,9 @@ async def test_deleted_and_recreated_through_the_edge_with_other_bytes(
         new = await remembered(fast.url, target)
         assert new.body == b"b" * 1000
         same(new, await remembered(full.url, target))
+        for _ in range(12):
+            same(await get(fast.url, target), new)
+        no_tracebacks(fast, full)
 
 
 async def test_deleted_behind_the_edges_back_and_purged_through_the_admin_api(
