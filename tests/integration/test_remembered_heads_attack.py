@@ -40,7 +40,7 @@ from tests.integration.test_fast_path import (
     warm,
 )
 from tests.integration.test_fast_path import request as head_of
-from tests.integration.test_passthrough import call
+from tests.integration.test_passthrough import call, metric_value
 
 ONE = ("--workers", "1")
 TEXT = "text/plain"
@@ -533,6 +533,10 @@ async def test_ten_thousand_distinct_heads_keep_the_book_bounded(
             writer.close()
 
 
+def catchups(edge: Edge) -> float:
+    return metric_value(edge.metrics_text(), "edge_requests_total", kind="catchup", code="200")
+
+
 def reads_of(origin: Origin, path: str) -> int:
     return sum(r["method"] in ("GET", "HEAD") for r in origin.counts(path)["requests"])
 
@@ -570,9 +574,14 @@ async def test_remembered_hits_after_an_answer_that_filled_the_socket_wait_for_t
         reader, writer = await asyncio.open_connection(sock=sock)
         heads = 3000
         try:
+            answered = catchups(fast)
             writer.write(head_of(f"{big}?offset=-1"))  # the catch-up's own answer, no hold
             await writer.drain()
-            await asyncio.sleep(0.5)  # its own packet; the answer is written meanwhile
+            for _ in range(100):  # counted as it is written, in the step its task ends in
+                if catchups(fast) > answered:
+                    break
+                await asyncio.sleep(0.05)
+            assert catchups(fast) == answered + 1
             base = rss_bytes(fast)
             for i in range(heads):
                 writer.write(head_of(target))
