@@ -34,7 +34,9 @@ Rules this module owns:
   saw is closed here (once a client's half-close leaves nothing to answer, or at shutdown).
 * A connection the tracker refuses gets the tracker's 503; what it sends is discarded, but for
   its request line (``MAX_REFUSED_LINE_BYTES`` at most), read to count the refusal by kind.
-* A client that pipelines faster than it reads waits with its reading paused, not in our memory.
+* A client that pipelines faster than it reads waits with its reading paused, not in our memory:
+  heads are read only while the transport is below its high-water mark, whichever answer (its
+  own, a task's, aiohttp's) put it above (``_read_while_writable`` on the way back to ``FAST``).
 * A client's half-close (EOF) ends its sending, not its answers (``edge.protocol.half_close``):
   the transport stays open for writing, aiohttp never sees the EOF (its protocol would close
   the transport and cancel the handler), and the connection asks ``after_half_close`` again
@@ -498,9 +500,20 @@ class _Connection(asyncio.Protocol):
         """An answer of its own is done: the connection reads its next request (what waited,
         and a half-close, are looked at on the next pass)."""
         self._mode = _Mode.FAST
+        self._read_while_writable()
         self._unhold()
         if self._buffer or self._sending_done:
             self._tracker.loop.call_soon(self._resume)
+
+    def _read_while_writable(self) -> None:
+        """The connection reads heads again (``FAST``): if an answer written meanwhile (its
+        own, or aiohttp's) left the transport above its high-water mark, whose pause was then
+        not the reading's to heed, reading waits for ``resume_writing`` as ``pause_writing``
+        makes it wait in ``FAST``: what the client pipelines stays in the kernel, not ours."""
+        transport = self._transport
+        if self._writable is not None and not self._paused and transport is not None:
+            self._paused = True
+            transport.pause_reading()
 
     def _to_aiohttp(self, head: bytes) -> None:
         """This one request is aiohttp's; the next head waits for its answer."""
@@ -724,6 +737,7 @@ class _Connection(asyncio.Protocol):
                 self._close_when_answered()
             return
         self._mode = _Mode.FAST
+        self._read_while_writable()
         if self._buffer or self._sending_done:
             self._tracker.loop.call_soon(self._resume)
 
