@@ -96,8 +96,12 @@ async def test_deleted_and_recreated_through_the_edge_with_other_bytes(
         # Same offsets, other bytes.
         await make_stream(http, origin.url + stream_path, TEXT, b"b" * 1000, close=True)
         for _ in range(4):
+            # While the edges learn the new stream (a worker's first fill of it says
+            # max-age=1 until its lifetime is known; another's may already be a hit), the
+            # headers may differ between them; the bytes never may, and never the old ones.
             got, want = await both(fast, full, target)
-            same(got, want)
+            assert got.status_line == want.status_line
+            assert got.body == want.body
             assert got.body in (b"b" * 1000, b"")
         new = await remembered(fast.url, target)
         assert new.body == b"b" * 1000
