@@ -16,6 +16,10 @@ Rules this module owns:
   JSON arrays of messages, ``control`` events with ``streamNextOffset``) into the upstream's
   events again, each with the edge's id: the offset where the read of its batch started and how
   many messages from there it is. A resume point's ``skip`` drops the events already seen.
+* A message read after the read caught up (a ``control`` event) was appended since: it is news
+  (the log moved, the pump is alive) even when the point's ``skip`` drops it, so a point past
+  the log (a forged ``skip``) never makes its reader take a live pump for lost. What a read
+  re-reads before it catches up (after a rotation) is not news.
 * An answer's stream also holds the edge's own messages (``{"edge": ...}``), never shown and
   never given an id: the first (``request_message``) names the JSON-RPC ids the request is owed,
   so a replica that never saw the request can end the answer (``Finale.of_log``); a lease
@@ -177,11 +181,13 @@ class Replay:
         self._batch_offset = point.offset
         self._read_in_batch = 0
         self._skip = point.skip
+        self._caught_up = False  # this read has had a control event: what follows is live
 
     def rewind(self) -> ResumePoint:
         """Where a new read of the stream starts, to go on exactly where this one is."""
         self._skip += self._read_in_batch
         self._read_in_batch = 0
+        self._caught_up = False
         return ResumePoint(token=self._token, offset=self._batch_offset, skip=self._skip)
 
     def feed(self, events: Iterable[SseEvent]) -> Replayed:
@@ -194,6 +200,7 @@ class Replay:
                 if self._handed_over:
                     return Replayed(frames=frames, news=news, handed_over=True)
             elif event.event == "control":
+                self._caught_up = True
                 if self._control(event.data):
                     return Replayed(frames=frames, ended=True, news=news, caught_up=True)
                 caught_up = True
@@ -206,6 +213,8 @@ class Replay:
             self._read_in_batch += 1
             if self._skip > 0:
                 self._skip -= 1
+                if self._caught_up:  # appended since the read caught up: the log moved
+                    news += 1
                 continue
             news += 1
             if self._own and message == UNKEPT:

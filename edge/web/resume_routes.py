@@ -44,6 +44,9 @@ Rules this module owns:
   own CORS headers, so its own client and every resume see the same policy.
 * When the edge drains (SIGTERM), every client that holds one of the edge's ids is cut short at
   once, so it resumes on a replica that stays (its pump goes on through the drain).
+* The upstream's and this edge's own listener's connections have no pool cap of their own
+  (aiohttp's default, 100, would hold the next call waiting while 100 answers run): the
+  connection table and ``--resume-max-pumps`` bound them.
 * Everything else is a plain relay that streams both ways; a client that leaves cancels it, and
   a body cut short upstream is cut short to the client (it never looks complete).
 """
@@ -192,8 +195,14 @@ class ResumeRoutes:
         timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=self._settings.upstream_connect_timeout_seconds
         )
-        self._upstream = aiohttp.ClientSession(auto_decompress=False, timeout=timeout)
-        self._own = aiohttp.ClientSession(timeout=timeout)
+        # No pool cap of their own (aiohttp's default is 100 connections): each connection is a
+        # route's request or one of its readers, bounded by --resume-max-pumps and the
+        # connection table; a cap here would leave the 101st running answer's caller waiting
+        # for a connection, for as long as the others run.
+        self._upstream = aiohttp.ClientSession(
+            auto_decompress=False, timeout=timeout, connector=aiohttp.TCPConnector(limit=0)
+        )
+        self._own = aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0))
 
     def start_draining(self) -> None:
         """The edge is stopping: every client that can resume (it holds an id) is cut short

@@ -246,6 +246,19 @@ def test_the_edges_own_messages_are_news_but_never_shown() -> None:
     assert again.news == 0  # read again after a rotation: nothing new, the lease does not move
 
 
+def test_a_point_past_the_log_still_sees_the_log_move() -> None:
+    """A forged ``skip`` past the log: what is appended after the read caught up is live (the
+    pump is alive), though it is skipped; a reader must not take the pump for lost."""
+    replay = Replay(ResumePoint(token=mint_token(), offset="-1", skip=10**9))
+    control = SseEvent(event="control", data='{"streamNextOffset":"0_1"}', id=None)
+    catch_up = json.dumps([request_message([1])])
+    first = replay.feed([SseEvent(event="data", data=catch_up, id=None), control])
+    assert first.news == 0  # the catch-up is old
+    live = replay.feed([SseEvent(event="data", data=json.dumps([LEASE]), id=None)])
+    assert live.news == 1
+    assert not live.frames
+
+
 def test_only_the_answers_own_reader_stops_where_it_outgrew_the_caps() -> None:
     shown = {"event": "message", "data": "{}"}
     owed = {"event": "message", "data": '{"jsonrpc":"2.0","id":1,"error":{}}'}

@@ -1,0 +1,138 @@
+"""Resume routes attacked from outside (issue 30), real processes: the reference origin, one
+edge, the raw SSE backend of ``devstack/mcp_upstream.py``.
+
+Each test is an attack that once broke the edge: a forged ``Last-Event-ID`` (a real token of
+the caller's own, a ``skip`` past the log) must not end a live answer for its other readers;
+answers still running must not starve the next request of an upstream connection."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from devstack.processes import Edge, Origin, Process, start_edge, start_mcp_upstream
+from edge.protocol.sse import SseDecoder, SseEvent
+from edge.resume.ids import ResumePoint, encode_id, parse_id
+
+pytestmark = pytest.mark.timeout(120)
+
+CALL = {"jsonrpc": "2.0", "id": 42, "method": "tools/call", "params": {"name": "count"}}
+HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+RESULT = {"jsonrpc": "2.0", "id": 42, "result": {}}
+LEASE_SECONDS = 3
+
+
+@dataclass
+class Stand:
+    backend: Process
+    edge: Edge
+
+    @property
+    def raw_url(self) -> str:
+        return str(self.backend.ready["url"]).removesuffix("/mcp") + "/raw"
+
+
+@pytest.fixture(scope="module")
+def stand(origin: Origin, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stand]:
+    logs = tmp_path_factory.mktemp("resume-attacks")
+    seen = logs / "seen.jsonl"
+    seen.touch()
+    backend = start_mcp_upstream(logs, seen, name="attacked-upstream")
+    raw_url = str(backend.ready["url"]).removesuffix("/mcp") + "/raw"
+    edge = start_edge(
+        origin.url, logs, "--resume-route", f"/raw={raw_url}",
+        "--resume-lease", str(LEASE_SECONDS), "--workers", "1", name="attacked-edge",
+    )  # fmt: skip
+    yield Stand(backend=backend, edge=edge)
+    edge.stop()
+    backend.stop()
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[aiohttp.ClientSession]:
+    connector = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=90)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        yield session
+
+
+async def read_on(
+    response: aiohttp.ClientResponse, decoder: SseDecoder, count: int | None = None
+) -> list[SseEvent]:
+    events: list[SseEvent] = []
+    async for chunk in response.content.iter_any():
+        events.extend(decoder.feed(chunk))
+        if count is not None and len(events) >= count:
+            break
+    return events
+
+
+def messages(events: list[SseEvent]) -> list[Any]:
+    return [json.loads(event.data) for event in events]
+
+
+async def test_a_forged_skip_past_the_log_does_not_end_a_live_answer(
+    stand: Stand, client: aiohttp.ClientSession
+) -> None:
+    """The caller's own token with a ``skip`` past the log: that reader never sees the log
+    move, and must not take the (alive) pump for lost, fence it, and end the answer with an
+    error for its other readers (the tool finishes; the log would never hold its result)."""
+    n = 8
+    decoder = SseDecoder()
+    url = f"{stand.edge.url}/raw/paced?n={n}&every=1&tag=forged-skip"
+    async with client.post(url, json=CALL, headers=HEADERS) as answer:
+        assert answer.status == 200
+        first = await read_on(answer, decoder, 1)
+        assert first[0].id is not None
+        point = parse_id(first[0].id)
+        assert point is not None
+        forged = encode_id(ResumePoint(token=point.token, offset=point.offset, skip=10**9))
+        async with client.get(
+            f"{stand.edge.url}/raw/paced", headers={"Last-Event-ID": forged}
+        ) as resumed:
+            forged_answer = asyncio.ensure_future(resumed.read())
+            whole = first + await read_on(answer, decoder)
+            await asyncio.wait_for(forged_answer, 30)
+    got = messages(whole)
+    assert got[-1] == RESULT, got[-1]
+    assert [m["params"]["progress"] for m in got[:-1]] == list(range(1, n + 1))
+    # The forged reader was shown nothing: no event of the answer is past its point.
+    assert b"data:" not in forged_answer.result()
+
+
+async def test_answers_still_running_do_not_starve_the_next_call(
+    stand: Stand, client: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    """More answers running at once than an HTTP client's default pool (100), each well
+    under ``--resume-max-pumps``: the next call still reaches the backend at once."""
+    hold = tmp_path / "hold"
+    running = 101
+    opened: list[aiohttp.ClientResponse] = []
+
+    async def open_one(index: int) -> None:
+        url = f"{stand.edge.url}/raw/slow?tag=held-{index}&hold={hold}"
+        answer = await client.post(url, json=CALL, headers=HEADERS)
+        assert answer.status == 200
+        opened.append(answer)
+        await read_on(answer, SseDecoder(), 1)
+
+    try:
+        await asyncio.wait_for(asyncio.gather(*(open_one(i) for i in range(running))), 60)
+        decoder = SseDecoder()
+        async with client.post(
+            f"{stand.edge.url}/raw/paced?n=2&tag=next", json=CALL, headers=HEADERS
+        ) as answer:
+            assert answer.status == 200
+            got = messages(await asyncio.wait_for(read_on(answer, decoder), 30))
+        assert got[-1] == RESULT
+    finally:
+        hold.touch()
+        for answer in opened:
+            answer.close()
