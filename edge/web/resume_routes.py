@@ -34,7 +34,8 @@ Rules this module owns:
   never goes upstream; it goes as ``Authorization: Bearer`` when no header carries one. A
   reader whose token stops being accepted (``exp`` + leeway) is cut short then, as the edge's
   live reads are: its client resumes with its last id and a fresh token.
-* A resume whose stream does not exist (unknown, expired, another credential's) is a 404, the
+* A resume whose stream does not exist (unknown, expired, another credential's), or whose
+  offset the origin refuses (forged: the edge mints only offsets the origin gave), is a 404, the
   same for each; ``Last-Event-ID`` never goes upstream. A resume that finds nothing after its
   point in a closed answer is a ``204``: a browser's ``EventSource`` stops there, where an empty
   ``200`` would have it reconnect for ever.
@@ -121,7 +122,7 @@ class ReadEnd(enum.Enum):
 
     ENDED = "ended"  # the stream's close: the answer is whole
     ROTATED = "rotated"  # the edge's SSE viewer ended (it rotates): read on from there
-    MISSING = "missing"  # no such stream (unknown, expired, another credential's)
+    MISSING = "missing"  # no such stream (unknown, expired, another credential's) or offset
     FAILED = "failed"  # refused, broken off, or ended having brought nothing at all
     LAPSED = "lapsed"  # nothing new for a whole lease in an open stream: its pump is lost
     HANDED_OVER = "handed_over"  # the answer outgrew its caps: its own client gets the rest
@@ -467,7 +468,9 @@ class ResumeRoutes:
         moved = False  # events, a lease or a heartbeat: a read that was alive, not one refused
         try:
             async with self._stream_read(reading, at.offset) as read:
-                if read.status == 404:
+                if read.status in (400, 404):
+                    # 400: an offset the origin refuses is no point of the stream, so not one
+                    # the edge minted: found nothing, as an unknown id.
                     return ReadEnd.MISSING
                 if read.status != 200:
                     logger.warning("resume stream %s: own read got %d", reading.path, read.status)

@@ -136,3 +136,25 @@ async def test_answers_still_running_do_not_starve_the_next_call(
         hold.touch()
         for answer in opened:
             answer.close()
+
+
+@pytest.mark.parametrize("offset", ["zzzz", "0000000000000000_00000000000000zz", "-1x"])
+async def test_a_forged_offset_is_not_found(
+    stand: Stand, client: aiohttp.ClientSession, offset: str
+) -> None:
+    """The caller's own token with an offset the origin refuses (400): an id the edge did not
+    mint, so the same 404 as an unknown one, not a 502 after retries."""
+    async with client.post(
+        f"{stand.edge.url}/raw/paced?n=2&tag=forged-offset", json=CALL, headers=HEADERS
+    ) as answer:
+        events = await read_on(answer, SseDecoder())
+    assert events[0].id is not None
+    point = parse_id(events[0].id)
+    assert point is not None
+    forged = encode_id(ResumePoint(token=point.token, offset=offset, skip=0))
+    assert parse_id(forged) is not None  # well-formed: only the origin can tell
+    async with client.get(
+        f"{stand.edge.url}/raw/paced", headers={"Last-Event-ID": forged}
+    ) as resumed:
+        assert resumed.status == 404
+        assert await resumed.text() == "no such answer\n"
