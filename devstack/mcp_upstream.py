@@ -78,7 +78,7 @@ async def raw(scope: dict[str, Any], receive: Any, send: Any) -> None:
     message; ``/raw/json``: a JSON answer; ``/raw/slow?tag=T``: 20 events 50 ms apart with the
     backend's own ids, then the final message (``id`` 42), recording ``{"slow": T, "end":
     "finished"}`` or ``"disconnected"`` (the client left first); ``/raw/paced``: see
-    ``paced``."""
+    ``paced``; ``/raw/hang``: see ``hang``."""
     while (await receive()).get("more_body"):
         pass
     query = dict(parse_qsl(scope["query_string"].decode()))
@@ -87,6 +87,9 @@ async def raw(scope: dict[str, Any], receive: Any, send: Any) -> None:
         return
     if scope["path"] == "/raw/paced":
         await paced(query, send)
+        return
+    if scope["path"] == "/raw/hang":
+        await hang(query.get("tag", ""), receive)
         return
     if scope["path"] == "/raw/json":
         head = [(b"content-type", b"application/json")]
@@ -126,6 +129,14 @@ async def slow(tag: str, hold: str | None, receive: Any, send: Any) -> None:
     for task in (streaming, leaving):
         task.cancel()
     _record(SEEN_FILE[0], {"slow": tag, "end": end})
+
+
+async def hang(tag: str, receive: Any) -> None:
+    """``/raw/hang?tag=T``: never sends its response headers; records ``{"hang": T, "end":
+    "disconnected"}`` once the request's connection is gone."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    _record(SEEN_FILE[0], {"hang": tag, "end": "disconnected"})
 
 
 async def paced(query: dict[str, str], send: Any) -> None:

@@ -8,7 +8,9 @@ Rules this module owns:
   module only carries them out.
 * A request whose answer may be kept is begun in a task of its own (``_begin``: the upstream
   request, then the pump's ``keep``), so a client that leaves at any point cancels none of it;
-  the answer it began, if it is not kept, is closed.
+  the answer it began, if it is not kept, is closed. An upstream that sends no headers within
+  ``--resume-max-seconds`` (the longest an answer is kept) is let go: a ``504`` to a client
+  still waiting; one that left holds nothing to resume.
 * Every client, the answer's own included, is answered by reading the answer's stream: an event
   is in the log before any client sees its id. The stream is read through this edge's own
   listener, as an SSE viewer with the client's credential headers, so the edge's one tail per
@@ -115,6 +117,10 @@ class Plain:
 
 
 Began = Kept | Plain
+
+
+class NoAnswer(Exception):
+    """The upstream sent no response headers within ``--resume-max-seconds``."""
 
 
 class ReadEnd(enum.Enum):
@@ -325,6 +331,9 @@ class ResumeRoutes:
             # The client left; a plain answer nobody will read is closed, a kept one goes on.
             begin.add_done_callback(_close_if_plain)
             raise
+        except NoAnswer:
+            logger.warning("resume route %s: no answer within --resume-max-seconds", route.path)
+            return self._answer(request, 504, "the upstream sent no answer")
         except (aiohttp.ClientError, OSError, TimeoutError) as error:
             logger.warning("resume route %s: upstream failed: %r", route.path, error)
             return self._answer(request, 502, "upstream unreachable")
@@ -353,9 +362,17 @@ class ResumeRoutes:
     ) -> Began:
         upstream = self._upstream
         assert upstream is not None
-        response = await upstream.request(
-            method, url, headers=CIMultiDict(headers), data=body or None, allow_redirects=False
-        )
+        try:
+            # An answer is kept at most --resume-max-seconds: an upstream silent that long
+            # before its headers is let go (its client, if it left, holds no id to resume with).
+            # (0 keeps nothing past the first chunk; it does not refuse every answer.)
+            async with asyncio.timeout(self._settings.resume_max_seconds or None):
+                response = await upstream.request(
+                    method, url, headers=CIMultiDict(headers), data=body or None,
+                    allow_redirects=False,
+                )  # fmt: skip
+        except TimeoutError as error:
+            raise NoAnswer from error
         if not keepable(response):
             return Plain(response)
         kept = await self._pumps.keep(response, body, scope, credentials)

@@ -3,7 +3,9 @@ edge, the raw SSE backend of ``devstack/mcp_upstream.py``.
 
 Each test is an attack that once broke the edge: a forged ``Last-Event-ID`` (a real token of
 the caller's own, a ``skip`` past the log) must not end a live answer for its other readers;
-answers still running must not starve the next request of an upstream connection."""
+answers still running must not starve the next request of an upstream connection; an
+upstream that never sends its headers must not hold a connection (and a task) for ever after
+its client left."""
 
 from __future__ import annotations
 
@@ -33,6 +35,8 @@ LEASE_SECONDS = 3
 class Stand:
     backend: Process
     edge: Edge
+    seen: Path
+    logs: Path
 
     @property
     def raw_url(self) -> str:
@@ -50,7 +54,7 @@ def stand(origin: Origin, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         origin.url, logs, "--resume-route", f"/raw={raw_url}",
         "--resume-lease", str(LEASE_SECONDS), "--workers", "1", name="attacked-edge",
     )  # fmt: skip
-    yield Stand(backend=backend, edge=edge)
+    yield Stand(backend=backend, edge=edge, seen=seen, logs=logs)
     edge.stop()
     backend.stop()
 
@@ -158,3 +162,37 @@ async def test_a_forged_offset_is_not_found(
     ) as resumed:
         assert resumed.status == 404
         assert await resumed.text() == "no such answer\n"
+
+
+def seen_lines(stand: Stand) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in stand.seen.read_text().splitlines()]
+
+
+async def test_an_upstream_that_never_answers_is_let_go_at_the_seconds_cap(
+    stand: Stand, origin: Origin, client: aiohttp.ClientSession
+) -> None:
+    """No headers, ever: a client that left leaves nothing anyone can resume (no id was given),
+    and one that waits gets a 504; either way the upstream request ends at
+    ``--resume-max-seconds``, not never (each such request held a connection and a task)."""
+    edge = start_edge(
+        origin.url, stand.logs, "--resume-route", f"/raw={stand.raw_url}",
+        "--resume-max-seconds", "2", "--workers", "1", name="capped-edge",
+    )  # fmt: skip
+    try:
+        leaving = asyncio.ensure_future(
+            client.post(f"{edge.url}/raw/hang?tag=left", json=CALL, headers=HEADERS)
+        )
+        await asyncio.sleep(0.5)
+        leaving.cancel()  # the client leaves before any answer began
+        async with client.post(
+            f"{edge.url}/raw/hang?tag=stayed", json=CALL, headers=HEADERS
+        ) as waited:
+            assert waited.status == 504
+        for _ in range(300):
+            ends = {line["hang"] for line in seen_lines(stand) if "hang" in line}
+            if ends >= {"left", "stayed"}:
+                break
+            await asyncio.sleep(0.1)
+        assert ends >= {"left", "stayed"}  # both upstream requests ended by the edge
+    finally:
+        edge.stop()
