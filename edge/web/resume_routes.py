@@ -306,6 +306,9 @@ class ResumeRoutes:
             # and the token as the backend reads one.
             query = admitted.target.query
             relayed = _presented_credentials(request, relayed)
+        if keep and self._pumps.at_cap():
+            self._metrics.resume_unkept.labels("pumps").inc()
+            keep = False  # relayed as it is: its client leaving ends it
         sent = upstream_headers(relayed, keep=keep)
         url = route.upstream(request.path, query)
         if not keep:
@@ -366,11 +369,12 @@ class ResumeRoutes:
             # An answer is kept at most --resume-max-seconds: an upstream silent that long
             # before its headers is let go (its client, if it left, holds no id to resume with).
             # (0 keeps nothing past the first chunk; it does not refuse every answer.)
-            async with asyncio.timeout(self._settings.resume_max_seconds or None):
-                response = await upstream.request(
-                    method, url, headers=CIMultiDict(headers), data=body or None,
-                    allow_redirects=False,
-                )  # fmt: skip
+            with self._pumps.beginning():
+                async with asyncio.timeout(self._settings.resume_max_seconds or None):
+                    response = await upstream.request(
+                        method, url, headers=CIMultiDict(headers), data=body or None,
+                        allow_redirects=False,
+                    )  # fmt: skip
         except TimeoutError as error:
             raise NoAnswer from error
         if not keepable(response):

@@ -196,3 +196,38 @@ async def test_an_upstream_that_never_answers_is_let_go_at_the_seconds_cap(
         assert ends >= {"left", "stayed"}  # both upstream requests ended by the edge
     finally:
         edge.stop()
+
+
+async def test_requests_waiting_for_their_answer_count_against_the_pumps_cap(
+    stand: Stand, origin: Origin, client: aiohttp.ClientSession
+) -> None:
+    """Requests whose clients left before any answer began (the upstream sends no headers)
+    each held an upstream connection and a task, none counted: past ``--resume-max-pumps``
+    such requests a new one is relayed as it is, without ids, as past the cap of answers."""
+    edge = start_edge(
+        origin.url, stand.logs, "--resume-route", f"/raw={stand.raw_url}",
+        "--resume-max-pumps", "2", "--workers", "1", name="pumps-capped-edge",
+    )  # fmt: skip
+    try:
+        for index in range(2):
+            leaving = asyncio.ensure_future(
+                client.post(f"{edge.url}/raw/hang?tag=capped-{index}", json=CALL, headers=HEADERS)
+            )
+            for _ in range(100):  # until the backend has it: the edge is waiting for its answer
+                if any(line.get("path") == "/raw/hang" and f"capped-{index}" in line.get(
+                    "query", "") for line in seen_lines(stand)):  # fmt: skip
+                    break
+                await asyncio.sleep(0.05)
+            leaving.cancel()
+        async with client.post(
+            f"{edge.url}/raw/paced?n=2&tag=past-cap", json=CALL, headers=HEADERS
+        ) as answer:
+            assert answer.status == 200
+            assert "Edge-Resume-Stream" not in answer.headers
+            events = await read_on(answer, SseDecoder())
+        assert messages(events)[-1] == RESULT
+        # As the backend sent it: none of the edge's ids.
+        assert all(event.id is None or parse_id(event.id) is None for event in events)
+        assert 'edge_resume_unkept_total{reason="pumps"} 1.0' in edge.metrics_text()
+    finally:
+        edge.stop()
