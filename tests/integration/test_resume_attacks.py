@@ -231,3 +231,34 @@ async def test_requests_waiting_for_their_answer_count_against_the_pumps_cap(
         assert 'edge_resume_unkept_total{reason="pumps"} 1.0' in edge.metrics_text()
     finally:
         edge.stop()
+
+
+async def test_nobody_writes_an_answers_stream_through_the_edge(
+    stand: Stand, client: aiohttp.ClientSession
+) -> None:
+    """The answers' streams are the edge's (its pumps write them to the origin directly):
+    through its listener they can be followed, never written. Anyone holding the path
+    (``Edge-Resume-Stream``) could append a forged result that every reader then got with one
+    of the edge's ids, or delete the answer."""
+    forged = [{"event": "message", "data": json.dumps({**RESULT, "result": {"forged": True}})}]
+    url = f"{stand.edge.url}/raw/paced?n=4&every=0.3&tag=injected"
+    alice = {**HEADERS, "Authorization": "Bearer alice"}
+    async with client.post(url, json=CALL, headers=alice) as answer:
+        path = answer.headers["Edge-Resume-Stream"]
+        decoder = SseDecoder()
+        first = await read_on(answer, decoder, 1)
+        for who in ("Bearer mallory", "Bearer alice"):
+            for method in ("POST", "PUT", "DELETE", "PATCH"):
+                async with client.request(
+                    method, f"{stand.edge.url}{path}", data=json.dumps(forged),
+                    headers={"Content-Type": "application/json", "Authorization": who},
+                ) as write:  # fmt: skip
+                    assert write.status == 403, (who, method, write.status)
+        async with client.get(
+            f"{stand.edge.url}{path}?offset=-1", headers={"Authorization": "Bearer alice"}
+        ) as follow:
+            assert follow.status == 200  # followed as an ordinary stream, as before
+        whole = first + await read_on(answer, decoder)
+    got = messages(whole)
+    assert got[-1] == RESULT
+    assert [m["params"]["progress"] for m in got[:-1]] == [1, 2, 3, 4]
