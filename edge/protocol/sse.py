@@ -3,7 +3,8 @@
 Rules this module owns:
 
 * Bytes arrive in arbitrary chunks, possibly splitting a UTF-8 character; an event is dispatched
-  only at the blank line that ends it.
+  only at the blank line that ends it. Bytes that are not UTF-8 decode as U+FFFD (HTML's "UTF-8
+  decode"): never an error.
 * Lines end in CRLF, LF or CR; a CR at the very end of a chunk waits for the next chunk, since it
   may be the first half of a CRLF.
 * Each character is examined once, whatever the chunking: a line of megabytes arriving in many
@@ -30,7 +31,9 @@ class SseEvent:
 
 class SseDecoder:
     def __init__(self) -> None:
-        self._utf8 = codecs.getincrementaldecoder("utf-8")()
+        # "UTF-8 decode" (HTML): a byte that is not UTF-8 is a U+FFFD, never an error that
+        # would end the pump or the tail reading it.
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._partial: list[str] = []  # the line begun and not yet ended, as it came
         self._pending_cr = False
         self._event = ""

@@ -262,3 +262,18 @@ async def test_nobody_writes_an_answers_stream_through_the_edge(
     got = messages(whole)
     assert got[-1] == RESULT
     assert [m["params"]["progress"] for m in got[:-1]] == [1, 2, 3, 4]
+
+
+async def test_a_byte_that_is_not_utf8_costs_a_character_not_the_answer(
+    stand: Stand, client: aiohttp.ClientSession
+) -> None:
+    """One bad byte in an upstream event killed the pump (its decoder raised): the answer's
+    client waited a lease, then got the JSON-RPC error, though the backend sent the result."""
+    async with client.post(
+        f"{stand.edge.url}/raw/invalid-utf8", json=CALL, headers=HEADERS
+    ) as answer:
+        assert answer.status == 200
+        events = await read_on(answer, SseDecoder())
+    got = messages(events)
+    assert got[0]["params"]["message"] == "\ufffd"
+    assert got[-1] == RESULT

@@ -138,3 +138,15 @@ def test_a_long_line_is_scanned_once_not_once_per_chunk() -> None:
         sys.settrace(None)
     assert events == [SseEvent(event="message", data="x" * 64 * 1024, id=None)]
     assert executed < 40 * len(chunks), executed
+
+
+def test_bytes_that_are_not_utf8_are_replaced_not_fatal() -> None:
+    """The SSE decode is UTF-8 with replacement (HTML: "UTF-8 decode"): one bad byte from an
+    upstream (or an origin) costs a U+FFFD, not the pump or the tail that read it."""
+    decoder = SseDecoder()
+    events = decoder.feed(b"data: a\xff\xfeb\n\ndata: \xe2\x9c")
+    events += decoder.feed(b"\x93 ok\n\n")
+    assert events == [
+        SseEvent(event="message", data="a\ufffd\ufffdb", id=None),
+        SseEvent(event="message", data="\u2713 ok", id=None),
+    ]
