@@ -84,7 +84,8 @@ async def raw(scope: dict[str, Any], receive: Any, send: Any) -> None:
     backend's own ids, then the final message (``id`` 42), recording ``{"slow": T, "end":
     "finished"}`` or ``"disconnected"`` (the client left first); ``/raw/paced``: see
     ``paced``; ``/raw/hang``: see ``hang``; ``/raw/invalid-utf8``: a byte that is not UTF-8 in
-    an event, then the final message."""
+    an event, then the final message; ``/raw/deep``: an event of JSON nested 100,000 deep, then
+    the final message."""
     while (await receive()).get("more_body"):
         pass
     query = dict(parse_qsl(scope["query_string"].decode()))
@@ -97,7 +98,10 @@ async def raw(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if scope["path"] == "/raw/hang":
         await hang(query.get("tag", ""), receive)
         return
-    if scope["path"] == "/raw/invalid-utf8":
+    if scope["path"] == "/raw/deep":
+        head = [(b"content-type", b"text/event-stream")]
+        body = b"data: " + b"[" * 100_000 + b"]" * 100_000 + b"\n\n" + INVALID_UTF8[-45:]
+    elif scope["path"] == "/raw/invalid-utf8":
         head = [(b"content-type", b"text/event-stream")]
         body = INVALID_UTF8
     elif scope["path"] == "/raw/json":

@@ -8,6 +8,8 @@ Rules this module owns:
 * The upstream's own ids never reach the stream (they name a store on one upstream process);
   events with empty data (an MCP server's "priming" event, which exists only to carry such an
   id) are not kept; ``retry`` and comments are the upstream's own business and are dropped.
+* JSON this module cannot parse (malformed, or nested past the parser's recursion) is not JSON
+  here: it owes and pays nothing, and is never an error.
 * For a JSON-RPC request (MCP), the answer is complete once a response for every request id in
   the request body was kept (``Finale``); an upstream that ends before that gets a JSON-RPC error
   for each id still owed, kept like any event, so no reader waits for an answer that will not
@@ -40,6 +42,9 @@ from edge.protocol.sse import SseEvent, encode_event
 from edge.resume.ids import ResumePoint, encode_id
 
 JsonRpcId = int | str
+# What ``json.loads`` raises for text that is not JSON here: malformed, or nested deeper than
+# the parser recurses (valid JSON all the same, from a client's body or an upstream's event).
+NOT_JSON = (ValueError, RecursionError)
 # JSON-RPC 2.0 §5.1: reserved for implementation-defined server errors.
 UPSTREAM_ENDED_CODE = -32000
 UPSTREAM_ENDED = "the upstream ended before answering; the edge closed the resumable answer"
@@ -91,7 +96,7 @@ class Finale:
     def of_request(cls, body: bytes) -> Finale:
         try:
             value = json.loads(body)
-        except ValueError:
+        except NOT_JSON:
             return cls()
         return cls(owed=_request_ids(value))
 
@@ -121,7 +126,7 @@ class Finale:
         """A kept message: a response to an owed id pays it."""
         try:
             value = json.loads(message["data"])
-        except ValueError:
+        except NOT_JSON:
             return
         for item in value if isinstance(value, list) else [value]:
             if (
@@ -164,7 +169,7 @@ class Replayed:
 def _messages(data: str) -> list[Any]:
     try:
         value = json.loads(data)
-    except ValueError:
+    except NOT_JSON:
         return []
     return value if isinstance(value, list) else [value]
 
@@ -238,7 +243,7 @@ class Replay:
         """Whether the control event ends the stream."""
         try:
             control = json.loads(data)
-        except ValueError:
+        except NOT_JSON:
             return False
         if not isinstance(control, dict):
             return False

@@ -277,3 +277,21 @@ async def test_a_byte_that_is_not_utf8_costs_a_character_not_the_answer(
     got = messages(events)
     assert got[0]["params"]["message"] == "\ufffd"
     assert got[-1] == RESULT
+
+
+async def test_json_nested_too_deep_is_relayed_never_an_error(
+    stand: Stand, client: aiohttp.ClientSession
+) -> None:
+    """JSON nested past the parser's recursion: in an upstream event it killed the pump (the
+    client got the JSON-RPC error, not the result); as a request body it was a 500."""
+    async with client.post(f"{stand.edge.url}/raw/deep", json=CALL, headers=HEADERS) as answer:
+        assert answer.status == 200
+        events = await read_on(answer, SseDecoder())
+    assert events[0].data.startswith("[[[")
+    assert json.loads(events[-1].data) == RESULT
+    deep = b"[" * 100_000 + b"]" * 100_000
+    async with client.post(
+        f"{stand.edge.url}/raw/paced?n=1&tag=deep-body", data=deep, headers=HEADERS
+    ) as answer:
+        assert answer.status == 200
+        assert messages(await read_on(answer, SseDecoder()))[-1] == RESULT

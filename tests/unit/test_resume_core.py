@@ -399,3 +399,18 @@ def test_a_routes_cors_is_the_origins_grant_widened_for_the_route() -> None:
 def test_an_origin_that_grants_nothing_gets_nothing_added() -> None:
     assert route_cors([]) == []
     assert route_cors([("access-control-expose-headers", "etag")]) == []
+
+
+DEEP = "[" * 100_000 + "]" * 100_000  # valid JSON, nested past what the parser recurses
+
+
+def test_json_nested_too_deep_is_not_json_here_never_an_error() -> None:
+    """A request body, or an upstream event, nested deeper than the parser recurses raised
+    RecursionError (not a ValueError): a 500 for the request, a dead pump for the event."""
+    assert Finale.of_request(DEEP.encode()).owed == []
+    finale = Finale.of_request(b'{"jsonrpc":"2.0","id":1,"method":"m"}')
+    finale.heard({"event": "message", "data": DEEP})
+    assert finale.owed == [1]
+    replay = Replay(ResumePoint(token=mint_token(), offset="-1", skip=0))
+    replayed = replay.feed([SseEvent(event="data", data=DEEP, id=None)])
+    assert replayed.frames == []
