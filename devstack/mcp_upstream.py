@@ -30,6 +30,11 @@ from mcp.server.mcpserver import Context, MCPServer
 
 server = MCPServer("slow-counter")
 SEEN_FILE = [""]
+# A backend that sends a byte that is not UTF-8 in one event, then the final message.
+INVALID_UTF8 = (
+    b'data: {"jsonrpc":"2.0","method":"notifications/progress","params":{"message":"\xff"}}\n\n'
+    b'data: {"jsonrpc":"2.0","id":42,"result":{}}\n\n'
+)
 # A backend that is not the SDK: its own ids, a priming event, and no final message.
 ENDS_EARLY = (
     b"id: up-0\nretry: 500\ndata:\n\n"
@@ -78,7 +83,9 @@ async def raw(scope: dict[str, Any], receive: Any, send: Any) -> None:
     message; ``/raw/json``: a JSON answer; ``/raw/slow?tag=T``: 20 events 50 ms apart with the
     backend's own ids, then the final message (``id`` 42), recording ``{"slow": T, "end":
     "finished"}`` or ``"disconnected"`` (the client left first); ``/raw/paced``: see
-    ``paced``."""
+    ``paced``; ``/raw/hang``: see ``hang``; ``/raw/invalid-utf8``: a byte that is not UTF-8 in
+    an event, then the final message; ``/raw/deep``: an event of JSON nested 100,000 deep, then
+    the final message."""
     while (await receive()).get("more_body"):
         pass
     query = dict(parse_qsl(scope["query_string"].decode()))
@@ -88,7 +95,16 @@ async def raw(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if scope["path"] == "/raw/paced":
         await paced(query, send)
         return
-    if scope["path"] == "/raw/json":
+    if scope["path"] == "/raw/hang":
+        await hang(query.get("tag", ""), receive)
+        return
+    if scope["path"] == "/raw/deep":
+        head = [(b"content-type", b"text/event-stream")]
+        body = b"data: " + b"[" * 100_000 + b"]" * 100_000 + b"\n\n" + INVALID_UTF8[-45:]
+    elif scope["path"] == "/raw/invalid-utf8":
+        head = [(b"content-type", b"text/event-stream")]
+        body = INVALID_UTF8
+    elif scope["path"] == "/raw/json":
         head = [(b"content-type", b"application/json")]
         body = b'{"jsonrpc":"2.0","id":1,"result":{}}'
     else:
@@ -126,6 +142,14 @@ async def slow(tag: str, hold: str | None, receive: Any, send: Any) -> None:
     for task in (streaming, leaving):
         task.cancel()
     _record(SEEN_FILE[0], {"slow": tag, "end": end})
+
+
+async def hang(tag: str, receive: Any) -> None:
+    """``/raw/hang?tag=T``: never sends its response headers; records ``{"hang": T, "end":
+    "disconnected"}`` once the request's connection is gone."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    _record(SEEN_FILE[0], {"hang": tag, "end": "disconnected"})
 
 
 async def paced(query: dict[str, str], send: Any) -> None:

@@ -81,7 +81,8 @@ def token_header(token: str) -> dict[str, Any] | None:
         return None
     try:
         header = _b64json(parts[0])
-    except (ValueError, UnicodeError, binascii.Error):
+    except (ValueError, UnicodeError, binascii.Error, RecursionError):
+        # RecursionError: JSON nested past the parser's recursion (read before any signature).
         return None
     return header if isinstance(header, dict) else None
 

@@ -3,9 +3,13 @@
 Rules this module owns:
 
 * Bytes arrive in arbitrary chunks, possibly splitting a UTF-8 character; an event is dispatched
-  only at the blank line that ends it.
+  only at the blank line that ends it. Bytes that are not UTF-8 decode as U+FFFD (HTML's "UTF-8
+  decode"): never an error.
 * Lines end in CRLF, LF or CR; a CR at the very end of a chunk waits for the next chunk, since it
   may be the first half of a CRLF.
+* Each character is examined once, whatever the chunking: a line of megabytes arriving in many
+  chunks is kept as its pieces and joined once (rescanning it per chunk was quadratic and held
+  the event loop for seconds per MiB: the origin tail's and the resume pump's).
 * ``data`` lines of one event are joined with ``\\n``; a field's value loses one leading space;
   lines starting with ``:`` are comments (heartbeats); unknown fields are ignored.
 * An event with no ``data`` line is not dispatched, but its ``id`` still sets the last event id.
@@ -27,8 +31,10 @@ class SseEvent:
 
 class SseDecoder:
     def __init__(self) -> None:
-        self._utf8 = codecs.getincrementaldecoder("utf-8")()
-        self._buffer = ""
+        # "UTF-8 decode" (HTML): a byte that is not UTF-8 is a U+FFFD, never an error that
+        # would end the pump or the tail reading it.
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._partial: list[str] = []  # the line begun and not yet ended, as it came
         self._pending_cr = False
         self._event = ""
         self._data: list[str] = []
@@ -45,19 +51,33 @@ class SseDecoder:
         if self._pending_cr and text.startswith("\n"):
             text = text[1:]
         self._pending_cr = False
-        self._buffer += text
         events: list[SseEvent] = []
+        start, size = 0, len(text)
+        # The next LF and CR at or after ``start``, each searched again only once passed: every
+        # character is looked at once (in C), however long a line or many its chunks.
+        lf, cr = text.find("\n"), text.find("\r")
         while True:
-            cut = _line_end(self._buffer)
-            if cut is None:
+            if 0 <= lf < start:
+                lf = text.find("\n", start)
+            if 0 <= cr < start:
+                cr = text.find("\r", start)
+            if lf < 0 and cr < 0:
                 break
-            line, end = cut
-            if end == len(self._buffer) and self._buffer.endswith("\r"):
-                self._pending_cr = True
-            self._buffer = self._buffer[end:]
+            end = lf if cr < 0 or 0 <= lf < cr else cr
+            line, start = text[start:end], end + 1
+            if end == cr:
+                if end + 1 == size:
+                    self._pending_cr = True  # may be the first half of a CRLF
+                elif text[end + 1] == "\n":
+                    start += 1
+            if self._partial:
+                line = "".join(self._partial) + line
+                self._partial.clear()
             event = self._line(line)
             if event is not None:
                 events.append(event)
+        if start < size:
+            self._partial.append(text[start:])
         return events
 
     def _line(self, line: str) -> SseEvent | None:
@@ -92,18 +112,6 @@ class SseDecoder:
             )
         self._event, self._data, self._retry_ms, self._id_seen = "", [], None, None
         return event
-
-
-def _line_end(buffer: str) -> tuple[str, int] | None:
-    """The first complete line in ``buffer`` and the index just past its terminator."""
-    for index, char in enumerate(buffer):
-        if char == "\n":
-            return buffer[:index], index + 1
-        if char == "\r":
-            if index + 1 < len(buffer) and buffer[index + 1] == "\n":
-                return buffer[:index], index + 2
-            return buffer[:index], index + 1
-    return None
 
 
 # --- encoding ---------------------------------------------------------------------------------

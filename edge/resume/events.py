@@ -8,6 +8,8 @@ Rules this module owns:
 * The upstream's own ids never reach the stream (they name a store on one upstream process);
   events with empty data (an MCP server's "priming" event, which exists only to carry such an
   id) are not kept; ``retry`` and comments are the upstream's own business and are dropped.
+* JSON this module cannot parse (malformed, or nested past the parser's recursion) is not JSON
+  here: it owes and pays nothing, and is never an error.
 * For a JSON-RPC request (MCP), the answer is complete once a response for every request id in
   the request body was kept (``Finale``); an upstream that ends before that gets a JSON-RPC error
   for each id still owed, kept like any event, so no reader waits for an answer that will not
@@ -16,6 +18,10 @@ Rules this module owns:
   JSON arrays of messages, ``control`` events with ``streamNextOffset``) into the upstream's
   events again, each with the edge's id: the offset where the read of its batch started and how
   many messages from there it is. A resume point's ``skip`` drops the events already seen.
+* A message read after the read caught up (a ``control`` event) was appended since: it is news
+  (the log moved, the pump is alive) even when the point's ``skip`` drops it, so a point past
+  the log (a forged ``skip``) never makes its reader take a live pump for lost. What a read
+  re-reads before it catches up (after a rotation) is not news.
 * An answer's stream also holds the edge's own messages (``{"edge": ...}``), never shown and
   never given an id: the first (``request_message``) names the JSON-RPC ids the request is owed,
   so a replica that never saw the request can end the answer (``Finale.of_log``); a lease
@@ -36,6 +42,9 @@ from edge.protocol.sse import SseEvent, encode_event
 from edge.resume.ids import ResumePoint, encode_id
 
 JsonRpcId = int | str
+# What ``json.loads`` raises for text that is not JSON here: malformed, or nested deeper than
+# the parser recurses (valid JSON all the same, from a client's body or an upstream's event).
+NOT_JSON = (ValueError, RecursionError)
 # JSON-RPC 2.0 §5.1: reserved for implementation-defined server errors.
 UPSTREAM_ENDED_CODE = -32000
 UPSTREAM_ENDED = "the upstream ended before answering; the edge closed the resumable answer"
@@ -87,7 +96,7 @@ class Finale:
     def of_request(cls, body: bytes) -> Finale:
         try:
             value = json.loads(body)
-        except ValueError:
+        except NOT_JSON:
             return cls()
         return cls(owed=_request_ids(value))
 
@@ -117,7 +126,7 @@ class Finale:
         """A kept message: a response to an owed id pays it."""
         try:
             value = json.loads(message["data"])
-        except ValueError:
+        except NOT_JSON:
             return
         for item in value if isinstance(value, list) else [value]:
             if (
@@ -160,7 +169,7 @@ class Replayed:
 def _messages(data: str) -> list[Any]:
     try:
         value = json.loads(data)
-    except ValueError:
+    except NOT_JSON:
         return []
     return value if isinstance(value, list) else [value]
 
@@ -177,11 +186,13 @@ class Replay:
         self._batch_offset = point.offset
         self._read_in_batch = 0
         self._skip = point.skip
+        self._caught_up = False  # this read has had a control event: what follows is live
 
     def rewind(self) -> ResumePoint:
         """Where a new read of the stream starts, to go on exactly where this one is."""
         self._skip += self._read_in_batch
         self._read_in_batch = 0
+        self._caught_up = False
         return ResumePoint(token=self._token, offset=self._batch_offset, skip=self._skip)
 
     def feed(self, events: Iterable[SseEvent]) -> Replayed:
@@ -194,6 +205,7 @@ class Replay:
                 if self._handed_over:
                     return Replayed(frames=frames, news=news, handed_over=True)
             elif event.event == "control":
+                self._caught_up = True
                 if self._control(event.data):
                     return Replayed(frames=frames, ended=True, news=news, caught_up=True)
                 caught_up = True
@@ -206,6 +218,8 @@ class Replay:
             self._read_in_batch += 1
             if self._skip > 0:
                 self._skip -= 1
+                if self._caught_up:  # appended since the read caught up: the log moved
+                    news += 1
                 continue
             news += 1
             if self._own and message == UNKEPT:
@@ -229,7 +243,7 @@ class Replay:
         """Whether the control event ends the stream."""
         try:
             control = json.loads(data)
-        except ValueError:
+        except NOT_JSON:
             return False
         if not isinstance(control, dict):
             return False

@@ -21,6 +21,10 @@ Rules this module owns:
 * A client that leaves before its answer is written is counted in ``edge_clients_gone_total``,
   never as an answered request (``edge_requests_total``), and logged at DEBUG: leaving is what
   viewers do, and a dashboard must not read it as failing.
+* With resume routes, a request that would write under ``--resume-stream-prefix`` (any method
+  but ``GET``, ``HEAD``, ``OPTIONS``) is a 403 that never reaches the origin: the answers'
+  streams are the edge's, written by its pumps to the origin directly; a client can only
+  follow one.
 * A request on a resume route (``--resume-route``) is the resume routes' alone, after the gate
   (with ``--auth``, judged as a request on the route's path; the admission goes with it: its
   principal binds the answers) and before the classification: it is about an agent backend,
@@ -63,6 +67,8 @@ from edge.web.proxy import ClientGone, EdgeResponse, edge_answer, request_origin
 
 logger = logging.getLogger(__name__)
 
+# What a client may do with a resume route's answer stream through the edge: follow it.
+STREAM_READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 # The status of the answer aiohttp is handed for a client that went away (nginx's 499); it is
 # never written, and never counted as an answered request.
 CLIENT_CLOSED = 499
@@ -134,6 +140,16 @@ async def handle_stream_request(request: web.Request) -> web.StreamResponse:
         server_options = EdgeResponse(status=204)
         cors.add_missing(server_options.headers, origin)
         return server_options
+    if (
+        settings.resume_routes
+        and target.stream.startswith(settings.resume_stream_prefix)
+        and request.method not in STREAM_READ_METHODS
+    ):
+        # The answers' streams are the edge's: its pumps write them to the origin directly.
+        # Written through here, a forged event would reach every reader with the edge's id.
+        metrics.request_count(RequestKind.OTHER, 403).inc()
+        return edge_answer(403, "an answer's stream is written by the edge alone", cors,
+                           [("Cache-Control", "no-store")], origin=origin)  # fmt: skip
     route = request.app[RESUME].route_for(target.stream)
     admitted: RequestAdmission | None = None
     gate = request.app.get(GATE)

@@ -24,7 +24,8 @@ Rules this module owns:
   stays, and it tries to end the answer with what it still owes (if the origin refuses that
   too, the lease lapses and readers end it).
 * Caps (``--resume-max-pumps``, ``--resume-max-bytes``, ``--resume-max-seconds``): past the
-  pumps cap a new answer is not kept (relayed without ids); an answer that outgrows the bytes or
+  pumps cap (answers kept, and requests still waiting for the answer they may keep: ``at_cap``)
+  a new answer is not kept (relayed without ids); an answer that outgrows the bytes or
   seconds cap is kept no further: the pump appends ``UNKEPT``, what the request is owed and the
   close (readers elsewhere end with the error), and hands the rest of the upstream answer to its
   own client on this process (``Handoff``), without ids; once that client is gone (even while
@@ -40,8 +41,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Sequence
-from contextlib import aclosing
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Iterator, Sequence
+from contextlib import aclosing, contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar, assert_never
 
@@ -156,8 +157,24 @@ class Pumps:
         self._origin = origin
         self._tasks: set[asyncio.Future[Any]] = set()
         self._pumping = 0
+        self._beginning = 0  # requests whose upstream answer has not begun (no headers yet)
         for reason in RESUME_UNKEPT_REASONS:
             metrics.resume_unkept.labels(reason)
+
+    def at_cap(self) -> bool:
+        """Answers kept and requests waiting for theirs fill ``--resume-max-pumps``: a new
+        request is relayed as it is (its client leaving ends it)."""
+        return self._pumping + self._beginning >= self._settings.resume_max_pumps
+
+    @contextmanager
+    def beginning(self) -> Iterator[None]:
+        """A request whose answer may be kept, waiting for its upstream's headers: counted
+        against the cap (its client may have left; it still holds a connection and a task)."""
+        self._beginning += 1
+        try:
+            yield
+        finally:
+            self._beginning -= 1
 
     def detached(self, work: Awaitable[T]) -> asyncio.Future[T]:
         """Run ``work`` to its end whatever happens to the request that started it."""

@@ -8,7 +8,9 @@ Rules this module owns:
   module only carries them out.
 * A request whose answer may be kept is begun in a task of its own (``_begin``: the upstream
   request, then the pump's ``keep``), so a client that leaves at any point cancels none of it;
-  the answer it began, if it is not kept, is closed.
+  the answer it began, if it is not kept, is closed. An upstream that sends no headers within
+  ``--resume-max-seconds`` (the longest an answer is kept) is let go: a ``504`` to a client
+  still waiting; one that left holds nothing to resume.
 * Every client, the answer's own included, is answered by reading the answer's stream: an event
   is in the log before any client sees its id. The stream is read through this edge's own
   listener, as an SSE viewer with the client's credential headers, so the edge's one tail per
@@ -34,7 +36,8 @@ Rules this module owns:
   never goes upstream; it goes as ``Authorization: Bearer`` when no header carries one. A
   reader whose token stops being accepted (``exp`` + leeway) is cut short then, as the edge's
   live reads are: its client resumes with its last id and a fresh token.
-* A resume whose stream does not exist (unknown, expired, another credential's) is a 404, the
+* A resume whose stream does not exist (unknown, expired, another credential's), or whose
+  offset the origin refuses (forged: the edge mints only offsets the origin gave), is a 404, the
   same for each; ``Last-Event-ID`` never goes upstream. A resume that finds nothing after its
   point in a closed answer is a ``204``: a browser's ``EventSource`` stops there, where an empty
   ``200`` would have it reconnect for ever.
@@ -44,6 +47,9 @@ Rules this module owns:
   own CORS headers, so its own client and every resume see the same policy.
 * When the edge drains (SIGTERM), every client that holds one of the edge's ids is cut short at
   once, so it resumes on a replica that stays (its pump goes on through the drain).
+* The upstream's and this edge's own listener's connections have no pool cap of their own
+  (aiohttp's default, 100, would hold the next call waiting while 100 answers run): the
+  connection table and ``--resume-max-pumps`` bound them.
 * Everything else is a plain relay that streams both ways; a client that leaves cancels it, and
   a body cut short upstream is cut short to the client (it never looks complete).
 """
@@ -113,12 +119,16 @@ class Plain:
 Began = Kept | Plain
 
 
+class NoAnswer(Exception):
+    """The upstream sent no response headers within ``--resume-max-seconds``."""
+
+
 class ReadEnd(enum.Enum):
     """How one read of an answer's stream ended."""
 
     ENDED = "ended"  # the stream's close: the answer is whole
     ROTATED = "rotated"  # the edge's SSE viewer ended (it rotates): read on from there
-    MISSING = "missing"  # no such stream (unknown, expired, another credential's)
+    MISSING = "missing"  # no such stream (unknown, expired, another credential's) or offset
     FAILED = "failed"  # refused, broken off, or ended having brought nothing at all
     LAPSED = "lapsed"  # nothing new for a whole lease in an open stream: its pump is lost
     HANDED_OVER = "handed_over"  # the answer outgrew its caps: its own client gets the rest
@@ -192,8 +202,14 @@ class ResumeRoutes:
         timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=self._settings.upstream_connect_timeout_seconds
         )
-        self._upstream = aiohttp.ClientSession(auto_decompress=False, timeout=timeout)
-        self._own = aiohttp.ClientSession(timeout=timeout)
+        # No pool cap of their own (aiohttp's default is 100 connections): each connection is a
+        # route's request or one of its readers, bounded by --resume-max-pumps and the
+        # connection table; a cap here would leave the 101st running answer's caller waiting
+        # for a connection, for as long as the others run.
+        self._upstream = aiohttp.ClientSession(
+            auto_decompress=False, timeout=timeout, connector=aiohttp.TCPConnector(limit=0)
+        )
+        self._own = aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0))
 
     def start_draining(self) -> None:
         """The edge is stopping: every client that can resume (it holds an id) is cut short
@@ -290,6 +306,9 @@ class ResumeRoutes:
             # and the token as the backend reads one.
             query = admitted.target.query
             relayed = _presented_credentials(request, relayed)
+        if keep and self._pumps.at_cap():
+            self._metrics.resume_unkept.labels("pumps").inc()
+            keep = False  # relayed as it is: its client leaving ends it
         sent = upstream_headers(relayed, keep=keep)
         url = route.upstream(request.path, query)
         if not keep:
@@ -315,6 +334,9 @@ class ResumeRoutes:
             # The client left; a plain answer nobody will read is closed, a kept one goes on.
             begin.add_done_callback(_close_if_plain)
             raise
+        except NoAnswer:
+            logger.warning("resume route %s: no answer within --resume-max-seconds", route.path)
+            return self._answer(request, 504, "the upstream sent no answer")
         except (aiohttp.ClientError, OSError, TimeoutError) as error:
             logger.warning("resume route %s: upstream failed: %r", route.path, error)
             return self._answer(request, 502, "upstream unreachable")
@@ -343,9 +365,18 @@ class ResumeRoutes:
     ) -> Began:
         upstream = self._upstream
         assert upstream is not None
-        response = await upstream.request(
-            method, url, headers=CIMultiDict(headers), data=body or None, allow_redirects=False
-        )
+        try:
+            # An answer is kept at most --resume-max-seconds: an upstream silent that long
+            # before its headers is let go (its client, if it left, holds no id to resume with).
+            # (0 keeps nothing past the first chunk; it does not refuse every answer.)
+            with self._pumps.beginning():
+                async with asyncio.timeout(self._settings.resume_max_seconds or None):
+                    response = await upstream.request(
+                        method, url, headers=CIMultiDict(headers), data=body or None,
+                        allow_redirects=False,
+                    )  # fmt: skip
+        except TimeoutError as error:
+            raise NoAnswer from error
         if not keepable(response):
             return Plain(response)
         kept = await self._pumps.keep(response, body, scope, credentials)
@@ -458,7 +489,9 @@ class ResumeRoutes:
         moved = False  # events, a lease or a heartbeat: a read that was alive, not one refused
         try:
             async with self._stream_read(reading, at.offset) as read:
-                if read.status == 404:
+                if read.status in (400, 404):
+                    # 400: an offset the origin refuses is no point of the stream, so not one
+                    # the edge minted: found nothing, as an unknown id.
                     return ReadEnd.MISSING
                 if read.status != 200:
                     logger.warning("resume stream %s: own read got %d", reading.path, read.status)

@@ -3,6 +3,7 @@ are good (edge/auth/credentials.py, policy.py, keys.py)."""
 
 from __future__ import annotations
 
+import base64
 import json
 from urllib.parse import parse_qsl, quote
 
@@ -290,3 +291,11 @@ def test_encryption_keys_are_left_out() -> None:
     assert len(ring) == 1
     assert ring.has("s")
     assert not ring.has("e")
+
+
+def test_a_header_nested_too_deep_is_a_malformed_token_not_an_error() -> None:
+    """Before any signature, a token's header is parsed: JSON nested past the parser's
+    recursion raised RecursionError (no ValueError), a 500 for an unauthenticated request."""
+    ring = KeyRing.from_jwks(jwks(hs_key("h")))
+    deep = base64.urlsafe_b64encode(b"[" * 3000 + b"]" * 3000).decode().rstrip("=")
+    assert verdict_of(ring, f"{deep}.e30.c2ln") == "malformed token"

@@ -246,6 +246,19 @@ def test_the_edges_own_messages_are_news_but_never_shown() -> None:
     assert again.news == 0  # read again after a rotation: nothing new, the lease does not move
 
 
+def test_a_point_past_the_log_still_sees_the_log_move() -> None:
+    """A forged ``skip`` past the log: what is appended after the read caught up is live (the
+    pump is alive), though it is skipped; a reader must not take the pump for lost."""
+    replay = Replay(ResumePoint(token=mint_token(), offset="-1", skip=10**9))
+    control = SseEvent(event="control", data='{"streamNextOffset":"0_1"}', id=None)
+    catch_up = json.dumps([request_message([1])])
+    first = replay.feed([SseEvent(event="data", data=catch_up, id=None), control])
+    assert first.news == 0  # the catch-up is old
+    live = replay.feed([SseEvent(event="data", data=json.dumps([LEASE]), id=None)])
+    assert live.news == 1
+    assert not live.frames
+
+
 def test_only_the_answers_own_reader_stops_where_it_outgrew_the_caps() -> None:
     shown = {"event": "message", "data": "{}"}
     owed = {"event": "message", "data": '{"jsonrpc":"2.0","id":1,"error":{}}'}
@@ -386,3 +399,18 @@ def test_a_routes_cors_is_the_origins_grant_widened_for_the_route() -> None:
 def test_an_origin_that_grants_nothing_gets_nothing_added() -> None:
     assert route_cors([]) == []
     assert route_cors([("access-control-expose-headers", "etag")]) == []
+
+
+DEEP = "[" * 100_000 + "]" * 100_000  # valid JSON, nested past what the parser recurses
+
+
+def test_json_nested_too_deep_is_not_json_here_never_an_error() -> None:
+    """A request body, or an upstream event, nested deeper than the parser recurses raised
+    RecursionError (not a ValueError): a 500 for the request, a dead pump for the event."""
+    assert Finale.of_request(DEEP.encode()).owed == []
+    finale = Finale.of_request(b'{"jsonrpc":"2.0","id":1,"method":"m"}')
+    finale.heard({"event": "message", "data": DEEP})
+    assert finale.owed == [1]
+    replay = Replay(ResumePoint(token=mint_token(), offset="-1", skip=0))
+    replayed = replay.feed([SseEvent(event="data", data=DEEP, id=None)])
+    assert replayed.frames == []

@@ -1,3 +1,10 @@
+import sys
+from types import FrameType
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from edge.protocol import sse
 from edge.protocol.sse import SseDecoder, SseEvent
 
 STREAM = (
@@ -87,3 +94,59 @@ def test_plain_lines_are_framed_as_the_origin_frames_them() -> None:
 
     assert encode_event("data", "line1\nline2") == b"event: data\ndata:line1\ndata:line2\n\n"
     assert encode_event("data", " x") == b"event: data\ndata:  x\n\n"
+
+
+@given(
+    st.lists(st.sampled_from(["data", "event", "id", ":", " ", "x", "é", "\r", "\n", "\r\n"])),
+    st.lists(st.integers(min_value=0, max_value=200)),
+)
+def test_any_text_in_any_chunking_gives_the_same_events(pieces: list[str], cuts: list[int]) -> None:
+    text = "".join(pieces).encode()
+    whole = SseDecoder()
+    expected = whole.feed(text)
+    decoder, events, start = SseDecoder(), [], 0
+    for cut in sorted({min(cut, len(text)) for cut in cuts}):
+        events += decoder.feed(text[start:cut])
+        start = cut
+    events += decoder.feed(text[start:])
+    assert events == expected
+    assert (decoder.comments, decoder.last_event_id) == (whole.comments, whole.last_event_id)
+
+
+def test_a_long_line_is_scanned_once_not_once_per_chunk() -> None:
+    """An event of megabytes on one line (a tool's result, a stream's big message) arriving in
+    many chunks: each chunk's characters are looked at once, not the whole line again per
+    chunk (which was quadratic, Python-level, and held the event loop for seconds per MiB).
+    Counted as lines of the decoder executed: a measure of work, not of time."""
+    chunks = [b"data: "] + [b"x" * 1024] * 64 + [b"\n\n"]
+    executed = 0
+
+    def count(frame: FrameType, event: str, _arg: object) -> object:
+        nonlocal executed
+        if event == "line":
+            executed += 1
+        return count
+
+    def trace(frame: FrameType, event: str, _arg: object) -> object:
+        return count if frame.f_code.co_filename == sse.__file__ else None
+
+    decoder = SseDecoder()
+    sys.settrace(trace)
+    try:
+        events = [event for chunk in chunks for event in decoder.feed(chunk)]
+    finally:
+        sys.settrace(None)
+    assert events == [SseEvent(event="message", data="x" * 64 * 1024, id=None)]
+    assert executed < 40 * len(chunks), executed
+
+
+def test_bytes_that_are_not_utf8_are_replaced_not_fatal() -> None:
+    """The SSE decode is UTF-8 with replacement (HTML: "UTF-8 decode"): one bad byte from an
+    upstream (or an origin) costs a U+FFFD, not the pump or the tail that read it."""
+    decoder = SseDecoder()
+    events = decoder.feed(b"data: a\xff\xfeb\n\ndata: \xe2\x9c")
+    events += decoder.feed(b"\x93 ok\n\n")
+    assert events == [
+        SseEvent(event="message", data="a\ufffd\ufffdb", id=None),
+        SseEvent(event="message", data="\u2713 ok", id=None),
+    ]
