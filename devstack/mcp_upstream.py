@@ -98,6 +98,9 @@ async def raw(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if scope["path"] == "/raw/hang":
         await hang(query.get("tag", ""), receive)
         return
+    if scope["path"] == "/raw/endless-line":
+        await endless_line(query.get("tag", ""), receive, send)
+        return
     if scope["path"] == "/raw/deep":
         head = [(b"content-type", b"text/event-stream")]
         body = b"data: " + b"[" * 100_000 + b"]" * 100_000 + b"\n\n" + INVALID_UTF8[-45:]
@@ -142,6 +145,30 @@ async def slow(tag: str, hold: str | None, receive: Any, send: Any) -> None:
     for task in (streaming, leaving):
         task.cancel()
     _record(SEEN_FILE[0], {"slow": tag, "end": end})
+
+
+async def endless_line(tag: str, receive: Any, send: Any) -> None:
+    """``/raw/endless-line?tag=T``: one progress event, then a ``data:`` line that never ends
+    (64 KiB every 10 ms, for at most ~17 minutes); records ``{"endless": T, "end":
+    "disconnected"}`` once the reader's connection is gone."""
+    head = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+    first = b'data: {"jsonrpc":"2.0","method":"notifications/progress","params":{"progress":1}}'
+
+    async def endless() -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": head})
+        body = first + b"\n\ndata: "
+        await send({"type": "http.response.body", "body": body, "more_body": True})
+        for _ in range(100_000):
+            await send({"type": "http.response.body", "body": b"x" * 65536, "more_body": True})
+            await asyncio.sleep(0.01)
+
+    sending = asyncio.ensure_future(endless())
+    try:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+    finally:
+        sending.cancel()
+        _record(SEEN_FILE[0], {"endless": tag, "end": "disconnected"})
 
 
 async def hang(tag: str, receive: Any) -> None:

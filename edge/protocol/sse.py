@@ -35,14 +35,23 @@ class SseDecoder:
         # would end the pump or the tail reading it.
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._partial: list[str] = []  # the line begun and not yet ended, as it came
+        self._partial_size = 0
         self._pending_cr = False
         self._event = ""
         self._data: list[str] = []
+        self._data_size = 0
         self._retry_ms: int | None = None
         self._id_seen: str | None = None
         self.last_event_id: str | None = None
         self.retry_ms: int | None = None  # the reconnection time, once a frame has set it
         self.comments = 0
+
+    @property
+    def held(self) -> int:
+        """Characters held for the event not yet complete (its data lines and the line begun):
+        what an upstream that never ends a line or an event makes a reader keep, for the
+        reader to bound."""
+        return self._partial_size + self._data_size
 
     def feed(self, chunk: bytes | str) -> list[SseEvent]:
         """Decode a chunk; return the events it completed."""
@@ -73,11 +82,13 @@ class SseDecoder:
             if self._partial:
                 line = "".join(self._partial) + line
                 self._partial.clear()
+                self._partial_size = 0
             event = self._line(line)
             if event is not None:
                 events.append(event)
         if start < size:
             self._partial.append(text[start:])
+            self._partial_size += size - start
         return events
 
     def _line(self, line: str) -> SseEvent | None:
@@ -93,6 +104,7 @@ class SseDecoder:
             self._event = value
         elif name == "data":
             self._data.append(value)
+            self._data_size += len(value)
         elif name == "id" and "\0" not in value:
             self._id_seen = value
             self.last_event_id = value
@@ -111,6 +123,7 @@ class SseDecoder:
                 retry_ms=self._retry_ms,
             )
         self._event, self._data, self._retry_ms, self._id_seen = "", [], None, None
+        self._data_size = 0
         return event
 
 

@@ -260,7 +260,8 @@ class Pumps:
                     await writer.append([UNKEPT])
                     await self._end(writer, finale)
                     ended = True
-                    await _hand_over(response, decoder, pending, handoff)
+                    limit = self._settings.resume_max_bytes
+                    await _hand_over(response, decoder, pending, handoff, limit)
                 case _:
                     assert_never(copied)
         except asyncio.CancelledError:
@@ -270,6 +271,12 @@ class Pumps:
             if not ended:
                 await asyncio.shield(self._end(writer, finale))
             raise
+        except Exception:
+            # A fault of the edge's own: the answer still ends at once with what it owes,
+            # rather than when a reader finds its lease lapsed.
+            logger.exception("resume stream %s: the pump failed; its answer is ended", path)
+            if not ended:
+                await self._end(writer, finale)
         finally:
             handoff.leave()
             response.close()
@@ -300,7 +307,9 @@ class Pumps:
                         if (message := kept_message(event)) is not None
                     ]
                     size = sum(len(message["data"]) for message in messages)
-                    if kept_bytes + size > settings.resume_max_bytes:
+                    # What the decoder holds of an event not yet ended counts too: an upstream
+                    # that never ends a line would otherwise grow it without bound.
+                    if kept_bytes + size + decoder.held > settings.resume_max_bytes:
                         return Outgrown("bytes", messages)
                     if time.monotonic() - started > settings.resume_max_seconds:
                         return Outgrown("seconds", messages)
@@ -362,9 +371,11 @@ async def _hand_over(
     decoder: SseDecoder,
     pending: list[dict[str, str]],
     handoff: Handoff,
+    limit: int,
 ) -> None:
     """The rest of an outgrown answer to its own client, not kept; the upstream answer is
-    closed (by the caller) once the client is gone."""
+    closed (by the caller) once the client is gone, or once an event not yet ended holds more
+    than ``limit`` characters (an upstream that never ends a line)."""
     for waiting in pending:
         if not await handoff.put(waiting):
             return
@@ -385,6 +396,9 @@ async def _hand_over(
                 message = kept_message(event)
                 if message is not None and not await handoff.put(message):
                     return
+            if decoder.held > limit:
+                logger.info("resume route: an unkept answer's event outgrew %d bytes", limit)
+                break
     except (aiohttp.ClientError, OSError, TimeoutError) as error:
         logger.info("resume route: an unkept answer broke off upstream: %r", error)
     finally:

@@ -295,3 +295,36 @@ async def test_json_nested_too_deep_is_relayed_never_an_error(
     ) as answer:
         assert answer.status == 200
         assert messages(await read_on(answer, SseDecoder()))[-1] == RESULT
+
+
+async def test_an_upstream_line_that_never_ends_is_let_go_at_the_bytes_cap(
+    stand: Stand, origin: Origin, client: aiohttp.ClientSession
+) -> None:
+    """One event, then a ``data:`` line that never ends: the edge holds at most about
+    ``--resume-max-bytes`` of it, then lets the upstream go; the answer's log ends (the kept
+    event, then the owed error and the close) and its client's answer ends, rather than the
+    edge buffering the line without bound for as long as the upstream sends it."""
+    edge = start_edge(
+        origin.url, stand.logs, "--resume-route", f"/raw={stand.raw_url}",
+        "--resume-max-bytes", "1MiB", "--workers", "1", name="endless-line-edge",
+    )  # fmt: skip
+    try:
+        async with client.post(
+            f"{edge.url}/raw/endless-line?tag=capped", json=CALL, headers=HEADERS
+        ) as answer:
+            assert answer.status == 200
+            path = answer.headers["Edge-Resume-Stream"]
+            got = messages(await read_on(answer, SseDecoder()))  # ends: never the whole line
+        assert got[0]["params"]["progress"] == 1
+        for _ in range(300):
+            ends = {line["endless"] for line in seen_lines(stand) if "endless" in line}
+            if "capped" in ends:
+                break
+            await asyncio.sleep(0.1)
+        assert "capped" in ends  # the edge let the upstream go
+        async with client.get(f"{origin.url}{path}?offset=-1") as kept:
+            log = await kept.json()
+            assert kept.headers.get("Stream-Closed") == "true"
+        assert any("error" in json.dumps(message) for message in log[1:]), log
+    finally:
+        edge.stop()

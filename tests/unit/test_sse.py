@@ -150,3 +150,14 @@ def test_bytes_that_are_not_utf8_are_replaced_not_fatal() -> None:
         SseEvent(event="message", data="a\ufffd\ufffdb", id=None),
         SseEvent(event="message", data="\u2713 ok", id=None),
     ]
+
+
+def test_held_counts_the_event_not_yet_ended_and_nothing_after_it_ends() -> None:
+    decoder = SseDecoder()
+    assert decoder.feed(b"data: abc\ndata: de") == []
+    assert decoder.held == len("abc") + len("data: de")  # a data line, and the line begun
+    decoder.feed(b"f" * 1000)
+    assert decoder.held == 3 + len("data: de") + 1000
+    (event,) = decoder.feed(b"\n\n")
+    assert event.data == "abc\nde" + "f" * 1000
+    assert decoder.held == 0
