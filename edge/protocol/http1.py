@@ -34,6 +34,9 @@ Rules this module owns:
   stripped of surrounding whitespace and decoded as aiohttp decodes them (UTF-8, surrogate
   escapes for other bytes), so a value names what it names on the full path: decoded any other
   way, the bytes of one credential would read as another's, and name its scope.
+* A head is found by its CRLF CRLF end; one whose lines end in a bare LF has none, and llhttp
+  refuses it (so aiohttp answers 400 and closes): ``bare_line_feed`` tells the connection so
+  before the end it would otherwise wait for in vain.
 * A head with ``Expect`` hands the connection over for good, whatever its method: aiohttp
   answers an expectation it does not meet (417) before the application runs, so no middleware
   would tell the connection that answer was written, and the requests behind it would wait.
@@ -319,6 +322,17 @@ class HeadParser:
             _text(last_event_id) if last_event_id is not None else None,
             http10,
         )
+
+
+# A line feed not preceded by a carriage return (one at the start of the bytes included).
+_BARE_LF = re.compile(rb"(?<!\r)\n")
+
+
+def bare_line_feed(pending: bytes | bytearray) -> bool:
+    """Whether the start of a head, whose CRLF CRLF end has not come, holds a line ended by a
+    bare LF: llhttp refuses such a head (aiohttp's 400), so waiting for its end waits for
+    ever."""
+    return _BARE_LF.search(pending) is not None
 
 
 @functools.lru_cache(maxsize=MEMO_ENTRIES)

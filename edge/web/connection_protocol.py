@@ -25,7 +25,8 @@ Rules this module owns:
   alone (``WAITING``), and nothing after it is read until aiohttp's answer is written
   (``request_done``, from the tracker's middleware).
 * A head with a body or an ``Expect`` (whose 417 aiohttp writes without the middleware), one
-  llhttp refuses, a head past ``MAX_HEAD_BYTES`` (aiohttp answers it 431), a backlog past
+  llhttp refuses, a head past ``MAX_HEAD_BYTES`` (aiohttp answers it 431) or with a bare LF
+  before its end (``bare_line_feed``: aiohttp answers it 400), a backlog past
   ``MAX_WAITING_BYTES``, a handler that fails, or a fault of the fast path itself hands the
   connection to aiohttp for good, starting with what is buffered.
 * A hit answered here with ``Connection: close`` ends the connection: nothing more is read, and
@@ -61,7 +62,14 @@ from edge.auth.gate import RequestAdmission
 from edge.auth.policy import Refusal
 from edge.live.polls import AlreadyWritten, Outcome
 from edge.protocol.half_close import AfterHalfClose, Holding, after_half_close
-from edge.protocol.http1 import MAX_HEAD_BYTES, Handoff, HeadParser, RefusedHead, RequestHead
+from edge.protocol.http1 import (
+    MAX_HEAD_BYTES,
+    Handoff,
+    HeadParser,
+    RefusedHead,
+    RequestHead,
+    bare_line_feed,
+)
 from edge.protocol.reads import RequestKind, kind_of_request_line
 from edge.web.connection_tracker import ConnectionTracker
 from edge.web.fast_polls import AnsweredNow, Ending, HandedOff, HandOn, Parked, Waits
@@ -279,8 +287,10 @@ class _Connection(asyncio.Protocol):
         while self._mode is _FAST and buffer and not self._paused:
             end = buffer.find(b"\r\n\r\n")
             if end < 0:
-                if len(buffer) > MAX_HEAD_BYTES:
-                    self._delegate()  # aiohttp refuses it (431) as it always has
+                # aiohttp refuses these as it always has: a head too long (431), or one with
+                # a bare LF (400), whose CRLF CRLF end will never come.
+                if len(buffer) > MAX_HEAD_BYTES or bare_line_feed(buffer):
+                    self._delegate()
                 return
             head = bytes(buffer[: end + 4])
             if self._parser is None:

@@ -230,6 +230,41 @@ async def test_refused_heads_are_answered_alike_and_the_connection_goes_on(
     assert full_path_requests(edges[0]) == before
 
 
+# Heads whose lines end in LF alone, where llhttp wants CRLF: no CRLF CRLF ever ends them.
+BARE_LF_HEADS = {
+    "every-line": "GET {target} HTTP/1.1\nHost: edge.test\n\n",
+    "one-header": "GET {target} HTTP/1.1\r\nHost: edge.test\n\r\n",
+    "the-end": "GET {target} HTTP/1.1\r\nHost: edge.test\r\n\n",
+}
+
+
+@pytest.mark.parametrize("shape", list(BARE_LF_HEADS))
+async def test_a_head_with_bare_line_feeds_is_refused_as_the_full_path_refuses_it(
+    http: aiohttp.ClientSession,
+    origin: Origin,
+    edges: tuple[Edge, Edge],
+    stream_path: str,
+    shape: str,
+) -> None:
+    """A head whose lines end in a bare LF has no CRLF CRLF end for the connection to find:
+    the full path's 400 at once (llhttp refuses it), after the answers to the heads before
+    it, and the connection closed; never a silent wait for an end that is not coming (the
+    connection once sent nothing until the header deadline closed it)."""
+    url = origin.url + stream_path
+    await make_stream(http, url, "text/plain", b"bytes", close=True)
+    await settled(edges, f"{stream_path}?offset=-1")
+    target = f"{stream_path}?offset=-1"
+    bare = BARE_LF_HEADS[shape].format(target=target).encode()
+    answer = (await on_both(edges, bare, ["GET"]))[0]
+    assert answer.status_line.split()[1] == b"400", answer
+    for edge in edges:
+        assert (await closed_answer(edge.url, bare, "GET")).status_line.split()[1] == b"400"
+    # Behind a head the connection answers: that answer, then the 400. (aiohttp alone answers
+    # only the 400: llhttp refuses all it was fed at once.)
+    pipelined = await exchange(edges[0].url, head_bytes("GET", target) + bare, ["GET", "GET"])
+    assert [a.status_line.split()[1] for a in pipelined] == [b"200", b"400"]
+
+
 async def test_pipelined_heads_of_every_kind_are_answered_in_order(
     http: aiohttp.ClientSession, origin: Origin, edges: tuple[Edge, Edge], stream_path: str
 ) -> None:

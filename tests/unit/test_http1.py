@@ -27,6 +27,7 @@ from edge.protocol.http1 import (
     HeadParser,
     RefusedHead,
     RequestHead,
+    bare_line_feed,
     date_line,
     relayed_answer_head,
     serialise,
@@ -507,3 +508,17 @@ def test_an_answer_to_http10_has_no_chunks_and_ends_with_the_close() -> None:
     assert b"Content-Length" not in sse_head
     assert b"Transfer-Encoding" not in sse_head
     assert b"Transfer-Encoding: chunked" in serialise(200, headers, 0, chunked=True)
+
+
+@given(st.lists(st.binary().map(lambda b: b.replace(b"\r", b"").replace(b"\n", b""))), st.data())
+def test_a_bare_line_feed_is_found_wherever_it_is(lines: list[bytes], data: st.DataObject) -> None:
+    """Lines ended by CRLF (a head's start, cut anywhere but between CR and LF) hold none; one
+    line ended by LF alone, anywhere, is found."""
+    pending = b"".join(line + b"\r\n" for line in lines)
+    assert not bare_line_feed(pending)
+    assert not bare_line_feed(pending + b"GET / HTTP/1.1\r")  # its LF is on its way
+    at = data.draw(st.integers(0, len(lines)))
+    bare = b"".join(line + (b"\n" if i == at else b"\r\n") for i, line in enumerate(lines))
+    assert bare_line_feed(bare + b"\n")  # at the end at least
+    if at < len(lines):
+        assert bare_line_feed(bare)
