@@ -557,3 +557,41 @@ async def test_a_live_read_of_a_path_the_origin_normalises_is_the_connections(
         assert b'"streamClosed":true' in read[0][0].body
         assert read[0][0].comparable() == read[1][0].comparable(), alias
     assert (full_path_requests(fast)["long_poll"], full_path_requests(fast)["sse"]) == entered
+
+
+async def test_a_client_that_never_reads_holds_its_pipelined_long_polls_in_the_kernel(
+    http: aiohttp.ClientSession, origin: Origin, edges: tuple[Edge, Edge], stream_path: str
+) -> None:
+    """Long-polls behind the tail, pipelined by a client that does not read: the connection
+    answers until its writes back up and then reads no more heads, whatever wrote the answer
+    that backed them up (the first is a wait, written in a task of the connection's, the rest
+    stored answers written at once), so the edge holds a few answers, not every one. Read
+    at last, all of them come, whole and in order. (The connection once paused only for a
+    backup that began while it was reading heads: after the task's answer it wrote every
+    stored answer into its own memory, a 200 KB answer times every head.)"""
+    fast = edges[0]
+    url = origin.url + stream_path
+    body = b"z" * 200_000
+    await make_stream(http, url, "text/plain", body, close=False)
+    heads = 120
+    before = answered(fast, "200")
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(host_port(fast.url))
+    sock.setblocking(False)
+    reader, writer = await asyncio.open_connection(sock=sock)
+    try:
+        writer.write(long_poll(stream_path, "-1") * heads)
+        await writer.drain()
+        # Until the count stops moving: the connection has stopped answering.
+        counts = [answered(fast, "200")]
+        while len(counts) < 5 or len(set(counts[-5:])) > 1:
+            await asyncio.sleep(0.2)
+            counts.append(answered(fast, "200"))
+            assert len(counts) < 100, counts
+        assert counts[-1] - before < heads // 2, (before, counts[-1])
+        answers = await asyncio.wait_for(read_answers(reader, ["GET"] * heads), 60)
+    finally:
+        writer.close()
+    assert all(answer.body == body for answer in answers)
+    assert answered(fast, "200") - before == heads
