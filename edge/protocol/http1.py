@@ -27,6 +27,9 @@ Rules this module owns:
   are the target, RFC 9112 §3.2.2). A read the full path refuses before anything else (a
   target ``parse_target`` refuses: 400; a loop: 508; a repeated answer singleton: 400) is a
   ``RefusedHead``, which the connection writes as the full path writes it.
+* A target aiohttp's parser refuses (not origin-form, and not absolute-form with a host yarl
+  reads: ``*`` for a ``GET``, ``http://``, a port out of range) is the full path's for good:
+  aiohttp answers 400 and closes before any application runs.
 * A head the full path would refuse (no ``Host``, a repeated header aiohttp allows once, more
   than ``MAX_HEADERS`` fields, a head past ``MAX_HEAD_BYTES`` and so possibly a field or target
   past aiohttp's 8190-byte limits, the old ``Sec-WebSocket-Key1`` handshake) is the full
@@ -67,6 +70,7 @@ from http import HTTPStatus
 from typing import NamedTuple
 
 import httptools
+from yarl import URL
 
 from edge.protocol.headers import LOOP_TEXT, names_this_proxy, repeated_text
 from edge.protocol.paths import MEMO_ENTRIES, BadTarget, Target, parse_target
@@ -239,6 +243,10 @@ class HeadParser:
             return FOR_GOOD  # a body follows: its framing is the full path's
         if len(collector.headers) > MAX_HEADERS:
             return FOR_GOOD  # aiohttp answers 400 and closes
+        if collector.url[:1] != b"/" and _unparsed_target(
+            collector.url.decode(VALUE_ENCODING, VALUE_ERRORS)
+        ):
+            return FOR_GOOD  # aiohttp's parser refuses it (400) and closes
         # One pass over the headers for every method: an Expect anywhere is FOR_GOOD, even
         # after a header that alone would hand over one request.
         handoff = False
@@ -333,6 +341,20 @@ def bare_line_feed(pending: bytes | bytearray) -> bool:
     bare LF: llhttp refuses such a head (aiohttp's 400), so waiting for its end waits for
     ever."""
     return _BARE_LF.search(pending) is not None
+
+
+def _unparsed_target(url: str) -> bool:
+    """Whether aiohttp's parser refuses the target of a ``GET`` or ``HEAD`` that is not
+    origin-form (``_http_parser.pyx``): only absolute-form is taken, with ``//`` and an
+    authority (``http_parser._has_authority``) from which yarl reads a host, so ``*``, a
+    hostless URL, a port out of range or an unclosed IPv6 host are its 400."""
+    rest = url.partition(":")[2]
+    if rest[:2] != "//" or rest[2:3] in ("", "/", "?", "#"):
+        return True
+    try:
+        return URL(url, encoded=True).raw_host is None
+    except ValueError:
+        return True
 
 
 @functools.lru_cache(maxsize=MEMO_ENTRIES)

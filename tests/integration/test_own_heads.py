@@ -265,6 +265,38 @@ async def test_a_head_with_bare_line_feeds_is_refused_as_the_full_path_refuses_i
     assert [a.status_line.split()[1] for a in pipelined] == [b"200", b"400"]
 
 
+# Targets aiohttp's parser refuses before any application runs (its 400, then the close): not
+# origin-form, and not absolute-form with a host yarl reads (``_http_parser.pyx``).
+UNPARSED_TARGETS = {
+    "asterisk": "*",
+    "no-authority": "http://",
+    "port-out-of-range": "http://edge.test:99999{path}?offset=-1",
+    "unclosed-ipv6": "http://[::1{path}?offset=-1",
+}
+
+
+@pytest.mark.parametrize("form", list(UNPARSED_TARGETS))
+@pytest.mark.parametrize("method", ["GET", "HEAD"])
+async def test_a_target_aiohttps_parser_refuses_is_refused_as_it_refuses_it(
+    http: aiohttp.ClientSession,
+    origin: Origin,
+    edges: tuple[Edge, Edge],
+    stream_path: str,
+    form: str,
+    method: str,
+) -> None:
+    """aiohttp's 400 and close, on both paths: the connection once answered a port out of
+    range or an unclosed IPv6 host with the stream (200), and ``*`` or a hostless URL with
+    the edge's own 400, keeping the connection open."""
+    url = origin.url + stream_path
+    await make_stream(http, url, "text/plain", b"bytes", close=True)
+    await settled(edges, f"{stream_path}?offset=-1")
+    payload = head_bytes(method, UNPARSED_TARGETS[form].format(path=stream_path))
+    answers = [await closed_answer(edge.url, payload, "GET") for edge in edges]
+    assert answers[0].status_line.split()[1] == b"400", answers[0]
+    assert answers[0].comparable() == answers[1].comparable(), difference(*answers)
+
+
 async def test_pipelined_heads_of_every_kind_are_answered_in_order(
     http: aiohttp.ClientSession, origin: Origin, edges: tuple[Edge, Edge], stream_path: str
 ) -> None:
