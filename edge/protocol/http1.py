@@ -37,9 +37,10 @@ Rules this module owns:
   stripped of surrounding whitespace and decoded as aiohttp decodes them (UTF-8, surrogate
   escapes for other bytes), so a value names what it names on the full path: decoded any other
   way, the bytes of one credential would read as another's, and name its scope.
-* A head is found by its CRLF CRLF end; one whose lines end in a bare LF has none, and llhttp
-  refuses it (so aiohttp answers 400 and closes): ``bare_line_feed`` tells the connection so
-  before the end it would otherwise wait for in vain.
+* A head is found by its CRLF CRLF end; one llhttp refuses before it (lines ended by a bare
+  LF, which have no such end; TLS sent to the HTTP port) is aiohttp's 400 and close:
+  ``refused_before_its_end`` tells the connection so before the end it would otherwise wait
+  for in vain.
 * A head with ``Expect`` hands the connection over for good, whatever its method: aiohttp
   answers an expectation it does not meet (417) before the application runs, so no middleware
   would tell the connection that answer was written, and the requests behind it would wait.
@@ -332,15 +333,19 @@ class HeadParser:
         )
 
 
-# A line feed not preceded by a carriage return (one at the start of the bytes included).
-_BARE_LF = re.compile(rb"(?<!\r)\n")
+class _Probe:
+    """No callbacks: llhttp only says whether the start of a head is one it can read on."""
 
 
-def bare_line_feed(pending: bytes | bytearray) -> bool:
-    """Whether the start of a head, whose CRLF CRLF end has not come, holds a line ended by a
-    bare LF: llhttp refuses such a head (aiohttp's 400), so waiting for its end waits for
-    ever."""
-    return _BARE_LF.search(pending) is not None
+def refused_before_its_end(pending: bytes | bytearray) -> bool:
+    """Whether llhttp already refuses the start of a head whose CRLF CRLF end has not come (a
+    line ended by a bare LF, a request line no method starts, such as TLS sent to the HTTP
+    port): aiohttp answers it 400, so waiting for its end waits for ever."""
+    try:
+        httptools.HttpRequestParser(_Probe()).feed_data(bytes(pending))
+    except httptools.HttpParserError:
+        return True
+    return False
 
 
 def _unparsed_target(url: str) -> bool:

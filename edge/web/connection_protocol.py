@@ -25,8 +25,8 @@ Rules this module owns:
   alone (``WAITING``), and nothing after it is read until aiohttp's answer is written
   (``request_done``, from the tracker's middleware).
 * A head with a body or an ``Expect`` (whose 417 aiohttp writes without the middleware), one
-  llhttp refuses, a head past ``MAX_HEAD_BYTES`` (aiohttp answers it 431) or with a bare LF
-  before its end (``bare_line_feed``: aiohttp answers it 400), a backlog past
+  llhttp refuses (before its end too: ``refused_before_its_end``, a bare LF, TLS), a head past
+  ``MAX_HEAD_BYTES`` (aiohttp answers it 431), a backlog past
   ``MAX_WAITING_BYTES``, a handler that fails, or a fault of the fast path itself hands the
   connection to aiohttp for good, starting with what is buffered.
 * A hit answered here with ``Connection: close`` ends the connection: nothing more is read, and
@@ -68,7 +68,7 @@ from edge.protocol.http1 import (
     HeadParser,
     RefusedHead,
     RequestHead,
-    bare_line_feed,
+    refused_before_its_end,
 )
 from edge.protocol.reads import RequestKind, kind_of_request_line
 from edge.web.connection_tracker import ConnectionTracker
@@ -287,9 +287,9 @@ class _Connection(asyncio.Protocol):
         while self._mode is _FAST and buffer and not self._paused:
             end = buffer.find(b"\r\n\r\n")
             if end < 0:
-                # aiohttp refuses these as it always has: a head too long (431), or one with
-                # a bare LF (400), whose CRLF CRLF end will never come.
-                if len(buffer) > MAX_HEAD_BYTES or bare_line_feed(buffer):
+                # aiohttp refuses these as it always has: a head too long (431), or one
+                # llhttp refuses before its CRLF CRLF end, which may never come (400).
+                if len(buffer) > MAX_HEAD_BYTES or refused_before_its_end(buffer):
                     self._delegate()
                 return
             head = bytes(buffer[: end + 4])

@@ -230,38 +230,40 @@ async def test_refused_heads_are_answered_alike_and_the_connection_goes_on(
     assert full_path_requests(edges[0]) == before
 
 
-# Heads whose lines end in LF alone, where llhttp wants CRLF: no CRLF CRLF ever ends them.
-BARE_LF_HEADS = {
-    "every-line": "GET {target} HTTP/1.1\nHost: edge.test\n\n",
-    "one-header": "GET {target} HTTP/1.1\r\nHost: edge.test\n\r\n",
-    "the-end": "GET {target} HTTP/1.1\r\nHost: edge.test\r\n\n",
+# Starts of heads llhttp refuses before their end, which never comes (no CRLF CRLF): lines
+# ended by LF alone, where llhttp wants CRLF, and a TLS ClientHello sent to the HTTP port.
+UNENDED = {
+    "bare-lf-every-line": "GET {target} HTTP/1.1\nHost: edge.test\n\n",
+    "bare-lf-one-header": "GET {target} HTTP/1.1\r\nHost: edge.test\n\r\n",
+    "bare-lf-the-end": "GET {target} HTTP/1.1\r\nHost: edge.test\r\n\n",
+    "tls-client-hello": "\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",
 }
 
 
-@pytest.mark.parametrize("shape", list(BARE_LF_HEADS))
-async def test_a_head_with_bare_line_feeds_is_refused_as_the_full_path_refuses_it(
+@pytest.mark.parametrize("shape", list(UNENDED))
+async def test_a_head_refused_before_its_end_is_refused_as_the_full_path_refuses_it(
     http: aiohttp.ClientSession,
     origin: Origin,
     edges: tuple[Edge, Edge],
     stream_path: str,
     shape: str,
 ) -> None:
-    """A head whose lines end in a bare LF has no CRLF CRLF end for the connection to find:
-    the full path's 400 at once (llhttp refuses it), after the answers to the heads before
-    it, and the connection closed; never a silent wait for an end that is not coming (the
-    connection once sent nothing until the header deadline closed it)."""
+    """A head llhttp refuses before the CRLF CRLF end the connection looks for (which never
+    comes): the full path's 400 at once, after the answers to the heads before it, and the
+    connection closed; never a silent wait for an end that is not coming (the connection once
+    sent nothing until the header deadline closed it)."""
     url = origin.url + stream_path
     await make_stream(http, url, "text/plain", b"bytes", close=True)
     await settled(edges, f"{stream_path}?offset=-1")
     target = f"{stream_path}?offset=-1"
-    bare = BARE_LF_HEADS[shape].format(target=target).encode()
-    answer = (await on_both(edges, bare, ["GET"]))[0]
+    unended = UNENDED[shape].format(target=target).encode("latin-1")
+    answer = (await on_both(edges, unended, ["GET"]))[0]
     assert answer.status_line.split()[1] == b"400", answer
     for edge in edges:
-        assert (await closed_answer(edge.url, bare, "GET")).status_line.split()[1] == b"400"
+        assert (await closed_answer(edge.url, unended, "GET")).status_line.split()[1] == b"400"
     # Behind a head the connection answers: that answer, then the 400. (aiohttp alone answers
     # only the 400: llhttp refuses all it was fed at once.)
-    pipelined = await exchange(edges[0].url, head_bytes("GET", target) + bare, ["GET", "GET"])
+    pipelined = await exchange(edges[0].url, head_bytes("GET", target) + unended, ["GET", "GET"])
     assert [a.status_line.split()[1] for a in pipelined] == [b"200", b"400"]
 
 
