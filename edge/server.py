@@ -35,6 +35,7 @@ from edge.startup import (
 from edge.summary import limits_summary, startup_lines
 from edge.web.app import create_admin_app, create_app
 from edge.web.bounded_site import BoundedSite
+from edge.web.client_errors_log import quiet_malformed_requests
 from edge.web.connection_tracker import CONNECTIONS, ConnectionTracker
 from edge.web.descriptors import DescriptorBudget, budget_for, holds_line, limits_for
 from edge.web.gatekeeper import TokenFreeAccessLog
@@ -200,6 +201,7 @@ async def _start_worker(
 
 async def serve(settings: Settings, *, worker: AsWorker | None = None) -> None:
     """Run one edge until SIGTERM or SIGINT, alone or as a ``worker`` of ``--workers N``."""
+    quiet_malformed_requests()  # a client's malformed request is not the edge's error
     metrics = Metrics()
     each = descriptor_budget(settings)
     origin = OriginClient(settings, pool_limit=each.origin)

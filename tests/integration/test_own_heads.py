@@ -265,6 +265,12 @@ async def test_a_head_refused_before_its_end_is_refused_as_the_full_path_refuses
     # only the 400: llhttp refuses all it was fed at once.)
     pipelined = await exchange(edges[0].url, head_bytes("GET", target) + unended, ["GET", "GET"])
     assert [a.status_line.split()[1] for a in pipelined] == [b"200", b"400"]
+    # The client's fault is one INFO line in the edge's log, not aiohttp's ERROR and traceback
+    # (any client could flood the log so).
+    for edge in edges:
+        text = edge.process.log.read_text(errors="replace")
+        assert "a malformed request (answered 400, closed)" in text
+        assert "Error handling request" not in text
 
 
 # Targets aiohttp's parser refuses before any application runs (its 400, then the close): not
