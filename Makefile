@@ -108,6 +108,8 @@ fmt: $(STAMPS)/venv
 # 2 cores take half the time of one (7 min 46 s against 13 min 48 s, measured).
 TEST_PROCESSES ?= 2
 PARALLEL := -n $(TEST_PROCESSES) --dist loadfile
+# The slowest tests, named at the end of every run: where the suite's time goes, in CI's log too.
+PYTEST_ARGS ?= --durations=25
 
 test: bootstrap check
 	$(PY) -m pytest $(PARALLEL) $(PYTEST_ARGS)
