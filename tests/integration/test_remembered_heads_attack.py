@@ -71,8 +71,22 @@ async def both(fast: Edge, full: Edge, target: str, *headers: str) -> tuple[Raw,
     return await get(fast.url, target, *headers), await get(full.url, target, *headers)
 
 
+# What an edge (or one of its workers) says of how long an answer may be kept depends on
+# whether it has learnt the stream's lifetime yet (asked in the background: a first fill says
+# max-age=1, a later hit immutable) and on whether this worker stored it (Cache-Status): two
+# edges, or two workers of one, may legitimately differ there for a moment. The question here
+# is what is given (status, every other header, the bytes); those four are compared, settled,
+# by tests/integration/test_own_heads.py and test_fast_path.py.
+LEARNT = {b"Cache-Control", b"CDN-Cache-Control", b"Surrogate-Control", b"Cache-Status"}
+
+
+def given(raw: Raw) -> tuple[bytes, list[tuple[bytes, bytes]], bytes]:
+    status, headers, body = raw.comparable()
+    return status, [(name, value) for name, value in headers if name not in LEARNT], body
+
+
 def same(fast: Raw, full: Raw) -> None:
-    assert fast.comparable() == full.comparable()
+    assert given(fast) == given(full)
 
 
 @pytest.mark.parametrize("workers", ["1", "2"])
@@ -301,7 +315,7 @@ async def test_every_neighbouring_head_is_answered_as_the_full_path_answers_it(
             for head, method in heads:
                 got = (await exchange(fast.url, head, [method]))[0]
                 want = (await exchange(full.url, head, [method]))[0]
-                assert got.comparable() == want.comparable(), head
+                assert given(got) == given(want), head
 
 
 GRANTED = "https://granted.example"
@@ -383,7 +397,7 @@ async def test_the_origins_cors_changes_under_remembered_heads(
             for _ in range(4):
                 for headers in heads:
                     got, want = await both(fast, full, target, *headers)
-                    assert got.comparable() == want.comparable(), (step, headers)
+                    assert given(got) == given(want), (step, headers)
     finally:
         await asyncio.to_thread(fast.stop)
         await asyncio.to_thread(full.stop)
@@ -433,7 +447,7 @@ async def test_remembered_heads_sent_one_by_one_around_reads_of_other_paths(
         assert answers[3].body == b"h" * 900
         assert answers[5].body == b"tailmore"
         for index in (0, 2, 4, 6, 8):
-            assert answers[index].comparable() == want_hit.comparable(), index
+            assert given(answers[index]) == given(want_hit), index
 
 
 def rss_bytes(edge: Edge) -> int:
@@ -476,7 +490,7 @@ async def test_a_client_that_never_reads_while_remembered_hits_are_pipelined(
             # And every answer is there, in order, whole.
             writer.transport.resume_reading()
             answers = await asyncio.wait_for(read_answers(reader, ["GET"] * sent), 60)
-            assert all(a.comparable() == want.comparable() for a in answers)
+            assert all(given(a) == given(want) for a in answers)
         finally:
             writer.close()
 
@@ -510,7 +524,7 @@ async def test_date_is_the_seconds_across_its_boundaries(
                 assert date is not None
                 when = email.utils.parsedate_to_datetime(date.decode()).timestamp()
                 assert int(asked) <= when <= answered, (asked, date, answered)
-                assert got.comparable() == expected.comparable()
+                assert given(got) == given(expected)
                 assert got.header(b"Age") is None
                 dates.add(date)
                 await asyncio.sleep(0.01)
@@ -537,7 +551,7 @@ async def test_ten_thousand_distinct_heads_keep_the_book_bounded(
                     # Same answer, distinct heads: each remembered on its first answer.
                     writer.write(head_of(target, f"X-Viewer: {round_}-{i:05d}"))
                     got = (await read_answers(reader, ["GET"]))[0]
-                    assert got.comparable() == want.comparable()
+                    assert given(got) == given(want)
                 grown = rss_bytes(fast) - base
                 # The book holds 4 MiB of its own, parsed heads 1024 x 1 KiB: far below this.
                 assert grown < 48 * 1024 * 1024, (round_, grown)
@@ -611,7 +625,7 @@ async def test_remembered_hits_after_an_answer_that_filled_the_socket_wait_for_t
             assert grown < 16 * 1024 * 1024, grown
             answers = await asyncio.wait_for(read_answers(reader, ["GET"] * (heads + 2)), 120)
             assert len(answers[0].body) == 8 << 20
-            assert all(a.comparable() == want.comparable() for a in answers[1:-1])
+            assert all(given(a) == given(want) for a in answers[1:-1])
             assert answers[-1].body == b"probe"
         finally:
             writer.close()
@@ -724,7 +738,7 @@ async def test_the_origin_forbids_storing_under_remembered_heads(
         for _ in range(4):
             got, want = await both(fast, full, target)
             assert got.header(b"Cache-Control") == b"no-store"
-            assert got.comparable() == want.comparable()
+            assert given(got) == given(want)
     finally:
         await asyncio.to_thread(fast.stop)
         await asyncio.to_thread(full.stop)
@@ -787,5 +801,5 @@ async def test_a_credentials_scope_forgotten_ends_its_remembered_heads_alone(
         for _ in range(3):
             for headers in scopes:
                 got, want = await both(fast, full, target, *headers)
-                assert got.comparable() == want.comparable(), headers
+                assert given(got) == given(want), headers
         assert b"404" in (await get(fast.url, target, *scopes[1])).status_line
