@@ -91,6 +91,7 @@ from edge.resume.requests import (
     asked_of,
     upstream_headers,
 )
+from edge.web.fast_polls import seconds_left
 from edge.web.proxy import ClientGone, OriginCors, request_origin
 from edge.web.resume_pump import Ended, Handoff, Kept, Pumps, Unreadable, Unwritable
 
@@ -501,7 +502,7 @@ class ResumeRoutes:
                 decoder = SseDecoder()
                 lease = self._settings.resume_lease_seconds
                 while True:
-                    expires_in = _seconds_left(reading.bound.expires_at)
+                    expires_in = seconds_left(reading.bound.expires_at, time.time())
                     if expires_in is not None and expires_in <= 0:
                         return ReadEnd.EXPIRED
                     # At least a second: a reader held up writing to a slow client finds what
@@ -634,10 +635,6 @@ def _cut_short_if_resumable(reading: Reading) -> None:
     transport = reading.request.transport
     if reading.gave_ids and transport is not None:
         transport.close()
-
-
-def _seconds_left(expires_at: float | None) -> float | None:
-    return None if expires_at is None else expires_at - time.time()
 
 
 def _presented_credentials(
