@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from edge.protocol.sse import SseDecoder
+from edge.protocol.sse import SseDecoder, SseEvent
 
 
 @dataclass
@@ -102,6 +102,19 @@ async def view_sse(
             return view
         await asyncio.sleep(0.05)
     return view
+
+
+async def sse_events(
+    response: aiohttp.ClientResponse, decoder: SseDecoder, count: int | None = None
+) -> list[SseEvent]:
+    """An SSE answer's events, decoded by ``decoder`` (a reader may go on with the same one),
+    to the answer's end or the first ``count``."""
+    events: list[SseEvent] = []
+    async for chunk in response.content.iter_any():
+        events.extend(decoder.feed(chunk))
+        if count is not None and len(events) >= count:
+            break
+    return events
 
 
 def arrival_lags(view: View, sent_at: list[float], part_size: int) -> list[float]:

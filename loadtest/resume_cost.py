@@ -34,6 +34,7 @@ from typing import Any
 import aiohttp
 
 from devstack.processes import REPO, Edge, Origin, start_edge, start_mcp_upstream
+from devstack.sse_viewer import sse_events
 from edge.protocol.sse import SseDecoder, SseEvent
 from edge.resume.ids import parse_id
 from loadtest import pyspy
@@ -188,13 +189,6 @@ def checked(events: list[SseEvent], first: int, last: int) -> None:
         raise AssertionError("an event without an edge id")
 
 
-async def read_all(response: aiohttp.ClientResponse) -> list[SseEvent]:
-    decoder, events = SseDecoder(), []
-    async for chunk in response.content.iter_any():
-        events.extend(decoder.feed(chunk))
-    return events
-
-
 class Run:
     def __init__(self, origin: Origin, edges: dict[str, tuple[Edge, str]], links: Links) -> None:
         """``edges``: each edge by name, with the URL of its counting relay."""
@@ -232,7 +226,7 @@ class Run:
             if answer.status != 200:
                 raise AssertionError(f"{method} {target}: {answer.status}")
             path = answer.headers["Edge-Resume-Stream"]
-            events = await read_all(answer)
+            events = await sse_events(answer, SseDecoder())
         seconds = time.monotonic() - started
         path_before = request_kinds(self._counts_before.get(path, {"requests": []}))
         counts = await self._settled(path)

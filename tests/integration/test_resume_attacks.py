@@ -20,6 +20,7 @@ import aiohttp
 import pytest
 
 from devstack.processes import Edge, Origin, Process, start_edge, start_mcp_upstream
+from devstack.sse_viewer import sse_events
 from edge.protocol.sse import SseDecoder, SseEvent
 from edge.resume.ids import ResumePoint, encode_id, parse_id
 
@@ -67,17 +68,6 @@ async def client() -> AsyncIterator[aiohttp.ClientSession]:
         yield session
 
 
-async def read_on(
-    response: aiohttp.ClientResponse, decoder: SseDecoder, count: int | None = None
-) -> list[SseEvent]:
-    events: list[SseEvent] = []
-    async for chunk in response.content.iter_any():
-        events.extend(decoder.feed(chunk))
-        if count is not None and len(events) >= count:
-            break
-    return events
-
-
 def messages(events: list[SseEvent]) -> list[Any]:
     return [json.loads(event.data) for event in events]
 
@@ -93,7 +83,7 @@ async def test_a_forged_skip_past_the_log_does_not_end_a_live_answer(
     url = f"{stand.edge.url}/raw/paced?n={n}&every=1&tag=forged-skip"
     async with client.post(url, json=CALL, headers=HEADERS) as answer:
         assert answer.status == 200
-        first = await read_on(answer, decoder, 1)
+        first = await sse_events(answer, decoder, 1)
         assert first[0].id is not None
         point = parse_id(first[0].id)
         assert point is not None
@@ -102,7 +92,7 @@ async def test_a_forged_skip_past_the_log_does_not_end_a_live_answer(
             f"{stand.edge.url}/raw/paced", headers={"Last-Event-ID": forged}
         ) as resumed:
             forged_answer = asyncio.ensure_future(resumed.read())
-            whole = first + await read_on(answer, decoder)
+            whole = first + await sse_events(answer, decoder)
             await asyncio.wait_for(forged_answer, 30)
     got = messages(whole)
     assert got[-1] == RESULT, got[-1]
@@ -125,7 +115,7 @@ async def test_answers_still_running_do_not_starve_the_next_call(
         answer = await client.post(url, json=CALL, headers=HEADERS)
         assert answer.status == 200
         opened.append(answer)
-        await read_on(answer, SseDecoder(), 1)
+        await sse_events(answer, SseDecoder(), 1)
 
     try:
         await asyncio.wait_for(asyncio.gather(*(open_one(i) for i in range(running))), 60)
@@ -134,7 +124,7 @@ async def test_answers_still_running_do_not_starve_the_next_call(
             f"{stand.edge.url}/raw/paced?n=2&tag=next", json=CALL, headers=HEADERS
         ) as answer:
             assert answer.status == 200
-            got = messages(await asyncio.wait_for(read_on(answer, decoder), 30))
+            got = messages(await asyncio.wait_for(sse_events(answer, decoder), 30))
         assert got[-1] == RESULT
     finally:
         hold.touch()
@@ -151,7 +141,7 @@ async def test_a_forged_offset_is_not_found(
     async with client.post(
         f"{stand.edge.url}/raw/paced?n=2&tag=forged-offset", json=CALL, headers=HEADERS
     ) as answer:
-        events = await read_on(answer, SseDecoder())
+        events = await sse_events(answer, SseDecoder())
     assert events[0].id is not None
     point = parse_id(events[0].id)
     assert point is not None
@@ -224,7 +214,7 @@ async def test_requests_waiting_for_their_answer_count_against_the_pumps_cap(
         ) as answer:
             assert answer.status == 200
             assert "Edge-Resume-Stream" not in answer.headers
-            events = await read_on(answer, SseDecoder())
+            events = await sse_events(answer, SseDecoder())
         assert messages(events)[-1] == RESULT
         # As the backend sent it: none of the edge's ids.
         assert all(event.id is None or parse_id(event.id) is None for event in events)
@@ -246,7 +236,7 @@ async def test_nobody_writes_an_answers_stream_through_the_edge(
     async with client.post(url, json=CALL, headers=alice) as answer:
         path = answer.headers["Edge-Resume-Stream"]
         decoder = SseDecoder()
-        first = await read_on(answer, decoder, 1)
+        first = await sse_events(answer, decoder, 1)
         for who in ("Bearer mallory", "Bearer alice"):
             for method in ("POST", "PUT", "DELETE", "PATCH"):
                 async with client.request(
@@ -258,7 +248,7 @@ async def test_nobody_writes_an_answers_stream_through_the_edge(
             f"{stand.edge.url}{path}?offset=-1", headers={"Authorization": "Bearer alice"}
         ) as follow:
             assert follow.status == 200  # followed as an ordinary stream, as before
-        whole = first + await read_on(answer, decoder)
+        whole = first + await sse_events(answer, decoder)
     got = messages(whole)
     assert got[-1] == RESULT
     assert [m["params"]["progress"] for m in got[:-1]] == [1, 2, 3, 4]
@@ -273,7 +263,7 @@ async def test_a_byte_that_is_not_utf8_costs_a_character_not_the_answer(
         f"{stand.edge.url}/raw/invalid-utf8", json=CALL, headers=HEADERS
     ) as answer:
         assert answer.status == 200
-        events = await read_on(answer, SseDecoder())
+        events = await sse_events(answer, SseDecoder())
     got = messages(events)
     assert got[0]["params"]["message"] == "\ufffd"
     assert got[-1] == RESULT
@@ -286,7 +276,7 @@ async def test_json_nested_too_deep_is_relayed_never_an_error(
     client got the JSON-RPC error, not the result); as a request body it was a 500."""
     async with client.post(f"{stand.edge.url}/raw/deep", json=CALL, headers=HEADERS) as answer:
         assert answer.status == 200
-        events = await read_on(answer, SseDecoder())
+        events = await sse_events(answer, SseDecoder())
     assert events[0].data.startswith("[[[")
     assert json.loads(events[-1].data) == RESULT
     deep = b"[" * 100_000 + b"]" * 100_000
@@ -294,7 +284,7 @@ async def test_json_nested_too_deep_is_relayed_never_an_error(
         f"{stand.edge.url}/raw/paced?n=1&tag=deep-body", data=deep, headers=HEADERS
     ) as answer:
         assert answer.status == 200
-        assert messages(await read_on(answer, SseDecoder()))[-1] == RESULT
+        assert messages(await sse_events(answer, SseDecoder()))[-1] == RESULT
 
 
 async def test_an_upstream_line_that_never_ends_is_let_go_at_the_bytes_cap(
@@ -314,7 +304,7 @@ async def test_an_upstream_line_that_never_ends_is_let_go_at_the_bytes_cap(
         ) as answer:
             assert answer.status == 200
             path = answer.headers["Edge-Resume-Stream"]
-            got = messages(await read_on(answer, SseDecoder()))  # ends: never the whole line
+            got = messages(await sse_events(answer, SseDecoder()))  # ends: never the whole line
         assert got[0]["params"]["progress"] == 1
         for _ in range(300):
             ends = {line["endless"] for line in seen_lines(stand) if "endless" in line}

@@ -33,6 +33,7 @@ from devstack.processes import (
     start_mcp_upstream,
     start_origin,
 )
+from devstack.sse_viewer import sse_events
 from edge.protocol.sse import SseDecoder, SseEvent
 from edge.resume.ids import parse_id
 from tests.integration.replicas import start_replicas
@@ -112,18 +113,6 @@ async def client() -> AsyncIterator[aiohttp.ClientSession]:
         yield session
 
 
-async def read_on(
-    response: aiohttp.ClientResponse, decoder: SseDecoder, count: int | None = None
-) -> list[SseEvent]:
-    """The answer's events, to its end or the first ``count``."""
-    events: list[SseEvent] = []
-    async for chunk in response.content.iter_any():
-        events.extend(decoder.feed(chunk))
-        if count is not None and len(events) >= count:
-            break
-    return events
-
-
 def steps_and_result(events: list[SseEvent]) -> tuple[list[int], dict[str, Any]]:
     *progress, final = [json.loads(event.data) for event in events]
     return [message["params"]["progress"] for message in progress], final
@@ -175,7 +164,7 @@ async def test_an_answer_and_its_resume_elsewhere_survive_redis_down(
     async with client.post(url, json=CALL, headers=MCP_HEADERS) as answer:
         assert answer.status == 200
         path = answer.headers["Edge-Resume-Stream"]
-        first = await read_on(answer, decoder, 3)
+        first = await sse_events(answer, decoder, 3)
         match fault:
             case "killed_midway":
                 shared_redis.server.proc.send_signal(signal.SIGKILL)
@@ -187,7 +176,7 @@ async def test_an_answer_and_its_resume_elsewhere_survive_redis_down(
         third = first[2].id
         assert third is not None
         resumed = asyncio.ensure_future(resume_on(client, b, third))
-        whole = first + await read_on(answer, decoder)
+        whole = first + await sse_events(answer, decoder)
     steps, final = steps_and_result(whole)
     assert steps == list(range(1, N + 1))
     assert final == {"jsonrpc": "2.0", "id": 42, "result": {}}
@@ -241,11 +230,11 @@ async def test_a_slow_upstream_is_waited_for_on_every_replica(
     async with client.post(url, json=CALL, headers=MCP_HEADERS) as answer:
         assert answer.status == 200
         path = answer.headers["Edge-Resume-Stream"]
-        own = await read_on(answer, decoder, 1)
+        own = await sse_events(answer, decoder, 1)
         first = own[0].id
         assert first is not None
         resumed = asyncio.ensure_future(resume_on(client, b, first))
-        own += await read_on(answer, decoder)
+        own += await sse_events(answer, decoder)
     steps, final = steps_and_result(own)
     assert steps == list(range(1, n + 1))
     assert final == {"jsonrpc": "2.0", "id": 42, "result": {}}
@@ -263,7 +252,7 @@ async def test_a_slow_upstream_is_waited_for_on_every_replica(
 async def resume_on(client: aiohttp.ClientSession, edge: Edge, last_id: str) -> list[SseEvent]:
     async with client.get(f"{edge.url}/raw", headers={"Last-Event-ID": last_id}) as resumed:
         assert resumed.status == 200
-        return await read_on(resumed, SseDecoder())
+        return await sse_events(resumed, SseDecoder())
 
 
 @pytest.fixture
@@ -307,7 +296,7 @@ async def test_readers_wait_through_an_origin_outage_while_pumping(
         decoder = SseDecoder()
         async with client.post(url, json=CALL, headers=MCP_HEADERS) as answer:
             path = answer.headers["Edge-Resume-Stream"]
-            own = await read_on(answer, decoder, 2)
+            own = await sse_events(answer, decoder, 2)
             second = own[1].id
             assert second is not None
             resumed = asyncio.ensure_future(resume_on(client, b, second))
@@ -315,7 +304,7 @@ async def test_readers_wait_through_an_origin_outage_while_pumping(
             first.stop()
             await asyncio.sleep(outage)  # events go on upstream; the pump waits, or gives up
             restart(restartable_origin, tmp_path)
-            own += await read_on(answer, decoder)
+            own += await sse_events(answer, decoder)
         rest = await asyncio.wait_for(resumed, ANSWER_BOUND)
         assert [e.data for e in rest] == [e.data for e in own[2:]]
         steps, final = steps_and_result(own)
@@ -369,7 +358,7 @@ async def test_readers_that_cannot_read_the_log_are_cut_short_never_told_an_erro
         decoder = SseDecoder()
         async with client.post(url, json=CALL, headers=MCP_HEADERS) as answer:
             path = answer.headers["Edge-Resume-Stream"]
-            own = await read_on(answer, decoder, 2)
+            own = await sse_events(answer, decoder, 2)
             assert own[1].id is not None
             async with client.get(f"{b.url}/raw", headers={"Last-Event-ID": own[1].id}) as other:
                 assert other.status == 200
