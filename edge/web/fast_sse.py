@@ -29,6 +29,7 @@ Rules this module owns:
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import socket
 from collections.abc import Callable
@@ -47,6 +48,7 @@ from edge.log.stream_log import LogKey, StreamLog
 from edge.metrics import Metrics
 from edge.origin import BodyTooLarge, OriginError
 from edge.protocol.http1 import LAST_CHUNK, RequestHead, chunk, date_line, serialise, trailer
+from edge.protocol.paths import MEMO_ENTRIES
 from edge.protocol.reads import NOW, START, RequestKind, is_offset_token
 from edge.web.fast_polls import (
     HANDED_OFF,
@@ -60,7 +62,7 @@ from edge.web.fast_polls import (
     seconds_left,
     written,
 )
-from edge.web.proxy import OriginCors
+from edge.web.proxy import OriginCors, mark_vary
 from edge.web.wire import VIA
 
 logger = logging.getLogger(__name__)
@@ -70,14 +72,39 @@ SSE = "sse"
 
 def sse_head_headers(log: StreamLog, cors: OriginCors, origin: str | None) -> CIMultiDict[str]:
     """The headers of an SSE answer (both the full path's and the connection's own)."""
-    headers: CIMultiDict[str] = CIMultiDict(cors.grant(origin))  # first, as the origin sends
-    headers.extend(log.header_template)
-    cors.mark_vary(headers)
+    return _sse_headers(cors.grant(origin), cors.varies, log.header_template, log.content_type)
+
+
+@functools.lru_cache(maxsize=MEMO_ENTRIES)
+def sse_head_start(
+    grant: tuple[tuple[str, str], ...],
+    varies: bool,
+    template: tuple[tuple[str, str], ...],
+    content_type: str | None,
+    chunked: bool,
+) -> bytes:
+    """An SSE answer's status line and headers as the connection writes them (``chunked``, or
+    to the close), ``Date`` and ``Connection`` aside: a pure function of what the headers are
+    made of, so made once per kind of answer (every viewer of a stream opens with the same),
+    not per open. ValueError: headers no HTTP/1.1 head can carry."""
+    headers = _sse_headers(grant, varies, template, content_type)
+    return serialise(200, list(headers.items()), 0, chunked=chunked, close_delimited=not chunked)
+
+
+def _sse_headers(
+    grant: tuple[tuple[str, str], ...],
+    varies: bool,
+    template: tuple[tuple[str, str], ...],
+    content_type: str | None,
+) -> CIMultiDict[str]:
+    headers: CIMultiDict[str] = CIMultiDict(grant)  # first, as the origin sends
+    headers.extend(template)
+    mark_vary(headers, varies)
     headers["Content-Type"] = "text/event-stream"
     # No cache keeps it (no-store), and no proxy buffers or alters it (PROTOCOL-NOTES trap 4).
     headers["Cache-Control"] = "no-cache, no-store, no-transform"
     headers["X-Accel-Buffering"] = "no"
-    if sse_encoding(log.content_type) == "base64":
+    if sse_encoding(content_type) == "base64":
         headers["stream-sse-data-encoding"] = "base64"
     headers["Cache-Status"] = "edge; hit; detail=live"
     headers["Via"] = VIA
@@ -112,6 +139,16 @@ class Streaming:
 
 class Refused:
     """Past --max-viewers: the connection answered 503 and closes."""
+
+
+class Opened:
+    """An SSE answer about to begin: its ``viewer``, and its ``head``'s bytes, not yet sent."""
+
+    __slots__ = ("head", "viewer")
+
+    def __init__(self, viewer: Viewer, head: bytes) -> None:
+        self.viewer = viewer
+        self.head = head
 
 
 REFUSED = Refused()
@@ -180,11 +217,11 @@ class FastSse:
                 self._later(target, resume, raw, connection, transport, ended, expires_at)
             )
             return Streaming(task)
-        viewer = self._open(log, target, start, connection, transport, admit, expires_at)
-        if not isinstance(viewer, Viewer):
-            return viewer
+        opened = self._open(log, target, start, connection, transport, admit, expires_at)
+        if not isinstance(opened, Opened):
+            return opened
         task = asyncio.get_running_loop().create_task(
-            self._run(viewer, credentials, connection, framing.keep_alive, ended)
+            self._run(opened, credentials, connection, framing.keep_alive, ended)
         )
         return Streaming(task)
 
@@ -213,20 +250,24 @@ class FastSse:
         transport: asyncio.Transport,
         admit: Callable[[str | None], bool],
         expires_at: float | None,
-    ) -> Viewer | Refused | HandedOff:
-        """Write the answer's head and make its viewer, once admitted."""
+    ) -> Opened | Refused | HandedOff:
+        """The answer's head and its viewer, once admitted (the head is written with the
+        feed's first frame: one send, not two)."""
         key, _, client_cursor, framing, _ = target
-        headers = sse_head_headers(log, self._cors, framing.origin)
+        cors = self._cors
         chunked = not framing.close_delimited  # an HTTP/1.0 reader's: written to the close
         try:
-            start = serialise(
-                200, list(headers.items()), 0, chunked=chunked, close_delimited=not chunked
+            start = sse_head_start(
+                cors.grant(framing.origin),
+                cors.varies,
+                log.header_template,
+                log.content_type,
+                chunked,
             )
         except ValueError:
             return HANDED_OFF  # aiohttp turns it into the error it always did
         if not admit(framing.origin):
             return REFUSED
-        connection.send(start + date_line(int(self._clock())) + trailer((1, 1), framing.keep_alive))
         bound_buffers(transport, self._settings.sse_buffer_bytes)
         now = asyncio.get_running_loop().time()
         settings = self._settings
@@ -234,7 +275,7 @@ class FastSse:
         left = seconds_left(expires_at, self._clock())
         if left is not None:
             ends.append(now + left)  # ended cleanly when its credential expires
-        return Viewer(
+        viewer = Viewer(
             key=key,
             offset=offset,
             transport=transport,
@@ -244,6 +285,8 @@ class FastSse:
             rotate_at=min(ends) if ends else None,
             last_write=now,
         )
+        head = start + date_line(int(self._clock())) + trailer((1, 1), framing.keep_alive)
+        return Opened(viewer, head)
 
     async def _later(
         self,
@@ -289,7 +332,7 @@ class FastSse:
                     return
                 case _:
                     assert_never(joined)
-            viewer = self._open(
+            opened = self._open(
                 hub.known_log(key),
                 target,
                 joined,
@@ -298,10 +341,10 @@ class FastSse:
                 lambda _: True,
                 expires_at,
             )
-            if not isinstance(viewer, Viewer):
+            if not isinstance(opened, Opened):
                 return  # not serialisable: the full path's
             outcome = Ending.CUT
-            outcome = await self._feed(viewer, credentials, connection, framing.keep_alive)
+            outcome = await self._feed(opened, credentials, connection, framing.keep_alive)
         except Exception:
             logger.exception("an SSE read failed; its connection is cut")
             outcome = Ending.CUT
@@ -310,7 +353,7 @@ class FastSse:
 
     async def _run(
         self,
-        viewer: Viewer,
+        opened: Opened,
         credentials: tuple[tuple[str, str], ...],
         connection: SseConnection,
         keep_alive: bool,
@@ -318,30 +361,33 @@ class FastSse:
     ) -> None:
         ending = Ending.CUT
         try:
-            ending = await self._feed(viewer, credentials, connection, keep_alive)
+            ending = await self._feed(opened, credentials, connection, keep_alive)
         finally:
             ended(ending)
 
     async def _feed(
         self,
-        viewer: Viewer,
+        opened: Opened,
         credentials: tuple[tuple[str, str], ...],
         connection: SseConnection,
         keep_alive: bool,
     ) -> Ending:
-        """Feed ``viewer`` (``SseFanout.serve``) and say how its answer ended."""
+        """Feed the viewer (``SseFanout.serve``, whose first write, before any wait, carries
+        the answer's head) and say how its answer ended."""
         metrics = self._metrics
-
+        viewer = opened.viewer
         chunked = viewer.chunked
+        unsent = [opened.head]
 
         async def write(frame: bytes) -> None:
-            connection.send(chunk(frame) if chunked else frame)
+            framed = chunk(frame) if chunked else frame
+            connection.send(unsent.pop() + framed if unsent else framed)
             metrics.served_bytes.inc(len(frame))
             await connection.drain()
 
         metrics.sse_viewers.inc()
-        opened = metrics.open_requests(RequestKind.SSE)
-        opened.inc()
+        open_reads = metrics.open_requests(RequestKind.SSE)
+        open_reads.inc()
         began = asyncio.get_running_loop().time()
         gone = False
         try:
@@ -370,7 +416,7 @@ class FastSse:
             return Ending.CUT
         finally:
             metrics.sse_viewers.dec()
-            opened.dec()
+            open_reads.dec()
             # Counted as the full path counts an SSE answer (its 200, or a client gone).
             if gone:
                 metrics.client_gone(RequestKind.SSE).inc()

@@ -209,8 +209,7 @@ class OriginCors:
 
     def mark_vary(self, headers: CIMultiDict[str]) -> None:
         """``Vary: Origin`` on an answer, when the policy varies by it and it is not named yet."""
-        if self.varies and not _vary_names_origin(headers.items()):
-            headers.add(hdrs.VARY, "Origin")
+        mark_vary(headers, self.varies)
 
     def add_missing(self, headers: CIMultiDict[str], origin: str | None) -> None:
         """Add the CORS headers for ``origin`` that ``headers`` does not already have, and
@@ -220,6 +219,13 @@ class OriginCors:
             if name.lower() not in present:
                 headers.add(name, value)
         self.mark_vary(headers)
+
+
+def mark_vary(headers: CIMultiDict[str], varies: bool) -> None:
+    """``Vary: Origin`` on an answer, when a policy that ``varies`` by it applies and the answer
+    does not name it yet."""
+    if varies and not _vary_names_origin(headers.items()):
+        headers.add(hdrs.VARY, "Origin")
 
 
 def _vary_names_origin(headers: Iterable[tuple[str, str]]) -> bool:
