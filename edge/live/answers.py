@@ -40,6 +40,7 @@ from edge.log.policy import Coverage, answer_headers, etag, keys_of, purge_heade
 from edge.log.segment import content_digest, media_type, stitch
 from edge.log.stream_log import StreamLog, TailFact
 from edge.protocol.headers import not_to_be_kept
+from edge.protocol.http1 import chunk
 from edge.protocol.reads import PUBLIC_SCOPE
 from edge.protocol.sse import encode_event
 
@@ -76,11 +77,6 @@ def sse_encoding(content_type: str | None) -> str:
     """How data events carry bytes: ``text`` for text/* and JSON, else ``base64`` (§5.8)."""
     ct = media_type(content_type)
     return "text" if ct.startswith("text/") or ct == "application/json" else "base64"
-
-
-def chunk(frame: bytes) -> bytes:
-    """One HTTP/1.1 chunk, for direct writes to a chunked response's transport."""
-    return b"%x\r\n%b\r\n" % (len(frame), frame)
 
 
 def long_poll_data(

@@ -23,15 +23,15 @@ import contextlib
 import enum
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import assert_never
+from typing import Protocol, assert_never
 
 from edge.answer import Answer, Bypass
-from edge.live.answers import chunk
 from edge.live.host import ViewerHost
 from edge.log.policy import Coverage
 from edge.log.segment import Segment
 from edge.log.stream_log import LogKey
 from edge.protocol.cursor import current_interval
+from edge.protocol.http1 import chunk
 from edge.protocol.sse import encode_comment, encode_retry
 
 SSE_RETRY_MS = 1000
@@ -42,6 +42,19 @@ TICK_SECONDS = 1.0
 HEARTBEAT = encode_comment("keep-alive")
 
 Send = Callable[[bytes], Awaitable[None]]
+
+
+class ViewerSink(Protocol):
+    """The one writer of a viewer's connection (the connection protocol's ``_Connection``;
+    on the full path, aiohttp's transport): the fan-out and the heartbeats write through it."""
+
+    def send(self, data: bytes) -> None: ...
+
+    def buffered(self) -> int:
+        """Bytes given to it that the socket has not taken yet."""
+        ...
+
+    def closing(self) -> bool: ...
 
 
 class Fed(enum.Enum):
@@ -55,7 +68,7 @@ class Fed(enum.Enum):
 class Viewer:
     key: LogKey
     offset: str
-    transport: asyncio.WriteTransport
+    sink: ViewerSink
     chunked: bool
     client_cursor: str | None
     # A cursor not behind the current interval gets one jittered answer per connection (§10.1).
@@ -110,12 +123,12 @@ class SseFanout:
         frames: dict[tuple[str, bool], bytes] = {}  # the batch, encoded once per cursor/framing
         leaving: list[Viewer] = []
         for viewer in list(viewers):
-            transport = viewer.transport
+            sink = viewer.sink
             rotate_at = viewer.rotate_at
             if (
                 viewer.offset != start
-                or transport.get_write_buffer_size() >= limit
-                or transport.is_closing()
+                or sink.buffered() >= limit
+                or sink.closing()
                 or (rotate_at is not None and now >= rotate_at)
             ):
                 leaving.append(viewer)  # the rare case, sorted out below
@@ -129,7 +142,7 @@ class SseFanout:
                     key, log, coverage, up_to_date=up_to_date, closed=closed,
                     cursor=cursor, chunked=viewer.chunked,
                 )  # fmt: skip
-            transport.write(frame)
+            sink.send(frame)
             size += len(frame)
             written += 1
             viewer.offset = end
@@ -141,7 +154,7 @@ class SseFanout:
         for viewer in leaving:
             viewers.discard(viewer)
             rotate_at = viewer.rotate_at
-            if not viewer.transport.is_closing() and (rotate_at is None or now < rotate_at):
+            if not viewer.sink.closing() and (rotate_at is None or now < rotate_at):
                 # Behind, or its socket holds --sse-buffer-bytes: its own task catches up from
                 # the log. (Closing, or due to end: rotation, an expiring credential.)
                 viewer.skipped = True
@@ -183,8 +196,8 @@ class SseFanout:
                     if viewer.rotate_at is not None and now >= viewer.rotate_at:
                         viewers.discard(viewer)
                         viewer.woken.set()
-                    elif now - viewer.last_write >= heartbeat and not viewer.transport.is_closing():
-                        viewer.transport.write(chunk(HEARTBEAT) if viewer.chunked else HEARTBEAT)
+                    elif now - viewer.last_write >= heartbeat and not viewer.sink.closing():
+                        viewer.sink.send(chunk(HEARTBEAT) if viewer.chunked else HEARTBEAT)
                         viewer.last_write = now
 
     async def close(self) -> None:

@@ -71,7 +71,7 @@ from edge.protocol.http1 import (
     refused_before_its_end,
 )
 from edge.protocol.reads import RequestKind, kind_of_request_line
-from edge.web.connection_tracker import ConnectionTracker
+from edge.web.connection_tracker import REFUSAL, ConnectionTracker
 from edge.web.fast_polls import AnsweredNow, Ending, HandedOff, HandOn, Parked, Waits
 from edge.web.fast_sse import Refused, Streaming
 from edge.web.own_gate import BAD_HEAD, BadHead, Decision, OwnGate, Undecided
@@ -206,6 +206,7 @@ class _Connection(asyncio.Protocol):
         self._transport = cast(asyncio.Transport, transport)
         if not self._tracker.connected(self._transport, self):
             self._mode = _Mode.REFUSED
+            self._transport.write(REFUSAL)
             self._linger = self._tracker.refuse(self._transport)
             return
         if self._mode is _Mode.DELEGATED:
@@ -691,6 +692,11 @@ class _Connection(asyncio.Protocol):
     def closing(self) -> bool:
         transport = self._transport
         return transport is None or transport.is_closing()
+
+    def buffered(self) -> int:
+        """Bytes sent through this connection that its socket has not taken yet."""
+        transport = self._transport
+        return 0 if transport is None else transport.get_write_buffer_size()
 
     def _delegate(self) -> None:
         """Everything from here on is aiohttp's, starting with what is buffered."""

@@ -323,8 +323,9 @@ class ConnectionTracker:
         self._connections.pop(transport, None)
 
     def refuse(self, transport: asyncio.Transport) -> asyncio.TimerHandle | None:
+        """A connection past the limit, its ``REFUSAL`` written by itself: ended (lingering,
+        to read its request line for the count, when few linger already)."""
         self.refused += 1
-        transport.write(REFUSAL)
         if self._lingering < MAX_LINGERING_REFUSALS and transport.can_write_eof():
             self._lingering += 1
             transport.write_eof()

@@ -43,7 +43,7 @@ from edge.config import Settings
 from edge.live.answers import sse_encoding
 from edge.live.hub import LiveHub
 from edge.live.polls import Encode
-from edge.live.viewers import Fed, Viewer
+from edge.live.viewers import Fed, Viewer, ViewerSink
 from edge.log.stream_log import LogKey, StreamLog
 from edge.metrics import Metrics
 from edge.origin import BodyTooLarge, OriginError
@@ -120,10 +120,9 @@ def bound_buffers(transport: asyncio.Transport, limit_bytes: int) -> None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, limit_bytes)
 
 
-class SseConnection(Protocol):
-    """What the feed asks of its connection (``edge.web.connection_protocol``)."""
-
-    def send(self, data: bytes) -> None: ...
+class SseConnection(ViewerSink, Protocol):
+    """What the feed asks of its connection (``edge.web.connection_protocol``), its one
+    writer: the feed, the fan-out and the heartbeats all write through it."""
 
     async def drain(self) -> None: ...
 
@@ -278,7 +277,7 @@ class FastSse:
         viewer = Viewer(
             key=key,
             offset=offset,
-            transport=transport,
+            sink=connection,
             chunked=chunked,
             client_cursor=client_cursor,
             fixed_cursor=self._hub.fixed_cursor(client_cursor),

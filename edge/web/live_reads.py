@@ -155,6 +155,27 @@ def sse_headers(
     response.headers.extend(sse_head_headers(log, cors, origin))
 
 
+class TransportSink:
+    """The full path's viewer writes to aiohttp's transport of its answer (aiohttp's
+    connection, not the edge's, is its one writer there: after the head, the body is the
+    fan-out's)."""
+
+    __slots__ = ("_transport",)
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+
+    def send(self, data: bytes) -> None:
+        if not self._transport.is_closing():
+            self._transport.write(data)
+
+    def buffered(self) -> int:
+        return self._transport.get_write_buffer_size()
+
+    def closing(self) -> bool:
+        return self._transport.is_closing()
+
+
 def viewer_of(
     request: web.Request,
     asked: Asked,
@@ -172,7 +193,7 @@ def viewer_of(
     return Viewer(
         key=key,
         offset=offset,
-        transport=transport,
+        sink=TransportSink(transport),
         # aiohttp frames HTTP/1.1 bodies without a length as chunks; direct writes must too.
         # (``asked``'s version: the request's reads 1.1 once the answer's head is written.)
         chunked=asked.version >= (1, 1),
@@ -181,6 +202,12 @@ def viewer_of(
         rotate_at=min(ends) if ends else None,
         last_write=now,
     )
+
+
+def _cut(request: web.Request) -> None:
+    """The answer's headers are gone: the connection is cut, and the client resumes by offset."""
+    if request.transport is not None:
+        request.transport.abort()
 
 
 async def feed(
@@ -204,7 +231,7 @@ async def feed(
             case Fed.ENDED:
                 await response.write_eof()
             case Fed.CUT:
-                viewer.transport.abort()
+                _cut(request)
             case _:
                 assert_never(served)
     except ConnectionError:
@@ -212,6 +239,6 @@ async def feed(
     except (OriginError, BodyTooLarge) as error:
         if isinstance(error, OriginError):
             metrics.origin_errors.labels(reason=error.reason).inc()
-        viewer.transport.abort()
+        _cut(request)
     finally:
         metrics.sse_viewers.dec()

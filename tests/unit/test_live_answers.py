@@ -27,7 +27,6 @@ from edge.catchup import Answer, CatchupCache
 from edge.config import Address, Settings
 from edge.live.answers import (
     Pending,
-    chunk,
     long_poll_data,
     long_poll_empty,
     sse_encoding,
@@ -41,6 +40,7 @@ from edge.log.segment import Segment, content_digest
 from edge.log.stream_log import LogKey, StreamInstance, StreamLog, TailFact
 from edge.metrics import Metrics
 from edge.origin import OriginClient
+from edge.protocol.http1 import chunk
 from edge.protocol.purge_keys import purge_keys
 from edge.protocol.reads import PUBLIC_SCOPE, START, Read
 from edge.protocol.sse import SseDecoder, SseEvent
