@@ -1,9 +1,7 @@
 """The official MCP SDK's client, calling ``devstack/mcp_upstream.py``'s ``count`` tool through a
 fleet, and recording what it heard and which replica answered each request (HAProxy's
 ``X-Edge-Replica``, which ``devstack.cluster`` sets). ``make demo ARGS=--resume`` and the
-fleet's tests (``tests/integration/test_resume_fleet.py``) call with it. ``CALL`` and
-``MCP_HEADERS`` are the same call made without the SDK, as the resume tests
-(``tests/integration/resume_support.py``) and ``loadtest.resume_cost`` post it.
+fleet's tests (``tests/integration/test_resume_fleet.py``) call with it.
 
 Rules this module owns:
 
@@ -23,21 +21,6 @@ from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.message import ClientMessageMetadata
-
-# ``count`` as a raw JSON-RPC request. The backend's ``/raw`` answers ignore it (their final
-# message answers id 42 all the same); the edge reads from it the id its answer owes.
-CALL: dict[str, Any] = {
-    "jsonrpc": "2.0",
-    "id": 42,
-    "method": "tools/call",
-    "params": {"name": "count", "arguments": {"n": 3, "delay": 0.05}},
-}
-# What an MCP client of the revision that still resumes (2025-11-25) sends with it.
-MCP_HEADERS = {
-    "Accept": "application/json, text/event-stream",
-    "Content-Type": "application/json",
-    "MCP-Protocol-Version": "2025-11-25",
-}
 
 
 def count_call(n: int, delay: float, tag: str = "") -> types.CallToolRequest:

@@ -33,8 +33,8 @@ from typing import Any
 
 import aiohttp
 
-from devstack.mcp_client import CALL, MCP_HEADERS
 from devstack.processes import REPO, Edge, Origin, start_edge, start_mcp_upstream
+from devstack.raw_call import CALL, MCP_HEADERS
 from devstack.sse_viewer import sse_events
 from edge.protocol.sse import SseDecoder, SseEvent
 from edge.resume.ids import parse_id

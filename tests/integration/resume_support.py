@@ -1,8 +1,8 @@
 """What the tests of resume routes share (``test_resume_routes.py``, ``test_resume_faults.py``,
 ``test_resume_attacks.py``, ``test_resume_auth.py``, ``test_resume_fleet.py``): the agent backend
 of ``devstack/mcp_upstream.py`` (the SDK's server at ``/mcp``, the raw SSE answers at ``/raw``)
-with what reached it and the edge flags that route to it, the raw call posted to it (from
-``devstack.mcp_client``, which ``loadtest.resume_cost`` posts too), an origin that goes away and
+with what reached it and the edge flags that route to it, the raw call posted to it
+(``devstack.raw_call``, which ``loadtest.resume_cost`` posts too), an origin that goes away and
 comes back with what it kept, and the reads of an answer: its events
 (``devstack.sse_viewer.sse_events``), a resume of it, what its stream holds at the origin."""
 
@@ -21,8 +21,9 @@ import mcp.types as types
 import pytest
 
 from devstack.demo_resume import kept
-from devstack.mcp_client import CALL, MCP_HEADERS, CallLog, call
+from devstack.mcp_client import CallLog, call
 from devstack.processes import Edge, Origin, Process, free_port, start_mcp_upstream, start_origin
+from devstack.raw_call import CALL, MCP_HEADERS
 from devstack.sse_viewer import sse_events
 from edge.protocol.reads import PUBLIC_SCOPE
 from edge.protocol.sse import SseDecoder, SseEvent

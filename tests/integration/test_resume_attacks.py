@@ -199,7 +199,11 @@ async def test_requests_waiting_for_their_answer_count_against_the_pumps_cap(
     """Requests whose clients left before any answer began (the upstream sends no headers)
     each held an upstream connection and a task, none counted: past ``--resume-max-pumps``
     such requests a new one is relayed as it is, without ids, as past the cap of answers."""
-    edge = stand.edge_of_its_own("pumps-capped-edge", "--resume-max-pumps", "2")
+    # No drain: its requests to the backend never end, and would hold its stop for the whole
+    # of one (10 s).
+    edge = stand.edge_of_its_own(
+        "pumps-capped-edge", "--resume-max-pumps", "2", "--drain-seconds", "0"
+    )
     try:
         for index in range(2):
             leaving = asyncio.ensure_future(
