@@ -34,6 +34,7 @@ from typing import Any
 import aiohttp
 
 from devstack.processes import REPO, Edge, Origin, start_edge, start_mcp_upstream
+from devstack.raw_call import CALL, MCP_HEADERS
 from devstack.sse_viewer import sse_events
 from edge.protocol.sse import SseDecoder, SseEvent
 from edge.resume.ids import parse_id
@@ -47,17 +48,6 @@ from loadtest.benchkit import (
     run_and_wait,
 )
 
-CALL = {
-    "jsonrpc": "2.0",
-    "id": 42,
-    "method": "tools/call",
-    "params": {"name": "count", "arguments": {}},
-}
-MCP_HEADERS = {
-    "Accept": "application/json, text/event-stream",
-    "Content-Type": "application/json",
-    "MCP-Protocol-Version": "2025-11-25",
-}
 # The edge's work for an answer is over once the origin holds no read of its stream open.
 SETTLE_SECONDS = 10.0
 

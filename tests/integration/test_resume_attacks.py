@@ -14,48 +14,54 @@ import json
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import pytest
 
-from devstack.processes import Edge, Origin, Process, start_edge, start_mcp_upstream
-from devstack.sse_viewer import sse_events
-from edge.protocol.sse import SseDecoder, SseEvent
+from devstack.processes import Edge, Origin, start_edge
+from edge.protocol.sse import SseDecoder
 from edge.resume.ids import ResumePoint, encode_id, parse_id
+from tests.integration.resume_support import (
+    CALL,
+    MCP_HEADERS,
+    RESULT,
+    Backend,
+    messages,
+    sse_events,
+    start_backend,
+    until,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
-CALL = {"jsonrpc": "2.0", "id": 42, "method": "tools/call", "params": {"name": "count"}}
-HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
-RESULT = {"jsonrpc": "2.0", "id": 42, "result": {}}
 LEASE_SECONDS = 3
+
+
+def one_process_edge(origin: Origin, backend: Backend, logs: Path, name: str, *flags: str) -> Edge:
+    """An edge (one process) with the route ``/raw`` to ``backend`` and ``flags``."""
+    route = backend.raw_route()
+    return start_edge(origin.url, logs, *route, *flags, "--workers", "1", name=name)
 
 
 @dataclass
 class Stand:
-    backend: Process
+    origin: Origin
+    backend: Backend
     edge: Edge
-    seen: Path
     logs: Path
 
-    @property
-    def raw_url(self) -> str:
-        return str(self.backend.ready["url"]).removesuffix("/mcp") + "/raw"
+    def edge_of_its_own(self, name: str, *flags: str) -> Edge:
+        """Another edge on the stand's route, with ``flags``; the test stops it."""
+        return one_process_edge(self.origin, self.backend, self.logs, name, *flags)
 
 
 @pytest.fixture(scope="module")
 def stand(origin: Origin, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stand]:
     logs = tmp_path_factory.mktemp("resume-attacks")
-    seen = logs / "seen.jsonl"
-    seen.touch()
-    backend = start_mcp_upstream(logs, seen, name="attacked-upstream")
-    raw_url = str(backend.ready["url"]).removesuffix("/mcp") + "/raw"
-    edge = start_edge(
-        origin.url, logs, "--resume-route", f"/raw={raw_url}",
-        "--resume-lease", str(LEASE_SECONDS), "--workers", "1", name="attacked-edge",
-    )  # fmt: skip
-    yield Stand(backend=backend, edge=edge, seen=seen, logs=logs)
+    backend = start_backend(logs, name="attacked-upstream")
+    lease = ("--resume-lease", str(LEASE_SECONDS))
+    edge = one_process_edge(origin, backend, logs, "attacked-edge", *lease)
+    yield Stand(origin=origin, backend=backend, edge=edge, logs=logs)
     edge.stop()
     backend.stop()
 
@@ -68,10 +74,6 @@ async def client() -> AsyncIterator[aiohttp.ClientSession]:
         yield session
 
 
-def messages(events: list[SseEvent]) -> list[Any]:
-    return [json.loads(event.data) for event in events]
-
-
 async def test_a_forged_skip_past_the_log_does_not_end_a_live_answer(
     stand: Stand, client: aiohttp.ClientSession
 ) -> None:
@@ -81,7 +83,7 @@ async def test_a_forged_skip_past_the_log_does_not_end_a_live_answer(
     n = 8
     decoder = SseDecoder()
     url = f"{stand.edge.url}/raw/paced?n={n}&every=1&tag=forged-skip"
-    async with client.post(url, json=CALL, headers=HEADERS) as answer:
+    async with client.post(url, json=CALL, headers=MCP_HEADERS) as answer:
         assert answer.status == 200
         first = await sse_events(answer, decoder, 1)
         assert first[0].id is not None
@@ -112,7 +114,7 @@ async def test_answers_still_running_do_not_starve_the_next_call(
 
     async def open_one(index: int) -> None:
         url = f"{stand.edge.url}/raw/slow?tag=held-{index}&hold={hold}"
-        answer = await client.post(url, json=CALL, headers=HEADERS)
+        answer = await client.post(url, json=CALL, headers=MCP_HEADERS)
         assert answer.status == 200
         opened.append(answer)
         await sse_events(answer, SseDecoder(), 1)
@@ -121,7 +123,7 @@ async def test_answers_still_running_do_not_starve_the_next_call(
         await asyncio.wait_for(asyncio.gather(*(open_one(i) for i in range(running))), 60)
         decoder = SseDecoder()
         async with client.post(
-            f"{stand.edge.url}/raw/paced?n=2&tag=next", json=CALL, headers=HEADERS
+            f"{stand.edge.url}/raw/paced?n=2&tag=next", json=CALL, headers=MCP_HEADERS
         ) as answer:
             assert answer.status == 200
             got = messages(await asyncio.wait_for(sse_events(answer, decoder), 30))
@@ -139,7 +141,7 @@ async def test_a_forged_offset_is_not_found(
     """The caller's own token with an offset the origin refuses (400): an id the edge did not
     mint, so the same 404 as an unknown one, not a 502 after retries."""
     async with client.post(
-        f"{stand.edge.url}/raw/paced?n=2&tag=forged-offset", json=CALL, headers=HEADERS
+        f"{stand.edge.url}/raw/paced?n=2&tag=forged-offset", json=CALL, headers=MCP_HEADERS
     ) as answer:
         events = await sse_events(answer, SseDecoder())
     assert events[0].id is not None
@@ -154,63 +156,65 @@ async def test_a_forged_offset_is_not_found(
         assert await resumed.text() == "no such answer\n"
 
 
-def seen_lines(stand: Stand) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in stand.seen.read_text().splitlines()]
+async def until_asked(stand: Stand, tag: str) -> None:
+    """Until the backend has the request for ``/raw/hang?tag=tag``."""
+    await until(
+        lambda: any(
+            line.get("path") == "/raw/hang" and line.get("query") == f"tag={tag}"
+            for line in stand.backend.seen_lines()
+        )
+    )
 
 
 async def test_an_upstream_that_never_answers_is_let_go_at_the_seconds_cap(
-    stand: Stand, origin: Origin, client: aiohttp.ClientSession
+    stand: Stand, client: aiohttp.ClientSession
 ) -> None:
     """No headers, ever: a client that left leaves nothing anyone can resume (no id was given),
     and one that waits gets a 504; either way the upstream request ends at
     ``--resume-max-seconds``, not never (each such request held a connection and a task)."""
-    edge = start_edge(
-        origin.url, stand.logs, "--resume-route", f"/raw={stand.raw_url}",
-        "--resume-max-seconds", "2", "--workers", "1", name="capped-edge",
-    )  # fmt: skip
+    edge = stand.edge_of_its_own("capped-edge", "--resume-max-seconds", "2")
     try:
         leaving = asyncio.ensure_future(
-            client.post(f"{edge.url}/raw/hang?tag=left", json=CALL, headers=HEADERS)
+            client.post(f"{edge.url}/raw/hang?tag=left", json=CALL, headers=MCP_HEADERS)
         )
-        await asyncio.sleep(0.5)
+        await until_asked(stand, "left")
         leaving.cancel()  # the client leaves before any answer began
         async with client.post(
-            f"{edge.url}/raw/hang?tag=stayed", json=CALL, headers=HEADERS
+            f"{edge.url}/raw/hang?tag=stayed", json=CALL, headers=MCP_HEADERS
         ) as waited:
             assert waited.status == 504
-        for _ in range(300):
-            ends = {line["hang"] for line in seen_lines(stand) if "hang" in line}
-            if ends >= {"left", "stayed"}:
-                break
-            await asyncio.sleep(0.1)
-        assert ends >= {"left", "stayed"}  # both upstream requests ended by the edge
+
+        def ended() -> set[str]:
+            return {line["hang"] for line in stand.backend.seen_lines() if "hang" in line}
+
+        # Both upstream requests ended by the edge.
+        await until(lambda: ended() >= {"left", "stayed"}, seconds=30)
     finally:
         edge.stop()
 
 
 async def test_requests_waiting_for_their_answer_count_against_the_pumps_cap(
-    stand: Stand, origin: Origin, client: aiohttp.ClientSession
+    stand: Stand, client: aiohttp.ClientSession
 ) -> None:
     """Requests whose clients left before any answer began (the upstream sends no headers)
     each held an upstream connection and a task, none counted: past ``--resume-max-pumps``
     such requests a new one is relayed as it is, without ids, as past the cap of answers."""
-    edge = start_edge(
-        origin.url, stand.logs, "--resume-route", f"/raw={stand.raw_url}",
-        "--resume-max-pumps", "2", "--workers", "1", name="pumps-capped-edge",
-    )  # fmt: skip
+    # No drain: its requests to the backend never end, and would hold its stop for the whole
+    # of one (10 s).
+    edge = stand.edge_of_its_own(
+        "pumps-capped-edge", "--resume-max-pumps", "2", "--drain-seconds", "0"
+    )
     try:
         for index in range(2):
             leaving = asyncio.ensure_future(
-                client.post(f"{edge.url}/raw/hang?tag=capped-{index}", json=CALL, headers=HEADERS)
+                client.post(
+                    f"{edge.url}/raw/hang?tag=capped-{index}", json=CALL, headers=MCP_HEADERS
+                )
             )
-            for _ in range(100):  # until the backend has it: the edge is waiting for its answer
-                if any(line.get("path") == "/raw/hang" and f"capped-{index}" in line.get(
-                    "query", "") for line in seen_lines(stand)):  # fmt: skip
-                    break
-                await asyncio.sleep(0.05)
+            await until_asked(stand, f"capped-{index}")  # the edge is waiting for its answer
             leaving.cancel()
         async with client.post(
-            f"{edge.url}/raw/paced?n=2&tag=past-cap", json=CALL, headers=HEADERS
+            f"{edge.url}/raw/paced?n=2&tag=past-cap", json=CALL, headers=MCP_HEADERS
         ) as answer:
             assert answer.status == 200
             assert "Edge-Resume-Stream" not in answer.headers
@@ -232,7 +236,7 @@ async def test_nobody_writes_an_answers_stream_through_the_edge(
     of the edge's ids, or delete the answer."""
     forged = [{"event": "message", "data": json.dumps({**RESULT, "result": {"forged": True}})}]
     url = f"{stand.edge.url}/raw/paced?n=4&every=0.3&tag=injected"
-    alice = {**HEADERS, "Authorization": "Bearer alice"}
+    alice = {**MCP_HEADERS, "Authorization": "Bearer alice"}
     async with client.post(url, json=CALL, headers=alice) as answer:
         path = answer.headers["Edge-Resume-Stream"]
         decoder = SseDecoder()
@@ -260,7 +264,7 @@ async def test_a_byte_that_is_not_utf8_costs_a_character_not_the_answer(
     """One bad byte in an upstream event killed the pump (its decoder raised): the answer's
     client waited a lease, then got the JSON-RPC error, though the backend sent the result."""
     async with client.post(
-        f"{stand.edge.url}/raw/invalid-utf8", json=CALL, headers=HEADERS
+        f"{stand.edge.url}/raw/invalid-utf8", json=CALL, headers=MCP_HEADERS
     ) as answer:
         assert answer.status == 200
         events = await sse_events(answer, SseDecoder())
@@ -274,14 +278,14 @@ async def test_json_nested_too_deep_is_relayed_never_an_error(
 ) -> None:
     """JSON nested past the parser's recursion: in an upstream event it killed the pump (the
     client got the JSON-RPC error, not the result); as a request body it was a 500."""
-    async with client.post(f"{stand.edge.url}/raw/deep", json=CALL, headers=HEADERS) as answer:
+    async with client.post(f"{stand.edge.url}/raw/deep", json=CALL, headers=MCP_HEADERS) as answer:
         assert answer.status == 200
         events = await sse_events(answer, SseDecoder())
     assert events[0].data.startswith("[[[")
     assert json.loads(events[-1].data) == RESULT
     deep = b"[" * 100_000 + b"]" * 100_000
     async with client.post(
-        f"{stand.edge.url}/raw/paced?n=1&tag=deep-body", data=deep, headers=HEADERS
+        f"{stand.edge.url}/raw/paced?n=1&tag=deep-body", data=deep, headers=MCP_HEADERS
     ) as answer:
         assert answer.status == 200
         assert messages(await sse_events(answer, SseDecoder()))[-1] == RESULT
@@ -294,24 +298,19 @@ async def test_an_upstream_line_that_never_ends_is_let_go_at_the_bytes_cap(
     ``--resume-max-bytes`` of it, then lets the upstream go; the answer's log ends (the kept
     event, then the owed error and the close) and its client's answer ends, rather than the
     edge buffering the line without bound for as long as the upstream sends it."""
-    edge = start_edge(
-        origin.url, stand.logs, "--resume-route", f"/raw={stand.raw_url}",
-        "--resume-max-bytes", "1MiB", "--workers", "1", name="endless-line-edge",
-    )  # fmt: skip
+    edge = stand.edge_of_its_own("endless-line-edge", "--resume-max-bytes", "1MiB")
     try:
         async with client.post(
-            f"{edge.url}/raw/endless-line?tag=capped", json=CALL, headers=HEADERS
+            f"{edge.url}/raw/endless-line?tag=capped", json=CALL, headers=MCP_HEADERS
         ) as answer:
             assert answer.status == 200
             path = answer.headers["Edge-Resume-Stream"]
             got = messages(await sse_events(answer, SseDecoder()))  # ends: never the whole line
         assert got[0]["params"]["progress"] == 1
-        for _ in range(300):
-            ends = {line["endless"] for line in seen_lines(stand) if "endless" in line}
-            if "capped" in ends:
-                break
-            await asyncio.sleep(0.1)
-        assert "capped" in ends  # the edge let the upstream go
+        await until(  # the edge let the upstream go
+            lambda: any(line.get("endless") == "capped" for line in stand.backend.seen_lines()),
+            seconds=30,
+        )
         async with client.get(f"{origin.url}{path}?offset=-1") as kept:
             log = await kept.json()
             assert kept.headers.get("Stream-Closed") == "true"

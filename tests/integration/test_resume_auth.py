@@ -10,7 +10,6 @@ by the credential, as without ``--auth``."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,10 +18,21 @@ from typing import Any
 import aiohttp
 import pytest
 
-from devstack.processes import Edge, Origin, Process, start_edge, start_mcp_upstream
-from edge.protocol.sse import SseDecoder, SseEvent
+from devstack.processes import Edge, Origin, start_edge
+from edge.protocol.sse import SseDecoder
 from tests.auth_support import claims_for, hs_key, jwks, sign
 from tests.integration.auth_services import AuthService
+from tests.integration.resume_support import (
+    Backend,
+    id_after,
+    messages,
+    read_resume,
+    read_until_cut,
+    sse_events,
+    start_backend,
+    steps_and_end,
+    two_edges,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -31,31 +41,22 @@ HS = hs_key("hs-resume")
 
 @dataclass
 class Stand:
-    upstream: Process
-    seen: Path
+    backend: Backend
     a: Edge
     b: Edge
     forward: Edge
     named: Edge  # forward, with --auth-subject-header
     service: AuthService
 
-    def seen_lines(self) -> list[dict[str, Any]]:
-        return [json.loads(line) for line in self.seen.read_text().splitlines()]
-
 
 @pytest.fixture(scope="module")
 def stand(origin: Origin, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stand]:
     logs = tmp_path_factory.mktemp("resume-auth")
-    seen = logs / "seen.jsonl"
-    seen.touch()
     keys = logs / "jwks.json"
     keys.write_bytes(jwks(HS))
-    upstream = start_mcp_upstream(logs, seen, name="resume-auth-upstream")
-    raw_url = str(upstream.ready["url"]).removesuffix("/mcp") + "/raw"
-    route = ("--resume-route", f"/raw={raw_url}")
+    backend = start_backend(logs, name="resume-auth-upstream")
+    route = backend.raw_route()
     jwt = ("--auth", "jwt", "--jwt-jwks", str(keys), "--jwt-leeway", "1")
-    a = start_edge(origin.url, logs, *route, *jwt, name="resume-jwt-a")
-    b = start_edge(origin.url, logs, *route, *jwt, name="resume-jwt-b")
     sessions = {"s-alice": "/raw/", "s-bob": "/raw/", "s-alice-phone": "/raw/"}
     users = {"s-alice": "alice", "s-alice-phone": "alice", "s-bob": "bob"}
     service = AuthService(sessions=sessions, users=users).start()
@@ -65,14 +66,13 @@ def stand(origin: Origin, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         origin.url, logs, *forward_args, "--auth-subject-header", "X-Auth-Request-User",
         name="resume-forward-named",
     )  # fmt: skip
-    yield Stand(
-        upstream=upstream, seen=seen, a=a, b=b, forward=forward, named=named, service=service
-    )
-    for process in (a, b, forward, named):
+    with two_edges(origin.url, logs, ("resume-jwt-a", "resume-jwt-b"), *route, *jwt) as (a, b):
+        yield Stand(backend=backend, a=a, b=b, forward=forward, named=named, service=service)
+    for process in (forward, named):
         process.stop()
     if service.server is not None:
         service.server.close()
-    upstream.stop()
+    backend.stop()
 
 
 def bearer(sub: str, *, scope: str = "read", streams: str = "/raw/", **extra: Any) -> str:
@@ -85,30 +85,10 @@ async def client() -> AsyncIterator[aiohttp.ClientSession]:
         yield session
 
 
-async def first_events(response: aiohttp.ClientResponse, count: int) -> list[SseEvent]:
-    decoder, events = SseDecoder(), []
-    async for chunk in response.content.iter_any():
-        events.extend(decoder.feed(chunk))
-        if len(events) >= count:
-            break
-    return events
-
-
-async def read_events(response: aiohttp.ClientResponse) -> list[SseEvent]:
-    decoder, events = SseDecoder(), []
-    async for chunk in response.content.iter_any():
-        events.extend(decoder.feed(chunk))
-    return events
-
-
-def progress_of(events: list[SseEvent]) -> list[Any]:
-    return [json.loads(event.data).get("params", {}).get("progress") for event in events]
-
-
 async def test_the_gate_judges_a_routes_requests(
     stand: Stand, client: aiohttp.ClientSession
 ) -> None:
-    before = len(stand.seen_lines())
+    before = len(stand.backend.seen_lines())
     async with client.get(stand.a.url + "/raw/slow?tag=none") as anonymous:
         assert anonymous.status == 401
         assert "Bearer" in anonymous.headers["WWW-Authenticate"]
@@ -118,7 +98,7 @@ async def test_the_gate_judges_a_routes_requests(
     reader = {"Authorization": bearer("alice")}
     async with client.post(stand.a.url + "/raw/slow?tag=post", headers=reader) as read_only:
         assert read_only.status == 403  # a POST is a write
-    assert len(stand.seen_lines()) == before  # refusals never reach the backend
+    assert len(stand.backend.seen_lines()) == before  # refusals never reach the backend
     # A preflight carries no credential: the edge answers it.
     asking = {"Origin": "http://page.example", "Access-Control-Request-Method": "GET"}
     async with client.options(stand.a.url + "/raw/slow", headers=asking) as preflight:
@@ -131,9 +111,7 @@ async def test_the_same_principal_resumes_with_a_fresh_token_and_no_other_does(
     writer = {"Authorization": bearer("alice", scope="read write")}
     async with client.post(stand.a.url + "/raw/slow?tag=alice", headers=writer) as answer:
         assert answer.status == 200
-        events = await first_events(answer, 5)
-    last = events[4].id
-    assert last is not None
+        last = await id_after(answer, 5)
     # Another principal, with a token as good as alice's: the 404 of an unknown id.
     for who in (bearer("bob"), bearer("bob", scope="read write")):
         async with client.get(
@@ -145,20 +123,21 @@ async def test_the_same_principal_resumes_with_a_fresh_token_and_no_other_does(
     # expiry), as a browser's EventSource sends one: in the query.
     fresh = bearer("alice", lifetime=600.0).removeprefix("Bearer ")
     assert f"Bearer {fresh}" != writer["Authorization"]
-    async with client.get(
-        stand.b.url + f"/raw/slow?token={fresh}", headers={"Last-Event-ID": last}
-    ) as resumed:
-        assert resumed.status == 200
-        rest = await read_events(resumed)
-    assert progress_of(rest[:-1]) == list(range(6, 21))
-    assert json.loads(rest[-1].data)["id"] == 42
+    rest = await read_resume(client, stand.b.url + f"/raw/slow?token={fresh}", last)
+    steps, end = steps_and_end(rest)
+    assert steps == list(range(6, 21))
+    assert end["id"] == 42
     # The backend was asked once, with alice's credential; no token parameter, no
     # Last-Event-ID ever reached it.
-    asked = [line for line in stand.seen_lines() if line.get("method") and "alice" in line["query"]]
+    asked = [
+        line
+        for line in stand.backend.seen_lines()
+        if line.get("method") and "alice" in line["query"]
+    ]
     assert len(asked) == 1
     assert asked[0]["authorization"] == writer["Authorization"]
-    assert all("token=" not in line.get("query", "") for line in stand.seen_lines())
-    assert all(line.get("last_event_id") is None for line in stand.seen_lines())
+    assert all("token=" not in line.get("query", "") for line in stand.backend.seen_lines())
+    assert all(line.get("last_event_id") is None for line in stand.backend.seen_lines())
 
 
 async def test_a_query_token_goes_upstream_as_a_bearer_header(
@@ -168,9 +147,9 @@ async def test_a_query_token_goes_upstream_as_a_bearer_header(
     token = bearer("carol").removeprefix("Bearer ")
     async with client.get(stand.a.url + f"/raw/slow?tag=carol&token={token}") as answer:
         assert answer.status == 200
-        events = await read_events(answer)
-    assert json.loads(events[-1].data)["id"] == 42
-    (asked,) = [line for line in stand.seen_lines() if line.get("query") == "tag=carol"]
+        events = await sse_events(answer, SseDecoder())
+    assert messages(events)[-1]["id"] == 42
+    (asked,) = [line for line in stand.backend.seen_lines() if line.get("query") == "tag=carol"]
     assert asked["authorization"] == f"Bearer {token}"
 
 
@@ -182,18 +161,12 @@ async def test_a_forward_principal_resumes_from_another_session(
     laptop, phone = {"Cookie": "session=s-alice"}, {"Cookie": "session=s-alice-phone"}
     async with client.get(stand.named.url + "/raw/slow?tag=named", headers=laptop) as answer:
         assert answer.status == 200
-        events = await first_events(answer, 3)
-    last = events[2].id
-    assert last is not None
+        last = await id_after(answer, 3)
     bob = {"Cookie": "session=s-bob", "Last-Event-ID": last}
     async with client.get(stand.named.url + "/raw/slow", headers=bob) as refused:
         assert refused.status == 404
-    async with client.get(
-        stand.named.url + "/raw/slow", headers={**phone, "Last-Event-ID": last}
-    ) as resumed:
-        assert resumed.status == 200
-        rest = await read_events(resumed)
-    assert progress_of(rest[:-1]) == list(range(4, 21))
+    steps, _ = steps_and_end(await read_resume(client, stand.named.url + "/raw/slow", last, phone))
+    assert steps == list(range(4, 21))
 
 
 async def test_without_a_principal_the_credential_binds(
@@ -203,21 +176,16 @@ async def test_without_a_principal_the_credential_binds(
     alice, bob = {"Cookie": "session=s-alice"}, {"Cookie": "session=s-bob"}
     async with client.get(stand.forward.url + "/raw/slow?tag=fwd", headers=alice) as answer:
         assert answer.status == 200
-        events = await first_events(answer, 3)
-    last = events[2].id
-    assert last is not None
+        last = await id_after(answer, 3)
     async with client.get(
         stand.forward.url + "/raw/slow", headers={**bob, "Last-Event-ID": last}
     ) as refused:
         assert refused.status == 404
     async with client.get(stand.forward.url + "/raw/slow", headers={"Last-Event-ID": last}) as no:
         assert no.status == 401
-    async with client.get(
-        stand.forward.url + "/raw/slow", headers={**alice, "Last-Event-ID": last}
-    ) as resumed:
-        assert resumed.status == 200
-        rest = await read_events(resumed)
-    assert progress_of(rest[:-1]) == list(range(4, 21))
+    rest = await read_resume(client, stand.forward.url + "/raw/slow", last, alice)
+    steps, _ = steps_and_end(rest)
+    assert steps == list(range(4, 21))
     assert ("s-bob", "GET", "/raw/slow") in stand.service.asked  # the gate asked about bob
 
 
@@ -226,17 +194,12 @@ async def test_a_reader_whose_token_expires_is_cut_short_and_resumes_with_a_fres
 ) -> None:
     go_on = tmp_path / "go-on"  # the upstream holds after its second event until this exists
     short = {"Authorization": bearer("dave", lifetime=3.0)}
-    decoder, events, cut = SseDecoder(), [], False
     async with client.get(
         stand.a.url + f"/raw/slow?tag=dave&hold={go_on}", headers=short
     ) as answer:
         assert answer.status == 200
-        try:
-            async for chunk in answer.content.iter_any():
-                events.extend(decoder.feed(chunk))
-        except aiohttp.ClientPayloadError:
-            cut = True  # ended unfinished, as a live read at its token's expiry
-    assert cut
+        events, cut = await read_until_cut(answer, SseDecoder())
+    assert cut  # ended unfinished, as a live read at its token's expiry
     assert len(events) == 2
     last = events[1].id
     assert last is not None
@@ -245,9 +208,7 @@ async def test_a_reader_whose_token_expires_is_cut_short_and_resumes_with_a_fres
     ) as stale:
         assert stale.status == 401
     go_on.touch()
-    fresh = {"Authorization": bearer("dave"), "Last-Event-ID": last}
-    async with client.get(stand.b.url + "/raw/slow", headers=fresh) as resumed:
-        assert resumed.status == 200
-        rest = await read_events(resumed)
-    assert progress_of(rest[:-1]) == list(range(3, 21))
-    assert json.loads(rest[-1].data)["id"] == 42
+    fresh = {"Authorization": bearer("dave")}
+    steps, end = steps_and_end(await read_resume(client, stand.b.url + "/raw/slow", last, fresh))
+    assert steps == list(range(3, 21))
+    assert end["id"] == 42

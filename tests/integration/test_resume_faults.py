@@ -14,65 +14,44 @@ kept and the error; the same for both."""
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import signal
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import pytest
 
-from devstack.processes import (
-    Edge,
-    Origin,
-    Process,
-    free_port,
-    start_mcp_upstream,
-    start_origin,
-)
-from devstack.sse_viewer import sse_events
+from devstack.processes import Edge, Origin
 from edge.protocol.sse import SseDecoder, SseEvent
 from edge.resume.ids import parse_id
-from tests.integration.replicas import start_replicas
+from tests.integration.resume_support import (
+    CALL,
+    MCP_HEADERS,
+    RESULT,
+    Backend,
+    RestartableOrigin,
+    kept_at,
+    messages,
+    read_resume,
+    read_until_cut,
+    sse_events,
+    start_backend,
+    steps_and_end,
+    two_edges,
+)
 from tests.integration.test_redis_restart import RestartableRedis
 
 pytestmark = pytest.mark.timeout(180)
 
-CALL = {
-    "jsonrpc": "2.0",
-    "id": 42,
-    "method": "tools/call",
-    "params": {"name": "count", "arguments": {}},
-}
-MCP_HEADERS = {
-    "Accept": "application/json, text/event-stream",
-    "Content-Type": "application/json",
-    "MCP-Protocol-Version": "2025-11-25",
-}
 # A bound on every wait here: a fault may slow an answer, never hang it.
 ANSWER_BOUND = 60.0
 
 
-@dataclass
-class Backend:
-    process: Process
-    seen: Path
-
-    @property
-    def raw_url(self) -> str:
-        return str(self.process.ready["url"]).removesuffix("/mcp") + "/raw"
-
-
 @pytest.fixture(scope="module")
 def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]:
-    logs = tmp_path_factory.mktemp("resume-faults")
-    seen = logs / "seen.jsonl"
-    seen.touch()
-    started = start_mcp_upstream(logs, seen, name="paced-upstream")
-    yield Backend(process=started, seen=seen)
+    started = start_backend(tmp_path_factory.mktemp("resume-faults"), name="paced-upstream")
+    yield started
     started.stop()
 
 
@@ -85,25 +64,16 @@ def shared_redis(tmp_path: Path) -> Iterator[RestartableRedis]:
     started.stop()
 
 
-def pair_of_edges(
-    origin: Origin, backend: Backend, logs: Path, *extra: str
-) -> Iterator[tuple[Edge, Edge]]:
-    a, b = start_replicas(
-        origin.url, logs, ["resume-a", "resume-b"], "--resume-route",
-        f"/raw={backend.raw_url}", *extra,
-    )  # fmt: skip
-    try:
-        yield a, b
-    finally:
-        a.stop()
-        b.stop()
+PAIR = ("resume-a", "resume-b")
 
 
 @pytest.fixture
 def redis_pair(
     origin: Origin, backend: Backend, shared_redis: RestartableRedis, tmp_path: Path
 ) -> Iterator[tuple[Edge, Edge]]:
-    yield from pair_of_edges(origin, backend, tmp_path, "--redis-url", shared_redis.url)
+    redis = ("--redis-url", shared_redis.url)
+    with two_edges(origin.url, tmp_path, PAIR, *backend.raw_route(), *redis) as pair:
+        yield pair
 
 
 @pytest.fixture
@@ -111,21 +81,6 @@ async def client() -> AsyncIterator[aiohttp.ClientSession]:
     timeout = aiohttp.ClientTimeout(total=ANSWER_BOUND)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         yield session
-
-
-def steps_and_result(events: list[SseEvent]) -> tuple[list[int], dict[str, Any]]:
-    *progress, final = [json.loads(event.data) for event in events]
-    return [message["params"]["progress"] for message in progress], final
-
-
-async def kept_at(
-    client: aiohttp.ClientSession, origin: Origin, path: str
-) -> tuple[list[dict[str, Any]], bool]:
-    """The upstream's events an answer's stream holds at the origin, and whether it is closed."""
-    async with client.get(f"{origin.url}{path}?offset=-1") as read:
-        assert read.status == 200
-        kept = [message for message in await read.json() if "event" in message]
-        return kept, read.headers.get("Stream-Closed") == "true"
 
 
 def redis_failed(edge: Edge) -> bool:
@@ -177,9 +132,9 @@ async def test_an_answer_and_its_resume_elsewhere_survive_redis_down(
         assert third is not None
         resumed = asyncio.ensure_future(resume_on(client, b, third))
         whole = first + await sse_events(answer, decoder)
-    steps, final = steps_and_result(whole)
+    steps, final = steps_and_end(whole)
     assert steps == list(range(1, N + 1))
-    assert final == {"jsonrpc": "2.0", "id": 42, "result": {}}
+    assert final == RESULT
     assert all(event.id is not None and parse_id(event.id) is not None for event in whole)
     rest = await asyncio.wait_for(resumed, ANSWER_BOUND)
     # The same events once each (their ids may differ: an id names where its read's batch began).
@@ -189,7 +144,7 @@ async def test_an_answer_and_its_resume_elsewhere_survive_redis_down(
     for edge in (b, a):
         again = await resume_on(client, edge, whole[0].id or "")
         assert [e.data for e in again] == [e.data for e in whole[1:]]
-    kept, closed = await kept_at(client, origin, path)
+    kept, closed = await kept_at(origin, path)
     assert closed
     assert len(kept) == N + 1  # each event once
     if fault != "restarted_empty_midway":  # back at once, empty: lost keys, no outage
@@ -203,7 +158,9 @@ LEASE = 4
 
 @pytest.fixture
 def lease_pair(origin: Origin, backend: Backend, tmp_path: Path) -> Iterator[tuple[Edge, Edge]]:
-    yield from pair_of_edges(origin, backend, tmp_path, "--resume-lease", str(LEASE))
+    lease = ("--resume-lease", str(LEASE))
+    with two_edges(origin.url, tmp_path, PAIR, *backend.raw_route(), *lease) as pair:
+        yield pair
 
 
 @pytest.mark.parametrize(
@@ -235,12 +192,12 @@ async def test_a_slow_upstream_is_waited_for_on_every_replica(
         assert first is not None
         resumed = asyncio.ensure_future(resume_on(client, b, first))
         own += await sse_events(answer, decoder)
-    steps, final = steps_and_result(own)
+    steps, final = steps_and_end(own)
     assert steps == list(range(1, n + 1))
-    assert final == {"jsonrpc": "2.0", "id": 42, "result": {}}
+    assert final == RESULT
     rest = await asyncio.wait_for(resumed, ANSWER_BOUND)
     assert [e.data for e in rest] == [e.data for e in own[1:]]
-    kept, closed = await kept_at(client, origin, path)
+    kept, closed = await kept_at(origin, path)
     assert closed
     assert len(kept) == n + 1
     for edge in (a, b):
@@ -250,34 +207,21 @@ async def test_a_slow_upstream_is_waited_for_on_every_replica(
 
 
 async def resume_on(client: aiohttp.ClientSession, edge: Edge, last_id: str) -> list[SseEvent]:
-    async with client.get(f"{edge.url}/raw", headers={"Last-Event-ID": last_id}) as resumed:
-        assert resumed.status == 200
-        return await sse_events(resumed, SseDecoder())
+    return await read_resume(client, f"{edge.url}/raw", last_id)
 
 
 @pytest.fixture
-def restartable_origin(tmp_path: Path) -> Iterator[list[Origin]]:
-    """An origin of the test's own, on a fixed port and data directory, so it can be stopped
-    and started again with what it kept; the list holds the one running now."""
-    port, data = free_port(), tmp_path / "origin-data"
-    running = [start_origin(tmp_path, data_dir=data, port=port, name="away-origin")]
-    yield running
-    running[-1].stop()
-
-
-def restart(running: list[Origin], tmp_path: Path) -> None:
-    origin = running[-1]
-    port = int(origin.url.rsplit(":", 1)[1])
-    running.append(
-        start_origin(tmp_path, data_dir=origin.data_dir, port=port, name="away-origin-again")
-    )
+def away_origin(tmp_path: Path) -> Iterator[RestartableOrigin]:
+    started = RestartableOrigin(tmp_path, "away-origin")
+    yield started
+    started.stop()
 
 
 @pytest.mark.parametrize("outage", [12, 22])
 async def test_readers_wait_through_an_origin_outage_while_pumping(
     outage: int,
     backend: Backend,
-    restartable_origin: list[Origin],
+    away_origin: RestartableOrigin,
     tmp_path: Path,
     client: aiohttp.ClientSession,
 ) -> None:
@@ -286,12 +230,8 @@ async def test_readers_wait_through_an_origin_outage_while_pumping(
     in order, then the result. Past them, the pump gives up on the upstream and, the origin
     back, ends the answer: both get what was kept, then the error, then the end. Either way
     the stream holds each event once and both readers the same."""
-    first = restartable_origin[0]
-    a, b = start_replicas(
-        first.url, tmp_path, ["outage-a", "outage-b"], "--resume-route",
-        f"/raw={backend.raw_url}",
-    )  # fmt: skip
-    try:
+    names = ("outage-a", "outage-b")
+    with two_edges(away_origin.url, tmp_path, names, *backend.raw_route()) as (a, b):
         url = f"{a.url}/raw/paced?n={N}&every=0.5&tag=outage-{outage}"
         decoder = SseDecoder()
         async with client.post(url, json=CALL, headers=MCP_HEADERS) as answer:
@@ -301,45 +241,29 @@ async def test_readers_wait_through_an_origin_outage_while_pumping(
             assert second is not None
             resumed = asyncio.ensure_future(resume_on(client, b, second))
             await asyncio.sleep(0.2)  # the resume is reading (a wait, not a measurement)
-            first.stop()
+            away_origin.stop()
             await asyncio.sleep(outage)  # events go on upstream; the pump waits, or gives up
-            restart(restartable_origin, tmp_path)
+            away_origin.start_again()
             own += await sse_events(answer, decoder)
         rest = await asyncio.wait_for(resumed, ANSWER_BOUND)
         assert [e.data for e in rest] == [e.data for e in own[2:]]
-        steps, final = steps_and_result(own)
-        kept, closed = await kept_at(client, restartable_origin[-1], path)
+        steps, final = steps_and_end(own)
+        kept, closed = await kept_at(away_origin.origin, path)
         assert closed
         assert len(kept) == len(own)  # each event once, and the end
         if outage < 16:
             assert steps == list(range(1, N + 1))
-            assert final == {"jsonrpc": "2.0", "id": 42, "result": {}}
+            assert final == RESULT
         else:
             assert 2 <= len(steps) < N
             assert steps == list(range(1, len(steps) + 1))
             assert final["id"] == 42
             assert final["error"]["code"] == -32000
-    finally:
-        a.stop()
-        b.stop()
-
-
-async def read_until_cut(
-    response: aiohttp.ClientResponse, decoder: SseDecoder
-) -> tuple[list[SseEvent], bool]:
-    """The answer's events to its end, and whether it was cut short (not ended)."""
-    events: list[SseEvent] = []
-    try:
-        async for chunk in response.content.iter_any():
-            events.extend(decoder.feed(chunk))
-    except aiohttp.ClientPayloadError:
-        return events, True
-    return events, False
 
 
 async def test_readers_that_cannot_read_the_log_are_cut_short_never_told_an_error(
     backend: Backend,
-    restartable_origin: list[Origin],
+    away_origin: RestartableOrigin,
     tmp_path: Path,
     client: aiohttp.ClientSession,
 ) -> None:
@@ -348,12 +272,8 @@ async def test_readers_that_cannot_read_the_log_are_cut_short_never_told_an_erro
     nothing and tell their clients nothing (an error there would contradict the result the log
     goes on to hold): each client is cut short, and resuming with its last id once the origin
     is back gets the rest of the answer, then the result, once."""
-    first = restartable_origin[0]
-    a, b = start_replicas(
-        first.url, tmp_path, ["unreadable-a", "unreadable-b"], "--resume-route",
-        f"/raw={backend.raw_url}", "--resume-lease", str(LEASE),
-    )  # fmt: skip
-    try:
+    names, lease = ("unreadable-a", "unreadable-b"), ("--resume-lease", str(LEASE))
+    with two_edges(away_origin.url, tmp_path, names, *backend.raw_route(), *lease) as (a, b):
         url = f"{a.url}/raw/paced?n={N}&every=0.5&tag=unreadable"
         decoder = SseDecoder()
         async with client.post(url, json=CALL, headers=MCP_HEADERS) as answer:
@@ -362,38 +282,35 @@ async def test_readers_that_cannot_read_the_log_are_cut_short_never_told_an_erro
             assert own[1].id is not None
             async with client.get(f"{b.url}/raw", headers={"Last-Event-ID": own[1].id}) as other:
                 assert other.status == 200
-                first.stop()  # away for longer than a lease, within the pump's write retries
+                away_origin.stop()  # away for longer than a lease, within the pump's write retries
                 (more, own_cut), (elsewhere, other_cut) = await asyncio.gather(
                     read_until_cut(answer, decoder), read_until_cut(other, SseDecoder())
                 )
         assert own_cut
         assert other_cut
         own += more
-        told = [json.loads(event.data) for event in [*own, *elsewhere]]
+        told = messages([*own, *elsewhere])
         assert all("method" in message for message in told)  # progress only: no error, no end
-        restart(restartable_origin, tmp_path)
-        await until_closed(client, restartable_origin[-1], path)
+        away_origin.start_again()
+        await until_closed(away_origin.origin, path)
         last_own, last_other = own[-1].id, (elsewhere or own[1:2])[-1].id
         assert last_own is not None
         assert last_other is not None
         for edge, last, seen in ((b, last_own, own), (a, last_other, [*own[:2], *elsewhere])):
             rest = await resume_on(client, edge, last)
-            steps, final = steps_and_result([*seen, *rest])
+            steps, final = steps_and_end([*seen, *rest])
             assert steps == list(range(1, N + 1))
-            assert final == {"jsonrpc": "2.0", "id": 42, "result": {}}
-        kept, _ = await kept_at(client, restartable_origin[-1], path)
+            assert final == RESULT
+        kept, _ = await kept_at(away_origin.origin, path)
         assert len(kept) == N + 1
         for edge in (a, b):
             assert 'edge_resume_lapsed_total{result="unreadable"} 1.0' in edge.metrics_text()
             assert 'edge_resume_lapsed_total{result="fenced"} 1.0' not in edge.metrics_text()
-    finally:
-        a.stop()
-        b.stop()
 
 
-async def until_closed(client: aiohttp.ClientSession, origin: Origin, path: str) -> None:
+async def until_closed(origin: Origin, path: str) -> None:
     """Wait until the answer's stream is closed at the origin (the pump went on and ended it)."""
     deadline = asyncio.get_running_loop().time() + ANSWER_BOUND
-    while not (await kept_at(client, origin, path))[1]:
+    while not (await kept_at(origin, path))[1]:
         assert asyncio.get_running_loop().time() < deadline, "the answer never ended"
         await asyncio.sleep(0.2)

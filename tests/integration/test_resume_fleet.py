@@ -7,7 +7,6 @@ read from ``X-Edge-Replica``, which the cluster's HAProxy sets."""
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,11 +17,17 @@ import pytest
 from mcp.shared.exceptions import MCPError
 
 from devstack.cluster import Cluster, start_cluster
-from devstack.demo_resume import kept
 from devstack.mcp_client import CallLog, call, count_call, text_of
-from devstack.processes import Process, start_mcp_upstream
 from edge.resume.ids import parse_id
-from tests.integration.test_resume_routes import kept_so_far
+from tests.integration.resume_support import (
+    Backend,
+    answers_heard,
+    dropped_call,
+    kept_at,
+    kept_so_far,
+    start_backend,
+    until_kept,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -30,15 +35,14 @@ pytestmark = pytest.mark.timeout(120)
 @dataclass
 class Fleet:
     cluster: Cluster
-    upstream: Process
-    seen: Path
+    backend: Backend
 
     @property
     def mcp_url(self) -> str:
         return self.cluster.url + "/mcp"
 
     def tool_runs(self, tag: str) -> int:
-        lines = [json.loads(line) for line in self.seen.read_text().splitlines()]
+        lines = self.backend.seen_lines()
         return sum(1 for line in lines if line.get("tool") == "count" and line["tag"] == tag)
 
     def served_resumes(self, replica: str) -> float:
@@ -52,16 +56,13 @@ class Fleet:
 
 
 def start_fleet(logs: Path, *edge_args: str) -> Fleet:
-    seen = logs / "seen.jsonl"
-    seen.touch()
-    upstream = start_mcp_upstream(logs, seen)
+    backend = start_backend(logs)
     try:
-        route = ("--resume-route", f"/mcp={upstream.ready['url']}")
-        cluster = start_cluster(logs / "cluster", edge_args=(*route, *edge_args))
+        cluster = start_cluster(logs / "cluster", edge_args=(*backend.mcp_route(), *edge_args))
     except BaseException:
-        upstream.stop()
+        backend.stop()
         raise
-    return Fleet(cluster=cluster, upstream=upstream, seen=seen)
+    return Fleet(cluster=cluster, backend=backend)
 
 
 @pytest.fixture(scope="module")
@@ -69,33 +70,14 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     started = start_fleet(tmp_path_factory.mktemp("resume-fleet"))
     yield started
     started.cluster.stop()
-    started.upstream.stop()
+    started.backend.stop()
 
 
 async def dropped_after(fleet: Fleet, tag: str, events: int) -> tuple[CallLog, str]:
     """A call of 8 steps through HAProxy, dropped by its client after ``events`` events (the
     lift: the connection is gone mid-call); what it heard and the replica that relays it."""
-    first = CallLog()
-    running = asyncio.create_task(call(fleet.mcp_url, count_call(8, 0.4, tag), first))
-    while len(first.tokens) < events:
-        assert not running.done(), running
-        await asyncio.sleep(0.05)
-    running.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await running
+    first = await dropped_call(fleet.mcp_url, count_call(8, 0.4, tag), events)
     return first, first.replica_of("tools/call")
-
-
-async def until_kept(fleet: Fleet, token: str, events: int) -> None:
-    """Until the answer's stream at the origin holds ``events`` of the upstream's events (the
-    pump's doing, seen from outside); it must still be open."""
-    deadline = asyncio.get_running_loop().time() + 60
-    kept, closed = await kept_so_far(fleet.cluster.origin, token)
-    while len(kept) < events:
-        assert asyncio.get_running_loop().time() < deadline, kept
-        await asyncio.sleep(0.05)
-        kept, closed = await kept_so_far(fleet.cluster.origin, token)
-    assert not closed
 
 
 async def next_lands_after(fleet: Fleet, replica: str) -> None:
@@ -122,7 +104,7 @@ async def test_a_call_dropped_on_its_replica_resumes_on_the_other_through_haprox
     assert point is not None
     # Two events the client missed are kept (replayed by the resume); three are still to come
     # (heard live), and the call is still running.
-    await until_kept(fleet, point.token, 5)
+    await until_kept(fleet.cluster.origin, point.token, 5)
     other = fleet.other_than(relaying)
     served_before = fleet.served_resumes(other)
     # A session is initialize, notifications/initialized, then the resume (a GET): with the
@@ -141,7 +123,7 @@ async def test_a_call_dropped_on_its_replica_resumes_on_the_other_through_haprox
     assert closed
     assert len(kept) == 9  # 8 progress notifications and the result, each kept once
     assert fleet.tool_runs("dropped") == 1
-    lines = [json.loads(line) for line in fleet.seen.read_text().splitlines()]
+    lines = fleet.backend.seen_lines()
     assert all(line.get("last_event_id") is None for line in lines if "method" in line)
 
 
@@ -188,11 +170,7 @@ async def test_sixteen_sessions_through_haproxy_never_hear_each_other(fleet: Fle
         assert heard.progress == [
             (float(step), f"step {step} of s{index}") for step in range(1, steps[index] + 1)
         ]
-    answers = []
-    for heard in sessions:
-        points = [parse_id(token) for token in heard.tokens]
-        assert all(point is not None for point in points)
-        answers.append({point.token for point in points if point is not None})
+    answers = answers_heard(sessions)
     assert all(len(own) == 1 for own in answers)  # each session heard its own answer only
     assert len(set().union(*answers)) == 16
     relayed_by = {heard.replica_of("tools/call") for heard in sessions}
@@ -213,7 +191,7 @@ def short_lease_fleet(tmp_path: Path) -> Iterator[Fleet]:
     started = start_fleet(tmp_path, "--resume-lease", "2")
     yield started
     started.cluster.stop()
-    started.upstream.stop()
+    started.backend.stop()
 
 
 async def test_the_pumping_replica_killed_the_sdk_client_ends_with_the_error_elsewhere(
@@ -251,7 +229,7 @@ async def test_the_pumping_replica_killed_the_sdk_client_ends_with_the_error_els
     assert ("resume", survivor) in heard.answered  # the SDK's own reconnection, on the survivor
     assert all(replica == survivor for what, replica in heard.answered if what == "resume")
     assert heard.stream is not None
-    logged, closed = await kept(fleet.cluster.origin.url, heard.stream)
+    logged, closed = await kept_at(fleet.cluster.origin, heard.stream)
     assert closed
     assert [message for message in logged if "error" in message["data"]] == logged[len(steps) :]
     assert len(logged) == len(steps) + 1  # what was logged, then the error once

@@ -8,9 +8,9 @@ credential finds nothing; no ``Last-Event-ID`` reaches the upstream."""
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,87 +20,63 @@ import pytest
 from yarl import URL
 
 from devstack.mcp_client import CallLog, call, count_call, text_of
-from devstack.processes import (
-    Edge,
-    Origin,
-    Process,
-    free_port,
-    start_edge,
-    start_mcp_upstream,
-    start_origin,
+from devstack.processes import Edge, Origin, start_edge
+from edge.protocol.sse import SseDecoder
+from edge.resume.ids import parse_id
+from tests.integration.resume_support import (
+    CALL,
+    MCP_HEADERS,
+    Backend,
+    RestartableOrigin,
+    answers_heard,
+    dropped_call,
+    kept_at,
+    kept_so_far,
+    messages,
+    read_resume,
+    slow_ended,
+    sse_events,
+    start_backend,
+    steps_and_end,
+    two_edges,
+    until,
+    until_kept,
 )
-from edge.protocol.reads import PUBLIC_SCOPE
-from edge.protocol.sse import SseDecoder, SseEvent
-from edge.resume.ids import parse_id, stream_name
 
 pytestmark = pytest.mark.timeout(120)
 
 
 @dataclass
 class Stand:
-    upstream: Process
-    seen: Path
+    backend: Backend
     a: Edge
     b: Edge
-
-    def seen_lines(self) -> list[dict[str, Any]]:
-        return [json.loads(line) for line in self.seen.read_text().splitlines()]
 
 
 @pytest.fixture(scope="module")
 def stand(origin: Origin, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stand]:
     logs = tmp_path_factory.mktemp("resume")
-    seen = logs / "seen.jsonl"
-    seen.touch()
-    upstream = start_mcp_upstream(logs, seen)
-    mcp_url = str(upstream.ready["url"])
-    raw_url = mcp_url.removesuffix("/mcp") + "/raw"
-    routes = ["--resume-route", f"/mcp={mcp_url}", "--resume-route", f"/raw={raw_url}"]
-    a = start_edge(origin.url, logs, *routes, name="edge-a")
-    b = start_edge(origin.url, logs, *routes, name="edge-b")
-    yield Stand(upstream=upstream, seen=seen, a=a, b=b)
-    for process in (a, b):
-        process.stop()
-    upstream.stop()
-
-
-async def kept_so_far(origin: Origin, token: str) -> tuple[list[Any], bool]:
-    """The upstream's events an answer's stream holds at the origin now (not the edge's own
-    messages), and whether it is closed."""
-    path = "/_edge/resume/" + stream_name(token, PUBLIC_SCOPE)
-    async with (
-        aiohttp.ClientSession() as session,
-        session.get(f"{origin.url}{path}?offset=-1") as read,
-    ):
-        assert read.status == 200
-        kept = [message for message in await read.json() if "event" in message]
-        return kept, read.headers.get("Stream-Closed") == "true"
+    backend = start_backend(logs)
+    routes = (*backend.mcp_route(), *backend.raw_route())
+    with two_edges(origin.url, logs, ("edge-a", "edge-b"), *routes) as (a, b):
+        yield Stand(backend=backend, a=a, b=b)
+    backend.stop()
 
 
 async def test_a_call_dropped_on_one_edge_resumes_on_the_other(
     stand: Stand, origin: Origin
 ) -> None:
-    calls_before = sum(1 for line in stand.seen_lines() if line.get("tool") == "count")
-    first = CallLog()
-    running = asyncio.create_task(call(stand.a.url + "/mcp", count_call(8, 0.4), first))
-    while len(first.tokens) < 3:
-        assert not running.done(), running
-        await asyncio.sleep(0.05)
-    running.cancel()  # the lift: the client's connection to edge A is gone mid-call
-    with pytest.raises(asyncio.CancelledError):
-        await running
-    dropped_after = first.tokens[2]
-    point = parse_id(dropped_after)
+    calls_before = sum(1 for line in stand.backend.seen_lines() if line.get("tool") == "count")
+    # The lift: the client's connection to edge A is gone mid-call.
+    first = await dropped_call(stand.a.url + "/mcp", count_call(8, 0.4), 3)
+    point = parse_id(first.tokens[2])
     assert point is not None
     # The call goes on without its client: wait until two events it missed are kept, so the
     # resume replays them and hears the rest live.
-    kept, closed = await kept_so_far(origin, point.token)
-    while len(kept) < 5:
-        await asyncio.sleep(0.05)
-        kept, closed = await kept_so_far(origin, point.token)
-    assert not closed
+    await until_kept(origin, point.token, 5)
     second = CallLog()
-    result = await call(stand.b.url + "/mcp", count_call(8, 0.3), second, resume_from=dropped_after)
+    resume_from = first.tokens[2]
+    result = await call(stand.b.url + "/mcp", count_call(8, 0.3), second, resume_from=resume_from)
     assert text_of(result) == "counted 8"
     # Everything after the third event, once each, in order (4 and 5 replayed, the rest live),
     # then the result.
@@ -109,7 +85,7 @@ async def test_a_call_dropped_on_one_edge_resumes_on_the_other(
     assert closed
     assert len(kept) == 9  # 8 progress notifications and the result, each kept once
     assert all(parse_id(token) is not None for token in [*first.tokens, *second.tokens])
-    seen = stand.seen_lines()
+    seen = stand.backend.seen_lines()
     assert sum(1 for line in seen if line.get("tool") == "count") == calls_before + 1
     assert all(line.get("last_event_id") is None for line in seen if "method" in line)
 
@@ -131,33 +107,9 @@ async def test_sixteen_sessions_never_see_each_others_events(stand: Stand) -> No
     for index, result in enumerate(results):
         assert text_of(result) == f"counted {steps[index]}"
         assert heard[index].steps() == [float(step) for step in range(1, steps[index] + 1)]
-    answers = []
-    for each in heard:
-        points = [parse_id(token) for token in each.tokens]
-        assert all(point is not None for point in points)
-        answers.append({point.token for point in points if point is not None})
+    answers = answers_heard(heard)
     assert all(len(own) == 1 for own in answers)  # each session heard its own answer only
     assert len(set().union(*answers)) == sessions
-
-
-async def read_events(response: aiohttp.ClientResponse) -> list[SseEvent]:
-    decoder, events = SseDecoder(), []
-    async for chunk in response.content.iter_any():
-        events.extend(decoder.feed(chunk))
-    return events
-
-
-CALL = {
-    "jsonrpc": "2.0",
-    "id": 42,
-    "method": "tools/call",
-    "params": {"name": "count", "arguments": {"n": 3, "delay": 0.05}},
-}
-MCP_HEADERS = {
-    "Accept": "application/json, text/event-stream",
-    "Content-Type": "application/json",
-    "MCP-Protocol-Version": "2025-11-25",
-}
 
 
 @pytest.fixture
@@ -173,8 +125,8 @@ async def test_another_credential_finds_nothing(
     async with client.post(stand.a.url + "/mcp", json=CALL, headers=alice) as answer:
         assert answer.status == 200
         assert answer.headers["Edge-Resume-Stream"].startswith("/_edge/resume/")
-        events = await read_events(answer)
-    assert [json.loads(e.data).get("id") for e in events][-1] == 42
+        events = await sse_events(answer, SseDecoder())
+    assert [message.get("id") for message in messages(events)][-1] == 42
     first_id = events[0].id
     assert first_id is not None
     assert parse_id(first_id) is not None
@@ -199,12 +151,12 @@ async def test_another_credential_finds_nothing(
         stand.b.url + "/mcp", headers={"Authorization": "Bearer alice", "Last-Event-ID": first_id}
     ) as resumed:
         # The call's one event was its result: after it, the end (a 204).
-        assert [json.loads(e.data).get("id") for e in events] == [42]
+        assert [message.get("id") for message in messages(events)] == [42]
         assert resumed.status == 204
     counted = stand.b.metrics_text()
     assert re.search(r'^edge_resumes_total\{result="served"\} [1-9]', counted, re.MULTILINE)
     assert re.search(r'^edge_resumes_total\{result="not_found"\} [1-9]', counted, re.MULTILINE)
-    assert all(line.get("last_event_id") is None for line in stand.seen_lines())
+    assert all(line.get("last_event_id") is None for line in stand.backend.seen_lines())
 
 
 async def test_an_upstream_that_ends_early_owes_an_error_and_keeps_its_ids(
@@ -214,10 +166,9 @@ async def test_an_upstream_that_ends_early_owes_an_error_and_keeps_its_ids(
         stand.a.url + "/raw/ends-early", json=CALL, headers=MCP_HEADERS
     ) as answer:
         assert answer.status == 200
-        events = await read_events(answer)
-    progress, ending = events
-    assert json.loads(progress.data)["method"] == "notifications/progress"
-    error = json.loads(ending.data)
+        events = await sse_events(answer, SseDecoder())
+    progress, error = messages(events)
+    assert progress["method"] == "notifications/progress"
     assert error["id"] == 42
     assert error["error"]["code"] == -32000
     # The upstream's own ids and its priming event never reach the client.
@@ -229,7 +180,7 @@ async def test_what_is_relayed_as_it_is(stand: Stand, client: aiohttp.ClientSess
     modern = {**MCP_HEADERS, "MCP-Protocol-Version": "2026-07-28"}
     async with client.post(stand.a.url + "/raw/ends-early", json=CALL, headers=modern) as answer:
         assert "Edge-Resume-Stream" not in answer.headers
-        events = await read_events(answer)
+        events = await sse_events(answer, SseDecoder())
     assert [e.id for e in events] == ["up-0", "up-1"]  # the upstream's, untouched
     async with client.post(stand.a.url + "/raw/json", json=CALL, headers=MCP_HEADERS) as plain:
         assert plain.status == 200
@@ -247,7 +198,7 @@ async def test_what_is_relayed_as_it_is(stand: Stand, client: aiohttp.ClientSess
     await until(lambda: gone.search(stand.a.metrics_text()) is not None)
     async with client.delete(stand.a.url + "/mcp", headers=MCP_HEADERS) as deleted:
         assert "Edge-Resume-Stream" not in deleted.headers
-    methods = [line["method"] for line in stand.seen_lines() if "method" in line]
+    methods = [line["method"] for line in stand.backend.seen_lines() if "method" in line]
     assert methods[-2:] == ["GET", "DELETE"]
     assert "edge_resume_pumps 0.0" in stand.a.metrics_text()
 
@@ -258,27 +209,23 @@ async def test_a_browsers_get_is_kept_and_resumed_with_the_edges_cors(
     # A GET without an id that declares nothing of MCP (a browser's EventSource can send no
     # header of its own) is kept like a POST: its answer resumes on any replica.
     page = {"Origin": "http://page.example", "Accept": "text/event-stream"}
-    decoder, events = SseDecoder(), []
     async with client.get(stand.a.url + "/raw/slow?tag=get", headers=page) as answer:
         assert answer.status == 200
         assert answer.headers["Access-Control-Allow-Origin"] == "*"  # the origin's grant
         exposed = answer.headers["Access-Control-Expose-Headers"].lower()
         assert "edge-resume-stream" in exposed
-        async for chunk in answer.content.iter_any():
-            events.extend(decoder.feed(chunk))
-            if len(events) >= 5:
-                break
+        events = await sse_events(answer, SseDecoder(), 5)
     assert events[4].id is not None
     async with client.get(
         stand.b.url + "/raw/slow?tag=get", headers={**page, "Last-Event-ID": events[4].id}
     ) as resumed:
         assert resumed.status == 200
         assert resumed.headers["Access-Control-Allow-Origin"] == "*"
-        rest = await read_events(resumed)
-    *progress, final = [json.loads(event.data) for event in rest]
-    assert [message["params"]["progress"] for message in progress] == list(range(6, 21))
+        rest = await sse_events(resumed, SseDecoder())
+    steps, final = steps_and_end(rest)
+    assert steps == list(range(6, 21))
     assert final["id"] == 42
-    assert await slow_ended(stand, "get") == "finished"  # its client left; the pump did not
+    assert await slow_ended(stand.backend, "get") == "finished"  # its client left; the pump did not
     # At the end, a resume finds nothing more: 204, where an EventSource stops (an empty 200
     # would have it reconnect for ever).
     last = rest[-1].id
@@ -300,16 +247,16 @@ async def test_a_browsers_get_is_kept_and_resumed_with_the_edges_cors(
         "Access-Control-Request-Method": "GET",
         "Access-Control-Request-Headers": "last-event-id",
     }
-    methods_before = [line["method"] for line in stand.seen_lines() if "method" in line]
+    methods_before = [line["method"] for line in stand.backend.seen_lines() if "method" in line]
     async with client.options(stand.b.url + "/raw/slow", headers=asking) as preflight:
         assert preflight.status == 204
         assert preflight.headers["Access-Control-Allow-Origin"] == "*"
         allowed = preflight.headers["Access-Control-Allow-Headers"].lower()
         assert "last-event-id" in allowed
         assert "GET" in preflight.headers["Access-Control-Allow-Methods"]
-    methods = [line["method"] for line in stand.seen_lines() if "method" in line]
+    methods = [line["method"] for line in stand.backend.seen_lines() if "method" in line]
     assert methods == methods_before  # the preflight is the edge's: nothing went upstream
-    paths = [line["path"] for line in stand.seen_lines() if line.get("method") == "GET"]
+    paths = [line["path"] for line in stand.backend.seen_lines() if line.get("method") == "GET"]
     assert paths.count("/raw/slow") == 1  # the resumes never reached the upstream
 
 
@@ -319,13 +266,10 @@ def own_edge(
 ) -> Iterator[Callable[..., Edge]]:
     """Edges of the test's own, on the stand's routes, which it may stop."""
     started: list[Edge] = []
-    mcp_url = str(stand.upstream.ready["url"])
 
     def start(*extra: str) -> Edge:
         logs = tmp_path_factory.mktemp("own-edge")
-        edge = start_edge(
-            origin.url, logs, "--resume-route", f"/mcp={mcp_url}", *extra, name="edge-own"
-        )
+        edge = start_edge(origin.url, logs, *stand.backend.mcp_route(), *extra, name="edge-own")
         started.append(edge)
         return edge
 
@@ -340,30 +284,14 @@ async def test_a_stopped_edge_ends_its_answers_with_what_they_owe(
 ) -> None:
     relaying = own_edge("--drain-seconds", "0")
     alice = {**MCP_HEADERS, "Authorization": "Bearer alice"}
-    call = {
-        **CALL,
-        "params": {
-            "name": "count",
-            "arguments": {"n": 40, "delay": 0.1},
-            "_meta": {"progressToken": "t"},
-        },
-    }
-    decoder, events = SseDecoder(), []
-    async with client.post(relaying.url + "/mcp", json=call, headers=alice) as answer:
-        async for chunk in answer.content.iter_any():
-            events.extend(decoder.feed(chunk))
-            if len(events) >= 2:
-                break
+    async with client.post(relaying.url + "/mcp", json=long_call(40, 0.1), headers=alice) as answer:
+        events = await sse_events(answer, SseDecoder(), 2)
     relaying.stop()  # SIGTERM while the call is still running
     assert events[1].id is not None
-    async with client.get(
-        stand.b.url + "/mcp",
-        headers={"Authorization": "Bearer alice", "Last-Event-ID": events[1].id},
-    ) as resumed:
-        assert resumed.status == 200
-        rest = await read_events(resumed)
-    *progress, ending = [json.loads(event.data) for event in rest]
-    steps = [message["params"]["progress"] for message in progress]
+    rest = await read_resume(
+        client, stand.b.url + "/mcp", events[1].id, {"Authorization": "Bearer alice"}
+    )
+    steps, ending = steps_and_end(rest)
     assert steps == list(range(3, 3 + len(steps)))  # what was kept, none twice, none missing
     assert len(steps) < 38  # the call was cut short by the stop
     assert ending["id"] == 42
@@ -375,7 +303,7 @@ async def test_an_answer_expires_after_its_retention(
 ) -> None:
     edge = own_edge("--resume-retention", "1s")
     async with client.post(edge.url + "/mcp", json=CALL, headers=MCP_HEADERS) as answer:
-        events = await read_events(answer)
+        events = await sse_events(answer, SseDecoder())
     last_id = events[-1].id
     assert last_id is not None
     async with client.get(edge.url + "/mcp", headers={"Last-Event-ID": last_id}) as kept:
@@ -391,15 +319,12 @@ async def test_an_answer_outlives_the_edges_sse_rotation(
     # The answer is read through the edge's own SSE viewers, which end every --sse-max-seconds:
     # the reader goes on from where the last one stopped, nothing lost or doubled.
     edge = own_edge("--sse-max-seconds", "5")
-    arguments = {"n": 13, "delay": 0.5}
-    call = {
-        **CALL,
-        "params": {"name": "count", "arguments": arguments, "_meta": {"progressToken": 1}},
-    }
-    async with client.post(edge.url + "/mcp", json=call, headers=MCP_HEADERS) as answer:
-        events = await read_events(answer)
-    *progress, result = [json.loads(event.data) for event in events]
-    assert [message["params"]["progress"] for message in progress] == list(range(1, 14))
+    async with client.post(
+        edge.url + "/mcp", json=long_call(13, 0.5), headers=MCP_HEADERS
+    ) as answer:
+        events = await sse_events(answer, SseDecoder())
+    steps, result = steps_and_end(events)
+    assert steps == list(range(1, 14))
     assert result["id"] == 42
     assert result["result"]["content"][0]["text"] == "counted 13"
     assert len({event.id for event in events}) == len(events)
@@ -408,34 +333,6 @@ async def test_an_answer_outlives_the_edges_sse_rotation(
     )
     assert sse_reads is not None
     assert float(sse_reads.group(1)) >= 2  # it did cross a rotation
-
-
-async def until(check: Callable[[], bool], seconds: float = 60) -> None:
-    """Wait for what ``check`` looks for (a process's doing, seen from outside), failing after
-    ``seconds``."""
-    deadline = asyncio.get_running_loop().time() + seconds
-    while not check():
-        assert asyncio.get_running_loop().time() < deadline, f"not seen in {seconds} s"
-        await asyncio.sleep(0.05)
-
-
-async def slow_ended(stand: Stand, tag: str) -> str:
-    """How the upstream's ``/raw/slow`` answer tagged ``tag`` ended, once it has."""
-
-    def ends() -> list[str]:
-        return [line["end"] for line in stand.seen_lines() if line.get("slow") == tag]
-
-    await until(lambda: bool(ends()))
-    return str(ends()[0])
-
-
-async def first_events(response: aiohttp.ClientResponse, count: int) -> list[SseEvent]:
-    decoder, events = SseDecoder(), []
-    async for chunk in response.content.iter_any():
-        events.extend(decoder.feed(chunk))
-        if len(events) >= count:
-            break
-    return events
 
 
 async def test_a_client_that_leaves_cancels_only_what_is_not_kept(
@@ -447,24 +344,23 @@ async def test_a_client_that_leaves_cancels_only_what_is_not_kept(
     url = stand.a.url + "/raw/slow?tag="
     async with client.post(url + "modern", json=CALL, headers=modern) as answer:
         assert "Edge-Resume-Stream" not in answer.headers
-        events = await first_events(answer, 2)
+        events = await sse_events(answer, SseDecoder(), 2)
         answer.close()
     assert [event.id for event in events[:2]] == ["up-1", "up-2"]
-    assert await slow_ended(stand, "modern") == "disconnected"
+    assert await slow_ended(stand.backend, "modern") == "disconnected"
     # 2025-11-25: leaving is not a cancellation; the upstream answer is kept to its end.
     async with client.post(url + "kept", json=CALL, headers=MCP_HEADERS) as answer:
         assert "Edge-Resume-Stream" in answer.headers
-        events = await first_events(answer, 2)
+        events = await sse_events(answer, SseDecoder(), 2)
         answer.close()
     assert all(parse_id(event.id) is not None for event in events)  # type: ignore[arg-type]
-    assert await slow_ended(stand, "kept") == "finished"
+    assert await slow_ended(stand.backend, "kept") == "finished"
 
 
 async def test_without_its_origin_an_answer_is_relayed_without_ids(
     stand: Stand, own_origin: Origin, tmp_path: Path, client: aiohttp.ClientSession
 ) -> None:
-    raw_url = str(stand.upstream.ready["url"]).removesuffix("/mcp") + "/raw"
-    edge = start_edge(own_origin.url, tmp_path, "--resume-route", f"/raw={raw_url}", name="edge-x")
+    edge = start_edge(own_origin.url, tmp_path, *stand.backend.raw_route(), name="edge-x")
     try:
         own_origin.stop()  # the stream cannot be created: the answer still works, unresumable
         async with client.post(
@@ -472,50 +368,63 @@ async def test_without_its_origin_an_answer_is_relayed_without_ids(
         ) as answer:
             assert answer.status == 200
             assert "Edge-Resume-Stream" not in answer.headers
-            events = await read_events(answer)
+            events = await sse_events(answer, SseDecoder())
         assert [event.id for event in events[:20]] == [f"up-{step}" for step in range(1, 21)]
-        assert json.loads(events[-1].data)["id"] == 42
+        assert messages(events)[-1]["id"] == 42
         assert 'edge_resume_unkept_total{reason="origin"} 1.0' in edge.metrics_text()
     finally:
         edge.stop()
 
 
+@contextmanager
+def edge_on_its_own_origin(
+    stand: Stand, logs: Path, origin_name: str, edge_name: str
+) -> Iterator[tuple[RestartableOrigin, Edge]]:
+    """An edge on the stand's ``/raw`` route, in front of an origin of its own that the test
+    stops and starts again."""
+    away = RestartableOrigin(logs, origin_name)
+    edge = start_edge(away.url, logs, *stand.backend.raw_route(), name=edge_name)
+    try:
+        yield away, edge
+    finally:
+        edge.stop()
+        away.stop()
+
+
+async def left_as_the_origin_goes(
+    client: aiohttp.ClientSession, edge: Edge, away: RestartableOrigin, tag: str, hold: Path
+) -> tuple[str, str]:
+    """A call whose backend holds its third event until ``hold`` exists, which is once the
+    origin is down, so the pump's next writes meet no origin however slowly this machine runs:
+    its client reads two events and leaves, the origin stops, the backend goes on. The
+    answer's stream and its second event's id."""
+    async with client.post(
+        edge.url + f"/raw/slow?tag={tag}&hold={hold}", json=CALL, headers=MCP_HEADERS
+    ) as answer:
+        path = answer.headers["Edge-Resume-Stream"]
+        seen = await sse_events(answer, SseDecoder(), 2)
+        answer.close()
+    away.stop()
+    hold.touch()  # noqa: ASYNC240 (a local file)
+    assert seen[1].id is not None
+    return path, seen[1].id
+
+
 async def test_an_origin_restart_while_pumping_loses_and_doubles_nothing(
     stand: Stand, tmp_path: Path, client: aiohttp.ClientSession
 ) -> None:
-    # The upstream holds its third event until the origin is down, so the pump's next writes
-    # meet no origin (and are sent again once it is back) however slowly this machine runs.
-    port, data = free_port(), tmp_path / "data"
+    # The origin goes away mid-answer; the pump's writes wait for it (and are sent again once
+    # it is back).
     hold = tmp_path / "origin-is-down"
-    first = start_origin(tmp_path, data_dir=data, port=port, name="restarted-origin")
-    raw_url = str(stand.upstream.ready["url"]).removesuffix("/mcp") + "/raw"
-    edge = start_edge(first.url, tmp_path, "--resume-route", f"/raw={raw_url}", name="edge-r")
-    again: Origin | None = None
-    try:
-        async with client.post(
-            edge.url + f"/raw/slow?tag=restart&hold={hold}", json=CALL, headers=MCP_HEADERS
-        ) as answer:
-            path = answer.headers["Edge-Resume-Stream"]
-            seen = await first_events(answer, 2)
-            answer.close()
-        first.stop()  # the origin goes away mid-answer; the pump's writes wait for it
-        hold.touch()
-        again = start_origin(tmp_path, data_dir=data, port=port, name="restarted-origin-2")
-        assert await slow_ended(stand, "restart") == "finished"
-        last_id = seen[1].id
-        assert last_id is not None
-        async with client.get(edge.url + "/raw", headers={"Last-Event-ID": last_id}) as resumed:
-            assert resumed.status == 200
-            rest = [json.loads(event.data) for event in await read_events(resumed)]
-        *progress, final = rest
-        assert [message["params"]["progress"] for message in progress] == list(range(3, 21))
+    with edge_on_its_own_origin(stand, tmp_path, "restarted-origin", "edge-r") as (away, edge):
+        path, last_id = await left_as_the_origin_goes(client, edge, away, "restart", hold)
+        away.start_again()
+        assert await slow_ended(stand.backend, "restart") == "finished"
+        steps, final = steps_and_end(await read_resume(client, edge.url + "/raw", last_id))
+        assert steps == list(range(3, 21))
         assert final["id"] == 42
-        async with client.get(f"{again.url}{path}?offset=-1") as whole:
-            kept = [message for message in await whole.json() if "event" in message]
+        kept, _ = await kept_at(away.origin, path)
         assert len(kept) == 21  # each event once, though writes were sent again
-    finally:
-        edge.stop()
-        (again or first).stop()
 
 
 def long_call(n: int, delay: float) -> dict[str, Any]:
@@ -529,11 +438,6 @@ def long_call(n: int, delay: float) -> dict[str, Any]:
     }
 
 
-def progress_then_end(events: list[SseEvent]) -> tuple[list[float], dict[str, Any]]:
-    *progress, ending = [json.loads(event.data) for event in events]
-    return [message["params"]["progress"] for message in progress], ending
-
-
 async def test_a_pump_the_origin_refuses_ends_its_readers_with_the_error(
     origin: Origin, own_edge: Callable[..., Edge], client: aiohttp.ClientSession
 ) -> None:
@@ -545,11 +449,8 @@ async def test_a_pump_the_origin_refuses_ends_its_readers_with_the_error(
         edge.url + "/mcp", json=long_call(40, 0.2), headers=MCP_HEADERS
     ) as answer:
         path = answer.headers["Edge-Resume-Stream"]
-        decoder, events = SseDecoder(), []
-        async for chunk in answer.content.iter_any():
-            events.extend(decoder.feed(chunk))
-            if len(events) >= 2:
-                break
+        decoder = SseDecoder()
+        events = await sse_events(answer, decoder, 2)
         async with client.post(
             origin.url + path,
             data=b'[{"outsider":true}]',
@@ -561,9 +462,8 @@ async def test_a_pump_the_origin_refuses_ends_its_readers_with_the_error(
             },
         ) as taken_over:
             assert taken_over.status == 200
-        async for chunk in answer.content.iter_any():
-            events.extend(decoder.feed(chunk))
-    steps, ending = progress_then_end(events)
+        events += await sse_events(answer, decoder)
+    steps, ending = steps_and_end(events)
     assert steps == list(range(1, 1 + len(steps)))
     assert len(steps) < 40
     assert ending["id"] == 42
@@ -571,23 +471,11 @@ async def test_a_pump_the_origin_refuses_ends_its_readers_with_the_error(
     # A resume of it ends the same way, though its stream stays open at the origin.
     last_id = events[-2].id
     assert last_id is not None
-    async with client.get(
-        edge.url + "/mcp", headers={**MCP_HEADERS, "Last-Event-ID": last_id}
-    ) as resumed:
-        assert resumed.status == 200
-        again = [json.loads(event.data) for event in await read_events(resumed)]
+    again = messages(await read_resume(client, edge.url + "/mcp", last_id, MCP_HEADERS))
     assert [message["id"] for message in again] == [42]
-    _, closed = await kept_so_far_at(client, origin, path)
+    _, closed = await kept_at(origin, path)
     assert not closed
     assert 'edge_resume_lapsed_total{result="unwritable"} 2.0' in edge.metrics_text()
-
-
-async def kept_so_far_at(
-    client: aiohttp.ClientSession, origin: Origin, path: str
-) -> tuple[list[Any], bool]:
-    async with client.get(f"{origin.url}{path}?offset=-1") as read:
-        assert read.status == 200
-        return await read.json(), read.headers.get("Stream-Closed") == "true"
 
 
 async def test_a_killed_pumping_edge_is_noticed_and_its_answer_ended_elsewhere(
@@ -598,31 +486,24 @@ async def test_a_killed_pumping_edge_is_noticed_and_its_answer_ended_elsewhere(
     alice = {**MCP_HEADERS, "Authorization": "Bearer alice"}
     async with client.post(relaying.url + "/mcp", json=long_call(40, 0.2), headers=alice) as answer:
         path = answer.headers["Edge-Resume-Stream"]
-        events = await first_events(answer, 2)
+        events = await sse_events(answer, SseDecoder(), 2)
     relaying.process.kill()  # SIGKILL mid-call: no drain, no goodbye
     assert events[1].id is not None
-    async with client.get(
-        other.url + "/mcp",
-        headers={"Authorization": "Bearer alice", "Last-Event-ID": events[1].id},
-    ) as resumed:
-        assert resumed.status == 200
-        rest = await read_events(resumed)
-    steps, ending = progress_then_end(rest)
+    as_alice = {"Authorization": "Bearer alice"}
+    rest = await read_resume(client, other.url + "/mcp", events[1].id, as_alice)
+    steps, ending = steps_and_end(rest)
     assert steps == list(range(3, 3 + len(steps)))  # what was logged, none twice, none missing
     assert len(steps) < 38
     assert ending["id"] == 42
     assert ending["error"]["code"] == -32000
-    kept, closed = await kept_so_far_at(client, origin, path)
+    kept, closed = await kept_at(origin, path)
     assert closed  # ended for every reader, the dead pump fenced off
     errors = [message for message in kept if "error" in message.get("data", "")]
     assert len(errors) == 1
     assert 'edge_resume_lapsed_total{result="fenced"} 1.0' in other.metrics_text()
     # A second resume reads the same end from the log.
-    async with client.get(
-        other.url + "/mcp",
-        headers={"Authorization": "Bearer alice", "Last-Event-ID": events[1].id},
-    ) as again:
-        assert [event.data for event in await read_events(again)] == [event.data for event in rest]
+    again = await read_resume(client, other.url + "/mcp", events[1].id, as_alice)
+    assert [event.data for event in again] == [event.data for event in rest]
 
 
 @pytest.mark.parametrize(
@@ -650,8 +531,8 @@ async def test_an_answer_past_a_cap_works_unkept(
     async with client.post(
         edge.url + "/mcp", json=long_call(n, delay), headers=MCP_HEADERS
     ) as answer:
-        events = await read_events(answer)
-    steps, ending = progress_then_end(events)
+        events = await sse_events(answer, SseDecoder())
+    steps, ending = steps_and_end(events)
     assert steps == list(range(1, n + 1))
     assert ending["id"] == 42
     assert ending["result"]["content"][0]["text"] == f"counted {n}"
@@ -661,9 +542,7 @@ async def test_an_answer_past_a_cap_works_unkept(
     assert ids[: len(kept)] == kept  # ids up to the cap, none after
     assert all(parse_id(event_id) is not None for event_id in kept)
     assert f'edge_resume_unkept_total{{reason="{reason}"}} 1.0' in edge.metrics_text()
-    async with client.get(stand.b.url + "/mcp", headers={"Last-Event-ID": kept[-1]}) as resumed:
-        assert resumed.status == 200
-        rest = [json.loads(event.data) for event in await read_events(resumed)]
+    rest = messages(await read_resume(client, stand.b.url + "/mcp", kept[-1]))
     assert [(message["id"], message["error"]["code"]) for message in rest] == [(42, -32000)]
 
 
@@ -675,8 +554,8 @@ async def test_past_the_pumps_cap_an_answer_is_relayed_without_ids(
         edge.url + "/mcp", json=long_call(3, 0.05), headers=MCP_HEADERS
     ) as answer:
         assert "Edge-Resume-Stream" not in answer.headers
-        events = await read_events(answer)
-    assert json.loads(events[-1].data)["result"]["content"][0]["text"] == "counted 3"
+        events = await sse_events(answer, SseDecoder())
+    assert messages(events)[-1]["result"]["content"][0]["text"] == "counted 3"
     assert all(event.id is None or parse_id(event.id) is None for event in events)
     assert 'edge_resume_unkept_total{reason="pumps"} 1.0' in edge.metrics_text()
 
@@ -686,43 +565,20 @@ async def test_a_pump_that_gives_up_on_its_origin_ends_the_answer_when_it_can(
 ) -> None:
     # The origin stays away past the pump's write retries: the pump gives up on the upstream
     # answer, and ends the log (what it still had to write, the owed error, the close) once the
-    # origin is back, so a resume gets what was kept, then the error, then the end. The upstream
-    # holds its third event until the origin is down, so the pump's next write meets no origin
-    # however slowly this machine runs.
-    port, data = free_port(), tmp_path / "data"
+    # origin is back, so a resume gets what was kept, then the error, then the end.
     hold = tmp_path / "origin-is-down"
-    first = start_origin(tmp_path, data_dir=data, port=port, name="away-origin")
-    raw_url = str(stand.upstream.ready["url"]).removesuffix("/mcp") + "/raw"
-    edge = start_edge(first.url, tmp_path, "--resume-route", f"/raw={raw_url}", name="edge-g")
-    again: Origin | None = None
-    try:
-        async with client.post(
-            edge.url + f"/raw/slow?tag=gives-up&hold={hold}", json=CALL, headers=MCP_HEADERS
-        ) as answer:
-            path = answer.headers["Edge-Resume-Stream"]
-            seen = await first_events(answer, 2)
-            answer.close()
-        first.stop()
-        hold.touch()
+    with edge_on_its_own_origin(stand, tmp_path, "away-origin", "edge-g") as (away, edge):
+        path, last_id = await left_as_the_origin_goes(client, edge, away, "gives-up", hold)
         await until(lambda: "answered a write 0" in edge.process.log.read_text())  # gave up
-        again = start_origin(tmp_path, data_dir=data, port=port, name="away-origin-2")
-        last_id = seen[1].id
-        assert last_id is not None
-        async with client.get(edge.url + "/raw", headers={"Last-Event-ID": last_id}) as resumed:
-            assert resumed.status == 200
-            rest = [json.loads(event.data) for event in await read_events(resumed)]
-        *progress, ending = rest
-        steps = [message["params"]["progress"] for message in progress]
+        away.start_again()
+        steps, ending = steps_and_end(await read_resume(client, edge.url + "/raw", last_id))
         assert steps == list(range(3, 3 + len(steps)))
         assert len(steps) < 18
         assert ending["id"] == 42
         assert ending["error"]["code"] == -32000
-        _, closed = await kept_so_far_at(client, again, path)
+        _, closed = await kept_at(away.origin, path)
         assert closed
         assert 'edge_resume_lapsed_total{result="fenced"}' not in edge.metrics_text()
-    finally:
-        edge.stop()
-        (again or first).stop()
 
 
 async def test_a_kept_get_whose_page_left_ends_at_the_seconds_cap(
@@ -731,19 +587,12 @@ async def test_a_kept_get_whose_page_left_ends_at_the_seconds_cap(
     # A browser's GET is kept detached from its page, like a POST; what bounds an upstream
     # feed with no end of its own, once its page has left, is --resume-max-seconds: then the
     # answer is kept no further and, its own client gone, the upstream answer is closed.
-    raw_url = str(stand.upstream.ready["url"]).removesuffix("/mcp") + "/raw"
-    edge = own_edge(
-        "--resume-route", f"/raw={raw_url}", "--resume-max-seconds", "2", "--resume-lease", "3"
-    )
+    edge = own_edge(*stand.backend.raw_route(), "--resume-max-seconds", "2", "--resume-lease", "3")
     never = tmp_path / "never"  # the upstream holds after its second event, for ever
-    decoder, events = SseDecoder(), []
     async with client.get(edge.url + f"/raw/slow?tag=left&hold={never}") as answer:
         assert answer.status == 200
-        async for chunk in answer.content.iter_any():
-            events.extend(decoder.feed(chunk))
-            if len(events) >= 2:
-                break  # the page leaves
-    assert await slow_ended(stand, "left") == "disconnected"
+        events = await sse_events(answer, SseDecoder(), 2)  # then the page leaves
+    assert await slow_ended(stand.backend, "left") == "disconnected"
     assert 'edge_resume_unkept_total{reason="seconds"} 1.0' in edge.metrics_text()
     last = events[1].id
     assert last is not None
