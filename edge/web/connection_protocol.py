@@ -201,6 +201,8 @@ class _Connection(asyncio.Protocol):
         # The request the application has in hand (between the tracker middleware's start and
         # ``request_done``), whose body may be cut short by a half-close.
         self._in_hand: web.BaseRequest | None = None
+        # Bytes that lead the next ``send`` (``lead``).
+        self._lead = b""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)
@@ -678,8 +680,15 @@ class _Connection(asyncio.Protocol):
 
     def send(self, data: bytes) -> None:
         transport = self._transport
+        if self._lead:
+            data, self._lead = self._lead + data, b""
         if transport is not None and not transport.is_closing():
             transport.write(data)
+
+    def lead(self, data: bytes) -> None:
+        """``data`` goes out ahead of whatever is sent next, in the same write (an SSE answer's
+        head, with its first frame: one send, not two, and never after a frame)."""
+        self._lead += data
 
     async def drain(self) -> None:
         """Wait while the transport is above its high-water mark; raise once it is lost."""

@@ -128,21 +128,31 @@ class FastCatchup:
             cors=self._cors,
         )  # fmt: skip
         task = asyncio.get_running_loop().create_task(
-            self._answer(request, head.keep_alive, raw, connection, done)
+            self._answer(request, head, admission, raw, connection, done)
         )
         return Streaming(task)
 
     async def _answer(
         self,
         request: CatchupRequest,
-        keep_alive: bool,
+        head: RequestHead,
+        admission: RequestAdmission | None,
         raw: bytes,
         connection: AnswerConnection,
         done: Done,
     ) -> None:
         metrics = self._metrics
+        keep_alive = head.keep_alive
         ended: Ending | HandOn = Ending.CUT
         try:
+            # Heads that arrived together after the tail moved each began here; the first to
+            # run stored the answer, and the rest are hits of it, not answers built again.
+            stored = self._front.fast.answer(head, admission, raw)
+            if stored is not None:
+                for part in stored:
+                    connection.send(part)
+                ended = written(keep_alive)
+                return
             try:
                 outcome = await self._front.answer(request)
             except OriginError as error:

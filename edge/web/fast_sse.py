@@ -124,6 +124,8 @@ class SseConnection(ViewerSink, Protocol):
     """What the feed asks of its connection (``edge.web.connection_protocol``), its one
     writer: the feed, the fan-out and the heartbeats all write through it."""
 
+    def lead(self, data: bytes) -> None: ...
+
     async def drain(self) -> None: ...
 
 
@@ -376,11 +378,10 @@ class FastSse:
         metrics = self._metrics
         viewer = opened.viewer
         chunked = viewer.chunked
-        unsent = [opened.head]
+        connection.lead(opened.head)  # whoever writes first (the feed: ``retry:``) sends it
 
         async def write(frame: bytes) -> None:
-            framed = chunk(frame) if chunked else frame
-            connection.send(unsent.pop() + framed if unsent else framed)
+            connection.send(chunk(frame) if chunked else frame)
             metrics.served_bytes.inc(len(frame))
             await connection.drain()
 
