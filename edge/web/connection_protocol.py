@@ -136,6 +136,7 @@ class _Connection(asyncio.Protocol):
         "_hit",
         "_in_hand",
         "_inner",
+        "_lead",
         "_linger",
         "_mode",
         "_parked",
