@@ -14,6 +14,8 @@ one go.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -595,3 +597,52 @@ async def test_a_client_that_never_reads_holds_its_pipelined_long_polls_in_the_k
         writer.close()
     assert all(answer.body == body for answer in answers)
     assert answered(fast, "200") - before == heads
+
+
+async def test_a_herd_after_the_tail_moved_is_answered_from_the_first_answer_stored(
+    http: aiohttp.ClientSession, origin: Origin, edges: tuple[Edge, Edge], stream_path: str
+) -> None:
+    """Catch-ups from the start of a followed stream, arriving together just after the tail
+    moved, find no stored answer: the first builds and stores it, and the rest, begun before
+    it ran, are hits of it (``FastCatchup`` asks the fast path again), every answer the
+    stream's bytes (the full path's answers are checked against them in the tests above)."""
+    fast, _ = edges
+    url = origin.url + stream_path
+    await make_stream(http, url, "text/plain", b"a", close=False)
+    herd, content = 200, b"a"
+    target = request(f"{stream_path}?offset=-1")
+    for rounds in range(3):
+        # An SSE viewer keeps the edge's tail of the stream running: an append reaches its
+        # log without a fill, and the stored at-tail answer no longer holds.
+        viewer = asyncio.ensure_future(exchange(fast.url, sse(stream_path, "-1"), ["GET"]))
+        await asyncio.sleep(0.3)
+        await append(http, url, b"b%d" % rounds)
+        await asyncio.sleep(0.3)
+        opened = [await asyncio.open_connection(*host_port(fast.url)) for _ in range(herd)]
+        answered_fast = fast_answers(fast)
+        # Stopped while the heads are sent, the edge meets them all in one pass of its loop.
+        os.kill(fast.process.pid, signal.SIGSTOP)
+        try:
+            for _, writer in opened:
+                writer.write(target)
+            await asyncio.gather(*(writer.drain() for _, writer in opened))
+        finally:
+            os.kill(fast.process.pid, signal.SIGCONT)
+        answers = await asyncio.wait_for(
+            asyncio.gather(*(read_answers(reader, ["GET"]) for reader, _ in opened)), 15
+        )
+        for _, writer in opened:
+            writer.close()
+        viewer.cancel()
+        hits = fast_answers(fast) - answered_fast
+        content += b"b%d" % rounds
+        bodies = {a[0].body for a in answers}
+        assert bodies == {content}, bodies
+        assert len({a[0].header(b"ETag") for a in answers}) == 1  # one answer, given to all
+        # One answer built (or a few, begun before any was stored and run together), every
+        # other one a hit of it.
+        assert hits >= herd - 5, (rounds, hits)
+
+
+def fast_answers(edge: Edge) -> float:
+    return metric_value(edge.metrics_text(), "edge_fast_path_answers_total")
