@@ -147,7 +147,13 @@ class FastCatchup:
         try:
             # Heads that arrived together after the tail moved each began here; the first to
             # run stored the answer, and the rest are hits of it, not answers built again.
-            stored = self._front.fast.answer(head, admission, raw)
+            try:
+                stored = self._front.fast.answer(head, admission, raw)
+            except Exception:
+                # As on the connection's own first try: a fault of the fast path costs the
+                # client nothing; its answer is built as if nothing were stored.
+                logger.exception("the fast path failed; the catch-up answer is built instead")
+                stored = None
             if stored is not None:
                 for part in stored:
                     connection.send(part)
