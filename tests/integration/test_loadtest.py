@@ -247,10 +247,12 @@ def test_the_resume_cost_benchmark_checks_every_answer(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     paced = _row(result.stdout, "10 events, 20 ms apart")
     assert paced[1] == "11", paced  # 10 events and the result
-    # The creation, an append per upstream chunk (the result may share the last event's), the
-    # close.
+    # The creation, an append per upstream read (the result may share the last event's; events
+    # read together, as on a busy machine, are appended together), the close.
     assert "1 PUT" in paced[2], paced
-    assert re.search(r"\b1[12] POST\b", paced[2]), paced
+    posts = re.search(r"\b(\d+) POST\b", paced[2])
+    assert posts is not None, paced
+    assert 2 <= int(posts.group(1)) <= 12, paced
     for cell in paced[3:8]:
         assert int(cell.replace(",", "")) > 0, paced
     here = _row(result.stdout, "a resume on the same edge: the whole replayed")
