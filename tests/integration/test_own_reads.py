@@ -615,10 +615,10 @@ async def test_a_herd_after_the_tail_moved_is_answered_from_the_first_answer_sto
         # An SSE viewer keeps the edge's tail of the stream running: an append reaches its
         # log without a fill, and the stored at-tail answer no longer holds.
         viewer = asyncio.ensure_future(exchange(fast.url, sse(stream_path, "-1"), ["GET"]))
+        opened = [await asyncio.open_connection(*host_port(fast.url)) for _ in range(herd)]
         await asyncio.sleep(0.3)
         await append(http, url, b"b%d" % rounds)
         await asyncio.sleep(0.3)
-        opened = [await asyncio.open_connection(*host_port(fast.url)) for _ in range(herd)]
         answered_fast = fast_answers(fast)
         # Stopped while the heads are sent, the edge meets them all in one pass of its loop.
         os.kill(fast.process.pid, signal.SIGSTOP)
@@ -639,9 +639,9 @@ async def test_a_herd_after_the_tail_moved_is_answered_from_the_first_answer_sto
         bodies = {a[0].body for a in answers}
         assert bodies == {content}, bodies
         assert len({a[0].header(b"ETag") for a in answers}) == 1  # one answer, given to all
-        # One answer built (or a few, begun before any was stored and run together), every
-        # other one a hit of it.
-        assert hits >= herd - 5, (rounds, hits)
+        # One answer built (or a few, begun before any was stored and run together), nearly
+        # every other one a hit of it (none is without the second try).
+        assert hits >= herd * 9 // 10, (rounds, hits)
 
 
 def fast_answers(edge: Edge) -> float:
