@@ -142,16 +142,6 @@ class Refused:
     """Past --max-viewers: the connection answered 503 and closes."""
 
 
-class Opened:
-    """An SSE answer about to begin: its ``viewer``, and its ``head``'s bytes, not yet sent."""
-
-    __slots__ = ("head", "viewer")
-
-    def __init__(self, viewer: Viewer, head: bytes) -> None:
-        self.viewer = viewer
-        self.head = head
-
-
 REFUSED = Refused()
 SseStep = Streaming | Refused | HandedOff
 Ended = Done
@@ -218,11 +208,11 @@ class FastSse:
                 self._later(target, resume, raw, connection, transport, ended, expires_at)
             )
             return Streaming(task)
-        opened = self._open(log, target, start, connection, transport, admit, expires_at)
-        if not isinstance(opened, Opened):
-            return opened
+        viewer = self._open(log, target, start, connection, transport, admit, expires_at)
+        if not isinstance(viewer, Viewer):
+            return viewer
         task = asyncio.get_running_loop().create_task(
-            self._run(opened, credentials, connection, framing.keep_alive, ended)
+            self._run(viewer, credentials, connection, framing.keep_alive, ended)
         )
         return Streaming(task)
 
@@ -251,9 +241,9 @@ class FastSse:
         transport: asyncio.Transport,
         admit: Callable[[str | None], bool],
         expires_at: float | None,
-    ) -> Opened | Refused | HandedOff:
-        """The answer's head and its viewer, once admitted (the head is written with the
-        feed's first frame: one send, not two)."""
+    ) -> Viewer | Refused | HandedOff:
+        """The answer's viewer, once admitted, its head leading the connection's next send
+        (the feed's first frame, ``retry:``: one send, not two)."""
         key, _, client_cursor, framing, _ = target
         cors = self._cors
         chunked = not framing.close_delimited  # an HTTP/1.0 reader's: written to the close
@@ -286,8 +276,8 @@ class FastSse:
             rotate_at=min(ends) if ends else None,
             last_write=now,
         )
-        head = start + date_line(int(self._clock())) + trailer((1, 1), framing.keep_alive)
-        return Opened(viewer, head)
+        connection.lead(start + date_line(int(self._clock())) + trailer((1, 1), framing.keep_alive))
+        return viewer
 
     async def _later(
         self,
@@ -333,7 +323,7 @@ class FastSse:
                     return
                 case _:
                     assert_never(joined)
-            opened = self._open(
+            viewer = self._open(
                 hub.known_log(key),
                 target,
                 joined,
@@ -342,10 +332,10 @@ class FastSse:
                 lambda _: True,
                 expires_at,
             )
-            if not isinstance(opened, Opened):
+            if not isinstance(viewer, Viewer):
                 return  # not serialisable: the full path's
             outcome = Ending.CUT
-            outcome = await self._feed(opened, credentials, connection, framing.keep_alive)
+            outcome = await self._feed(viewer, credentials, connection, framing.keep_alive)
         except Exception:
             logger.exception("an SSE read failed; its connection is cut")
             outcome = Ending.CUT
@@ -354,7 +344,7 @@ class FastSse:
 
     async def _run(
         self,
-        opened: Opened,
+        viewer: Viewer,
         credentials: tuple[tuple[str, str], ...],
         connection: SseConnection,
         keep_alive: bool,
@@ -362,23 +352,21 @@ class FastSse:
     ) -> None:
         ending = Ending.CUT
         try:
-            ending = await self._feed(opened, credentials, connection, keep_alive)
+            ending = await self._feed(viewer, credentials, connection, keep_alive)
         finally:
             ended(ending)
 
     async def _feed(
         self,
-        opened: Opened,
+        viewer: Viewer,
         credentials: tuple[tuple[str, str], ...],
         connection: SseConnection,
         keep_alive: bool,
     ) -> Ending:
-        """Feed the viewer (``SseFanout.serve``, whose first write, before any wait, carries
+        """Feed ``viewer`` (``SseFanout.serve``, whose first write, before any wait, carries
         the answer's head) and say how its answer ended."""
         metrics = self._metrics
-        viewer = opened.viewer
         chunked = viewer.chunked
-        connection.lead(opened.head)  # whoever writes first (the feed: ``retry:``) sends it
 
         async def write(frame: bytes) -> None:
             connection.send(chunk(frame) if chunked else frame)
