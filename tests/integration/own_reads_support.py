@@ -7,7 +7,9 @@ must enter none."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import os
+import signal
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import aiohttp
@@ -33,6 +35,7 @@ __all__ = [
     "append",
     "edge_pair",
     "exchange",
+    "fast_path_answers",
     "full_path_requests",
     "host_port",
     "long_poll",
@@ -40,6 +43,7 @@ __all__ = [
     "poll",
     "read_answers",
     "request",
+    "sent_while_stopped",
     "settled",
     "sse",
     "sse_data",
@@ -50,6 +54,25 @@ __all__ = [
 CORS_ORIGIN = "Origin: https://app.example"
 # The kinds of read (``edge_full_path_requests_total{kind}``) none of which may enter aiohttp.
 READ_KINDS = ("catchup", "head", "long_poll", "sse")
+
+
+def fast_path_answers(edge: Edge) -> float:
+    """How many answers the edge gave from what it had stored (``FastPath.answer``)."""
+    return metric_value(edge.metrics_text(), "edge_fast_path_answers_total")
+
+
+async def sent_while_stopped(
+    edge: Edge, sends: Sequence[tuple[asyncio.StreamWriter, bytes]]
+) -> None:
+    """Send each payload on its connection while ``edge`` is stopped (SIGSTOP): it meets them
+    all in one pass of its loop once it goes on."""
+    os.kill(edge.process.pid, signal.SIGSTOP)
+    try:
+        for writer, payload in sends:
+            writer.write(payload)
+        await asyncio.gather(*(writer.drain() for writer, _ in sends))
+    finally:
+        os.kill(edge.process.pid, signal.SIGCONT)
 
 
 def full_path_requests(edge: Edge, kinds: tuple[str, ...] = READ_KINDS) -> dict[str, float]:

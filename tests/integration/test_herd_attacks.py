@@ -11,8 +11,6 @@ the herd head is answered after it, in order.
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -27,13 +25,14 @@ from tests.integration.own_reads_support import (
     append,
     edge_pair,
     exchange,
+    fast_path_answers,
     host_port,
     make_stream,
     read_answers,
     request,
+    sent_while_stopped,
     sse,
 )
-from tests.integration.test_passthrough import metric_value
 
 ARGS = ("--workers", "1")
 PER_VARIANT = 6
@@ -155,15 +154,12 @@ async def herd_after_the_tail_moved(
         kinds = kinds_of(current, stale)
         herd = [(name, kind) for name, kind in kinds.items() for _ in range(PER_VARIANT)]
         opened = [await asyncio.open_connection(*host_port(fast.url)) for _ in herd]
-        built = metric_value(fast.metrics_text(), "edge_fast_path_answers_total")
-        # Stopped while the heads are sent, the edge meets them all in one pass of its loop.
-        os.kill(fast.process.pid, signal.SIGSTOP)
-        try:
-            for (_, (payload, _, _)), (_, writer) in zip(herd, opened, strict=True):
-                writer.write(payload)
-            await asyncio.gather(*(writer.drain() for _, writer in opened))
-        finally:
-            os.kill(fast.process.pid, signal.SIGCONT)
+        built = fast_path_answers(fast)
+        sends = [
+            (writer, payload)
+            for (_, (payload, _, _)), (_, writer) in zip(herd, opened, strict=True)
+        ]
+        await sent_while_stopped(fast, sends)
         got = await asyncio.wait_for(
             asyncio.gather(
                 *(
@@ -176,7 +172,7 @@ async def herd_after_the_tail_moved(
         for _, writer in opened:
             writer.close()
         viewer.cancel()
-        hits = metric_value(fast.metrics_text(), "edge_fast_path_answers_total") - built
+        hits = fast_path_answers(fast) - built
         # The full path's answer to each kind, asked now (the same tail, the same interval).
         expected = {
             name: [comparable(a) for a in await exchange(full.url, payload, methods)]

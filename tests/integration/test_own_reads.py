@@ -14,8 +14,6 @@ one go.
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +29,7 @@ from tests.integration.own_reads_support import (
     append,
     edge_pair,
     exchange,
+    fast_path_answers,
     full_path_requests,
     host_port,
     long_poll,
@@ -38,6 +37,7 @@ from tests.integration.own_reads_support import (
     poll,
     read_answers,
     request,
+    sent_while_stopped,
     sse,
     tail_of,
 )
@@ -619,22 +619,15 @@ async def test_a_herd_after_the_tail_moved_is_answered_from_the_first_answer_sto
         await asyncio.sleep(0.3)
         await append(http, url, b"b%d" % rounds)
         await asyncio.sleep(0.3)
-        answered_fast = fast_answers(fast)
-        # Stopped while the heads are sent, the edge meets them all in one pass of its loop.
-        os.kill(fast.process.pid, signal.SIGSTOP)
-        try:
-            for _, writer in opened:
-                writer.write(target)
-            await asyncio.gather(*(writer.drain() for _, writer in opened))
-        finally:
-            os.kill(fast.process.pid, signal.SIGCONT)
+        answered_fast = fast_path_answers(fast)
+        await sent_while_stopped(fast, [(writer, target) for _, writer in opened])
         answers = await asyncio.wait_for(
             asyncio.gather(*(read_answers(reader, ["GET"]) for reader, _ in opened)), 15
         )
         for _, writer in opened:
             writer.close()
         viewer.cancel()
-        hits = fast_answers(fast) - answered_fast
+        hits = fast_path_answers(fast) - answered_fast
         content += b"b%d" % rounds
         bodies = {a[0].body for a in answers}
         assert bodies == {content}, bodies
@@ -642,7 +635,3 @@ async def test_a_herd_after_the_tail_moved_is_answered_from_the_first_answer_sto
         # One answer built (or a few, begun before any was stored and run together), nearly
         # every other one a hit of it (none is without the second try).
         assert hits >= herd * 9 // 10, (rounds, hits)
-
-
-def fast_answers(edge: Edge) -> float:
-    return metric_value(edge.metrics_text(), "edge_fast_path_answers_total")
